@@ -1,0 +1,416 @@
+"""Named-dimension analysis (TOAST): dimension graph -> named dimensions -> conflicts ->
+layer groups -> decision space.
+
+Nodes of the dimension graph are (value, dim) pairs. Each tying factor (PASS or REDUCTION)
+of each op joins the dims it spans; union-find gives the connected components, the *named
+dimensions*: all tensor dims that must be sharded identically. A value with two dims in one
+named dimension is an *intra conflict* (attention scores' two sequence dims); named
+dimensions that meet in one tensor *co-occur*, which is where axis conflicts arise once two
+of them are given the same mesh axis. Repeated structure (an unrolled layer stack) makes
+many named dimensions with the same role: they are collected into *layer groups*, the unit
+of decision, so the decision space does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._program import NO_PRODUCER, Program
+from ._rules import Factor, FactorKind, PSEUDO_OPS, rule_for
+
+NamedDimId = int
+GroupId = int
+NO_DIM = -1  # node of a size-1 dim: never sharded, in no named dimension
+
+_LAYER_INDEX = re.compile(r"(?<=/)\d+(?=/|$)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NamedDim:
+    id: NamedDimId
+    label: str
+    sizes: tuple[int, ...]  # distinct dim sizes (reshape majors can differ)
+    members: int  # number of (value, dim) nodes
+    bytes: int  # total bytes of the tensors it touches
+    group: GroupId
+    loop_axis: bool  # the leading loop axis of scanned xs/ys: not sharded (pipelining)
+    inputs: tuple[tuple[str, int], ...]  # (input pytree path, dim) members
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Group:
+    """Named dimensions with the same role (one per layer): one decision covers them all."""
+
+    id: GroupId
+    label: str
+    named_dims: tuple[NamedDimId, ...]
+    size: int  # the (largest) dim size
+    bytes: int
+    decidable: bool  # worth a decision: not a loop axis, not tiny
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Conflict:
+    """A value with two dims in one named dimension: sharding that named dimension can shard
+    only one of them. Resolving it cuts the named dimension in two and the cut edges become
+    communication (for attention: an all-gather of K/V along the sequence)."""
+
+    id: int
+    kind: str  # "intra"
+    named_dim: NamedDimId
+    group: GroupId
+    values: tuple[tuple[int, int, int], ...]  # (value id, dim a, dim b) carrying it
+    path: tuple[int, ...]  # op ids joining dim a to dim b of the first value
+    options: tuple[str, ...]  # the candidate resolutions, for the report
+
+
+@dataclasses.dataclass
+class Analysis:
+    program: Program
+    factors: list[list[Factor]]  # per op
+    node_base: np.ndarray  # [num_values] first node id of each value
+    node_nd: np.ndarray  # [num_nodes] named dim of each (value, dim) node, NO_DIM if size 1
+    named_dims: list[NamedDim]
+    groups: list[Group]
+    conflicts: list[Conflict]
+    cooccur: dict[tuple[GroupId, GroupId], int]  # group pair -> bytes of tensors holding both
+    unknown_primitives: dict[str, int]
+    seconds: float
+    edges: tuple[np.ndarray, np.ndarray, np.ndarray] = dataclasses.field(repr=False, default=None)
+
+    # ---- lookups
+    def nd_of(self, vid: int, dim: int) -> NamedDimId:
+        return int(self.node_nd[self.node_base[vid] + dim])
+
+    def group_of(self, vid: int, dim: int) -> GroupId:
+        nd = self.nd_of(vid, dim)
+        return NO_DIM if nd == NO_DIM else self.named_dims[nd].group
+
+    def value_groups(self, vid: int) -> tuple[GroupId, ...]:
+        return tuple(self.group_of(vid, d) for d in range(len(self.program.values[vid].shape)))
+
+    def group_by_label(self, label: str) -> Group | None:
+        for g in self.groups:
+            if g.label == label:
+                return g
+        return None
+
+    @property
+    def decision_groups(self) -> list[Group]:
+        return [g for g in self.groups if g.decidable]
+
+    def decision_space(self, num_axes: int) -> dict[str, int]:
+        """Sizes of the decision space: (decision groups x axes) vs the raw
+        (tensors x dims x axes) of a per-tensor search."""
+        raw = sum(1 for v in self.program.values for s in v.shape if s > 1)
+        return {
+            "groups": len(self.decision_groups),
+            "named_dims": len(self.named_dims),
+            "decisions": len(self.decision_groups) * num_axes,
+            "raw_decisions": raw * num_axes,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "ops": self.program.num_ops,
+            "values": len(self.program.values),
+            "dims": int((self.node_nd != NO_DIM).sum()),
+            "named_dims": len(self.named_dims),
+            "groups": len(self.decision_groups),
+            "conflicts": len(self.conflicts),
+            "unknown_primitives": dict(sorted(self.unknown_primitives.items())),
+            "seconds": round(self.seconds, 3),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.summary()
+        out["named_dim_list"] = [
+            {"id": n.id, "label": n.label, "sizes": list(n.sizes), "members": n.members,
+             "bytes": n.bytes, "group": n.group, "loop_axis": n.loop_axis,
+             "inputs": [f"{p}:{d}" for p, d in n.inputs[:8]]}
+            for n in self.named_dims
+        ]
+        out["group_list"] = [
+            {"id": g.id, "label": g.label, "named_dims": list(g.named_dims), "size": g.size,
+             "bytes": g.bytes, "decidable": g.decidable}
+            for g in self.groups
+        ]
+        out["conflict_list"] = [self.describe_conflict(c) for c in self.conflicts]
+        out["cooccur"] = [
+            {"groups": [self.groups[a].label, self.groups[b].label], "bytes": n}
+            for (a, b), n in sorted(self.cooccur.items(), key=lambda kv: -kv[1])
+        ]
+        return out
+
+    def describe_conflict(self, c: Conflict) -> dict[str, Any]:
+        p = self.program
+        vid, a, b = c.values[0]
+        v = p.values[vid]
+        return {
+            "id": c.id,
+            "kind": c.kind,
+            "named_dim": self.named_dims[c.named_dim].label,
+            "group": self.groups[c.group].label,
+            "value": v.name or f"%{vid}",
+            "shape": list(v.shape),
+            "dims": [a, b],
+            "producer": (p.ops[v.producer].primitive if v.producer != NO_PRODUCER else "input"),
+            "source": (p.ops[v.producer].source if v.producer != NO_PRODUCER else v.name),
+            "values": len(c.values),
+            "path": [f"{p.ops[o].primitive} @ {p.ops[o].source}" for o in c.path],
+            "options": list(c.options),
+        }
+
+
+# --------------------------------------------------------------------------- union-find
+
+class _UnionFind:
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        parent = self.parent
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> bool:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return False
+        if ra < rb:
+            ra, rb = rb, ra
+        self.parent[ra] = rb
+        return True
+
+
+# --------------------------------------------------------------------------- the analysis
+
+def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
+            min_group_fraction: float = 1e-4) -> Analysis:
+    """Run the named-dimension analysis.
+
+    axis_names: optional logical axis names of input values (value id -> one name per dim),
+      like flax's logical partitioning; used only for readable labels.
+    min_group_fraction: a group touching less than this fraction of the largest group's
+      bytes is not worth a decision (its tensors are tiny).
+    """
+    t0 = time.perf_counter()
+    values = program.values
+    ranks = np.fromiter((len(v.shape) for v in values), dtype=np.int64, count=len(values))
+    node_base = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(ranks, out=node_base[1:])
+    num_nodes = int(node_base[-1])
+    uf = _UnionFind(num_nodes)
+    ea, eb, eo = [], [], []
+    factors: list[list[Factor]] = []
+    unknown: collections.Counter[str] = collections.Counter()
+    loop_nodes: list[int] = []
+    base = node_base.tolist()
+
+    for op in program.ops:
+        ins = [values[i].shape for i in op.inputs]
+        outs = [values[o].shape for o in op.outputs]
+        rule, known = rule_for(op.primitive)
+        if not known:
+            unknown[op.primitive] += 1
+        fs = rule(op.params, ins, outs)
+        factors.append(fs)
+        for f in fs:
+            nodes = [base[op.inputs[i]] + d for i, d in f.operands]
+            nodes += [base[op.outputs[j]] + d for j, d in f.results]
+            if f.ties:
+                first = nodes[0]
+                for n in nodes[1:]:
+                    if uf.union(first, n):
+                        ea.append(first); eb.append(n); eo.append(op.id)
+            elif op.primitive in ("scan_enter", "scan_exit"):
+                loop_nodes.extend(nodes)
+
+    # Components -> named dims (only nodes of size > 1).
+    sizes = np.fromiter((s for v in values for s in v.shape), dtype=np.int64, count=num_nodes)
+    roots = np.fromiter((uf.find(n) for n in range(num_nodes)), dtype=np.int64, count=num_nodes)
+    live = sizes > 1
+    uniq, nd_of_node = np.unique(np.where(live, roots, -1), return_inverse=True)
+    has_neg = len(uniq) and uniq[0] == -1
+    node_nd = nd_of_node.astype(np.int64) - (1 if has_neg else 0)
+    node_nd[~live] = NO_DIM
+    num_nd = len(uniq) - (1 if has_neg else 0)
+
+    value_of_node = np.repeat(np.arange(len(values)), ranks)
+    dim_of_node = np.arange(num_nodes) - node_base[:-1][value_of_node]
+    nbytes = np.fromiter((v.nbytes for v in values), dtype=np.float64, count=len(values))
+
+    members = np.bincount(node_nd[live], minlength=num_nd)
+    # bytes per nd: each value counted once per nd it touches
+    pairs = np.unique(np.stack([node_nd[live], value_of_node[live]]), axis=1)
+    nd_bytes = np.bincount(pairs[0], weights=nbytes[pairs[1]], minlength=num_nd)
+    nd_sizes: list[set[int]] = [set() for _ in range(num_nd)]
+    for nd, s in zip(node_nd[live].tolist(), sizes[live].tolist()):
+        nd_sizes[nd].add(s)
+    loop_nd = {int(node_nd[n]) for n in loop_nodes if node_nd[n] != NO_DIM}
+
+    # Input members of each nd (path, dim) and their logical names.
+    input_members: list[list[tuple[str, int, int]]] = [[] for _ in range(num_nd)]
+    names = axis_names or {}
+    label_votes: list[collections.Counter] = [collections.Counter() for _ in range(num_nd)]
+    for vid in program.inputs:
+        v = values[vid]
+        for d, s in enumerate(v.shape):
+            nd = int(node_nd[base[vid] + d])
+            if nd == NO_DIM:
+                continue
+            input_members[nd].append((v.name, d, v.nbytes))
+            logical = names.get(vid)
+            if logical is not None and d < len(logical) and logical[d]:
+                label_votes[nd][logical[d]] += v.nbytes
+
+    # Producer primitives of each nd's members (signature of intermediate-only nds).
+    prod = np.fromiter((v.producer for v in values), dtype=np.int64, count=len(values))
+
+    # ---- layer groups: same role = same sizes, same input paths modulo layer index
+    sigs: dict[Any, list[int]] = collections.defaultdict(list)
+    nd_prims: dict[int, collections.Counter] = {}
+    for nd in range(num_nd):
+        if input_members[nd]:
+            key = ("in", tuple(sorted(nd_sizes[nd])),
+                   tuple(sorted({(_LAYER_INDEX.sub("*", p), d) for p, d, _ in input_members[nd]})))
+            sigs[key].append(nd)
+        else:
+            nd_prims[nd] = collections.Counter()
+    if nd_prims:
+        # Intermediate-only nds: signature by sizes, member count and producing primitives.
+        sel = np.isin(node_nd, np.fromiter(nd_prims, dtype=np.int64))
+        for nd, vid, d in zip(node_nd[sel].tolist(), value_of_node[sel].tolist(), dim_of_node[sel].tolist()):
+            p = prod[vid]
+            nd_prims[nd][(program.ops[p].primitive if p != NO_PRODUCER else "input", d)] += 1
+        for nd, cnt in nd_prims.items():
+            key = ("mid", tuple(sorted(nd_sizes[nd])), int(members[nd]), tuple(sorted(cnt.items())))
+            sigs[key].append(nd)
+
+    group_of_nd = np.zeros(num_nd, dtype=np.int64)
+    raw_groups = sorted(sigs.values(), key=lambda nds: (-sum(nd_bytes[n] for n in nds), nds[0]))
+    first_node = np.full(num_nd, -1, dtype=np.int64)
+    live_idx = np.flatnonzero(live)
+    first_node[node_nd[live_idx][::-1]] = live_idx[::-1]
+    labels = [_label(label_votes[nd], input_members[nd], int(first_node[nd]), values, prod,
+                     program, value_of_node, dim_of_node) for nd in range(num_nd)]
+    max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
+    groups: list[Group] = []
+    seen_labels: collections.Counter[str] = collections.Counter()
+    for gid, nds in enumerate(raw_groups):
+        for n in nds:
+            group_of_nd[n] = gid
+        lab = labels[nds[0]]
+        seen_labels[lab] += 1
+        if seen_labels[lab] > 1:
+            lab = f"{lab}#{seen_labels[lab]}"
+        gbytes = int(sum(nd_bytes[n] for n in nds))
+        is_loop = any(n in loop_nd for n in nds)
+        decidable = (not is_loop) and gbytes >= min_group_fraction * max_bytes
+        groups.append(Group(gid, lab, tuple(nds), max(max(nd_sizes[n]) for n in nds), gbytes, decidable))
+
+    named_dims = [
+        NamedDim(nd, groups[group_of_nd[nd]].label, tuple(sorted(nd_sizes[nd])), int(members[nd]),
+                 int(nd_bytes[nd]), int(group_of_nd[nd]), nd in loop_nd,
+                 tuple((p, d) for p, d, _ in sorted(input_members[nd], key=lambda t: -t[2])))
+        for nd in range(num_nd)
+    ]
+
+    # ---- conflicts and co-occurrence, per value
+    intra: dict[int, list[tuple[int, int, int]]] = collections.defaultdict(list)
+    cooccur: collections.Counter[tuple[int, int]] = collections.Counter()
+    gnd = group_of_nd
+    for vid, v in enumerate(values):
+        r = len(v.shape)
+        if r < 2:
+            continue
+        b = base[vid]
+        nds = node_nd[b:b + r].tolist()
+        seen: dict[int, int] = {}
+        for d, nd in enumerate(nds):
+            if nd == NO_DIM:
+                continue
+            if nd in seen:
+                intra[nd].append((vid, seen[nd], d))
+            else:
+                seen[nd] = d
+        gs = sorted({int(gnd[n]) for n in seen})
+        for i in range(len(gs)):
+            for j in range(i + 1, len(gs)):
+                cooccur[(gs[i], gs[j])] += v.nbytes
+
+    edges = (np.asarray(ea, dtype=np.int64), np.asarray(eb, dtype=np.int64),
+             np.asarray(eo, dtype=np.int64))
+    conflicts = []
+    for cid, (nd, vals) in enumerate(sorted(intra.items(), key=lambda kv: -nd_bytes[kv[0]])):
+        # representative: the largest tensor made by a real op (not a loop boundary)
+        vals = sorted(vals, key=lambda t: (_real_producer(program, values[t[0]]),
+                                           values[t[0]].nbytes, -t[0]), reverse=True)
+        vid, a, b = vals[0]
+        path = _path(edges, node_nd, nd, base[vid] + a, base[vid] + b)
+        lab = named_dims[nd].label
+        options = (f"keep {lab} sharded on dim {a}: gather dim {b}'s operand (e.g. all-gather K/V)",
+                   f"keep {lab} sharded on dim {b}: gather dim {a}'s operand",
+                   f"leave {lab} unsharded in these tensors")
+        conflicts.append(Conflict(cid, "intra", nd, int(gnd[nd]), tuple(vals), path, options))
+
+    return Analysis(
+        program, factors, node_base[:-1], node_nd, named_dims, groups, conflicts,
+        dict(cooccur), dict(unknown), time.perf_counter() - t0, edges,
+    )
+
+
+def _real_producer(program: Program, v) -> bool:
+    return v.producer != NO_PRODUCER and program.ops[v.producer].primitive not in PSEUDO_OPS
+
+
+def _path(edges, node_nd, nd: int, src: int, dst: int) -> tuple[int, ...]:
+    """The op ids along a shortest path of tie edges from node src to node dst."""
+    ea, eb, eo = edges
+    sel = node_nd[ea] == nd
+    adj: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+    for a, b, o in zip(ea[sel].tolist(), eb[sel].tolist(), eo[sel].tolist()):
+        adj[a].append((b, o))
+        adj[b].append((a, o))
+    prev: dict[int, tuple[int, int]] = {src: (-1, -1)}
+    frontier = collections.deque([src])
+    while frontier:
+        x = frontier.popleft()
+        if x == dst:
+            break
+        for y, o in adj[x]:
+            if y not in prev:
+                prev[y] = (x, o)
+                frontier.append(y)
+    if dst not in prev:
+        return ()
+    ops = []
+    x = dst
+    while prev[x][0] != -1:
+        x, o = prev[x]
+        ops.append(o)
+    # keep each op once, in program order
+    return tuple(sorted(set(ops)))
+
+
+def _label(votes, inputs, first_node, values, prod, program, value_of_node, dim_of_node) -> str:
+    """A readable label: the logical axis name most of its input bytes carry; else the
+    largest input leaf and dim (``w1[1]``); else the primitive that first makes it."""
+    if votes:
+        return votes.most_common(1)[0][0]
+    if inputs:
+        path, d, _ = max(inputs, key=lambda t: t[2])
+        leaf = _LAYER_INDEX.sub("*", path).split("/")
+        return f"{'/'.join(leaf[-2:])}[{d}]"
+    vid = int(value_of_node[first_node])
+    p = int(prod[vid])
+    prim = program.ops[p].primitive if p != NO_PRODUCER else "const"
+    return f"{prim}[{int(dim_of_node[first_node])}]"

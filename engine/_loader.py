@@ -1,0 +1,118 @@
+"""MODEL specs: a registered demo name, ``module:attr`` or ``path/file.py:attr``.
+
+``attr`` is a callable returning ``(fn, example_args)`` or ``(fn, example_args,
+axis_names)``; example args may be ``jax.ShapeDtypeStruct`` pytrees. ``axis_names`` (optional)
+mirrors the args with one logical axis name per dim, like flax's logical partitioning, and
+only makes labels readable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any, Callable
+
+import jax
+
+from ._errors import PartexError
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    fn: Callable
+    args: tuple
+    axis_names: Any = None
+    preset: str = "tiny"
+    config: Any = None
+
+
+def demo_names() -> list[str]:
+    import demo_models
+
+    return list(demo_models.MODELS)
+
+
+def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | None = None) -> LoadedModel:
+    """Resolve a MODEL spec to a function and example args. Bad input -> PartexError."""
+    import demo_models
+
+    if not spec or not isinstance(spec, str):
+        raise PartexError("no MODEL given: name a demo model "
+                          f"({', '.join(demo_names())}) or module:attr / path/file.py:attr")
+    if spec in demo_models.MODELS:
+        try:
+            ov = demo_models.parse_overrides(list(overrides)) if isinstance(overrides, (list, tuple)) else overrides
+            m = demo_models.build(spec, preset, ov)
+        except demo_models.DemoModelError as e:
+            raise PartexError(str(e)) from None
+        return LoadedModel(spec, m.fn, tuple(m.args), m.axis_names, m.preset, m.config)
+    if ":" not in spec:
+        raise PartexError(
+            f"unknown model {spec!r}: use a demo model ({', '.join(demo_names())}) "
+            "or module:attr / path/file.py:attr naming a callable that returns (fn, example_args)"
+        )
+    if overrides:
+        raise PartexError("--config applies to demo models only; configure your own model in its factory")
+    target, attr = spec.rsplit(":", 1)
+    module = _import(target)
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PartexError(f"{target} has no attribute {attr!r}; check the name after ':'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise PartexError(f"{spec} is a {type(obj).__name__}, not a callable: it must be a function "
+                          "that returns (fn, example_args)")
+    try:
+        result = obj()
+    except Exception as e:  # the user's factory failed: show its own message
+        raise PartexError(f"{spec}() raised {type(e).__name__}: {e}") from e
+    if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
+        raise PartexError(f"{spec}() returned {type(result).__name__}; it must return "
+                          "(fn, example_args) or (fn, example_args, axis_names)")
+    fn, args, *rest = result
+    if not callable(fn):
+        raise PartexError(f"{spec}() returned a {type(fn).__name__} as fn; expected a callable")
+    if not isinstance(args, (tuple, list)):
+        args = (args,)
+    return LoadedModel(spec, fn, tuple(args), rest[0] if rest else None, "custom", None)
+
+
+def _import(target: str):
+    if target.endswith(".py") or os.sep in target:
+        path = os.path.abspath(target)
+        if not os.path.exists(path):
+            raise PartexError(f"model file {target} does not exist")
+        name = "partex_user_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise PartexError(f"cannot import {target}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise PartexError(f"importing {target} failed: {type(e).__name__}: {e}") from e
+        return module
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as e:
+        raise PartexError(f"cannot import module {target!r}: {e}; is it on PYTHONPATH?") from e
+    except Exception as e:
+        raise PartexError(f"importing {target} failed: {type(e).__name__}: {e}") from e
+
+
+def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
+    """Flatten an axis_names pytree (leaves: tuples of names) onto the program's input ids."""
+    if axis_names is None:
+        return {}
+    leaves = jax.tree_util.tree_leaves(
+        axis_names, is_leaf=lambda x: isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
+    )
+    if len(leaves) != len(program.inputs):
+        return {}  # names are a nicety: ignore a mismatched tree rather than fail
+    return {vid: tuple(n) for vid, n in zip(program.inputs, leaves) if isinstance(n, tuple)}

@@ -1,0 +1,417 @@
+"""Tracing: a JAX function + example args -> one flat ``Program``.
+
+Nested call jaxprs (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``,
+``closed_call``) are inlined: their inner variables *are* the outer values. ``scan``,
+``while`` and ``cond`` keep a body that is analysed once. The body sits between two
+pseudo-ops, ``<loop>_enter`` and ``<loop>_exit``, whose factor rules tie the loop-carried
+values (and the stacked ``xs``/``ys`` minus their leading loop axis) to the body's inputs and
+outputs. Body ops carry ``trip`` = the number of times they run (the product of the
+enclosing loops' lengths), which the cost model multiplies by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax._src import core as jcore
+from jax._src import source_info_util
+from jax._src.interpreters import partial_eval as pe
+
+from ._errors import PartexError
+
+Shape = tuple[int, ...]
+ValueId = int
+OpId = int
+
+# Sentinel producer of values with no defining op (inputs, constants, literals).
+NO_PRODUCER = -1
+# The top-level region: ops not inside any loop or branch.
+TOP_REGION = 0
+
+# Primitives whose called jaxpr is inlined (outer operands <-> inner invars).
+_INLINE_PARAM = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "custom_lin": None,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Value:
+    id: ValueId
+    shape: Shape
+    dtype: np.dtype
+    producer: OpId  # NO_PRODUCER for inputs / constants / literals
+    name: str | None = None  # pytree path for inputs and outputs
+
+    @property
+    def nbytes(self) -> int:
+        return int(math.prod(self.shape)) * self.dtype.itemsize
+
+    def replace(self, **kw) -> "Value":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Op:
+    id: OpId
+    primitive: str
+    params: dict
+    inputs: tuple[ValueId, ...]
+    outputs: tuple[ValueId, ...]
+    source: str
+    region: int = TOP_REGION
+    trip: int = 1  # how many times the op runs per step (enclosing loop lengths)
+
+    def replace(self, **kw) -> "Op":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Region:
+    """A loop or branch body. ``enter``/``exit`` are the pseudo-op ids around it."""
+
+    id: int
+    kind: str  # "top", "scan", "while", "cond"
+    parent: int
+    trip: int
+    enter: OpId = -1
+    exit: OpId = -1
+
+
+@dataclasses.dataclass
+class Program:
+    values: list[Value]
+    ops: list[Op]
+    regions: list[Region]
+    inputs: list[ValueId]  # flattened example args, in order
+    outputs: list[ValueId]  # flattened results, in order
+    input_paths: list[str]
+    output_paths: list[str]
+    in_tree: Any
+    out_tree: Any
+    closed_jaxpr: Any  # the jaxpr it came from (apply re-evaluates it)
+    var_ids: dict[int, ValueId]  # id(jaxpr Var) -> ValueId, over all nested jaxprs
+    constants: dict[ValueId, Any]  # ValueId -> concrete constant
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+    def value(self, vid: ValueId) -> Value:
+        return self.values[vid]
+
+    def input_index(self) -> dict[ValueId, int]:
+        return {v: i for i, v in enumerate(self.inputs)}
+
+
+# --------------------------------------------------------------------------- paths
+
+def _key_str(k) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k).strip("[]().'\"")
+
+
+def path_str(prefix: str, path: Sequence[Any]) -> str:
+    parts = [prefix] if prefix else []
+    parts += [_key_str(k) for k in path]
+    return "/".join(parts)
+
+
+def arg_names(fn: Callable, n: int) -> list[str]:
+    """Names for the positional args: the function's parameter names where known."""
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"arg{i}" for i in range(n)]
+
+
+def flatten_args(fn: Callable, args: Sequence[Any]) -> tuple[list[Any], list[str], Any]:
+    """Flatten example args to leaves with pytree paths; reject non-array leaves."""
+    names = arg_names(fn, len(args))
+    leaves, paths = [], []
+    for name, arg in zip(names, args):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            p = path_str(name, path)
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+                raise PartexError(
+                    f"example arg {p} is a {type(leaf).__name__} ({leaf!r:.40}), not an array: "
+                    "pass jax arrays, numpy arrays or jax.ShapeDtypeStruct leaves "
+                    "(close over static settings instead of passing them)"
+                )
+            leaves.append(leaf)
+            paths.append(p)
+    return leaves, paths, jax.tree_util.tree_structure(tuple(args))
+
+
+# --------------------------------------------------------------------------- tracing
+
+def make_jaxpr(fn: Callable, args: Sequence[Any]):
+    """``jax.make_jaxpr`` with JAX's own message turned into a PartexError."""
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tuple(args)
+    )
+    try:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
+    except PartexError:
+        raise
+    except Exception as e:  # JAX raises many types; report its message verbatim.
+        msg = str(e).strip().splitlines()
+        first = next((m for m in msg if m.strip()), type(e).__name__)
+        raise PartexError(
+            f"the function failed to trace: {type(e).__name__}: {first}"
+        ) from e
+    return closed, out_shape
+
+
+def trace(fn: Callable, args: Sequence[Any]) -> Program:
+    """Trace ``fn(*args)`` into a flat Program."""
+    args = tuple(args)
+    leaves, in_paths, in_tree = flatten_args(fn, args)
+    closed, out_shape = make_jaxpr(fn, args)
+    closed = dce(closed)
+    out_leaves_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
+    out_paths = [path_str("out", p) for p, _ in out_leaves_paths]
+    return _Tracer(closed).run(in_paths, out_paths, in_tree, out_tree)
+
+
+def dce(closed):
+    """Drop dead code (make_jaxpr keeps it; it would make isolated named dims), keeping
+    every input so the argument list is unchanged."""
+    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    if len(jaxpr.constvars) != len(closed.jaxpr.constvars):
+        return closed
+    return jcore.ClosedJaxpr(jaxpr, closed.consts)
+
+
+class _Tracer:
+    def __init__(self, closed):
+        self.closed = closed
+        self.values: list[Value] = []
+        self.ops: list[Op] = []
+        self.regions: list[Region] = [Region(TOP_REGION, "top", -1, 1)]
+        self.var_ids: dict[int, ValueId] = {}
+        self.constants: dict[ValueId, Any] = {}
+        self._summaries: dict[Any, str] = {}
+
+    # ---- values
+    def new_value(self, aval, producer: OpId = NO_PRODUCER, name: str | None = None) -> ValueId:
+        shape = tuple(int(d) for d in getattr(aval, "shape", ()))
+        try:
+            dtype = np.dtype(getattr(aval, "dtype", np.float32))
+        except TypeError:  # extended dtypes (PRNG keys): two uint32 words per element
+            dtype = np.dtype(np.uint64)
+        vid = len(self.values)
+        self.values.append(Value(vid, shape, dtype, producer, name))
+        return vid
+
+    def read(self, atom) -> ValueId:
+        if isinstance(atom, jcore.Literal):
+            vid = self.new_value(atom.aval)
+            self.constants[vid] = atom.val
+            return vid
+        return self.var_ids[id(atom)]
+
+    def bind(self, var, vid: ValueId) -> None:
+        self.var_ids[id(var)] = vid
+
+    def bind_consts(self, closed) -> None:
+        for var, c in zip(closed.jaxpr.constvars, closed.consts):
+            vid = self.new_value(var.aval, name=f"const/{len(self.constants)}")
+            self.constants[vid] = c
+            self.bind(var, vid)
+
+    # ---- ops
+    def source(self, eqn) -> str:
+        si = eqn.source_info
+        key = id(si.traceback) if si.traceback is not None else None
+        s = self._summaries.get(key) if key is not None else None
+        if s is None:
+            try:
+                s = source_info_util.summarize(si)
+            except Exception:  # source info is best-effort provenance only
+                s = "<unknown>"
+            if key is not None:
+                self._summaries[key] = s
+        return s
+
+    def emit(self, primitive, params, inputs, out_avals, source, region, trip, out_vars=()) -> Op:
+        oid = len(self.ops)
+        outs = []
+        for i, aval in enumerate(out_avals):
+            vid = self.new_value(aval, producer=oid)
+            if i < len(out_vars):
+                self.bind(out_vars[i], vid)
+            outs.append(vid)
+        op = Op(oid, primitive, params, tuple(inputs), tuple(outs), source, region, trip)
+        self.ops.append(op)
+        return op
+
+    # ---- driver
+    def run(self, in_paths, out_paths, in_tree, out_tree) -> Program:
+        jaxpr = self.closed.jaxpr
+        self.bind_consts(self.closed)
+        inputs = []
+        for var, p in zip(jaxpr.invars, in_paths):
+            vid = self.new_value(var.aval, name=p)
+            self.bind(var, vid)
+            inputs.append(vid)
+        self.walk(jaxpr, TOP_REGION, 1)
+        outputs = [self.read(v) for v in jaxpr.outvars]
+        for vid, p in zip(outputs, out_paths):
+            if self.values[vid].name is None:
+                self.values[vid] = self.values[vid].replace(name=p)
+        return Program(
+            self.values, self.ops, self.regions, inputs, outputs, list(in_paths),
+            list(out_paths), in_tree, out_tree, self.closed, self.var_ids, self.constants,
+        )
+
+    def walk(self, jaxpr, region: int, trip: int) -> None:
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            handler = _STRUCTURED.get(name)
+            if handler is not None:
+                handler(self, eqn, region, trip)
+            elif name in _INLINE_PARAM and _called_jaxpr(eqn) is not None:
+                self.inline(eqn, region, trip)
+            else:
+                inputs = [self.read(a) for a in eqn.invars]
+                self.emit(
+                    name, dict(eqn.params), inputs, [v.aval for v in eqn.outvars],
+                    self.source(eqn), region, trip, eqn.outvars,
+                )
+
+    def inline(self, eqn, region: int, trip: int) -> None:
+        inner = _called_jaxpr(eqn)
+        if isinstance(inner, jcore.ClosedJaxpr):
+            self.bind_consts(inner)
+            inner = inner.jaxpr
+        for var, atom in zip(inner.invars, eqn.invars):
+            self.bind(var, self.read(atom))
+        self.walk(inner, region, trip)
+        for outer, atom in zip(eqn.outvars, inner.outvars):
+            self.bind(outer, self.read(atom))
+
+    def new_region(self, kind: str, parent: int, trip: int) -> int:
+        rid = len(self.regions)
+        self.regions.append(Region(rid, kind, parent, trip))
+        return rid
+
+    def close_region(self, rid: int, enter: OpId, exit_: OpId) -> None:
+        self.regions[rid] = dataclasses.replace(self.regions[rid], enter=enter, exit=exit_)
+
+
+def _called_jaxpr(eqn):
+    key = _INLINE_PARAM.get(eqn.primitive.name)
+    if key is None:
+        for k in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+            if k in eqn.params:
+                return eqn.params[k]
+        return None
+    return eqn.params.get(key)
+
+
+# --------------------------------------------------------------------------- loops
+
+def _scan(t: _Tracer, eqn, region: int, trip: int) -> None:
+    p = eqn.params
+    body = p["jaxpr"]
+    nc, ncarry, length = p["num_consts"], p["num_carry"], int(p["length"])
+    operands = [t.read(a) for a in eqn.invars]
+    src = t.source(eqn)
+    rid = t.new_region("scan", region, trip * length)
+    t.bind_consts(body)
+    bj = body.jaxpr
+    # Consts are the same tensors inside and out: alias them.
+    for var, vid in zip(bj.invars[:nc], operands[:nc]):
+        t.bind(var, vid)
+    info = {"num_carry": ncarry, "length": length, "reverse": p["reverse"]}
+    enter = t.emit(
+        "scan_enter", info, operands[nc:], [v.aval for v in bj.invars[nc:]], src, rid,
+        trip * length, bj.invars[nc:],
+    )
+    t.walk(bj, rid, trip * length)
+    body_outs = [t.read(a) for a in bj.outvars]
+    carry_in = list(enter.outputs[:ncarry])
+    exit_ = t.emit(
+        "scan_exit", info, body_outs + carry_in, [v.aval for v in eqn.outvars], src, region,
+        trip, eqn.outvars,
+    )
+    t.close_region(rid, enter.id, exit_.id)
+
+
+def _while(t: _Tracer, eqn, region: int, trip: int) -> None:
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    operands = [t.read(a) for a in eqn.invars]
+    cconsts, bconsts, carry = operands[:cn], operands[cn:cn + bn], operands[cn + bn:]
+    src = t.source(eqn)
+    # The trip count of a while loop is unknown statically: count the body once.
+    rid = t.new_region("while", region, trip)
+    cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+    t.bind_consts(cj)
+    t.bind_consts(bj)
+    for var, vid in zip(cj.jaxpr.invars[:cn], cconsts):
+        t.bind(var, vid)
+    for var, vid in zip(bj.jaxpr.invars[:bn], bconsts):
+        t.bind(var, vid)
+    body_carry = bj.jaxpr.invars[bn:]
+    enter = t.emit("while_enter", {}, carry, [v.aval for v in body_carry], src, rid, trip, body_carry)
+    for var, vid in zip(cj.jaxpr.invars[cn:], enter.outputs):
+        t.bind(var, vid)
+    t.walk(cj.jaxpr, rid, trip)
+    t.walk(bj.jaxpr, rid, trip)
+    body_outs = [t.read(a) for a in bj.jaxpr.outvars]
+    exit_ = t.emit(
+        "while_exit", {}, body_outs + list(enter.outputs), [v.aval for v in eqn.outvars], src,
+        region, trip, eqn.outvars,
+    )
+    t.close_region(rid, enter.id, exit_.id)
+
+
+def _cond(t: _Tracer, eqn, region: int, trip: int) -> None:
+    branches = eqn.params["branches"]
+    operands = [t.read(a) for a in eqn.invars]
+    src = t.source(eqn)
+    # Branches are analysed one after the other; the cost model counts them all
+    # (an over-estimate, which is the safe side).
+    rid = t.new_region("cond", region, trip)
+    enter = t.emit("cond_enter", {}, operands[:1], [], src, rid, trip)
+    outs: list[ValueId] = []
+    for br in branches:
+        t.bind_consts(br)
+        for var, vid in zip(br.jaxpr.invars, operands[1:]):
+            t.bind(var, vid)
+        t.walk(br.jaxpr, rid, trip)
+        outs += [t.read(a) for a in br.jaxpr.outvars]
+    exit_ = t.emit(
+        "cond_exit", {"branches": len(branches)}, outs, [v.aval for v in eqn.outvars], src,
+        region, trip, eqn.outvars,
+    )
+    t.close_region(rid, enter.id, exit_.id)
+
+
+_STRUCTURED: dict[str, Callable[[_Tracer, Any, int, int], None]] = {
+    "scan": _scan,
+    "while": _while,
+    "cond": _cond,
+}

@@ -1,0 +1,710 @@
+"""Factor rules: for each primitive, which operand dims and result dims move together.
+
+Modelled on Shardy's ``OpShardingRule`` (see ../shared/RULES.md for the table). A rule is a
+list of *factors*; each factor names the operand dims and result dims it spans, its size and
+its kind. Dims of size 1 are never sharded and are left out. A primitive with no rule gets
+the conservative rule (every dim need-replication) and is reported once by the analysis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Callable, Sequence
+
+Shape = tuple[int, ...]
+DimRef = tuple[int, int]  # (operand or result index, dim)
+
+
+class FactorKind(enum.IntEnum):
+    # Sharding it shards operands and results alike: each device computes its own slice,
+    # no communication.
+    PASS = 0
+    # Spans operand dims only (contracting dims, reduced axes). Sharding it leaves each
+    # device a partial result: the partitioner adds an all-reduce (or a reduce-scatter when
+    # the consumer wants the result sharded).
+    REDUCTION = 1
+    # May not be sharded in place (the axis of a sort or cumsum, an indexed axis): an
+    # operand sharded there is all-gathered first. Dims it spans are not tied together.
+    REPLICATE = 2
+    # Shardable only with halo exchange / collective-permute (pad, concatenate, conv
+    # spatial dims). partex treats it like REPLICATE for now: coarser, on the safe side.
+    PERMUTE = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Factor:
+    size: int
+    kind: FactorKind
+    operands: tuple[DimRef, ...] = ()
+    results: tuple[DimRef, ...] = ()
+    # For REDUCTION factors: the all-reduce operator ("sum", "max", "min", "prod", ...).
+    reduce: str = "sum"
+
+    @property
+    def ties(self) -> bool:
+        """Whether the dims it spans must be sharded alike (an edge in the graph)."""
+        return self.kind in (FactorKind.PASS, FactorKind.REDUCTION)
+
+
+RuleFn = Callable[[dict, Sequence[Shape], Sequence[Shape]], list[Factor]]
+factor_rules: dict[str, RuleFn] = {}
+
+P, R, N, M = FactorKind.PASS, FactorKind.REDUCTION, FactorKind.REPLICATE, FactorKind.PERMUTE
+
+
+def _f(size: int, kind: FactorKind, operands=(), results=(), reduce: str = "sum") -> Factor | None:
+    if size <= 1:
+        return None
+    return Factor(int(size), kind, tuple(operands), tuple(results), reduce)
+
+
+def _keep(factors) -> list[Factor]:
+    return [f for f in factors if f is not None]
+
+
+# --------------------------------------------------------------------------- conservative
+
+def conservative_rule(params, ins, outs) -> list[Factor]:
+    """Every dim of every operand and result is its own need-replication factor."""
+    fs = [_f(s, N, operands=[(i, d)]) for i, sh in enumerate(ins) for d, s in enumerate(sh)]
+    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(outs) for d, s in enumerate(sh)]
+    return _keep(fs)
+
+
+# Primitives that deliberately get the conservative rule (no silent gaps: the registry test
+# checks every lax primitive is either here or has a rule).
+CONSERVATIVE = frozenset({
+    # collectives / shard_map internals: already explicitly partitioned code
+    "all_gather", "all_gather_done", "all_gather_invariant", "all_gather_reduced",
+    "all_gather_reduced_start", "all_gather_start", "all_to_all", "all_to_all_done",
+    "all_to_all_start", "axis_index", "pbroadcast", "pbroadcast_done", "pbroadcast_start",
+    "pmax", "pmin", "ppermute", "ppermute_done", "ppermute_start", "precv", "psend",
+    "preduced", "psum", "psum_done", "psum_invariant", "psum_invariant_start", "psum_start",
+    "ragged_all_to_all", "reduce_scatter", "reduce_scatter_done", "reduce_scatter_start",
+    "unreduced_psum", "unreduced_psum_start", "unreduced_reduce_scatter",
+    "unreduced_reduce_scatter_start", "vary_unreduced_cast_p",
+    # tokens, effects, platform queries: scalars or no data
+    "after_all", "create_token", "platform_index", "unreachable", "dce_sink",
+    # data-dependent or irregular
+    "ragged_dot_general", "custom_linear_solve", "linear_call", "call_hi_primitive",
+    "eig", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve", "geqp3", "lu_pivots_to_permutation",
+    "select_and_gather_add", "select_and_scatter", "from_edtype", "to_edtype", "stage",
+    "random_gamma",
+})
+
+
+def register(*names: str):
+    def deco(fn: RuleFn) -> RuleFn:
+        for n in names:
+            factor_rules[n] = fn
+        return fn
+    return deco
+
+
+# --------------------------------------------------------------------------- elementwise
+
+def pointwise_rule(params, ins, outs) -> list[Factor]:
+    """Operands of the result's rank tie dim d with result dim d (rank-0 take no part)."""
+    fs = []
+    for j0, out in enumerate(outs[:1]):
+        for d, s in enumerate(out):
+            ops = [(i, d) for i, sh in enumerate(ins) if len(sh) == len(out) and sh[d] == s]
+            res = [(j, d) for j, o in enumerate(outs) if len(o) == len(out) and o[d] == s]
+            fs.append(_f(s, P, ops, res))
+    return _keep(fs)
+
+
+def defpointwise(*names: str) -> None:
+    for n in names:
+        factor_rules[n] = pointwise_rule
+
+
+defpointwise(
+    # n-ary
+    "add", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "and", "or", "xor",
+    "eq", "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "nextafter", "add_any",
+    "shift_left", "shift_right_arithmetic", "shift_right_logical", "complex", "mulhi",
+    "igamma", "igammac", "igamma_grad_a", "random_gamma_grad", "polygamma", "zeta",
+    "regularized_incomplete_beta", "eq_to", "le_to", "lt_to",
+    # unary
+    "neg", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
+    "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
+    "cbrt", "abs", "sign", "floor", "ceil", "round", "is_finite", "not", "erf", "erfc",
+    "erf_inv", "lgamma", "digamma", "bessel_i0e", "bessel_i1e", "integer_pow", "square",
+    "convert_element_type", "reduce_precision", "copy", "copy_p", "stop_gradient", "real",
+    "imag", "conj", "population_count", "clz", "sharding_constraint", "reshard",
+    "layout_constraint", "random_clone", "name", "tie", "device_put_single",
+)
+
+
+@register("bitcast_convert_type")
+def _bitcast(params, ins, outs):
+    if len(ins[0]) == len(outs[0]):
+        return pointwise_rule(params, ins, outs)
+    # A bitcast between widths adds or drops a minor dim: tie the shared leading dims.
+    k = min(len(ins[0]), len(outs[0]))
+    fs = [_f(outs[0][d], P, [(0, d)], [(0, d)]) for d in range(k) if ins[0][d] == outs[0][d]]
+    fs += [_f(s, N, operands=[(0, d)]) for d, s in enumerate(ins[0]) if d >= k]
+    fs += [_f(s, N, results=[(0, d)]) for d, s in enumerate(outs[0]) if d >= k]
+    return _keep(fs)
+
+
+@register("optimization_barrier", "device_put")
+def _pairwise(params, ins, outs):
+    """Operand i <-> result i, every dim."""
+    return _keep(
+        _f(s, P, [(i, d)], [(i, d)]) for i, sh in enumerate(outs) for d, s in enumerate(sh)
+    )
+
+
+# --------------------------------------------------------------------------- contraction
+
+@register("dot_general")
+def _dot_general(params, ins, outs):
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    lhs, rhs = ins[0], ins[1]
+    fs = []
+    for i, (a, b) in enumerate(zip(lb, rb)):
+        fs.append(_f(lhs[a], P, [(0, a), (1, b)], [(0, i)]))
+    for a, b in zip(lc, rc):
+        fs.append(_f(lhs[a], R, [(0, a), (1, b)]))
+    o = len(lb)
+    for a in range(len(lhs)):
+        if a not in lc and a not in lb:
+            fs.append(_f(lhs[a], P, [(0, a)], [(0, o)]))
+            o += 1
+    for b in range(len(rhs)):
+        if b not in rc and b not in rb:
+            fs.append(_f(rhs[b], P, [(1, b)], [(0, o)]))
+            o += 1
+    return _keep(fs)
+
+
+@register("conv_general_dilated")
+def _conv(params, ins, outs):
+    dn = params["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+    lhs, rhs, out = ins[0], ins[1], outs[0]
+    fgc, bgc = params["feature_group_count"], params["batch_group_count"]
+    fs = []
+    lb, lf, *lsp = lhs_spec
+    ro, ri, *rsp = rhs_spec
+    ob, of, *osp = out_spec
+    if bgc == 1:
+        fs.append(_f(lhs[lb], P, [(0, lb)], [(0, ob)]))
+    else:
+        fs += [_f(lhs[lb], N, [(0, lb)]), _f(out[ob], N, results=[(0, ob)])]
+    if fgc == 1 and bgc == 1:
+        fs.append(_f(lhs[lf], R, [(0, lf), (1, ri)]))
+        fs.append(_f(rhs[ro], P, [(1, ro)], [(0, of)]))
+    elif fgc == lhs[lf] and rhs[ri] == 1 and rhs[ro] == out[of] == lhs[lf]:
+        # depthwise: each group's one feature maps straight through
+        fs.append(_f(lhs[lf], P, [(0, lf), (1, ro)], [(0, of)]))
+    else:
+        fs += [_f(lhs[lf], N, [(0, lf)]), _f(rhs[ri], N, [(1, ri)]),
+               _f(rhs[ro], N, [(1, ro)]), _f(out[of], N, results=[(0, of)])]
+    for a, k, o in zip(lsp, rsp, osp):
+        # spatial dims need a halo exchange; kernel spatial dims are replicated
+        fs += [_f(lhs[a], M, [(0, a)]), _f(out[o], M, results=[(0, o)]), _f(rhs[k], N, [(1, k)])]
+    return _keep(fs)
+
+
+# --------------------------------------------------------------------------- shape ops
+
+@register("broadcast_in_dim")
+def _broadcast_in_dim(params, ins, outs):
+    bd = params["broadcast_dimensions"]
+    out = outs[0]
+    fs, used = [], set()
+    for i, o in enumerate(bd):
+        if ins[0][i] == out[o]:
+            fs.append(_f(out[o], P, [(0, i)], [(0, o)]))
+            used.add(o)
+    # new dims: result-only factors, free to shard (each device builds its slice)
+    fs += [_f(s, P, results=[(0, d)]) for d, s in enumerate(out) if d not in used]
+    return _keep(fs)
+
+
+@register("transpose")
+def _transpose(params, ins, outs):
+    perm = params["permutation"]
+    return _keep(_f(outs[0][i], P, [(0, p)], [(0, i)]) for i, p in enumerate(perm))
+
+
+@register("squeeze")
+def _squeeze(params, ins, outs):
+    dims = {d % max(len(ins[0]), 1) for d in params["dimensions"]}
+    kept = [d for d in range(len(ins[0])) if d not in dims]
+    return _keep(_f(ins[0][a], P, [(0, a)], [(0, j)]) for j, a in enumerate(kept))
+
+
+@register("expand_dims")
+def _expand_dims(params, ins, outs):
+    dims = set(params["dimensions"])
+    kept = [d for d in range(len(outs[0])) if d not in dims]
+    return _keep(_f(outs[0][j], P, [(0, i)], [(0, j)]) for i, j in enumerate(kept))
+
+
+def reshape_blocks(a: Shape, b: Shape) -> list[tuple[list[int], list[int]]]:
+    """Split two shapes of equal size into the smallest blocks whose products match."""
+    blocks, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        bi, bj = [], []
+        pa = pb = 1
+        while True:
+            if pa == pb and (bi or bj) and pa != 0:
+                # absorb trailing size-1 dims into this block
+                break
+            if (pa <= pb and i < len(a)) or j >= len(b):
+                pa *= a[i]; bi.append(i); i += 1
+            else:
+                pb *= b[j]; bj.append(j); j += 1
+            if i >= len(a) and j >= len(b):
+                break
+        blocks.append((bi, bj))
+    return blocks
+
+
+@register("reshape")
+def _reshape(params, ins, outs):
+    a, b = ins[0], outs[0]
+    fs = []
+    for bi, bj in reshape_blocks(a, b):
+        ri = [d for d in bi if a[d] > 1]
+        rj = [d for d in bj if b[d] > 1]
+        if not ri or not rj:
+            continue
+        if len(ri) == 1 and len(rj) == 1:
+            fs.append(_f(a[ri[0]], P, [(0, ri[0])], [(0, rj[0])]))
+            continue
+        # Compound factor: the two major dims move together (valid when the shard count
+        # divides the smaller major); the minor dims need a reshape-reshard (N for now).
+        ma, mb = ri[0], rj[0]
+        small, big = sorted((a[ma], b[mb]))
+        if big % small == 0:
+            fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
+            fs += [_f(a[d], N, [(0, d)]) for d in ri[1:]]
+            fs += [_f(b[d], N, results=[(0, d)]) for d in rj[1:]]
+        else:
+            fs += [_f(a[d], N, [(0, d)]) for d in ri]
+            fs += [_f(b[d], N, results=[(0, d)]) for d in rj]
+    return _keep(fs)
+
+
+def _axis_rule(axis_key: str, kind: FactorKind):
+    """All operands and results share a shape; one axis gets ``kind``, the rest PASS."""
+    def rule(params, ins, outs):
+        ref = outs[0]
+        axes = params[axis_key]
+        axes = {a % len(ref) for a in (axes if isinstance(axes, (tuple, list)) else (axes,))}
+        fs = []
+        for d, s in enumerate(ref):
+            ops = [(i, d) for i, sh in enumerate(ins) if len(sh) == len(ref)]
+            res = [(j, d) for j, sh in enumerate(outs) if len(sh) == len(ref)]
+            if d in axes:
+                fs += [_f(s, kind, [o]) for o in ops] + [_f(s, kind, results=[r]) for r in res]
+            else:
+                fs.append(_f(s, P, ops, res))
+        return _keep(fs)
+    return rule
+
+
+register("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")(_axis_rule("axis", N))
+register("sort")(_axis_rule("dimension", N))
+register("rev")(_axis_rule("dimensions", M))
+
+
+def _reduce_rule(op: str):
+    def rule(params, ins, outs):
+        axes = set(params["axes"] if "axes" in params else params["dimensions"])
+        x = ins[0]
+        fs, o = [], 0
+        for d, s in enumerate(x):
+            # variadic reduce: the init values are scalars and take no part
+            ops = [(i, d) for i in range(len(ins)) if len(ins[i]) == len(x)]
+            if d in axes:
+                fs.append(_f(s, R, ops, reduce=op))
+            else:
+                fs.append(_f(s, P, ops, [(j, o) for j in range(len(outs))]))
+                o += 1
+        return _keep(fs)
+    return rule
+
+
+for _name, _op in [("reduce_sum", "sum"), ("reduce_max", "max"), ("reduce_min", "min"),
+                   ("reduce_prod", "prod"), ("reduce_and", "and"), ("reduce_or", "or"),
+                   ("reduce_xor", "xor"), ("reduce", "sum")]:
+    factor_rules[_name] = _reduce_rule(_op)
+
+
+@register("argmax", "argmin")
+def _argminmax(params, ins, outs):
+    axes = set(params["axes"])
+    fs, o = [], 0
+    for d, s in enumerate(ins[0]):
+        if d in axes:
+            fs.append(_f(s, N, [(0, d)]))
+        else:
+            fs.append(_f(s, P, [(0, d)], [(0, o)]))
+            o += 1
+    return _keep(fs)
+
+
+@register("top_k", "approx_top_k")
+def _top_k(params, ins, outs):
+    x = ins[0]
+    axis = params.get("reduction_dimension", -1) % len(x)
+    fs = []
+    for d, s in enumerate(x):
+        if d == axis:
+            fs.append(_f(s, N, [(0, d)]))
+            fs += [_f(outs[j][d], N, results=[(j, d)]) for j in range(len(outs))]
+        else:
+            fs.append(_f(s, P, [(0, d)], [(j, d) for j in range(len(outs))]))
+    return _keep(fs)
+
+
+@register("concatenate")
+def _concatenate(params, ins, outs):
+    axis = params["dimension"]
+    out = outs[0]
+    fs = []
+    for d, s in enumerate(out):
+        if d == axis:
+            fs += [_f(sh[d], M, [(i, d)]) for i, sh in enumerate(ins)]
+            fs.append(_f(s, M, results=[(0, d)]))
+        else:
+            fs.append(_f(s, P, [(i, d) for i in range(len(ins))], [(0, d)]))
+    return _keep(fs)
+
+
+@register("pad")
+def _pad(params, ins, outs):
+    fs = []
+    for d, (lo, hi, interior) in enumerate(params["padding_config"]):
+        if lo == hi == interior == 0:
+            fs.append(_f(ins[0][d], P, [(0, d)], [(0, d)]))
+        else:
+            fs += [_f(ins[0][d], M, [(0, d)]), _f(outs[0][d], M, results=[(0, d)])]
+    return _keep(fs)
+
+
+def _kept_or_cut(x: Shape, out: Shape, operand: int = 0) -> list[Factor]:
+    """Dims whose size is kept are PASS; dims that are cut are N on both sides."""
+    fs = []
+    for d, (s, t) in enumerate(zip(x, out)):
+        if s == t:
+            fs.append(_f(s, P, [(operand, d)], [(0, d)]))
+        else:
+            fs += [_f(s, N, [(operand, d)]), _f(t, N, results=[(0, d)])]
+    return fs
+
+
+@register("slice")
+def _slice(params, ins, outs):
+    return _keep(_kept_or_cut(ins[0], outs[0]))
+
+
+@register("dynamic_slice")
+def _dynamic_slice(params, ins, outs):
+    return _keep(_kept_or_cut(ins[0], outs[0]))
+
+
+@register("dynamic_update_slice")
+def _dynamic_update_slice(params, ins, outs):
+    x, upd = ins[0], ins[1]
+    fs = []
+    for d, s in enumerate(x):
+        if upd[d] == s:
+            fs.append(_f(s, P, [(0, d), (1, d)], [(0, d)]))
+        else:
+            fs.append(_f(s, P, [(0, d)], [(0, d)]))
+            fs.append(_f(upd[d], N, [(1, d)]))
+    return _keep(fs)
+
+
+@register("split")
+def _split(params, ins, outs):
+    axis = params["axis"] % len(ins[0])
+    fs = []
+    for d, s in enumerate(ins[0]):
+        if d == axis:
+            fs.append(_f(s, M, [(0, d)]))
+            fs += [_f(o[d], M, results=[(j, d)]) for j, o in enumerate(outs)]
+        else:
+            fs.append(_f(s, P, [(0, d)], [(j, d) for j in range(len(outs))]))
+    return _keep(fs)
+
+
+@register("stack")
+def _stack(params, ins, outs):
+    axis = params["axis"] % len(outs[0])
+    fs = [_f(outs[0][axis], M, results=[(0, axis)])]
+    for d, s in enumerate(ins[0]):
+        o = d if d < axis else d + 1
+        fs.append(_f(s, P, [(i, d) for i in range(len(ins))], [(0, o)]))
+    return _keep(fs)
+
+
+@register("unstack")
+def _unstack(params, ins, outs):
+    axis = params["axis"] % len(ins[0])
+    fs = [_f(ins[0][axis], M, [(0, axis)])]
+    for d, s in enumerate(outs[0]):
+        a = d if d < axis else d + 1
+        fs.append(_f(s, P, [(0, a)], [(j, d) for j in range(len(outs))]))
+    return _keep(fs)
+
+
+@register("tile")
+def _tile(params, ins, outs):
+    fs = []
+    for d, r in enumerate(params["reps"]):
+        if r == 1:
+            fs.append(_f(ins[0][d], P, [(0, d)], [(0, d)]))
+        else:
+            fs += [_f(ins[0][d], N, [(0, d)]), _f(outs[0][d], N, results=[(0, d)])]
+    return _keep(fs)
+
+
+# --------------------------------------------------------------------------- gather/scatter
+
+@register("gather")
+def _gather(params, ins, outs):
+    dn = params["dimension_numbers"]
+    ss = params["slice_sizes"]
+    x, idx, out = ins[0], ins[1], outs[0]
+    offset = list(dn.offset_dims)
+    batch_out = [d for d in range(len(out)) if d not in offset]
+    idx_batch = list(range(len(idx) - 1))  # the last indices dim is the index vector
+    fs = []
+    for o, i in zip(batch_out, idx_batch):
+        ops = [(1, i)]
+        if i in dn.start_indices_batching_dims:
+            k = list(dn.start_indices_batching_dims).index(i)
+            ops.append((0, dn.operand_batching_dims[k]))
+        fs.append(_f(out[o], P, ops, [(0, o)]))
+    skipped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+    window = [d for d in range(len(x)) if d not in skipped]
+    for o, d in zip(offset, window):
+        if ss[d] == x[d]:
+            fs.append(_f(x[d], P, [(0, d)], [(0, o)]))
+        else:
+            fs += [_f(x[d], N, [(0, d)]), _f(out[o], N, results=[(0, o)])]
+    # Indexed operand dims (an embedding's vocab): sharded, each device gathers the rows
+    # it holds (masked) and the partial results are summed: a reduction factor.
+    fs += [_f(x[d], R, [(0, d)]) for d in dn.collapsed_slice_dims]
+    if len(idx) and idx[-1] > 1:
+        fs.append(_f(idx[-1], N, [(1, len(idx) - 1)]))
+    return _keep(fs)
+
+
+@register("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min",
+          "scatter_min", "scatter-max", "scatter_max", "scatter-sub", "scatter_sub")
+def _scatter(params, ins, outs):
+    dn = params["dimension_numbers"]
+    x, idx, upd = ins[0], ins[1], ins[2]
+    window = list(dn.update_window_dims)
+    indexed = set(dn.inserted_window_dims) | set(dn.scatter_dims_to_operand_dims)
+    skipped = set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
+    op_window = [d for d in range(len(x)) if d not in skipped]
+    fs = []
+    tied_op = {}
+    for u, d in zip(window, op_window):
+        if upd[u] == x[d] and d not in indexed:
+            tied_op[d] = u
+    for d, s in enumerate(x):
+        if d in tied_op:
+            fs.append(_f(s, P, [(0, d), (2, tied_op[d])], [(0, d)]))
+        elif d in dn.operand_batching_dims:
+            # batched scatter (take_along_axis' transpose): ties to the indices' batch dim
+            k = list(dn.operand_batching_dims).index(d)
+            fs.append(_f(s, P, [(0, d), (1, dn.scatter_indices_batching_dims[k])], [(0, d)]))
+        elif d in indexed:
+            # The operand and result are one buffer: sharding an indexed dim is fine when
+            # each device applies only the updates that land in its rows (masked).
+            fs.append(_f(s, P, [(0, d)], [(0, d)]))
+        else:
+            fs.append(_f(s, P, [(0, d)], [(0, d)]))
+    scatter_dims = [u for u in range(len(upd)) if u not in window]
+    for u, i in zip(scatter_dims, range(len(idx) - 1)):
+        fs.append(_f(upd[u], P, [(2, u), (1, i)]))
+    for u in window:
+        if u not in tied_op.values():
+            fs.append(_f(upd[u], N, [(2, u)]))
+    if len(idx) and idx[-1] > 1:
+        fs.append(_f(idx[-1], N, [(1, len(idx) - 1)]))
+    return _keep(fs)
+
+
+# --------------------------------------------------------------------------- windows
+
+@register("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
+          "select_and_scatter_add")
+def _window(params, ins, outs):
+    wd = params["window_dimensions"]
+    st = params["window_strides"]
+    pad = params.get("padding", ((0, 0),) * len(wd))
+    bd = params.get("base_dilation", (1,) * len(wd))
+    wdl = params.get("window_dilation", (1,) * len(wd))
+    fs = []
+    for d in range(len(wd)):
+        simple = wd[d] == 1 and st[d] == 1 and tuple(pad[d]) == (0, 0) and bd[d] == 1 and wdl[d] == 1
+        ops = [(i, d) for i, sh in enumerate(ins) if len(sh) == len(wd)]
+        res = [(j, d) for j, sh in enumerate(outs) if len(sh) == len(wd)]
+        if simple:
+            fs.append(_f(outs[0][d], P, ops, res))
+        else:
+            fs += [_f(ins[i][d], M, [(i, d)]) for i, _ in ops]
+            fs += [_f(outs[j][d], M, results=[(j, d)]) for j, _ in res]
+    return _keep(fs)
+
+
+# --------------------------------------------------------------------------- linear algebra
+
+@register("cholesky", "cholesky_update", "triangular_solve", "qr", "eigh", "svd", "lu",
+          "householder_product", "geqrf", "ormqr", "symmetric_product")
+def _batched_matrix(params, ins, outs):
+    """Leading (batch) dims shared by all operands and results PASS; the matrix dims N."""
+    shapes = [s for s in list(ins) + list(outs) if len(s) >= 2]
+    nb = min((len(s) - 2 for s in shapes), default=0)
+    fs = []
+    for d in range(nb):
+        s = shapes[0][d]
+        ops = [(i, d) for i, sh in enumerate(ins) if len(sh) > d and sh[d] == s]
+        res = [(j, d) for j, sh in enumerate(outs) if len(sh) > d and sh[d] == s]
+        fs.append(_f(s, P, ops, res))
+    fs += [_f(s, N, [(i, d)]) for i, sh in enumerate(ins) for d, s in enumerate(sh) if d >= nb]
+    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(outs) for d, s in enumerate(sh) if d >= nb]
+    return _keep(fs)
+
+
+@register("fft")
+def _fft(params, ins, outs):
+    k = len(params["fft_lengths"])
+    x = ins[0]
+    fs = []
+    for d, s in enumerate(x):
+        if d < len(x) - k:
+            fs.append(_f(s, P, [(0, d)], [(0, d)]))
+        else:
+            fs += [_f(s, N, [(0, d)]), _f(outs[0][d], N, results=[(0, d)])]
+    return _keep(fs)
+
+
+# --------------------------------------------------------------------------- creation, rng
+
+@register("iota", "rng_uniform", "random_bits", "random_seed", "random_split", "random_fold_in",
+          "empty", "empty2", "rng_bit_generator")
+def _result_only(params, ins, outs):
+    """Results are built on each device: every result dim a free, result-only factor."""
+    return _keep(_f(s, P, results=[(j, d)]) for j, sh in enumerate(outs) for d, s in enumerate(sh))
+
+
+@register("random_wrap", "random_unwrap", "threefry2x32")
+def _leading_tie(params, ins, outs):
+    """Key arrays: the leading dims shared by operands and results tie; key data dims N."""
+    k = min(len(s) for s in list(ins) + list(outs))
+    fs = []
+    for d in range(k):
+        s = outs[0][d]
+        fs.append(_f(s, P, [(i, d) for i in range(len(ins))], [(j, d) for j in range(len(outs))]))
+    fs += [_f(s, N, [(i, d)]) for i, sh in enumerate(ins) for d, s in enumerate(sh) if d >= k]
+    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(outs) for d, s in enumerate(sh) if d >= k]
+    return _keep(fs)
+
+
+# --------------------------------------------------------------------------- loop pseudo-ops
+# Emitted by the tracer around kept bodies (see _program.py).
+
+@register("scan_enter")
+def _scan_enter(params, ins, outs):
+    """[carry..., xs...] -> [body carry..., body x...]; xs lose their leading loop axis."""
+    nc = params["num_carry"]
+    fs = []
+    for j, out in enumerate(outs):
+        lead = 0 if j < nc else 1
+        fs += [_f(s, P, [(j, d + lead)], [(j, d)]) for d, s in enumerate(out)]
+        if lead:
+            fs.append(_f(ins[j][0], N, [(j, 0)]))
+    return _keep(fs)
+
+
+@register("scan_exit")
+def _scan_exit(params, ins, outs):
+    """[body carry out..., body ys..., body carry in...] -> [carry..., ys...]."""
+    nc = params["num_carry"]
+    ny = len(outs) - nc
+    fs = []
+    for j, out in enumerate(outs):
+        if j < nc:
+            ops = lambda d: [(j, d), (nc + ny + j, d)]
+            fs += [_f(s, P, ops(d), [(j, d)]) for d, s in enumerate(out)]
+        else:
+            fs += [_f(s, P, [(j, d - 1)], [(j, d)]) for d, s in enumerate(out) if d > 0]
+            fs.append(_f(out[0], N, results=[(j, 0)]))
+    return _keep(fs)
+
+
+@register("while_enter")
+def _while_enter(params, ins, outs):
+    return _pairwise(params, ins, outs)
+
+
+@register("while_exit")
+def _while_exit(params, ins, outs):
+    """[body carry out..., body carry in...] -> [carry...]."""
+    n = len(outs)
+    return _keep(
+        _f(s, P, [(j, d), (n + j, d)], [(j, d)]) for j, sh in enumerate(outs) for d, s in enumerate(sh)
+    )
+
+
+@register("cond_enter")
+def _cond_enter(params, ins, outs):
+    return []
+
+
+@register("cond_exit")
+def _cond_exit(params, ins, outs):
+    """[branch 0 outs..., branch 1 outs..., ...] -> [results...]."""
+    n = len(outs)
+    b = params["branches"]
+    return _keep(
+        _f(s, P, [(k * n + j, d) for k in range(b)], [(j, d)])
+        for j, sh in enumerate(outs) for d, s in enumerate(sh)
+    )
+
+
+PSEUDO_OPS = frozenset({"scan_enter", "scan_exit", "while_enter", "while_exit", "cond_enter", "cond_exit"})
+
+
+def rule_for(primitive: str) -> tuple[RuleFn, bool]:
+    """The rule for a primitive and whether it is a known one (not the conservative default)."""
+    rule = factor_rules.get(primitive)
+    if rule is None:
+        return conservative_rule, primitive in CONSERVATIVE
+    return rule, True
+
+
+def factors_of(primitive: str, params: dict, ins: Sequence[Shape], outs: Sequence[Shape]) -> list[Factor]:
+    rule, _ = rule_for(primitive)
+    return rule(params, ins, outs)
+
+
+def op_flops(primitive: str, params: dict, ins: Sequence[Shape], outs: Sequence[Shape]) -> float:
+    """FLOPs of one execution of an op (2·MACs for contractions, one per element otherwise)."""
+    if primitive == "dot_general":
+        (lc, _), _ = params["dimension_numbers"]
+        k = math.prod(ins[0][a] for a in lc)
+        return 2.0 * math.prod(outs[0]) * k
+    if primitive == "conv_general_dilated":
+        rhs = ins[1]
+        dn = params["dimension_numbers"]
+        per_out = math.prod(rhs[d] for d in dn.rhs_spec[1:])  # in-features x kernel window
+        return 2.0 * math.prod(outs[0]) * per_out
+    if primitive in PSEUDO_OPS:
+        return 0.0
+    return float(sum(math.prod(s) for s in outs))

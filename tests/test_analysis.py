@@ -1,0 +1,158 @@
+"""Named-dimension analysis on the demo models and small programs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import demo_models
+from engine import analyze, analyze_model, trace
+from engine._analysis import NO_DIM
+
+
+def _input(program, path):
+    for vid, p in zip(program.inputs, program.input_paths):
+        if p == path:
+            return vid
+    raise KeyError(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_transformer():
+    # batch=3 so that the batch size is unique among the tiny dims
+    return analyze_model("transformer", "tiny", ["batch=3"])
+
+
+def test_ffn_weights_share_one_named_dim(tiny_transformer):
+    p, an = tiny_transformer.program, tiny_transformer.analysis
+    w1 = _input(p, "params/layers/0/w1")
+    b1 = _input(p, "params/layers/0/b1")
+    w2 = _input(p, "params/layers/0/w2")
+    nd = an.nd_of(w1, 1)
+    assert nd != NO_DIM
+    assert an.nd_of(b1, 0) == nd
+    assert an.nd_of(w2, 0) == nd
+    # the other layer's ffn is another named dim of the same group
+    w1_1 = _input(p, "params/layers/1/w1")
+    assert an.nd_of(w1_1, 1) != nd
+    assert an.group_of(w1_1, 1) == an.group_of(w1, 1)
+    assert an.groups[an.group_of(w1, 1)].label == "ffn"
+    # d_model (w1 dim 0) is not the ffn dim
+    assert an.nd_of(w1, 0) != nd
+
+
+def test_batch_dims_of_inputs_and_activations_are_one_named_dim(tiny_transformer):
+    p, an = tiny_transformer.program, tiny_transformer.analysis
+    tokens = _input(p, "batch/tokens")
+    targets = _input(p, "batch/targets")
+    batch = an.nd_of(tokens, 0)
+    assert an.nd_of(targets, 0) == batch
+    activations = [v for v in p.values if len(v.shape) >= 2 and v.shape[0] == 3 and v.producer >= 0]
+    assert len(activations) > 50
+    for v in activations:
+        assert an.nd_of(v.id, 0) == batch, (v, p.ops[v.producer].primitive)
+    assert an.named_dims[batch].label == "batch"
+
+
+def test_attention_scores_carry_an_intra_conflict(tiny_transformer):
+    p, an = tiny_transformer.program, tiny_transformer.analysis
+    seq = an.nd_of(_input(p, "batch/tokens"), 1)
+    conflicts = [c for c in an.conflicts if c.named_dim == seq]
+    assert len(conflicts) == 1
+    c = conflicts[0]
+    cfg = tiny_transformer.model.config
+    shapes = {p.values[vid].shape: (a, b) for vid, a, b in c.values}
+    assert shapes[(3, cfg.heads, cfg.seq, cfg.seq)] == (2, 3)
+    d = an.describe_conflict(c)
+    assert d["named_dim"] == "seq"
+    assert any("dot_general" in step for step in d["path"])
+    assert len(d["options"]) >= 2
+
+
+def test_x_times_x_transpose_is_a_conflict():
+    an = analyze(trace(lambda x: x @ x.T, (jnp.ones((8, 4)),)))
+    assert len(an.conflicts) == 1
+    (vid, a, b), = an.conflicts[0].values
+    assert an.program.values[vid].shape == (8, 8) and (a, b) == (0, 1)
+
+
+def test_plain_mlp_has_no_conflict():
+    res = analyze_model("mlp")
+    assert res.analysis.conflicts == []
+    assert res.analysis.unknown_primitives == {}
+
+
+@pytest.mark.parametrize("name", list(demo_models.MODELS))
+def test_no_unknown_primitives_in_demo_models(name):
+    res = analyze_model(name)
+    assert res.analysis.unknown_primitives == {}
+    assert res.analysis.summary()["groups"] > 0
+
+
+@pytest.mark.parametrize("name", ["transformer", "transformer-scan"])
+def test_decision_groups_do_not_grow_with_depth(name):
+    counts = {
+        layers: analyze_model(name, "tiny", [f"layers={layers}"]).analysis.decision_space(2)["groups"]
+        for layers in (2, 32, 48)
+    }
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_unrolled_and_scanned_give_the_same_groups():
+    a = analyze_model("transformer").analysis
+    b = analyze_model("transformer-scan").analysis
+    assert sorted(g.label for g in a.decision_groups) == sorted(g.label for g in b.decision_groups)
+
+
+def test_scan_body_is_analysed_once_with_carry_tied():
+    res = analyze_model("transformer-scan", "tiny", ["layers=6"])
+    p, an = res.program, res.analysis
+    assert sum(1 for op in p.ops if op.primitive == "scan_enter") == 2  # forward + backward
+    # the stacked w1's hidden dim (dim 2) is the ffn group; its layer dim is a loop axis
+    w1 = _input(p, "params/layers/w1")
+    assert an.groups[an.group_of(w1, 2)].label == "ffn"
+    assert an.named_dims[an.nd_of(w1, 0)].loop_axis
+    body_ops = [op for op in p.ops if op.trip == 6]
+    assert body_ops and all(p.regions[op.region].kind == "scan" for op in body_ops)
+
+
+def test_full_t48_is_analysed_from_shape_structs():
+    res = analyze_model("transformer", "t48")
+    assert all(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(res.model.args))
+    s = res.analysis.summary()
+    assert s["groups"] == analyze_model("transformer").analysis.summary()["groups"]
+    assert s["unknown_primitives"] == {}
+
+
+def test_source_lines_and_paths_are_kept(tiny_transformer):
+    p = tiny_transformer.program
+    assert "params/layers/1/wq" in p.input_paths
+    assert "opt_state/mu/layers/0/w1" in p.input_paths
+    assert any("_transformer.py" in op.source for op in p.ops)
+    assert p.output_paths[-1].startswith("out/")
+
+
+def test_nested_calls_are_inlined_and_loops_kept():
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defjvp(lambda p, t: (f(p[0]), t[0] * jnp.cos(p[0])))
+
+    def fn(x, w):
+        y = jax.jit(lambda a: a + 1)(x)
+        y = jax.checkpoint(lambda a: jnp.tanh(f(a)))(y)
+        y = jax.lax.cond(y.sum() > 0, lambda a: a * 2, lambda a: a - 1, y)
+        return (y @ w).sum()
+
+    def step(x, w):
+        g = jax.grad(fn)(x, w)
+        return jax.lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, s[1] @ w), (0, g))[1]
+
+    p = trace(step, (jnp.ones((4, 4)), jnp.ones((4, 4))))
+    prims = {op.primitive for op in p.ops}
+    assert not prims & {"jit", "custom_jvp_call", "remat2", "checkpoint"}
+    assert {"cond_exit", "while_exit"} <= prims
+    an = analyze(p)
+    assert an.unknown_primitives == {}
