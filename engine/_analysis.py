@@ -314,7 +314,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
             lab = f"{lab}#{seen_labels[lab]}"
         gbytes = int(sum(nd_bytes[n] for n in nds))
         is_loop = any(n in loop_nd for n in nds)
-        decidable = (not is_loop) and gbytes >= min_group_fraction * max_bytes
+        decidable = bool((not is_loop) and gbytes >= min_group_fraction * max_bytes)
         groups.append(Group(gid, lab, tuple(nds), max(max(nd_sizes[n]) for n in nds), gbytes, decidable))
 
     named_dims = [

@@ -105,6 +105,9 @@ class Program:
     closed_jaxpr: Any  # the jaxpr it came from (apply re-evaluates it)
     var_ids: dict[int, ValueId]  # id(jaxpr Var) -> ValueId, over all nested jaxprs
     constants: dict[ValueId, Any]  # ValueId -> concrete constant
+    # id(jaxpr eqn) -> the op it became (for scan/while/cond: the ``_enter`` pseudo-op;
+    # the region's ``exit`` gives the other end). Inlined call eqns have no entry.
+    eqn_ops: dict[int, OpId] = dataclasses.field(default_factory=dict)
 
     @property
     def num_ops(self) -> int:
@@ -212,6 +215,7 @@ class _Tracer:
         self.var_ids: dict[int, ValueId] = {}
         self.constants: dict[ValueId, Any] = {}
         self._summaries: dict[Any, str] = {}
+        self.eqn_ops: dict[int, OpId] = {}
 
     # ---- values
     def new_value(self, aval, producer: OpId = NO_PRODUCER, name: str | None = None) -> ValueId:
@@ -283,6 +287,7 @@ class _Tracer:
         return Program(
             self.values, self.ops, self.regions, inputs, outputs, list(in_paths),
             list(out_paths), in_tree, out_tree, self.closed, self.var_ids, self.constants,
+            self.eqn_ops,
         )
 
     def walk(self, jaxpr, region: int, trip: int) -> None:
@@ -295,10 +300,11 @@ class _Tracer:
                 self.inline(eqn, region, trip)
             else:
                 inputs = [self.read(a) for a in eqn.invars]
-                self.emit(
+                op = self.emit(
                     name, dict(eqn.params), inputs, [v.aval for v in eqn.outvars],
                     self.source(eqn), region, trip, eqn.outvars,
                 )
+                self.eqn_ops[id(eqn)] = op.id
 
     def inline(self, eqn, region: int, trip: int) -> None:
         inner = _called_jaxpr(eqn)
@@ -357,6 +363,7 @@ def _scan(t: _Tracer, eqn, region: int, trip: int) -> None:
         trip, eqn.outvars,
     )
     t.close_region(rid, enter.id, exit_.id)
+    t.eqn_ops[id(eqn)] = enter.id
 
 
 def _while(t: _Tracer, eqn, region: int, trip: int) -> None:
@@ -386,6 +393,7 @@ def _while(t: _Tracer, eqn, region: int, trip: int) -> None:
         region, trip, eqn.outvars,
     )
     t.close_region(rid, enter.id, exit_.id)
+    t.eqn_ops[id(eqn)] = enter.id
 
 
 def _cond(t: _Tracer, eqn, region: int, trip: int) -> None:
@@ -408,6 +416,7 @@ def _cond(t: _Tracer, eqn, region: int, trip: int) -> None:
         region, trip, eqn.outvars,
     )
     t.close_region(rid, enter.id, exit_.id)
+    t.eqn_ops[id(eqn)] = enter.id
 
 
 _STRUCTURED: dict[str, Callable[[_Tracer, Any, int, int], None]] = {
