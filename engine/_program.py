@@ -191,10 +191,57 @@ def trace(fn: Callable, args: Sequence[Any]) -> Program:
     args = tuple(args)
     leaves, in_paths, in_tree = flatten_args(fn, args)
     closed, out_shape = make_jaxpr(fn, args)
-    closed = dce(closed)
+    closed = unshare(dce(closed))
     out_leaves_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     out_paths = [path_str("out", p) for p, _ in out_leaves_paths]
     return _Tracer(closed).run(in_paths, out_paths, in_tree, out_tree)
+
+
+def unshare(closed):
+    """Give every nested jaxpr occurrence its own Vars: jit caches its trace, so two call
+    sites of one jitted helper share a jaxpr object, and id(var)-keyed maps (var_ids,
+    eqn_ops) would send both sites to the last one's values."""
+    seen: set[int] = set()
+
+    def fresh_closed(cj):
+        return jcore.ClosedJaxpr(fresh(cj.jaxpr), cj.consts)
+
+    def param(p):
+        if isinstance(p, jcore.ClosedJaxpr):
+            return fresh_closed(p)
+        if isinstance(p, jcore.Jaxpr):
+            return fresh(p)
+        if isinstance(p, tuple) and any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in p):
+            return tuple(param(x) for x in p)
+        return p
+
+    def fresh(jaxpr):
+        first = id(jaxpr) not in seen
+        seen.add(id(jaxpr))
+        m = {}
+
+        def v(x):
+            if isinstance(x, jcore.Literal):
+                return x
+            if isinstance(x, jcore.DropVar):
+                return x if first else jcore.DropVar(x.aval)
+            if first:
+                return x
+            if x not in m:
+                m[x] = jcore.Var(x.aval)
+            return m[x]
+
+        eqns = []
+        for e in jaxpr.eqns:
+            params = {k: param(p) for k, p in e.params.items()}
+            eqns.append(e.replace(invars=[v(a) for a in e.invars],
+                                  outvars=[v(a) for a in e.outvars], params=params)
+                        if not first or params != e.params else e)
+        return jaxpr.replace(constvars=[v(x) for x in jaxpr.constvars],
+                             invars=[v(x) for x in jaxpr.invars],
+                             outvars=[v(x) for x in jaxpr.outvars], eqns=eqns)
+
+    return fresh_closed(closed)
 
 
 def dce(closed):

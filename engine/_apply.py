@@ -1,0 +1,327 @@
+"""Apply: re-evaluate a traced ``Program`` with sharding constraints inserted.
+
+Input shardings alone leave every intermediate to XLA's sharding propagation, which decides
+badly (DESIGN.md, "Plan export, apply, verify"). ``constrained_function`` interprets the
+program's jaxpr again, calling ``jax.lax.with_sharding_constraint`` on every value the plan
+constrains (``value_specs``, keyed by ValueId) and on op operands as one op consumes them
+(``operand_specs``, keyed by (OpId, operand index)) — also inside ``scan`` / ``while`` /
+``cond`` bodies, which are rebuilt with ``lax.scan`` / ``lax.while_loop`` / ``lax.switch``.
+
+Call-like eqns that the tracer inlined (``jit``, ``custom_jvp_call``, ``custom_vjp_call``,
+...) are interpreted inline, so constraints on their inner values apply; their custom
+differentiation rules are dropped (apply runs on an already-differentiated step).
+``checkpoint`` (remat) eqns are kept as ``checkpoint`` eqns around a re-traced body: inlining
+them would drop the optimisation barrier that stops XLA from CSE-ing the recomputation away,
+and with it the memory the remat saves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+from jax._src import core as jcore
+from jax._src import source_info_util
+from jax._src.interpreters import partial_eval as pe
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ._errors import PartexError
+from ._program import Program
+
+__all__ = ["constrained_function"]
+
+# Call primitives whose called jaxpr the tracer inlines, and the param holding it.
+_CALL_PARAM = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+}
+# Remat: rebound as itself (with a re-traced body), not inlined.
+_REMAT = {"checkpoint", "remat2"}
+
+
+def constrained_function(
+    program: Program,
+    mesh: jax.sharding.Mesh,
+    value_specs: Mapping[int, PartitionSpec],
+    operand_specs: Mapping[tuple[int, int], PartitionSpec] = {},
+) -> Callable:
+    """A function equivalent to the traced one, with sharding constraints inserted.
+
+    ``value_specs[v]`` constrains value ``v`` right after it is produced (an input: at
+    entry; a loop body's carry / per-iteration slice: at the start of every iteration).
+    ``operand_specs[(op, i)]`` constrains operand ``i`` of op ``op`` as that op consumes it,
+    leaving the value seen by its other consumers alone. For the pseudo-ops around a loop or
+    branch body, ``(<kind>_enter, i)`` constrains the operand entering the loop and
+    ``(<kind>_exit, i)`` the body output ``i`` before it is carried / stacked / returned.
+
+    The result takes and returns the same pytrees as the traced function. It is not jitted:
+    wrap it in ``jax.jit(..., in_shardings=..., out_shardings=..., donate_argnums=...)``.
+    """
+    return _Interpreter(program, mesh, value_specs, operand_specs).function()
+
+
+class _Interpreter:
+    def __init__(self, program, mesh, value_specs, operand_specs):
+        self.program = program
+        self.mesh = mesh
+        self.value_specs = dict(value_specs)
+        self.operand_specs = dict(operand_specs)
+        self.var_ids = program.var_ids
+        self.eqn_ops = program.eqn_ops
+        self._shardings: dict[Any, NamedSharding] = {}
+        # exit pseudo-op id of every structured eqn's region, by its enter op id
+        self._exit_of = {r.enter: r.exit for r in program.regions if r.enter >= 0}
+        n_in = len(program.closed_jaxpr.jaxpr.invars)
+        if n_in != len(program.inputs):
+            raise PartexError(
+                f"program has {len(program.inputs)} inputs but its jaxpr {n_in}: retrace it"
+            )
+
+    # ------------------------------------------------------------------ entry point
+    def function(self) -> Callable:
+        program = self.program
+        closed = program.closed_jaxpr
+
+        def constrained(*args):
+            try:
+                leaves = program.in_tree.flatten_up_to(tuple(args))
+            except (ValueError, TypeError) as e:
+                raise PartexError(
+                    f"arguments do not match the traced function's: {e}"
+                ) from e
+            outs = self.eval(closed.jaxpr, closed.consts, leaves, constrain_invars=True)
+            return jax.tree_util.tree_unflatten(program.out_tree, outs)
+
+        constrained.__name__ = "partex_constrained"
+        return constrained
+
+    # ------------------------------------------------------------------ constraints
+    def _constrain(self, x, spec: PartitionSpec, what: str):
+        sh = self._shardings.get(spec)
+        if sh is None:
+            sh = self._shardings[spec] = NamedSharding(self.mesh, spec)
+        try:
+            return jax.lax.with_sharding_constraint(x, sh)
+        except Exception as e:  # JAX raises several types; name the constrained value
+            msg = " ".join(str(e).split())
+            raise PartexError(
+                f"cannot constrain {what} (shape {tuple(jax.numpy.shape(x))}) to {spec}: "
+                f"{type(e).__name__}: {msg[:300]}"
+            ) from e
+
+    def constrain_var(self, var, x):
+        vid = self.var_ids.get(id(var))
+        if vid is None:
+            return x
+        spec = self.value_specs.get(vid)
+        if spec is None:
+            return x
+        v = self.program.values[vid]
+        return self._constrain(x, spec, f"value {vid} ({v.name or 'intermediate'})")
+
+    def constrain_operand(self, op_id: int, i: int, x):
+        spec = self.operand_specs.get((op_id, i))
+        if spec is None:
+            return x
+        prim = self.program.ops[op_id].primitive
+        return self._constrain(x, spec, f"operand {i} of op {op_id} ({prim})")
+
+    # ------------------------------------------------------------------ the interpreter
+    def eval(self, jaxpr, consts, args, constrain_invars: bool | Sequence[bool]) -> list:
+        """Evaluate ``jaxpr``; ``constrain_invars`` says which invars get their value spec
+        (False for invars that alias a value already constrained outside: inlined call
+        operands, loop consts)."""
+        env: dict[Any, Any] = {}
+
+        def read(atom):
+            return atom.val if isinstance(atom, jcore.Literal) else env[atom]
+
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = self.constrain_var(var, c)
+        if isinstance(constrain_invars, bool):
+            constrain_invars = [constrain_invars] * len(jaxpr.invars)
+        if len(args) != len(jaxpr.invars):
+            raise PartexError(
+                f"expected {len(jaxpr.invars)} array arguments, got {len(args)}"
+            )
+        for var, x, c in zip(jaxpr.invars, args, constrain_invars):
+            env[var] = self.constrain_var(var, x) if c else x
+
+        for eqn in jaxpr.eqns:
+            invals = [read(a) for a in eqn.invars]
+            name = eqn.primitive.name
+            op_id = self.eqn_ops.get(id(eqn))
+            handler = _STRUCTURED.get(name)
+            # Outputs of structured / inlined eqns are constrained where they are made (after
+            # the loop; inside the called body), ordinary ones here.
+            constrain_outs = False
+            with _eqn_context(eqn):
+                if handler is not None and op_id is not None:
+                    outs = handler(self, eqn, op_id, invals)
+                elif op_id is None and name in _REMAT and "jaxpr" in eqn.params:
+                    outs = self.remat(eqn, invals)
+                elif op_id is None and _called_jaxpr(eqn) is not None:
+                    outs = self.inline(eqn, invals)
+                else:
+                    outs = self.bind(eqn, op_id, invals)
+                    constrain_outs = True
+            for var, x in zip(eqn.outvars, outs):
+                if isinstance(var, jcore.DropVar):
+                    continue
+                env[var] = self.constrain_var(var, x) if constrain_outs else x
+        return [read(a) for a in jaxpr.outvars]
+
+    def bind(self, eqn, op_id, invals) -> list:
+        if op_id is not None:
+            invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
+        params = eqn.primitive.get_bind_params(eqn.params)
+        if isinstance(params, tuple):  # older JAX: (subfuns, params)
+            subfuns, params = params
+            out = eqn.primitive.bind(*subfuns, *invals, **params)
+        else:
+            out = eqn.primitive.bind(*invals, **params)
+        return list(out) if eqn.primitive.multiple_results else [out]
+
+    def inline(self, eqn, invals) -> list:
+        inner = _called_jaxpr(eqn)
+        if isinstance(inner, jcore.ClosedJaxpr):
+            return self.eval(inner.jaxpr, inner.consts, invals, constrain_invars=False)
+        return self.eval(inner, (), invals, constrain_invars=False)
+
+    def remat(self, eqn, invals) -> list:
+        """Re-trace the checkpointed body with its constraints; bind ``checkpoint`` again."""
+        inner = eqn.params["jaxpr"]
+        if isinstance(inner, jcore.ClosedJaxpr):
+            inner, inner_consts = inner.jaxpr, inner.consts
+        else:
+            inner_consts = ()
+
+        def body(*xs):
+            return self.eval(inner, inner_consts, list(xs), constrain_invars=False)
+
+        closed = jax.make_jaxpr(body)(*[_sds(v.aval) for v in inner.invars])
+        new_jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
+        params = dict(eqn.params, jaxpr=new_jaxpr)
+        prevent_cse = params.get("prevent_cse")
+        if isinstance(prevent_cse, tuple):
+            params["prevent_cse"] = (False,) * len(closed.consts) + prevent_cse
+        return list(eqn.primitive.bind(*closed.consts, *invals, **params))
+
+    # ------------------------------------------------------------------ loops / branches
+    def _exit_operand(self, enter_id: int, i: int, x):
+        exit_id = self._exit_of.get(enter_id)
+        return x if exit_id is None else self.constrain_operand(exit_id, i, x)
+
+    def scan(self, eqn, enter_id, invals) -> list:
+        p = eqn.params
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        body = p["jaxpr"]
+        consts = invals[:nc]
+        # scan_enter's operands are carry + xs (the consts alias the outer values)
+        rest = [self.constrain_operand(enter_id, i, x) for i, x in enumerate(invals[nc:])]
+        carry, xs = rest[:ncarry], rest[ncarry:]
+        mask = [False] * nc + [True] * (len(invals) - nc)
+
+        def f(c, x):
+            outs = self.eval(body.jaxpr, body.consts, [*consts, *c, *x], mask)
+            outs = [self._exit_operand(enter_id, i, o) for i, o in enumerate(outs)]
+            return outs[:ncarry], outs[ncarry:]
+
+        kw = {}
+        if "_split_transpose" in p:
+            kw["_split_transpose"] = p["_split_transpose"]
+        carry_out, ys = jax.lax.scan(
+            f, carry, xs, length=int(p["length"]), reverse=bool(p["reverse"]),
+            unroll=p.get("unroll", 1), **kw,
+        )
+        outs = [*carry_out, *ys]
+        return [self.constrain_var(v, o) for v, o in zip(eqn.outvars, outs)]
+
+    def while_(self, eqn, enter_id, invals) -> list:
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+        cconsts, bconsts = invals[:cn], invals[cn:cn + bn]
+        init = [self.constrain_operand(enter_id, i, x) for i, x in enumerate(invals[cn + bn:])]
+        ncarry = len(init)
+
+        def cond_fun(c):
+            (pred,) = self.eval(cj.jaxpr, cj.consts, [*cconsts, *c], [False] * cn + [True] * ncarry)
+            return pred
+
+        def body_fun(c):
+            outs = self.eval(bj.jaxpr, bj.consts, [*bconsts, *c], [False] * bn + [True] * ncarry)
+            return [self._exit_operand(enter_id, i, o) for i, o in enumerate(outs)]
+
+        outs = jax.lax.while_loop(cond_fun, body_fun, init)
+        return [self.constrain_var(v, o) for v, o in zip(eqn.outvars, outs)]
+
+    def cond(self, eqn, enter_id, invals) -> list:
+        branches = eqn.params["branches"]
+        index = self.constrain_operand(enter_id, 0, invals[0])
+        ops = invals[1:]
+        nout = len(eqn.outvars)
+
+        def make(bi, br):
+            def branch(*xs):
+                outs = self.eval(br.jaxpr, br.consts, list(xs), constrain_invars=False)
+                return [self._exit_operand(enter_id, bi * nout + i, o) for i, o in enumerate(outs)]
+            return branch
+
+        outs = jax.lax.switch(index, [make(bi, br) for bi, br in enumerate(branches)], *ops)
+        return [self.constrain_var(v, o) for v, o in zip(eqn.outvars, outs)]
+
+
+_STRUCTURED: dict[str, Callable[[_Interpreter, Any, int, list], list]] = {
+    "scan": _Interpreter.scan,
+    "while": _Interpreter.while_,
+    "cond": _Interpreter.cond,
+}
+
+
+def _called_jaxpr(eqn):
+    key = _CALL_PARAM.get(eqn.primitive.name)
+    if key is not None:
+        return eqn.params.get(key)
+    for k in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        j = eqn.params.get(k)
+        if isinstance(j, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+            return j
+    return None
+
+
+def _sds(aval):
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+
+
+class _eqn_context:
+    """The eqn's source info (for HLO metadata) and its context (compute type etc.)."""
+
+    def __init__(self, eqn):
+        self.eqn = eqn
+        self.stack = []
+
+    def __enter__(self):
+        eqn = self.eqn
+        try:
+            name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+            cms = [
+                source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+                eqn.ctx.manager,
+            ]
+        except AttributeError:  # best effort: provenance only
+            cms = []
+        for cm in cms:
+            cm.__enter__()
+            self.stack.append(cm)
+        return self
+
+    def __exit__(self, *exc):
+        while self.stack:
+            self.stack.pop().__exit__(*exc)
+        return False

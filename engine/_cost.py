@@ -1,0 +1,522 @@
+"""The analytic cost model: step time, collectives and per-device peak memory of a plan.
+
+A plan is an ordered list of decisions (group, mesh axis). From it follow
+- each value's sharding: walking the decisions in order, a decision shards the first dim of
+  the value in that group (an intra conflict: the other dim stays unsharded), unless the
+  value already uses that mesh axis on another dim (an axis conflict: the earlier decision
+  keeps it) or the dim does not divide;
+- each op's sharding, the same way over its factors (need-replication factors never shard);
+- communication where a value's sharding and its consumer's view differ: an axis dropped is
+  an all-gather, an axis moved to another dim an all-to-all, an axis added a free local
+  slice; a sharded reduction factor leaves partial sums: an all-reduce, or a reduce-scatter
+  when the result value is sharded on that axis. Ring (alpha-beta) costs per mesh axis.
+- peak memory per device by liveness over program order, every buffer at its sharded size;
+  arguments and outputs counted whole (as XLA reports them), donated outputs aliased.
+
+Evaluation is memoised per value signature and per op pattern (ops with the same shapes,
+factors and groups), which do not grow with depth, so scoring a plan costs about the same
+for 2 or 48 layers.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ._analysis import NO_DIM, Analysis
+from ._mesh import Hardware, MeshSpec
+from ._program import NO_PRODUCER
+from ._rules import FactorKind, PSEUDO_OPS, op_flops
+
+Decision = tuple[int, str]  # (group id, mesh axis)
+Spec = tuple[tuple[str, ...], ...]  # per dim: the mesh axes sharding it, major to minor
+
+# Ops that move no data of their own (views, loop boundaries): no compute or memory time.
+_FREE = PSEUDO_OPS | {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
+                      "stop_gradient", "copy", "copy_p", "sharding_constraint", "optimization_barrier"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveCost:
+    kind: str  # all-reduce, all-gather, reduce-scatter, all-to-all
+    axes: tuple[str, ...]
+    bytes: float  # per device, one execution: the larger of the buffer before/after
+    count: int  # executions per step (ops x trips)
+    time: float  # seconds per step, all executions
+    op: int  # a representative op
+    source: str
+    cause: str  # the group (named dimension) responsible
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryReport:
+    peak: float  # arguments + outputs + peak temporaries - aliased
+    arguments: float
+    outputs: float
+    temporaries: float  # peak of the intermediates
+    alias: float
+    breakdown: dict  # parameters, optimizer, activations, temporaries (at the peak)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CostReport:
+    step_time: float
+    compute_time: float
+    comm_time: float
+    ideal_time: float  # total FLOPs / (devices x peak)
+    mfu: float  # ideal_time / step_time
+    memory: MemoryReport
+    budget: float
+    fits: bool
+    collectives: tuple[CollectiveCost, ...] = ()
+
+    @property
+    def collective_bytes(self) -> dict[str, float]:
+        out: dict[str, float] = collections.defaultdict(float)
+        for c in self.collectives:
+            out[c.kind] += c.bytes * c.count
+        return dict(out)
+
+    def to_json(self) -> dict:
+        m = self.memory
+        return {
+            "step_time_s": self.step_time, "compute_time_s": self.compute_time,
+            "comm_time_s": self.comm_time, "ideal_time_s": self.ideal_time, "mfu": self.mfu,
+            "memory": {"peak": m.peak, "arguments": m.arguments, "outputs": m.outputs,
+                       "temporaries": m.temporaries, "alias": m.alias, **{f"breakdown_{k}": v for k, v in m.breakdown.items()}},
+            "budget": self.budget, "fits": self.fits,
+            "collective_bytes": self.collective_bytes,
+        }
+
+
+def _assign(slots: Sequence[tuple[int, int]], decisions: Sequence[tuple[int, str, int]]) -> list[list[str]]:
+    """Give mesh axes to slots (dims of a value or factors of an op) by ordered decisions.
+
+    slots: (group, size) each; group NO_DIM never shards. A decision shards the first
+    slot of its group that the axis still divides, unless the axis is already used here.
+    """
+    out: list[list[str]] = [[] for _ in slots]
+    prod = [1] * len(slots)
+    used: set[str] = set()
+    for g, axis, n in decisions:
+        if axis in used:
+            continue
+        for k, (sg, size) in enumerate(slots):
+            if sg == g and size % (prod[k] * n) == 0:
+                out[k].append(axis)
+                prod[k] *= n
+                used.add(axis)
+                break
+    return out
+
+
+@dataclasses.dataclass
+class _Pattern:
+    """Ops with the same factors, groups and operand/result signatures."""
+
+    factors: tuple[tuple[int, int, int], ...]  # (kind, size, group or NO_DIM)
+    operands: tuple[tuple[int, tuple[int, ...]], ...]  # (value sig, factor index per dim)
+    results: tuple[tuple[int, tuple[int, ...]], ...]
+    operand_bytes: tuple[float, ...]
+    result_bytes: tuple[float, ...]
+    flops: float
+    free: bool
+    weight: float = 0.0  # executions per step: sum of trips
+    ops: list = dataclasses.field(default_factory=list)
+
+
+class CostModel:
+    """Scores plans for one analysed program on one mesh and hardware."""
+
+    def __init__(self, analysis: Analysis, mesh: MeshSpec, hardware: Hardware,
+                 donate: Iterable[int] | None = None):
+        self.analysis = analysis
+        self.mesh = mesh
+        self.hw = hardware
+        self.program = p = analysis.program
+        self.axis_size = dict(zip(mesh.axes, mesh.sizes))
+        self.axis_bw = {a: mesh.axis_bandwidth(a, hardware) for a in mesh.axes}
+        self.axis_lat = {a: mesh.axis_latency(a, hardware) for a in mesh.axes}
+        self.group_of_nd = np.array([nd.group for nd in analysis.named_dims] + [NO_DIM], dtype=np.int64)
+        values = p.values
+        self.nbytes = np.fromiter((v.nbytes for v in values), dtype=np.float64, count=len(values))
+
+        # ---- value signatures: (group, size) per dim
+        sig_index: dict[tuple, int] = {}
+        self.sigs: list[tuple[tuple[int, int], ...]] = []
+        vsig = np.zeros(len(values), dtype=np.int64)
+        base = analysis.node_base
+        nd = analysis.node_nd
+        gnd = self.group_of_nd
+        for v in values:
+            b = base[v.id]
+            sig = tuple((int(gnd[nd[b + d]]) if nd[b + d] != NO_DIM else NO_DIM, s) for d, s in enumerate(v.shape))
+            i = sig_index.get(sig)
+            if i is None:
+                i = sig_index[sig] = len(self.sigs)
+                self.sigs.append(sig)
+            vsig[v.id] = i
+        self.vsig = vsig
+
+        # ---- op patterns
+        pat_index: dict[tuple, int] = {}
+        self.patterns: list[_Pattern] = []
+        self.op_pattern = np.zeros(len(p.ops), dtype=np.int64)
+        self.total_flops = 0.0
+        for op, fs in zip(p.ops, analysis.factors):
+            fkeys = []
+            dim_factor_in = [[-1] * len(values[i].shape) for i in op.inputs]
+            dim_factor_out = [[-1] * len(values[o].shape) for o in op.outputs]
+            for k, f in enumerate(fs):
+                g = NO_DIM
+                if f.ties:
+                    i, d = (f.operands[0] if f.operands else (None, None))
+                    node = (base[op.inputs[i]] + d) if i is not None else (base[op.outputs[f.results[0][0]]] + f.results[0][1])
+                    g = int(gnd[nd[node]]) if nd[node] != NO_DIM else NO_DIM
+                fkeys.append((int(f.kind), f.size, g))
+                for i, d in f.operands:
+                    dim_factor_in[i][d] = k
+                for j, d in f.results:
+                    dim_factor_out[j][d] = k
+            ins = [values[i].shape for i in op.inputs]
+            outs = [values[o].shape for o in op.outputs]
+            flops = op_flops(op.primitive, op.params, ins, outs)
+            self.total_flops += flops * op.trip
+            key = (tuple(fkeys),
+                   tuple((int(vsig[i]), tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),
+                   tuple((int(vsig[o]), tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),
+                   op.primitive in _FREE, flops)
+            pi = pat_index.get(key)
+            if pi is None:
+                pi = pat_index[key] = len(self.patterns)
+                self.patterns.append(_Pattern(
+                    key[0], key[1], key[2],
+                    tuple(float(self.nbytes[i]) for i in op.inputs),
+                    tuple(float(self.nbytes[o]) for o in op.outputs),
+                    flops, key[3]))
+            pat = self.patterns[pi]
+            pat.weight += op.trip
+            pat.ops.append(op.id)
+            self.op_pattern[op.id] = pi
+        self.pattern_weight = np.array([pt.weight for pt in self.patterns])
+
+        self._liveness(donate)
+        self._sig_cache: dict = {}
+        self._pat_cache: dict = {}
+
+    # ------------------------------------------------------------------ liveness
+    def _liveness(self, donate) -> None:
+        p = self.program
+        n_ops = len(p.ops)
+        inputs = set(p.inputs)
+        outputs = set(p.outputs)
+        # region ancestry: for a use inside a loop body of a value defined outside it, the
+        # value lives until the loop's exit op
+        region_parent = {r.id: r.parent for r in p.regions}
+        region_exit = {r.id: r.exit for r in p.regions}
+        op_region = [op.region for op in p.ops]
+
+        def chain(r):
+            out = []
+            while r > 0:
+                out.append(r)
+                r = region_parent[r]
+            return out
+
+        ancestors = {r.id: set(chain(r.id)) | {0} for r in p.regions}
+        end = np.full(len(p.values), -1, dtype=np.int64)
+        for op in p.ops:
+            for v in op.inputs:
+                use = op.id
+                if op.region:
+                    pv = p.values[v].producer
+                    anc = ancestors[op_region[pv] if pv != NO_PRODUCER else 0]
+                    r = op.region
+                    while r not in anc:  # used inside a body it was not made in
+                        use = max(use, region_exit[r])
+                        r = region_parent[r]
+                if use > end[v]:
+                    end[v] = use
+        prod = np.fromiter((v.producer for v in p.values), dtype=np.int64, count=len(p.values))
+        is_mid = np.ones(len(p.values), dtype=bool)
+        is_mid[list(inputs)] = False
+        is_mid[list(outputs)] = False
+        is_mid &= prod != NO_PRODUCER
+        # a dead intermediate lives only through its producer
+        end = np.where(end < 0, prod, end)
+        self.mid = np.flatnonzero(is_mid)
+        self.mid_def = prod[self.mid]
+        self.mid_end = end[self.mid] + 1
+        self.n_ops = n_ops
+        span = self.mid_end - self.mid_def
+        self.mid_long = span > max(8, n_ops // 10)  # saved across much of the step: activations
+        self.inputs = np.array(p.inputs, dtype=np.int64)
+        self.outputs = np.array(sorted(outputs), dtype=np.int64)
+        # input categories by pytree path
+        cat = []
+        first = p.input_paths[0].split("/")[0] if p.input_paths else ""
+        for path in p.input_paths:
+            head = path.split("/")[0]
+            if "opt" in head or "/mu/" in path or "/nu/" in path:
+                cat.append("optimizer")
+            elif head == first and len(p.input_paths) > 1 and not head.startswith("batch"):
+                cat.append("parameters")
+            else:
+                cat.append("activations")
+        self.input_cat = np.array(cat)
+        # donation: output leaves that alias an input leaf of a donated arg (same shape, dtype)
+        self.alias_pairs: list[tuple[int, int]] = []
+        if donate:
+            arg_of_input = self._arg_index_of_inputs()
+            pool: dict[tuple, list[int]] = collections.defaultdict(list)
+            for k, vid in enumerate(p.inputs):
+                if arg_of_input[k] in set(donate):
+                    v = p.values[vid]
+                    pool[(v.shape, v.dtype.str)].append(vid)
+            for ovid in p.outputs:
+                v = p.values[ovid]
+                lst = pool.get((v.shape, v.dtype.str))
+                if lst:
+                    self.alias_pairs.append((lst.pop(0), ovid))
+        self.output_cat = {}
+        in_cat = dict(zip(p.inputs, cat))
+        for ivid, ovid in self._shape_pairs():
+            self.output_cat[ovid] = in_cat[ivid]
+
+    def _arg_index_of_inputs(self) -> list[int]:
+        p = self.program
+        counts = [len(t.children()) and t.num_leaves for t in p.in_tree.children()] if p.in_tree.children() else []
+        out = []
+        for a, c in enumerate(counts):
+            out += [a] * c
+        return out + [len(counts)] * (len(p.inputs) - len(out))
+
+    def _shape_pairs(self) -> list[tuple[int, int]]:
+        p = self.program
+        pool: dict[tuple, list[int]] = collections.defaultdict(list)
+        for vid in p.inputs:
+            v = p.values[vid]
+            pool[(v.shape, v.dtype.str)].append(vid)
+        pairs = []
+        for ovid in p.outputs:
+            v = p.values[ovid]
+            lst = pool.get((v.shape, v.dtype.str))
+            if lst:
+                pairs.append((lst.pop(0), ovid))
+        return pairs
+
+    # ------------------------------------------------------------------ shardings
+    def _decisions(self, decisions: Sequence[Decision]) -> list[tuple[int, str, int]]:
+        return [(int(g), a, self.axis_size[a]) for g, a in decisions]
+
+    def sig_spec(self, sig: int, dec: Sequence[tuple[int, str, int]]) -> list[list[str]]:
+        slots = self.sigs[sig]
+        groups = {g for g, _ in slots}
+        rel = tuple(d for d in dec if d[0] in groups)
+        key = (sig, rel)
+        r = self._sig_cache.get(key)
+        if r is None:
+            r = self._sig_cache[key] = _assign(slots, rel)
+        return r
+
+    def value_spec(self, vid: int, decisions: Sequence[Decision]) -> Spec:
+        return tuple(tuple(a) for a in self.sig_spec(int(self.vsig[vid]), self._decisions(decisions)))
+
+    def _shard(self, spec) -> int:
+        n = 1
+        for axes in spec:
+            for a in axes:
+                n *= self.axis_size[a]
+        return n
+
+    # ------------------------------------------------------------------ per-pattern costs
+    def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple]:
+        pat = self.patterns[pi]
+        groups = {g for _, _, g in pat.factors if g != NO_DIM}
+        for s, _ in pat.operands + pat.results:
+            groups.update(g for g, _ in self.sigs[s])
+        rel = tuple(d for d in dec if d[0] in groups)
+        key = (pi, rel)
+        r = self._pat_cache.get(key)
+        if r is None:
+            r = self._pat_cache[key] = self._pattern_cost_uncached(pat, rel)
+        return r
+
+    def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple]:
+        fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
+                  for kind, size, g in pat.factors]
+        fax = _assign(fslots, dec)
+        shard = 1
+        for axes in fax:
+            for a in axes:
+                shard *= self.axis_size[a]
+        colls = []  # (kind, axes, bytes, cause group)
+        local_bytes = 0.0
+        for (sig, fmap), nb in zip(pat.operands, pat.operand_bytes):
+            vspec = self.sig_spec(sig, dec)
+            ospec = [fax[k] if k >= 0 else [] for k in fmap]
+            local_bytes += nb / self._shard(ospec)
+            self._reshard(vspec, ospec, nb, self.sigs[sig], colls)
+        partial = [a for (kind, _, g), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION for a in axes]
+        pgroup = next((g for (kind, _, g), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION and axes), NO_DIM)
+        for (sig, fmap), nb in zip(pat.results, pat.result_bytes):
+            vspec = self.sig_spec(sig, dec)
+            ospec = [fax[k] if k >= 0 else [] for k in fmap]
+            lb = nb / self._shard(ospec)
+            local_bytes += lb
+            if partial:
+                vaxes = {a for axes in vspec for a in axes}
+                rs = tuple(a for a in partial if a in vaxes)
+                ar = tuple(a for a in partial if a not in vaxes)
+                if rs:
+                    colls.append(("reduce-scatter", rs, lb, pgroup))
+                if ar:
+                    colls.append(("all-reduce", ar, lb / self._prod(rs), pgroup))
+                # after the reduce-scatter the result holds those axes: treat them as present
+                ospec = [list(o) for o in ospec]
+                for a in rs:
+                    for d, axes in enumerate(vspec):
+                        if a in axes:
+                            ospec[d].append(a)
+            self._reshard(ospec, vspec, nb, self.sigs[sig], colls)
+        if pat.free:
+            compute = 0.0
+        else:
+            compute = max(pat.flops / shard / self.hw.peak_flops, local_bytes / self.hw.hbm_bandwidth)
+        comm = 0.0
+        out = []
+        for kind, axes, b, g in colls:
+            t = self._coll_time(kind, axes, b)
+            comm += t
+            out.append((kind, axes, b, t, g))
+        return compute, comm, tuple(out)
+
+    def _prod(self, axes) -> int:
+        n = 1
+        for a in axes:
+            n *= self.axis_size[a]
+        return n
+
+    def _reshard(self, have, want, nbytes, sig, colls) -> None:
+        """Collectives to turn a buffer sharded as ``have`` into ``want`` (per dim axes)."""
+        hv = {a: d for d, axes in enumerate(have) for a in axes}
+        wv = {a: d for d, axes in enumerate(want) for a in axes}
+        if hv == wv:
+            return
+        gathered = tuple(a for a in hv if a not in wv)
+        moved = tuple(a for a in hv if a in wv and wv[a] != hv[a])
+        kept = [a for a in hv if a in wv and wv[a] == hv[a]]
+        if moved:
+            local = nbytes / self._prod(hv)
+            g = sig[hv[moved[0]]][0] if hv[moved[0]] < len(sig) else NO_DIM
+            colls.append(("all-to-all", moved, local, g))
+        if gathered:
+            after = nbytes / self._prod(kept + list(moved))
+            g = sig[hv[gathered[0]]][0] if hv[gathered[0]] < len(sig) else NO_DIM
+            colls.append(("all-gather", gathered, after, g))
+
+    def _coll_time(self, kind: str, axes: tuple[str, ...], nbytes: float) -> float:
+        n = self._prod(axes)
+        if n <= 1:
+            return 0.0
+        bw = min(self.axis_bw[a] for a in axes)
+        lat = sum(self.axis_lat[a] * (self.axis_size[a] - 1) for a in axes)
+        if kind == "all-reduce":
+            return 2 * (n - 1) / n * nbytes / bw + 2 * lat
+        if kind == "all-to-all":
+            # (n-1)/n^2 of the full tensor (n x the local buffer) crosses the links
+            return (n - 1) / n * nbytes / bw + lat
+        return (n - 1) / n * nbytes / bw + lat
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, decisions: Sequence[Decision], detail: bool = False) -> CostReport:
+        dec = self._decisions(decisions)
+        # per-signature shard factors -> per-value local bytes
+        sig_factor = np.array([self._shard(self.sig_spec(s, dec)) for s in range(len(self.sigs))], dtype=np.float64)
+        local = self.nbytes / sig_factor[self.vsig]
+        # time
+        compute = comm = 0.0
+        colls = []
+        for pi, pat in enumerate(self.patterns):
+            c, m, cl = self._pattern_cost(pi, dec)
+            compute += c * pat.weight
+            comm += m * pat.weight
+            if detail and cl:
+                colls.append((pi, cl))
+        step = compute + comm
+        ideal = self.total_flops / (self.mesh.size * self.hw.peak_flops)
+        mem = self._memory(local, detail)
+        budget = self.hw.budget
+        report_colls = ()
+        if detail:
+            report_colls = tuple(self._collective_rows(colls))
+        return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
+                          budget, mem.peak <= budget, report_colls)
+
+    def _collective_rows(self, colls) -> Iterable[CollectiveCost]:
+        p = self.program
+        groups = self.analysis.groups
+        for pi, cl in colls:
+            pat = self.patterns[pi]
+            op = p.ops[pat.ops[0]]
+            count = int(pat.weight)
+            for kind, axes, b, t, g in cl:
+                cause = groups[g].label if g != NO_DIM and g < len(groups) else "-"
+                yield CollectiveCost(kind, tuple(axes), b, count, t * pat.weight, op.id, op.source, cause)
+
+    def _memory(self, local: np.ndarray, detail: bool) -> MemoryReport:
+        args = float(local[self.inputs].sum())
+        outs = float(local[self.outputs].sum())
+        alias = float(sum(local[o] for i, o in self.alias_pairs
+                          if math.isclose(local[i], local[o])))
+        b = local[self.mid]
+        n = self.n_ops + 2
+        delta = np.bincount(self.mid_def, weights=b, minlength=n) - np.bincount(self.mid_end, weights=b, minlength=n)
+        live = np.cumsum(delta)
+        t = int(np.argmax(live)) if len(live) else 0
+        temps = float(live[t]) if len(live) else 0.0
+        peak = args + outs + temps - alias
+        breakdown = {}
+        if detail:
+            at = (self.mid_def <= t) & (self.mid_end > t)
+            acts = float(b[at & self.mid_long].sum())
+            tmp = float(b[at & ~self.mid_long].sum())
+            cats = collections.Counter()
+            for vid, c in zip(self.inputs.tolist(), self.input_cat.tolist()):
+                cats[c] += local[vid]
+            aliased_out = {o for i, o in self.alias_pairs if math.isclose(local[i], local[o])}
+            for vid in self.outputs.tolist():
+                if vid in aliased_out:
+                    continue
+                cats[self.output_cat.get(vid, "activations")] += local[vid]
+            breakdown = {"parameters": cats["parameters"], "optimizer": cats["optimizer"],
+                         "activations": cats["activations"] + acts, "temporaries": tmp}
+        return MemoryReport(peak, args, outs, temps, alias, breakdown)
+
+    # ------------------------------------------------------------------ plan views
+    def value_specs(self, decisions: Sequence[Decision]) -> dict[int, Spec]:
+        dec = self._decisions(decisions)
+        return {v.id: tuple(tuple(a) for a in self.sig_spec(int(self.vsig[v.id]), dec))
+                for v in self.program.values}
+
+    def operand_specs(self, decisions: Sequence[Decision]) -> dict[tuple[int, int], Spec]:
+        """(op, operand index) -> the sharding the op consumes the operand in, where it
+        differs from the value's own sharding (the resharding points)."""
+        dec = self._decisions(decisions)
+        out = {}
+        for op, pi in zip(self.program.ops, self.op_pattern.tolist()):
+            pat = self.patterns[pi]
+            fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
+                      for kind, size, g in pat.factors]
+            groups = {g for g, _ in fslots if g != NO_DIM}
+            fax = _assign(fslots, tuple(d for d in dec if d[0] in groups))
+            for i, (sig, fmap) in enumerate(pat.operands):
+                vspec = self.sig_spec(sig, dec)
+                ospec = [fax[k] if k >= 0 else [] for k in fmap]
+                if [list(a) for a in vspec] != [list(a) for a in ospec]:
+                    out[(op.id, i)] = tuple(tuple(a) for a in ospec)
+        return out

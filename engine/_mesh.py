@@ -1,0 +1,205 @@
+"""Meshes and hardware: named mesh axes with sizes and per-axis links; hardware presets
+from public spec sheets. Every figure can be overridden; every figure is validated."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from ._errors import PartexError
+
+GiB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hardware:
+    name: str
+    peak_flops: float  # FLOP/s per device (dense bf16 where the chip has it)
+    hbm_bytes: float  # memory per device
+    hbm_bandwidth: float  # bytes/s
+    link_bandwidth: float  # bytes/s per mesh axis (intra-node / ICI), one direction
+    link_latency: float  # seconds per collective step
+    memory_budget: float | None = None  # per-device budget; defaults to hbm_bytes
+
+    @property
+    def budget(self) -> float:
+        return self.memory_budget if self.memory_budget is not None else self.hbm_bytes
+
+    def replace(self, **kw) -> "Hardware":
+        unknown = set(kw) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise PartexError(f"unknown hardware field(s) {sorted(unknown)}; valid: "
+                              f"{', '.join(f.name for f in dataclasses.fields(self))}")
+        hw = dataclasses.replace(self, **kw)
+        hw.validate()
+        return hw
+
+    def validate(self) -> None:
+        for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth"):
+            _positive(f"hardware {self.name}: {f}", getattr(self, f))
+        if not (math.isfinite(self.link_latency) and self.link_latency >= 0):
+            raise PartexError(f"hardware {self.name}: link_latency must be a finite number >= 0, "
+                              f"got {self.link_latency}")
+        if self.memory_budget is not None:
+            _positive("memory budget", self.memory_budget)
+
+
+def _positive(what: str, x) -> None:
+    try:
+        ok = math.isfinite(float(x)) and float(x) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise PartexError(f"{what} must be a positive finite number, got {x!r}")
+
+
+# Public spec sheets. Link bandwidth: one direction of the links a ring on one mesh axis uses.
+HARDWARE: dict[str, Hardware] = {
+    "tpu-v4": Hardware("tpu-v4", 275e12, 32 * GiB, 1.2e12, 100e9, 5e-6),
+    "tpu-v5e": Hardware("tpu-v5e", 197e12, 16 * GiB, 0.82e12, 100e9, 5e-6),
+    "tpu-v5p": Hardware("tpu-v5p", 459e12, 95 * GiB, 2.765e12, 200e9, 5e-6),
+    "a100-40gb": Hardware("a100-40gb", 312e12, 40 * GiB, 1.555e12, 300e9, 10e-6),
+    "h100-80gb": Hardware("h100-80gb", 989e12, 80 * GiB, 3.35e12, 450e9, 10e-6),
+    "cpu": Hardware("cpu", 1e11, 16 * GiB, 50e9, 10e9, 20e-6),
+}
+
+
+def get_hardware(name: str, **overrides) -> Hardware:
+    if name not in HARDWARE:
+        raise PartexError(f"unknown hardware preset {name!r}; valid presets: {', '.join(HARDWARE)}")
+    hw = HARDWARE[name]
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return hw.replace(**overrides) if overrides else hw
+
+
+_SIZE = re.compile(r"^\s*([0-9.eE+-]+)\s*([KMGT]i?B|B)?\s*$")
+_UNITS = {None: 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+          "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """'16GiB', '1.5e9', '512 MiB' -> bytes."""
+    if isinstance(text, (int, float)):
+        _positive("memory size", text)
+        return float(text)
+    m = _SIZE.match(str(text))
+    if not m:
+        raise PartexError(f"cannot read memory size {text!r}: write e.g. 16GiB, 512MiB or 1.5e9")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    _positive(f"memory size {text!r}", value)
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeshSpec:
+    """Named mesh axes with sizes, and the link bandwidth/latency of each axis."""
+
+    axes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    bandwidth: tuple[float, ...] | None = None  # bytes/s per axis; None: the hardware's
+    latency: tuple[float, ...] | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(zip(self.axes, self.sizes))
+
+    def axis_size(self, axis: str) -> int:
+        return self.sizes[self.index(axis)]
+
+    def index(self, axis: str) -> int:
+        try:
+            return self.axes.index(axis)
+        except ValueError:
+            raise PartexError(f"unknown mesh axis {axis!r}; this mesh has {self.text()}") from None
+
+    def axis_bandwidth(self, axis: str, hw: Hardware) -> float:
+        return self.bandwidth[self.index(axis)] if self.bandwidth else hw.link_bandwidth
+
+    def axis_latency(self, axis: str, hw: Hardware) -> float:
+        return self.latency[self.index(axis)] if self.latency else hw.link_latency
+
+    def text(self) -> str:
+        return ",".join(f"{a}={s}" for a, s in zip(self.axes, self.sizes))
+
+    def to_json(self) -> dict:
+        d = {"axes": list(self.axes), "sizes": list(self.sizes)}
+        if self.bandwidth:
+            d["bandwidth"] = list(self.bandwidth)
+        if self.latency:
+            d["latency"] = list(self.latency)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "MeshSpec":
+        try:
+            axes, sizes = d["axes"], d["sizes"]
+        except (KeyError, TypeError):
+            raise PartexError("plan mesh must be {\"axes\": [...], \"sizes\": [...]}") from None
+        return cls.create(axes, sizes, d.get("bandwidth"), d.get("latency"))
+
+    @classmethod
+    def create(cls, axes, sizes, bandwidth=None, latency=None) -> "MeshSpec":
+        axes = tuple(str(a) for a in axes)
+        if not axes:
+            raise PartexError("a mesh needs at least one axis, e.g. data=8")
+        if len(set(axes)) != len(axes):
+            raise PartexError(f"mesh axis names must be unique, got {', '.join(axes)}")
+        if len(sizes) != len(axes):
+            raise PartexError(f"mesh has {len(axes)} axes but {len(sizes)} sizes")
+        out = []
+        for a, s in zip(axes, sizes):
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or int(s) != s or int(s) < 1:
+                raise PartexError(f"mesh axis {a!r} has size {s!r}: sizes must be positive integers")
+            out.append(int(s))
+        for name, vals in (("bandwidth", bandwidth), ("latency", latency)):
+            if vals is not None:
+                if len(vals) != len(axes):
+                    raise PartexError(f"mesh {name} needs one value per axis ({len(axes)})")
+                for a, v in zip(axes, vals):
+                    if name == "bandwidth":
+                        _positive(f"bandwidth of mesh axis {a!r}", v)
+                    elif not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                        raise PartexError(f"latency of mesh axis {a!r} must be finite and >= 0, got {v!r}")
+        return cls(axes, tuple(out), tuple(map(float, bandwidth)) if bandwidth else None,
+                   tuple(map(float, latency)) if latency else None)
+
+    @classmethod
+    def parse(cls, text: str) -> "MeshSpec":
+        """'data=4,model=2' -> MeshSpec. Each axis may carry '@<bandwidth GB/s>'."""
+        if not isinstance(text, str) or not text.strip():
+            raise PartexError("empty mesh: write axes as name=size pairs, e.g. data=4,model=2")
+        axes, sizes, bws = [], [], []
+        for part in text.split(","):
+            m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(-?\d+)\s*(?:@\s*([0-9.eE+]+))?\s*", part)
+            if not m:
+                raise PartexError(f"cannot parse mesh {text!r} at {part.strip()!r}: write axes as "
+                                  "name=size pairs, e.g. data=4,model=2 (optionally name=size@GB/s)")
+            axes.append(m.group(1))
+            sizes.append(int(m.group(2)))
+            bws.append(float(m.group(3)) * 1e9 if m.group(3) else None)
+        bandwidth = None
+        if any(b is not None for b in bws):
+            if not all(b is not None for b in bws):
+                raise PartexError("give a bandwidth (@GB/s) for every mesh axis or for none")
+            bandwidth = bws
+        return cls.create(axes, sizes, bandwidth)
+
+    def jax_mesh(self, devices=None):
+        """A jax Mesh with Auto axis types (the default Explicit axes make ordinary model code
+        raise ShardingTypeError)."""
+        import jax
+        from jax.sharding import AxisType
+
+        devices = list(devices if devices is not None else jax.devices())
+        if len(devices) != self.size:
+            raise PartexError(
+                f"mesh {self.text()} needs {self.size} devices but JAX has {len(devices)}; "
+                f"set JAX_NUM_CPU_DEVICES={self.size} (CPU) or choose a mesh of {len(devices)} devices"
+            )
+        return jax.make_mesh(self.sizes, self.axes, axis_types=(AxisType.Auto,) * len(self.axes),
+                             devices=devices)

@@ -1,0 +1,376 @@
+"""The plan: versioned JSON keyed by pytree paths, and ``apply`` as real jax.jit shardings.
+
+A plan records the mesh, the hardware, the ordered decisions (each with an *anchor*: an
+input leaf and dim of its group, so that it is found again without the model's axis names),
+the PartitionSpec of every input and output leaf, the donated arguments, the predicted
+figures and a signature (paths, shapes and dtypes of the inputs) so that applying it to the
+wrong function fails with a clear message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Callable, Sequence
+
+from ._errors import PartexError
+from ._mesh import Hardware, MeshSpec
+
+FORMAT = "partex-plan"
+VERSION = 1
+
+SpecJSON = list  # per dim: null | "axis" | ["axis", ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanDecision:
+    group: str  # the group's label
+    axis: str
+    anchor: str | None = None  # "input/path:dim" of a member of the group
+    pinned: bool = False
+
+    def to_json(self) -> dict:
+        d = {"group": self.group, "axis": self.axis, "pinned": self.pinned}
+        if self.anchor:
+            d["anchor"] = self.anchor
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    mesh: MeshSpec
+    hardware: Hardware
+    decisions: tuple[PlanDecision, ...]
+    inputs: dict[str, SpecJSON]
+    outputs: dict[str, SpecJSON]
+    signature: dict[str, list]
+    donate: tuple[int, ...] = ()
+    predicted: dict = dataclasses.field(default_factory=dict)
+    model: dict = dataclasses.field(default_factory=dict)
+    strategy: str | None = None
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict:
+        hw = dataclasses.asdict(self.hardware)
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model,
+            "strategy": self.strategy,
+            "mesh": self.mesh.to_json(),
+            "hardware": hw,
+            "decisions": [d.to_json() for d in self.decisions],
+            "donate": list(self.donate),
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "signature": self.signature,
+            "predicted": self.predicted,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
+
+    def save(self, path: str | os.PathLike) -> None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(self.dumps())
+        os.replace(tmp, path)  # never leave a half-written plan behind
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise PartexError(f"cannot read plan {path}: {e.strerror}") from None
+        return cls.loads(text, where=str(path))
+
+    @classmethod
+    def loads(cls, text: str, where: str = "plan") -> "Plan":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PartexError(f"{where} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+                              "was it truncated or edited by hand?") from None
+        return cls.from_json(d, where)
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "plan") -> "Plan":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise PartexError(f"{where} is not a partex plan: expected \"format\": \"{FORMAT}\"")
+        if d.get("version") != VERSION:
+            raise PartexError(f"{where} has plan format version {d.get('version')!r}; this partex reads "
+                              f"version {VERSION}: re-create it with `partex plan` or `partex search`")
+        for key in ("mesh", "hardware", "decisions", "inputs", "outputs", "signature"):
+            if key not in d:
+                raise PartexError(f"{where} lacks the {key!r} field; re-create it with `partex plan`")
+        mesh = MeshSpec.from_json(d["mesh"])
+        hw = _hardware_from_json(d["hardware"])
+        decisions = []
+        for i, x in enumerate(d["decisions"] if isinstance(d["decisions"], list) else [None]):
+            if not isinstance(x, dict) or not isinstance(x.get("group"), str) or not isinstance(x.get("axis"), str):
+                raise PartexError(f"{where}: decision {i} must be {{\"group\": str, \"axis\": str}}")
+            mesh.index(x["axis"])  # unknown axis -> clear error
+            decisions.append(PlanDecision(x["group"], x["axis"], x.get("anchor"), bool(x.get("pinned", False))))
+        for field in ("inputs", "outputs"):
+            if not isinstance(d[field], dict):
+                raise PartexError(f"{where}: {field!r} must map pytree paths to PartitionSpecs")
+            for path, spec in d[field].items():
+                _check_spec(spec, mesh, f"{where}: {field[:-1]} {path}")
+        sig = d["signature"]
+        if not isinstance(sig, dict) or not isinstance(sig.get("inputs"), list):
+            raise PartexError(f"{where}: signature must hold the inputs' paths, shapes and dtypes")
+        donate = d.get("donate", [])
+        if not isinstance(donate, list) or not all(isinstance(i, int) and i >= 0 for i in donate):
+            raise PartexError(f"{where}: donate must be a list of argument indices")
+        return cls(mesh, hw, tuple(decisions), dict(d["inputs"]), dict(d["outputs"]), sig,
+                   tuple(donate), d.get("predicted") or {}, d.get("model") or {}, d.get("strategy"))
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, fn: Callable, mesh=None, axis_names=None) -> "PlannedFunction":
+        """``fn`` jitted with the plan's shardings and intermediate constraints, on ``mesh``
+        (default: the plan's mesh over all of JAX's devices, Auto axis types)."""
+        return PlannedFunction(self, fn, mesh, axis_names)
+
+
+def _hardware_from_json(d: Any) -> Hardware:
+    if not isinstance(d, dict):
+        raise PartexError("plan hardware must be an object of figures")
+    fields = {f.name for f in dataclasses.fields(Hardware)}
+    unknown = set(d) - fields
+    if unknown:
+        raise PartexError(f"plan hardware has unknown field(s) {sorted(unknown)}")
+    try:
+        hw = Hardware(**{k: d[k] for k in d})
+    except TypeError as e:
+        raise PartexError(f"plan hardware is incomplete: {e}") from None
+    hw.validate()
+    return hw
+
+
+def _check_spec(spec, mesh: MeshSpec, where: str) -> None:
+    if not isinstance(spec, list):
+        raise PartexError(f"{where}: a PartitionSpec must be a list (one entry per dim), got {spec!r}")
+    seen = set()
+    for entry in spec:
+        axes = [] if entry is None else [entry] if isinstance(entry, str) else entry
+        if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
+            raise PartexError(f"{where}: spec entries must be null, an axis name or a list of axis names")
+        for a in axes:
+            mesh.index(a)
+            if a in seen:
+                raise PartexError(f"{where}: mesh axis {a!r} is used twice in one PartitionSpec")
+            seen.add(a)
+
+
+def spec_to_json(spec: Sequence[Sequence[str]]) -> SpecJSON:
+    return [None if not axes else axes[0] if len(axes) == 1 else list(axes) for axes in spec]
+
+
+def spec_from_json(spec: SpecJSON):
+    from jax.sharding import PartitionSpec as P
+
+    return P(*[None if e is None else e if isinstance(e, str) else tuple(e) for e in spec])
+
+
+def _spec_axes(entry) -> list[str]:
+    return [] if entry is None else [entry] if isinstance(entry, str) else list(entry)
+
+
+def signature_of(program) -> dict[str, list]:
+    vals = program.values
+    return {
+        "inputs": [[p, list(vals[v].shape), str(vals[v].dtype)] for v, p in zip(program.inputs, program.input_paths)],
+        "outputs": [[p, list(vals[v].shape), str(vals[v].dtype)] for v, p in zip(program.outputs, program.output_paths)],
+    }
+
+
+def check_signature(plan: Plan, program) -> None:
+    mine = signature_of(program)["inputs"]
+    theirs = plan.signature.get("inputs", [])
+    for k, (a, b) in enumerate(zip(mine, theirs)):
+        if list(a) != list(b):
+            raise PartexError(
+                f"the plan does not match this function: input {k} is {a[0]} {tuple(a[1])} {a[2]} here "
+                f"but {b[0]} {tuple(b[1])} {b[2]} in the plan"
+            )
+    if len(mine) != len(theirs):
+        which = mine[len(theirs)][0] if len(mine) > len(theirs) else theirs[len(mine)][0]
+        raise PartexError(f"the plan does not match this function: it has {len(theirs)} input leaves, "
+                          f"the function {len(mine)} (first unmatched: {which})")
+
+
+def check_divisible(plan: Plan, program) -> None:
+    vals = program.values
+    for vid, path in zip(program.inputs, program.input_paths):
+        spec = plan.inputs.get(path)
+        if spec is None:
+            continue
+        shape = vals[vid].shape
+        if len(spec) > len(shape):
+            raise PartexError(f"plan spec for {path} has {len(spec)} entries but the leaf has rank {len(shape)}")
+        for d, entry in enumerate(spec):
+            n = math.prod(plan.mesh.axis_size(a) for a in _spec_axes(entry))
+            if shape[d] % n:
+                raise PartexError(
+                    f"mesh axis {'x'.join(_spec_axes(entry))} of size {n} does not divide dim {d} "
+                    f"(size {shape[d]}) of {path}"
+                )
+
+
+class PlannedFunction:
+    """The plan applied to a function: traced and jitted on first use (or ``lower``)."""
+
+    def __init__(self, plan: Plan, fn: Callable, mesh=None, axis_names=None):
+        self.plan = plan
+        self.fn = fn
+        self._mesh = mesh
+        self.axis_names = axis_names
+        self._jitted = None
+        self.program = None
+        self.num_constraints = (0, 0)
+
+    @property
+    def mesh(self):
+        if self._mesh is None:
+            self._mesh = self.plan.mesh.jax_mesh()
+        return self._mesh
+
+    def build(self, args: Sequence[Any]):
+        if self._jitted is not None:
+            return self._jitted
+        import jax
+        from jax.sharding import NamedSharding
+
+        from ._analysis import analyze
+        from ._apply import constrained_function
+        from ._cost import CostModel
+        from ._loader import axis_names_by_value
+        from ._program import trace
+
+        mesh = self.mesh
+        if tuple(mesh.axis_names) != self.plan.mesh.axes or tuple(mesh.devices.shape) != self.plan.mesh.sizes:
+            raise PartexError(f"the mesh given ({dict(zip(mesh.axis_names, mesh.devices.shape))}) is not the "
+                              f"plan's ({self.plan.mesh.text()})")
+        program = trace(self.fn, args)
+        check_signature(self.plan, program)
+        check_divisible(self.plan, program)
+        an = analyze(program, axis_names_by_value(program, self.axis_names))
+        decisions = resolve_decisions(self.plan, an)
+        cm = CostModel(an, self.plan.mesh, self.plan.hardware, donate=self.plan.donate)
+        value_specs, operand_specs = constraint_specs(cm, decisions)
+        self.num_constraints = (len(value_specs), len(operand_specs))
+        self.program = program
+        body = constrained_function(program, mesh, value_specs, operand_specs)
+        in_sh = [NamedSharding(mesh, spec_from_json(self.plan.inputs.get(p, []))) for p in program.input_paths]
+        out_sh = [NamedSharding(mesh, spec_from_json(self.plan.outputs.get(p, []))) for p in program.output_paths]
+        in_tree = jax.tree_util.tree_unflatten(program.in_tree, in_sh)
+        out_tree = jax.tree_util.tree_unflatten(program.out_tree, out_sh)
+        donate = tuple(i for i in self.plan.donate if i < len(args))
+        self._jitted = jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
+                               donate_argnums=donate)
+        return self._jitted
+
+    def __call__(self, *args):
+        return self.build(args)(*args)
+
+    def lower(self, *args):
+        return self.build(args).lower(*args)
+
+
+def constraint_specs(cm, decisions):
+    """The sharding constraints apply inserts: every intermediate value of rank >= 1 at its
+    planned sharding, and each op operand whose consumer view differs from its value's."""
+    from ._plan import spec_from_json as _s
+
+    p = cm.program
+    inputs = set(p.inputs)
+    vspecs = cm.value_specs(decisions)
+    value_specs = {vid: _s(spec_to_json(spec)) for vid, spec in vspecs.items()
+                   if vid not in inputs and len(spec) >= 1 and p.values[vid].producer >= 0}
+    operand_specs = {k: _s(spec_to_json(spec)) for k, spec in cm.operand_specs(decisions).items()}
+    return value_specs, operand_specs
+
+
+def resolve_decisions(plan: Plan, an) -> list[tuple[int, str]]:
+    """Plan decisions -> (group id, axis), found by anchor first, then by label."""
+    by_path = dict(zip(an.program.input_paths, an.program.inputs))
+    out = []
+    for d in plan.decisions:
+        gid = None
+        if d.anchor and ":" in d.anchor:
+            path, dim = d.anchor.rsplit(":", 1)
+            vid = by_path.get(path)
+            if vid is not None and dim.isdigit() and int(dim) < len(an.program.values[vid].shape):
+                g = an.group_of(vid, int(dim))
+                gid = g if g >= 0 else None
+        if gid is None:
+            g = an.group_by_label(d.group)
+            if g is None:
+                raise PartexError(f"plan decision names group {d.group!r}, which this function does not have; "
+                                  f"its groups: {', '.join(x.label for x in an.decision_groups)}")
+            gid = g.id
+        out.append((gid, d.axis))
+    return out
+
+
+def group_anchor(an, gid: int) -> str | None:
+    """An input leaf and dim in group gid (largest leaf first)."""
+    p = an.program
+    best = None
+    for vid, path in zip(p.inputs, p.input_paths):
+        v = p.values[vid]
+        for d in range(len(v.shape)):
+            if an.group_of(vid, d) == gid and (best is None or v.nbytes > best[0]):
+                best = (v.nbytes, f"{path}:{d}")
+    return best[1] if best else None
+
+
+def default_donate(program) -> tuple[int, ...]:
+    """Arguments every leaf of which an output mirrors (shape and dtype): params, opt state."""
+    import collections
+
+    outs = collections.Counter((program.values[v].shape, program.values[v].dtype.str) for v in program.outputs)
+    n_args = program.in_tree.num_leaves and len(program.in_tree.children())
+    donate = []
+    k = 0
+    for a, sub in enumerate(program.in_tree.children()):
+        leaves = program.inputs[k:k + sub.num_leaves]
+        k += sub.num_leaves
+        need = collections.Counter((program.values[v].shape, program.values[v].dtype.str) for v in leaves)
+        if leaves and all(outs[key] >= c for key, c in need.items()):
+            donate.append(a)
+            outs.subtract(need)
+    del n_args
+    return tuple(donate)
+
+
+def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, strategy=None,
+              pinned=(), donate=None, cost_model=None) -> Plan:
+    """Build a Plan from decisions [(group id, axis)] on an analysed model."""
+    from ._cost import CostModel
+
+    program = model_analysis.program
+    an = model_analysis.analysis
+    if donate is None:
+        donate = default_donate(program)
+    cm = cost_model or CostModel(an, mesh, hardware, donate=donate)
+    specs = cm.value_specs(decisions)
+    report = cm.evaluate(decisions, detail=True)
+    pinned = set(pinned)
+    m = model_analysis.model
+    return Plan(
+        mesh=mesh,
+        hardware=hardware,
+        decisions=tuple(PlanDecision(an.groups[g].label, a, group_anchor(an, g), (g, a) in pinned)
+                        for g, a in decisions),
+        inputs={p: spec_to_json(specs[v]) for v, p in zip(program.inputs, program.input_paths)},
+        outputs={p: spec_to_json(specs[v]) for v, p in zip(program.outputs, program.output_paths)},
+        signature=signature_of(program),
+        donate=tuple(donate),
+        predicted=report.to_json(),
+        model={"name": m.name, "preset": m.preset},
+        strategy=strategy,
+    )

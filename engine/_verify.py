@@ -1,0 +1,158 @@
+"""verify: compile a plan with XLA on simulated CPU devices and compare with the prediction.
+
+The compile runs in a fresh process (``jax_num_cpu_devices`` must be set before JAX starts)
+from ShapeDtypeStructs, so nothing is allocated and a 40B-parameter model can be checked.
+XLA's per-device memory is argument + output + temp - alias; the collectives come from the
+compiled HLO, weighted by loop trip counts. With ``run`` (small configs) the plan is also
+executed and its outputs compared with the unsharded function.
+
+On XLA:CPU a reduce-scatter is emitted as an all-reduce of the whole partial result
+followed by a local slice (checked in tests/test_hlo.py); the comparison on CPU therefore
+counts predicted reduce-scatters as all-reduces of the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ._errors import PartexError
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
+           run: bool = False, timeout: float = 1800) -> dict:
+    """Verify in a fresh process; returns the comparison dict (see ``_worker``)."""
+    from ._plan import Plan
+
+    plan = Plan.load(plan_path)  # fail early, with a clear message, in this process
+    env = dict(os.environ)
+    env["JAX_NUM_CPU_DEVICES"] = str(plan.mesh.size)
+    env["JAX_PLATFORMS"] = "cpu"
+    env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
+    args = json.dumps({"model": model, "plan": os.path.abspath(plan_path), "preset": preset,
+                       "overrides": list(overrides or []), "run": run})
+    try:
+        r = subprocess.run([sys.executable, "-m", "engine._verify", args], env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PartexError(f"verify did not finish within {timeout:.0f} s") from None
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PartexError(f"verify failed in its worker process: {tail}")
+    out = json.loads(lines[-1])
+    if "error" in out:
+        raise PartexError(out["error"])
+    return out
+
+
+def _ratio(pred: float, xla: float) -> float | None:
+    return None if not xla else pred / xla
+
+
+def _worker(spec: dict) -> dict:
+    import jax
+
+    n = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1"))
+    jax.config.update("jax_num_cpu_devices", n)
+    cache = os.environ.get("PARTEX_JAX_CACHE")
+    if cache:
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    from ._analysis import analyze
+    from ._cost import CostModel
+    from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
+    from ._loader import axis_names_by_value, load_model
+    from ._plan import Plan, resolve_decisions, spec_from_json
+
+    t0 = time.perf_counter()
+    model = load_model(spec["model"], spec["preset"], spec["overrides"])
+    plan = Plan.load(spec["plan"])
+    planned = plan.apply(model.fn, axis_names=model.axis_names)
+    mesh = planned.mesh
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.args)
+    lowered = planned.lower(*abstract)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    mem = memory_stats(compiled)
+    text = compiled.as_text()
+    colls = parse_collectives(text, mesh)
+    xla_bytes = collective_bytes_by_kind(colls)
+
+    program = planned.program
+    an = analyze(program, axis_names_by_value(program, model.axis_names))
+    cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate)
+    report = cm.evaluate(resolve_decisions(plan, an), detail=True)
+    pred_bytes = dict.fromkeys(KINDS, 0.0)
+    for k, v in report.collective_bytes.items():
+        pred_bytes[k] += v
+    cpu = jax.devices()[0].platform == "cpu"
+    if cpu:  # XLA:CPU has no reduce-scatter: all-reduce + dynamic-slice
+        pred_bytes["all-reduce"] += pred_bytes.pop("reduce-scatter")
+        pred_bytes["reduce-scatter"] = 0.0
+    m = report.memory
+    out: dict[str, Any] = {
+        "model": spec["model"], "preset": spec["preset"], "mesh": plan.mesh.text(),
+        "strategy": plan.strategy, "devices": n,
+        "memory": {"predicted": m.peak, "xla": mem["total"], "ratio": _ratio(m.peak, mem["total"])},
+        "arguments": {"predicted": m.arguments, "xla": mem["argument"], "ratio": _ratio(m.arguments, mem["argument"])},
+        "xla_memory": mem,
+        "predicted_memory": {"arguments": m.arguments, "outputs": m.outputs, "temporaries": m.temporaries,
+                             "alias": m.alias, **m.breakdown},
+        "collectives": {k: {"predicted_bytes": pred_bytes.get(k, 0.0), "xla_bytes": xla_bytes.get(k, 0),
+                            "ratio": _ratio(pred_bytes.get(k, 0.0), xla_bytes.get(k, 0))} for k in KINDS},
+        "constraints": {"values": planned.num_constraints[0], "operands": planned.num_constraints[1]},
+        "fits": mem["total"] <= plan.hardware.budget,
+        "budget": plan.hardware.budget,
+        "lower_seconds": round(t1 - t0, 2),
+        "compile_seconds": round(t2 - t1, 2),
+    }
+    if spec["run"]:
+        out["numerics"] = _numerics(model, planned, jax, np, NamedSharding, spec_from_json)
+    return out
+
+
+def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
+    leaves = jax.tree_util.tree_leaves(model.args)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+        raise PartexError("--run needs real example arrays: use a small preset (e.g. --preset tiny)")
+    host = jax.tree_util.tree_map(np.asarray, model.args)
+    ref = jax.tree_util.tree_map(np.asarray, jax.jit(model.fn)(*host))
+    got = jax.tree_util.tree_map(np.asarray, planned(*jax.tree_util.tree_map(jax.numpy.asarray, host)))
+    ref_l, got_l = jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got)
+    paths = planned.program.output_paths
+    worst, worst_path, loss_err = 0.0, None, None
+    for p, a, b in zip(paths, got_l, ref_l):
+        a = a.astype(np.float64)
+        b = b.astype(np.float64)
+        denom = np.linalg.norm(b.ravel())
+        err = float(np.linalg.norm((a - b).ravel()) / denom) if denom > 0 else float(np.abs(a - b).max(initial=0))
+        if a.ndim == 0 and a.dtype.kind == "f":
+            loss_err = err if loss_err is None else max(loss_err, err)
+        if err > worst:
+            worst, worst_path = err, p
+    return {"max_rel_err": worst, "worst_output": worst_path, "loss_rel_err": loss_err,
+            "ok": bool(worst <= 1e-4), "tolerance": 1e-4}
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    try:
+        out = _worker(spec)
+    except PartexError as e:
+        out = {"error": str(e)}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
