@@ -22,12 +22,12 @@ from ._common import ModelDef, layernorm, mse, normal, ones, randint, weight, ze
 
 @dataclass(frozen=True)
 class GNSConfig:
-    nodes: int = 32
-    edges: int = 128
+    nodes: int = 64
+    edges: int = 256
     node_feat: int = 8
     edge_feat: int = 4
-    hidden: int = 16        # latent size of nodes and edges
-    mlp_width: int = 16     # hidden width inside every MLP ("ffn" axis)
+    hidden: int = 32        # latent size of nodes and edges
+    mlp_width: int = 32     # hidden width inside every MLP ("ffn" axis)
     steps: int = 2          # message-passing steps
     out_feat: int = 2
     lr: float = 3e-3

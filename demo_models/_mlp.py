@@ -12,10 +12,10 @@ from ._common import ModelDef, mse, normal, weight, zeros
 
 @dataclass(frozen=True)
 class MLPConfig:
-    d_in: int = 16
-    hidden: int = 32
-    d_out: int = 8
-    batch: int = 8
+    d_in: int = 64
+    hidden: int = 256
+    d_out: int = 32
+    batch: int = 64
     lr: float = 1e-2
 
 

@@ -23,13 +23,13 @@ from ._transformer import (attention_spec, causal_attention, embed_spec, embed_t
 @dataclass(frozen=True)
 class MoEConfig:
     layers: int = 2
-    d_model: int = 32
+    d_model: int = 64
     heads: int = 4
-    d_ff: int = 64
-    experts: int = 4
-    vocab: int = 64
-    seq: int = 16
-    batch: int = 4
+    d_ff: int = 128
+    experts: int = 8
+    vocab: int = 128
+    seq: int = 32
+    batch: int = 8
     capacity_factor: float = 1.25
     aux_loss_coef: float = 0.01
     lr: float = 3e-3

@@ -20,12 +20,12 @@ from ._common import (ModelDef, check_divides, ones, randint, rmsnorm, stack_spe
 @dataclass(frozen=True)
 class TransformerConfig:
     layers: int = 2
-    d_model: int = 32
+    d_model: int = 64
     heads: int = 4
-    d_ff: int = 64
-    vocab: int = 64
-    seq: int = 16
-    batch: int = 4
+    d_ff: int = 256
+    vocab: int = 128
+    seq: int = 32
+    batch: int = 8
     lr: float = 3e-3
 
     @property

@@ -28,7 +28,7 @@ class UNetConfig:
     max_mult: int = 4        # channels at level i = base * min(2**i, max_mult)
     groups: int = 4          # GroupNorm groups
     heads: int = 2           # bottleneck attention heads
-    batch: int = 2
+    batch: int = 8
     lr: float = 3e-3
 
     def channels(self, level: int) -> int:

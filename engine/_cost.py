@@ -248,6 +248,7 @@ class CostModel:
         is_mid &= prod != NO_PRODUCER
         # a dead intermediate lives only through its producer
         end = np.where(end < 0, prod, end)
+        self.value_end = np.where(end < 0, n_ops, end + 1).tolist()
         self.mid = np.flatnonzero(is_mid)
         self.mid_def = prod[self.mid]
         self.mid_end = end[self.mid] + 1
@@ -334,7 +335,7 @@ class CostModel:
         return n
 
     # ------------------------------------------------------------------ per-pattern costs
-    def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple]:
+    def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple, float]:
         pat = self.patterns[pi]
         groups = {g for _, _, g in pat.factors if g != NO_DIM}
         for s, _ in pat.operands + pat.results:
@@ -346,7 +347,7 @@ class CostModel:
             r = self._pat_cache[key] = self._pattern_cost_uncached(pat, rel)
         return r
 
-    def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple]:
+    def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, float]:
         fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
                   for kind, size, g in pat.factors]
         fax = _assign(fslots, dec)
@@ -356,18 +357,29 @@ class CostModel:
                 shard *= self.axis_size[a]
         colls = []  # (kind, axes, bytes, cause group)
         local_bytes = 0.0
-        for (sig, fmap), nb in zip(pat.operands, pat.operand_bytes):
+        for i, ((sig, fmap), nb) in enumerate(zip(pat.operands, pat.operand_bytes)):
             vspec = self.sig_spec(sig, dec)
             ospec = [fax[k] if k >= 0 else [] for k in fmap]
             local_bytes += nb / self._shard(ospec)
+            n0 = len(colls)
             self._reshard(vspec, ospec, nb, self.sigs[sig], colls)
+            key = tuple(tuple(a) for a in ospec)
+            view = nb / self._shard(ospec)  # the resharded buffer the op reads
+            colls[n0:] = [c + (i, key, view) for c in colls[n0:]]
         partial = [a for (kind, _, g), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION for a in axes]
         pgroup = next((g for (kind, _, g), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION and axes), NO_DIM)
-        for (sig, fmap), nb in zip(pat.results, pat.result_bytes):
+        transient = []
+        for j, ((sig, fmap), nb) in enumerate(zip(pat.results, pat.result_bytes)):
             vspec = self.sig_spec(sig, dec)
             ospec = [fax[k] if k >= 0 else [] for k in fmap]
             lb = nb / self._shard(ospec)
             local_bytes += lb
+            # The op writes its result at its own (larger) sharding before the reshard. XLA
+            # combines the reductions of partial results and issues them late, so such a
+            # buffer is taken to live as long as the value (an over-estimate on TPU).
+            extra = lb - nb / self._shard(vspec)
+            if extra > 0:
+                transient.append((j, extra))
             if partial:
                 vaxes = {a for axes in vspec for a in axes}
                 rs = tuple(a for a in partial if a in vaxes)
@@ -389,11 +401,11 @@ class CostModel:
             compute = max(pat.flops / shard / self.hw.peak_flops, local_bytes / self.hw.hbm_bandwidth)
         comm = 0.0
         out = []
-        for kind, axes, b, g in colls:
+        for kind, axes, b, g, *operand in colls:
             t = self._coll_time(kind, axes, b)
             comm += t
-            out.append((kind, axes, b, t, g))
-        return compute, comm, tuple(out)
+            out.append((kind, axes, b, t, g) + (tuple(operand) if operand else (-1, None, 0.0)))
+        return compute, comm, tuple(out), tuple(transient)
 
     def _prod(self, axes) -> int:
         n = 1
@@ -441,34 +453,76 @@ class CostModel:
         # time
         compute = comm = 0.0
         colls = []
+        resharded = []
+        transients = []
         for pi, pat in enumerate(self.patterns):
-            c, m, cl = self._pattern_cost(pi, dec)
+            c, m, cl, tr = self._pattern_cost(pi, dec)
             compute += c * pat.weight
             comm += m * pat.weight
-            if detail and cl:
-                colls.append((pi, cl))
+            if tr:
+                ops = self.program.ops
+                transients += [(o, self.value_end[ops[o].outputs[j]], extra) for o in pat.ops for j, extra in tr]
+            if cl:
+                if detail:
+                    colls.append((pi, cl))
+                if any(x[5] >= 0 for x in cl):
+                    resharded.append((pi, cl))
+        saved, dup_count, buffers = self._common_reshards(resharded)
+        buffers += transients
+        comm -= saved
         step = compute + comm
         ideal = self.total_flops / (self.mesh.size * self.hw.peak_flops)
-        mem = self._memory(local, detail)
+        mem = self._memory(local, detail, buffers)
         budget = self.hw.budget
         report_colls = ()
         if detail:
-            report_colls = tuple(self._collective_rows(colls))
+            report_colls = tuple(self._collective_rows(colls, dup_count))
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
                           budget, mem.peak <= budget, report_colls)
 
-    def _collective_rows(self, colls) -> Iterable[CollectiveCost]:
+    def _common_reshards(self, resharded) -> tuple[float, dict]:
+        """XLA computes one reshard of a value once per computation (CSE): the same value
+        gathered to the same sharding for several consumers (a weight in the forward and the
+        backward pass) is one collective. Returns the time saved and, per (pattern,
+        collective), the executions that are duplicates."""
+        ops = self.program.ops
+        seen: dict = {}
+        saved = 0.0
+        dup: dict[tuple[int, int], int] = collections.Counter()
+        for pi, cl in resharded:
+            for op_id in self.patterns[pi].ops:
+                op = ops[op_id]
+                for k, (kind, axes, b, t, g, i, key, view) in enumerate(cl):
+                    if i < 0:
+                        continue
+                    ident = (op.region, op.inputs[i], key)
+                    span = seen.get(ident)
+                    if span is not None:
+                        if kind == span[3]:
+                            saved += t * op.trip
+                            dup[(pi, k)] += op.trip
+                        span[0] = min(span[0], op_id)
+                        span[1] = max(span[1], op_id)
+                    else:
+                        seen[ident] = [op_id, op_id, view, kind]
+        # The resharded copies are buffers of their own, live from first to last reader.
+        buffers = [(a, b + 1, v) for a, b, v, _ in seen.values()]
+        return saved, dup, buffers
+
+    def _collective_rows(self, colls, dup_count) -> Iterable[CollectiveCost]:
         p = self.program
         groups = self.analysis.groups
         for pi, cl in colls:
             pat = self.patterns[pi]
             op = p.ops[pat.ops[0]]
-            count = int(pat.weight)
-            for kind, axes, b, t, g in cl:
+            for k, (kind, axes, b, t, g, *_) in enumerate(cl):
+                count = int(pat.weight) - dup_count.get((pi, k), 0)
+                if count <= 0:
+                    continue
                 cause = groups[g].label if g != NO_DIM and g < len(groups) else "-"
-                yield CollectiveCost(kind, tuple(axes), b, count, t * pat.weight, op.id, op.source, cause)
+                yield CollectiveCost(kind, tuple(axes), b, count, t * count, op.id, op.source, cause)
 
-    def _memory(self, local: np.ndarray, detail: bool) -> MemoryReport:
+    def _memory(self, local: np.ndarray, detail: bool, buffers=()) -> MemoryReport:
         args = float(local[self.inputs].sum())
         outs = float(local[self.outputs].sum())
         alias = float(sum(local[o] for i, o in self.alias_pairs
@@ -476,6 +530,9 @@ class CostModel:
         b = local[self.mid]
         n = self.n_ops + 2
         delta = np.bincount(self.mid_def, weights=b, minlength=n) - np.bincount(self.mid_end, weights=b, minlength=n)
+        if buffers:
+            start, stop, size = (np.array(x) for x in zip(*buffers))
+            delta += np.bincount(start, weights=size, minlength=n) - np.bincount(stop, weights=size, minlength=n)
         live = np.cumsum(delta)
         t = int(np.argmax(live)) if len(live) else 0
         temps = float(live[t]) if len(live) else 0.0

@@ -1,0 +1,82 @@
+"""Predicted vs XLA for every demo model x hand strategy x mesh (tiny configs).
+
+    python scripts/accuracy_table.py [--models a,b] [--meshes data=4,model=2;data=8] [--run] [--json out.json]
+
+Prints a markdown table of ratios predicted/XLA: per-device argument bytes, peak memory and
+collective bytes per kind, plus the numerics check with --run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engine import analyze_model  # noqa: E402
+from engine._cost import CostModel  # noqa: E402
+from engine._mesh import MeshSpec, get_hardware  # noqa: E402
+from engine._plan import default_donate, make_plan  # noqa: E402
+from engine._strategies import strategy_decisions  # noqa: E402
+from engine._verify import KINDS, verify  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="mlp,transformer,transformer-scan,unet,gns,moe")
+    ap.add_argument("--strategies", default="replicated,dp,megatron,zero3")
+    ap.add_argument("--meshes", default="data=4,model=2;data=8")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--config", action="append", default=[])
+    ap.add_argument("--hardware", default="tpu-v4")
+    ap.add_argument("--run", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    tmp = tempfile.mkdtemp()
+    print("| model | mesh | strategy | args | memory | " + " | ".join(KINDS) + " | numerics | compile s |")
+    print("|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|")
+    for model in args.models.split(","):
+        res = analyze_model(model, args.preset, args.config)
+        for mtext in args.meshes.split(";"):
+            mesh = MeshSpec.parse(mtext)
+            hw = get_hardware(args.hardware)
+            donate = default_donate(res.program)
+            cm = CostModel(res.analysis, mesh, hw, donate=donate)
+            for strat in args.strategies.split(","):
+                dec = strategy_decisions(strat, res.analysis, mesh)
+                plan = make_plan(res, mesh, hw, dec, strategy=strat, donate=donate, cost_model=cm)
+                path = os.path.join(tmp, f"{model}_{strat}_{mesh.size}_{len(mesh.axes)}.json")
+                plan.save(path)
+                t = time.time()
+                try:
+                    out = verify(model, path, preset=args.preset, overrides=args.config, run=args.run)
+                except Exception as e:  # keep the table going; report the failure in its row
+                    print(f"| {model} | {mtext} | {strat} | FAILED: {e} |")
+                    rows.append({"model": model, "mesh": mtext, "strategy": strat, "error": str(e)})
+                    continue
+                r = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+                cells = []
+                for k in KINDS:
+                    c = out["collectives"][k]
+                    if c["predicted_bytes"] or c["xla_bytes"]:
+                        cells.append(r(c["ratio"]) if c["xla_bytes"] else f"pred {c['predicted_bytes']:.0f} / 0")
+                    else:
+                        cells.append("")
+                num = out.get("numerics", {})
+                ntext = f"{num['max_rel_err']:.1e}" if num else ""
+                print(f"| {model} | {mtext} | {strat} | {r(out['arguments']['ratio'])} | {r(out['memory']['ratio'])} | "
+                      + " | ".join(cells) + f" | {ntext} | {out['compile_seconds']} |", flush=True)
+                out["wall_s"] = time.time() - t
+                rows.append(out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
