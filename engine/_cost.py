@@ -30,7 +30,7 @@ import numpy as np
 from ._analysis import NO_DIM, Analysis
 from ._mesh import Hardware, MeshSpec
 from ._program import NO_PRODUCER
-from ._rules import FactorKind, PSEUDO_OPS, op_flops
+from ._rules import FactorKind, PSEUDO_OPS, factor_rules, op_flops, pointwise_rule
 
 Decision = tuple[int, str]  # (group id, mesh axis)
 Spec = tuple[tuple[str, ...], ...]  # per dim: the mesh axes sharding it, major to minor
@@ -38,6 +38,11 @@ Spec = tuple[tuple[str, ...], ...]  # per dim: the mesh axes sharding it, major 
 # Ops that move no data of their own (views, loop boundaries): no compute or memory time.
 _FREE = PSEUDO_OPS | {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
                       "stop_gradient", "copy", "copy_p", "sharding_constraint", "optimization_barrier"}
+
+
+# Elementwise primitives XLA fuses into their consumers.
+_FUSIBLE = frozenset(name for name, rule in factor_rules.items() if rule is pointwise_rule) | {
+    "broadcast_in_dim", "convert_element_type", "reshape", "transpose", "squeeze", "select_n"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,24 +98,50 @@ class CostReport:
         }
 
 
-def _assign(slots: Sequence[tuple[int, int]], decisions: Sequence[tuple[int, str, int]]) -> list[list[str]]:
+def _mask(groups) -> int:
+    m = 0
+    for g in groups:
+        if g != NO_DIM:
+            m |= 1 << g
+    return m
+
+
+def _assign(slots: Sequence[tuple[int, int]], decisions: Sequence[tuple[int, str, int]],
+            slot_tensors: Sequence[tuple[int, ...]] | None = None) -> list[list[str]]:
     """Give mesh axes to slots (dims of a value or factors of an op) by ordered decisions.
 
-    slots: (group, size) each; group NO_DIM never shards. A decision shards the first
-    slot of its group that the axis still divides, unless the axis is already used here.
+    slots: (group, size) each; group NO_DIM never shards. slot_tensors: for op factors, the
+    tensors (operands and results) each factor spans; None means all slots are dims of one
+    tensor. A decision shards every slot of its group that the axis divides, unless a tensor
+    holding that slot already uses the axis (then the earlier decision keeps it: an axis
+    conflict; or the first such dim keeps it: an intra conflict).
     """
     out: list[list[str]] = [[] for _ in slots]
     prod = [1] * len(slots)
-    used: set[str] = set()
+    if slot_tensors is None:
+        used: set[str] = set()
+        for g, axis, n in decisions:
+            if axis in used:
+                continue
+            for k, (sg, size) in enumerate(slots):
+                if sg == g and size % (prod[k] * n) == 0:
+                    out[k].append(axis)
+                    prod[k] *= n
+                    used.add(axis)
+                    break
+        return out
+    tensor_used: dict[int, set[str]] = {}
     for g, axis, n in decisions:
-        if axis in used:
-            continue
         for k, (sg, size) in enumerate(slots):
-            if sg == g and size % (prod[k] * n) == 0:
-                out[k].append(axis)
-                prod[k] *= n
-                used.add(axis)
-                break
+            if sg != g or size % (prod[k] * n):
+                continue
+            ts = slot_tensors[k]
+            if any(axis in tensor_used.get(t, ()) for t in ts):
+                continue
+            out[k].append(axis)
+            prod[k] *= n
+            for t in ts:
+                tensor_used.setdefault(t, set()).add(axis)
     return out
 
 
@@ -125,6 +156,7 @@ class _Pattern:
     result_bytes: tuple[float, ...]
     flops: float
     free: bool
+    slot_tensors: tuple[tuple[int, ...], ...] = ()  # per factor: the tensors it spans
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
 
@@ -169,6 +201,8 @@ class CostModel:
         self.total_flops = 0.0
         for op, fs in zip(p.ops, analysis.factors):
             fkeys = []
+            ftensors = []
+            n_in = len(op.inputs)
             dim_factor_in = [[-1] * len(values[i].shape) for i in op.inputs]
             dim_factor_out = [[-1] * len(values[o].shape) for o in op.outputs]
             for k, f in enumerate(fs):
@@ -178,6 +212,7 @@ class CostModel:
                     node = (base[op.inputs[i]] + d) if i is not None else (base[op.outputs[f.results[0][0]]] + f.results[0][1])
                     g = int(gnd[nd[node]]) if nd[node] != NO_DIM else NO_DIM
                 fkeys.append((int(f.kind), f.size, g))
+                ftensors.append(tuple(sorted({i for i, _ in f.operands} | {n_in + j for j, _ in f.results})))
                 for i, d in f.operands:
                     dim_factor_in[i][d] = k
                 for j, d in f.results:
@@ -189,7 +224,7 @@ class CostModel:
             key = (tuple(fkeys),
                    tuple((int(vsig[i]), tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),
                    tuple((int(vsig[o]), tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),
-                   op.primitive in _FREE, flops)
+                   op.primitive in _FREE, flops, tuple(ftensors))
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -197,12 +232,30 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3]))
+                    flops, key[3], key[5]))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
             self.op_pattern[op.id] = pi
         self.pattern_weight = np.array([pt.weight for pt in self.patterns])
+        # groups each signature / pattern depends on, as bitmasks (hot path)
+        self.sig_mask = [_mask(g for g, _ in sig) for sig in self.sigs]
+        self.pat_mask = []
+        for pt in self.patterns:
+            m = _mask(g for _, _, g in pt.factors)
+            for sg, _ in pt.operands + pt.results:
+                m |= self.sig_mask[sg]
+            self.pat_mask.append(m)
+        by_mask: dict[int, list[int]] = collections.defaultdict(list)
+        for pi, m in enumerate(self.pat_mask):
+            by_mask[m].append(pi)
+        self.mask_groups = list(by_mask.items())
+        self.sig_masks = collections.defaultdict(list)
+        for si, m in enumerate(self.sig_mask):
+            self.sig_masks[m].append(si)
+        self.sig_masks = list(self.sig_masks.items())
+        self._agg_cache: dict = {}
+        self._factor_cache: dict = {}
 
         self._liveness(donate)
         self._sig_cache: dict = {}
@@ -246,6 +299,17 @@ class CostModel:
         is_mid[list(inputs)] = False
         is_mid[list(outputs)] = False
         is_mid &= prod != NO_PRODUCER
+        # XLA fuses elementwise chains: a value made by an elementwise op and read only by
+        # one elementwise op or reduction is never materialised.
+        consumers = np.zeros(len(p.values), dtype=np.int64)
+        fusible_reader = np.zeros(len(p.values), dtype=bool)
+        for op in p.ops:
+            for v in set(op.inputs):
+                consumers[v] += 1
+                fusible_reader[v] = op.primitive in _FUSIBLE or op.primitive.startswith("reduce_")
+        made_fusible = np.array([v.producer != NO_PRODUCER and p.ops[v.producer].primitive in _FUSIBLE
+                                 for v in p.values], dtype=bool)
+        is_mid &= ~(made_fusible & (consumers == 1) & fusible_reader)
         # a dead intermediate lives only through its producer
         end = np.where(end < 0, prod, end)
         self.value_end = np.where(end < 0, n_ops, end + 1).tolist()
@@ -315,13 +379,12 @@ class CostModel:
         return [(int(g), a, self.axis_size[a]) for g, a in decisions]
 
     def sig_spec(self, sig: int, dec: Sequence[tuple[int, str, int]]) -> list[list[str]]:
-        slots = self.sigs[sig]
-        groups = {g for g, _ in slots}
-        rel = tuple(d for d in dec if d[0] in groups)
+        m = self.sig_mask[sig]
+        rel = tuple(d for d in dec if (m >> d[0]) & 1)
         key = (sig, rel)
         r = self._sig_cache.get(key)
         if r is None:
-            r = self._sig_cache[key] = _assign(slots, rel)
+            r = self._sig_cache[key] = _assign(self.sigs[sig], rel)
         return r
 
     def value_spec(self, vid: int, decisions: Sequence[Decision]) -> Spec:
@@ -336,21 +399,18 @@ class CostModel:
 
     # ------------------------------------------------------------------ per-pattern costs
     def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple, float]:
-        pat = self.patterns[pi]
-        groups = {g for _, _, g in pat.factors if g != NO_DIM}
-        for s, _ in pat.operands + pat.results:
-            groups.update(g for g, _ in self.sigs[s])
-        rel = tuple(d for d in dec if d[0] in groups)
+        m = self.pat_mask[pi]
+        rel = tuple(d for d in dec if (m >> d[0]) & 1)
         key = (pi, rel)
         r = self._pat_cache.get(key)
         if r is None:
-            r = self._pat_cache[key] = self._pattern_cost_uncached(pat, rel)
+            r = self._pat_cache[key] = self._pattern_cost_uncached(self.patterns[pi], rel)
         return r
 
     def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, float]:
         fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
                   for kind, size, g in pat.factors]
-        fax = _assign(fslots, dec)
+        fax = _assign(fslots, dec, pat.slot_tensors)
         shard = 1
         for axes in fax:
             for a in axes:
@@ -374,10 +434,11 @@ class CostModel:
             ospec = [fax[k] if k >= 0 else [] for k in fmap]
             lb = nb / self._shard(ospec)
             local_bytes += lb
-            # The op writes its result at its own (larger) sharding before the reshard. XLA
-            # combines the reductions of partial results and issues them late, so such a
-            # buffer is taken to live as long as the value (an over-estimate on TPU).
-            extra = lb - nb / self._shard(vspec)
+            # The op writes its result at its own (larger) sharding before the reshard; a
+            # partial result is a buffer of its own beside the reduced one. XLA combines the
+            # reductions of partial results and issues them late, so such a buffer is taken
+            # to live as long as the value (an over-estimate on TPU).
+            extra = lb if partial else lb - nb / self._shard(vspec)
             if extra > 0:
                 transient.append((j, extra))
             if partial:
@@ -447,26 +508,33 @@ class CostModel:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, decisions: Sequence[Decision], detail: bool = False) -> CostReport:
         dec = self._decisions(decisions)
-        # per-signature shard factors -> per-value local bytes
-        sig_factor = np.array([self._shard(self.sig_spec(s, dec)) for s in range(len(self.sigs))], dtype=np.float64)
+        # per-signature shard factors -> per-value local bytes (memoised per group mask)
+        sig_factor = np.empty(len(self.sigs), dtype=np.float64)
+        for m, sigs in self.sig_masks:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            f = self._factor_cache.get((m, rel))
+            if f is None:
+                f = self._factor_cache[(m, rel)] = np.array([self._shard(self.sig_spec(si, rel)) for si in sigs])
+            sig_factor[sigs] = f
         local = self.nbytes / sig_factor[self.vsig]
-        # time
+        # time: patterns that depend on the same groups share one memoised aggregate
         compute = comm = 0.0
         colls = []
         resharded = []
         transients = []
-        for pi, pat in enumerate(self.patterns):
-            c, m, cl, tr = self._pattern_cost(pi, dec)
-            compute += c * pat.weight
-            comm += m * pat.weight
-            if tr:
-                ops = self.program.ops
-                transients += [(o, self.value_end[ops[o].outputs[j]], extra) for o in pat.ops for j, extra in tr]
-            if cl:
-                if detail:
-                    colls.append((pi, cl))
-                if any(x[5] >= 0 for x in cl):
-                    resharded.append((pi, cl))
+        for m, pis in self.mask_groups:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            agg = self._agg_cache.get((m, rel))
+            if agg is None:
+                agg = self._agg_cache[(m, rel)] = self._aggregate(pis, rel)
+            compute += agg[0]
+            comm += agg[1]
+            if agg[2]:
+                resharded += agg[2]
+            if agg[3]:
+                transients += agg[3]
+            if detail:
+                colls += agg[4]
         saved, dup_count, buffers = self._common_reshards(resharded)
         buffers += transients
         comm -= saved
@@ -479,6 +547,24 @@ class CostModel:
             report_colls = tuple(self._collective_rows(colls, dup_count))
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
                           budget, mem.peak <= budget, report_colls)
+
+    def _aggregate(self, pis, rel):
+        """Costs of a set of patterns that depend on the same groups, under decisions rel."""
+        compute = comm = 0.0
+        resharded, transients, colls = [], [], []
+        ops = self.program.ops
+        for pi in pis:
+            pat = self.patterns[pi]
+            c, m, cl, tr = self._pattern_cost(pi, rel)
+            compute += c * pat.weight
+            comm += m * pat.weight
+            if tr:
+                transients += [(o, self.value_end[ops[o].outputs[j]], extra) for o in pat.ops for j, extra in tr]
+            if cl:
+                colls.append((pi, cl))
+                if any(x[5] >= 0 for x in cl):
+                    resharded.append((pi, cl))
+        return compute, comm, resharded, transients, colls
 
     def _common_reshards(self, resharded) -> tuple[float, dict]:
         """XLA computes one reshard of a value once per computation (CSE): the same value
@@ -570,7 +656,7 @@ class CostModel:
             fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
                       for kind, size, g in pat.factors]
             groups = {g for g, _ in fslots if g != NO_DIM}
-            fax = _assign(fslots, tuple(d for d in dec if d[0] in groups))
+            fax = _assign(fslots, tuple(d for d in dec if d[0] in groups), pat.slot_tensors)
             for i, (sig, fmap) in enumerate(pat.operands):
                 vspec = self.sig_spec(sig, dec)
                 ospec = [fax[k] if k >= 0 else [] for k in fmap]

@@ -510,27 +510,36 @@ def _scatter(params, ins, outs):
     indexed = set(dn.inserted_window_dims) | set(dn.scatter_dims_to_operand_dims)
     skipped = set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
     op_window = [d for d in range(len(x)) if d not in skipped]
-    fs = []
     tied_op = {}
     for u, d in zip(window, op_window):
         if upd[u] == x[d] and d not in indexed:
             tied_op[d] = u
+    scatter_dims = [u for u in range(len(upd)) if u not in window]
+    upd_of_idx = dict(zip(range(len(idx) - 1), scatter_dims))  # index batch dim -> update dim
+    fs = []
+    merged = set()
     for d, s in enumerate(x):
         if d in tied_op:
             fs.append(_f(s, P, [(0, d), (2, tied_op[d])], [(0, d)]))
         elif d in dn.operand_batching_dims:
-            # batched scatter (take_along_axis' transpose): ties to the indices' batch dim
+            # batched scatter (take_along_axis' transpose): one factor with the indices'
+            # batch dim and the update dim that index dim addresses
             k = list(dn.operand_batching_dims).index(d)
-            fs.append(_f(s, P, [(0, d), (1, dn.scatter_indices_batching_dims[k])], [(0, d)]))
+            i = dn.scatter_indices_batching_dims[k]
+            ops = [(0, d), (1, i)]
+            if i in upd_of_idx:
+                ops.append((2, upd_of_idx[i]))
+                merged.add(i)
+            fs.append(_f(s, P, ops, [(0, d)]))
         elif d in indexed:
             # The operand and result are one buffer: sharding an indexed dim is fine when
             # each device applies only the updates that land in its rows (masked).
             fs.append(_f(s, P, [(0, d)], [(0, d)]))
         else:
             fs.append(_f(s, P, [(0, d)], [(0, d)]))
-    scatter_dims = [u for u in range(len(upd)) if u not in window]
-    for u, i in zip(scatter_dims, range(len(idx) - 1)):
-        fs.append(_f(upd[u], P, [(2, u), (1, i)]))
+    for i, u in upd_of_idx.items():
+        if i not in merged:
+            fs.append(_f(upd[u], P, [(2, u), (1, i)]))
     for u in window:
         if u not in tied_op.values():
             fs.append(_f(upd[u], N, [(2, u)]))

@@ -108,7 +108,7 @@ def _worker(spec: dict) -> dict:
         "arguments": {"predicted": m.arguments, "xla": mem["argument"], "ratio": _ratio(m.arguments, mem["argument"])},
         "xla_memory": mem,
         "predicted_memory": {"arguments": m.arguments, "outputs": m.outputs, "temporaries": m.temporaries,
-                             "alias": m.alias, **m.breakdown},
+                             "alias": m.alias, **{f"at_peak_{k}": v for k, v in m.breakdown.items()}},
         "collectives": {k: {"predicted_bytes": pred_bytes.get(k, 0.0), "xla_bytes": xla_bytes.get(k, 0),
                             "ratio": _ratio(pred_bytes.get(k, 0.0), xla_bytes.get(k, 0))} for k in KINDS},
         "constraints": {"values": planned.num_constraints[0], "operands": planned.num_constraints[1]},

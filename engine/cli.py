@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Sequence
 
 from ._errors import PartexError
@@ -76,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mesh_args(pl)
     pl.add_argument("--strategy", required=True, help="replicated, dp, megatron, zero3, expert (MoE)")
     pl.add_argument("--out", required=True, help="where to write the plan JSON")
+
+    se = sub.add_parser("search", help="search for the fastest plan that fits (MCTS)")
+    _add_model_args(se)
+    _add_mesh_args(se)
+    se.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    se.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    se.add_argument("--pin", action="append", default=[], metavar="LABEL=AXIS",
+                    help="fix a decision, e.g. --pin ffn=model (repeatable)")
+    se.add_argument("--forbid", action="append", default=[], metavar="LABEL=AXIS",
+                    help="never take a decision, e.g. --forbid batch=model (repeatable)")
+    se.add_argument("--resume", help="continue a saved search (its state file)")
+    se.add_argument("--state", help="where to save the resumable search state (default: OUT.search)")
+    se.add_argument("--out", required=True, help="where to write the best plan JSON")
 
     v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
     _add_model_args(v)
@@ -186,7 +200,105 @@ def cmd_verify(args) -> int:
     return 0
 
 
-COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify}
+def _decision_arg(flag: str, text: str) -> tuple[str, str]:
+    if text.count("=") != 1 or not all(text.split("=")):
+        raise PartexError(f"{flag} {text!r}: write LABEL=AXIS, e.g. {flag} ffn=model")
+    label, axis = text.split("=")
+    return label.strip(), axis.strip()
+
+
+class _Progress:
+    """One-line progress on stderr: simulations, speed, best step time and memory."""
+
+    def __init__(self, total: float, enabled: bool):
+        self.total = total
+        self.enabled = enabled
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, search) -> None:
+        now = time.perf_counter()
+        if not self.enabled or now - self.last < 0.25:
+            return
+        self.last = now
+        st = search.stats()
+        b = search._best
+        best = f"best {b[0] * 1e3:.3f} ms" if b else f"no fit yet (min {_fmt_bytes(st['smallest_memory'])})"
+        frac = min(1.0, (now - self.t0) / self.total) if self.total > 0 else 1.0
+        bar = "#" * int(frac * 20)
+        sys.stderr.write(f"\r[{bar:<20}] {now - self.t0:5.1f}/{self.total:.0f}s  sims {st['simulations']}"
+                         f"  {st['sims_per_s']:.0f}/s  {best}   ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def cmd_search(args) -> int:
+    import signal
+
+    from . import analyze_model
+    from ._search import Search
+
+    mesh, hw = mesh_and_hardware(args)
+    pins = [_decision_arg("--pin", p) for p in args.pin]
+    forbids = [_decision_arg("--forbid", p) for p in args.forbid]
+    state_path = args.state or f"{args.out}.search"
+    if args.resume:
+        search = Search.load(args.resume)
+        if search.mesh != mesh:
+            raise PartexError(f"{args.resume} was searched on mesh {search.mesh.text()}, not {mesh.text()}")
+        search.hw = hw
+    else:
+        res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
+        search = Search(res, mesh, hw, seed=args.seed)
+    for label, axis in pins:
+        search.pin(label, axis)
+    for label, axis in forbids:
+        search.forbid(label, axis)
+
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _term)
+    progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
+    interrupted = False
+    try:
+        search.run(args.budget, callback=progress)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        progress.close()
+        search.save(state_path)  # nothing lost: the search resumes from here
+    best = search.best()
+    if best is None:
+        what = f" with pins {', '.join(search.label(p) for p in search.pins)}" if search.pins else ""
+        raise PartexError(
+            f"no plan fits the {_fmt_bytes(hw.budget)} per-device budget{what}: the smallest memory found is "
+            f"{_fmt_bytes(search.smallest_memory[0])} (search state saved to {state_path}; raise --memory, "
+            "use a larger mesh, or unpin)")
+    plan = search.best_plan()
+    plan.save(args.out)
+    st = search.stats()
+    r = best.report
+    if args.json:
+        print(json.dumps({"out": args.out, "state": state_path, "interrupted": interrupted,
+                          "step_time_s": r.step_time, "mfu": r.mfu, "memory_bytes": r.memory.peak,
+                          "fits": r.fits, "search_s": best.seconds, "simulations": st["simulations"],
+                          "decisions": [d.to_json() for d in plan.decisions]}))
+        return 0
+    print(f"{'interrupted: ' if interrupted else ''}best plan after {st['simulations']} simulations "
+          f"({st['seconds']:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
+          f"MFU {r.mfu:.1%}, peak memory {_fmt_bytes(r.memory.peak)} (budget {_fmt_bytes(hw.budget)})")
+    print("decisions: " + (", ".join(f"{d.group}->{d.axis}{' (pinned)' if d.pinned else ''}"
+                                      for d in plan.decisions) or "none (replicated)"))
+    print(f"wrote {args.out} and the resumable search state {state_path}")
+    return 0
+
+
+COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

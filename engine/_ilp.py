@@ -1,0 +1,373 @@
+"""An Alpa-style ILP baseline: one sharding strategy per decision group, pairwise
+resharding/interaction costs on the edges between groups that meet in tensors, and a memory
+constraint, solved with ``scipy.optimize.milp`` (HiGHS).
+
+Alpa chooses one strategy per op with resharding costs on the producer/consumer edges. partex
+decides per *group* (named dimensions with one role, see ``_analysis``), so the ILP does too:
+
+- a binary x[g, s] per decision group g and strategy s: unsharded, one mesh axis, or (on a
+  mesh with 2+ axes) an ordered pair of axes (major, minor); exactly one s per group;
+  strategies the group's size is not divisible by are skipped;
+- the objective and the memory row are linearised from the analytic cost model by finite
+  differences around a reference plan (first: everything replicated): the change of the
+  step time / peak memory when one group alone switches to s, plus, for the groups that
+  co-occur in the most bytes of tensors, the interaction of two switches
+  ``f(both) - f(g alone) - f(h alone) + f(ref)``, carried by a continuous y[g,s,h,t] in
+  [0, 1] tied to x[g,s]·x[h,t] (y >= x_gs + x_ht - 1, y <= x_gs, y <= x_ht: exact for binary
+  x, whatever the signs of its time and memory coefficients);
+- memory: ``m(ref) + Σ Δm·x + Σ I_m·y <= budget - margin``. Peak memory is a max over
+  live ranges, not a sum, so the row is an approximation: every solution is re-scored with
+  the true cost model, and one that does not fit is cut off (a no-good cut) and the margin
+  grows by its overshoot before solving again;
+- the best plan (by the true cost model) is then used as the new reference and the model
+  re-linearised around it, with a trust region (at most k groups change strategy, default
+  2), a few rounds while the true step time improves: one expansion around "replicated"
+  misses the interactions of 3+ groups (its predicted step times can even go negative),
+  while near the reference the terms are exact (k = 2: single and pair moves of
+  co-occurring groups are evaluated exactly).
+
+Decisions come out ordered by group bytes, biggest first (the batch-like activation groups
+keep their axis where two groups meet in one tensor), a pair strategy as two consecutive
+decisions (major axis first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from ._cost import CostModel, CostReport
+
+Strategy = tuple[str, ...]  # mesh axes sharding the group, major to minor; () = unsharded
+
+_STATUS = {0: "optimal", 1: "time_limit", 2: "infeasible", 3: "unbounded", 4: "error"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ILPResult:
+    decisions: tuple[tuple[int, str], ...]  # ordered decisions for CostModel.evaluate
+    report: CostReport | None  # the true cost-model evaluation (None: no fitting plan)
+    status: str  # "optimal", "time_limit", "infeasible", "unbounded", "error"
+    solve_seconds: float
+    build_seconds: float
+    variables: int  # of the largest MILP solved
+    constraints: int
+    evaluations: int = 0  # cost-model evaluations made
+    solves: int = 0  # MILPs solved (memory rounds x re-linearisations)
+    predicted_time: float | None = None  # the linear model's step time for the result
+    message: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "decisions": [list(d) for d in self.decisions],
+            "status": self.status,
+            "solve_seconds": self.solve_seconds,
+            "build_seconds": self.build_seconds,
+            "variables": self.variables,
+            "constraints": self.constraints,
+            "evaluations": self.evaluations,
+            "solves": self.solves,
+            "predicted_time": self.predicted_time,
+            "message": self.message,
+            "report": self.report.to_json() if self.report is not None else None,
+        }
+
+
+def group_strategies(size: int, axes: Sequence[str], axis_size: dict[str, int]) -> list[Strategy]:
+    """Unsharded, each axis, and each ordered pair of axes, where ``size`` divides."""
+    out: list[Strategy] = [()]
+    out += [(a,) for a in axes if size % axis_size[a] == 0]
+    if len(axes) >= 2:
+        out += [(a, b) for a, b in itertools.permutations(axes, 2)
+                if size % (axis_size[a] * axis_size[b]) == 0]
+    return out
+
+
+@dataclasses.dataclass
+class _Linear:
+    """The model linearised around a reference plan."""
+
+    ref: dict[int, Strategy]
+    t0: float
+    m0: float
+    xs: list[tuple[int, Strategy]]  # variable k -> (group, strategy)
+    ct: np.ndarray  # per x: Δ time
+    cm: np.ndarray  # per x: Δ memory
+    ys: list[tuple[int, int]]  # y variable -> (x index, x index)
+    yt: np.ndarray  # per y: time interaction
+    ym: np.ndarray  # per y: memory interaction
+
+
+class _ILP:
+    def __init__(self, cm: CostModel, budget: float, max_pairs: int):
+        self.cm = cm
+        self.budget = budget
+        an = cm.analysis
+        self.groups = sorted(an.decision_groups, key=lambda g: (-g.bytes, g.id))
+        self.rank = {g.id: k for k, g in enumerate(self.groups)}
+        axes = tuple(cm.mesh.axes)
+        self.strategies = {g.id: group_strategies(g.size, axes, cm.axis_size) for g in self.groups}
+        ids = set(self.strategies)
+        pairs = [(a, b) for (a, b), n in an.cooccur.items() if a in ids and b in ids and a != b and n > 0]
+        pairs.sort(key=lambda p: (-an.cooccur[p], p))
+        # only pairs where both groups have a choice
+        self.pairs = [p for p in pairs if len(self.strategies[p[0]]) > 1 and len(self.strategies[p[1]]) > 1][:max_pairs]
+        self._cache: dict[tuple, CostReport] = {}
+        self.evaluations = 0
+
+    # ---------------------------------------------------------------- plans
+    def decisions(self, plan: dict[int, Strategy]) -> tuple[tuple[int, str], ...]:
+        out = []
+        for g in self.groups:
+            out += [(g.id, a) for a in plan.get(g.id, ())]
+        return tuple(out)
+
+    def evaluate(self, plan: dict[int, Strategy]) -> CostReport:
+        key = tuple(sorted((g, s) for g, s in plan.items() if s))
+        r = self._cache.get(key)
+        if r is None:
+            self.evaluations += 1
+            r = self._cache[key] = self.cm.evaluate(list(self.decisions(plan)))
+        return r
+
+    # ---------------------------------------------------------------- linearisation
+    def linearise(self, ref: dict[int, Strategy]) -> _Linear:
+        base = self.evaluate(ref)
+        t0, m0 = base.step_time, base.memory.peak
+        xs: list[tuple[int, Strategy]] = []
+        ct, cmem = [], []
+        index: dict[tuple[int, Strategy], int] = {}
+        single: dict[tuple[int, Strategy], tuple[float, float]] = {}
+        for g in self.groups:
+            for s in self.strategies[g.id]:
+                index[(g.id, s)] = len(xs)
+                xs.append((g.id, s))
+                if s == ref.get(g.id, ()):
+                    ct.append(0.0); cmem.append(0.0)
+                    continue
+                r = self.evaluate({**ref, g.id: s})
+                dt, dm = r.step_time - t0, r.memory.peak - m0
+                single[(g.id, s)] = (dt, dm)
+                ct.append(dt); cmem.append(dm)
+        ys: list[tuple[int, int]] = []
+        yt, ym = [], []
+        tol_t = 1e-9 * max(t0, 1e-12)
+        tol_m = 1e-9 * max(m0, 1.0)
+        for g, h in self.pairs:
+            for s in self.strategies[g]:
+                if s == ref.get(g, ()):
+                    continue
+                for t in self.strategies[h]:
+                    if t == ref.get(h, ()):
+                        continue
+                    r = self.evaluate({**ref, g: s, h: t})
+                    it = r.step_time - t0 - single[(g, s)][0] - single[(h, t)][0]
+                    im = r.memory.peak - m0 - single[(g, s)][1] - single[(h, t)][1]
+                    if abs(it) <= tol_t and abs(im) <= tol_m:
+                        continue
+                    ys.append((index[(g, s)], index[(h, t)]))
+                    yt.append(it); ym.append(im)
+        return _Linear(dict(ref), t0, m0, xs, np.array(ct), np.array(cmem), ys, np.array(yt), np.array(ym))
+
+    # ---------------------------------------------------------------- the MILP
+    def solve(self, lin: _Linear, margin: float, cuts: list[list[int]], time_limit: float,
+              max_changes: int | None = None, objective: str = "time"):
+        nx, ny = len(lin.xs), len(lin.ys)
+        n = nx + ny
+        tscale = max(lin.t0, 1e-12)
+        mscale = max(self.budget, 1.0)
+        if objective == "time":
+            c = np.concatenate([lin.ct, lin.yt]) / tscale
+        else:  # peak memory (finding a plan that fits)
+            c = np.concatenate([lin.cm, lin.ym]) / mscale
+        rows, cols, vals, lo, hi = [], [], [], [], []
+        r = 0
+        # one strategy per group
+        for k, (g, _) in enumerate(lin.xs):
+            rows.append(self.rank[g]); cols.append(k); vals.append(1.0)
+        r = len(self.groups)
+        lo += [1.0] * r; hi += [1.0] * r
+        # y = x_a * x_b
+        for j, (a, b) in enumerate(lin.ys):
+            y = nx + j
+            rows += [r, r, r]; cols += [y, a, b]; vals += [1.0, -1.0, -1.0]  # y - xa - xb >= -1
+            lo.append(-1.0); hi.append(np.inf); r += 1
+            rows += [r, r]; cols += [y, a]; vals += [1.0, -1.0]  # y - xa <= 0
+            lo.append(-np.inf); hi.append(0.0); r += 1
+            rows += [r, r]; cols += [y, b]; vals += [1.0, -1.0]  # y - xb <= 0
+            lo.append(-np.inf); hi.append(0.0); r += 1
+        # memory
+        mem = np.concatenate([lin.cm, lin.ym]) / mscale
+        nz = np.flatnonzero(mem)
+        rows += [r] * len(nz); cols += nz.tolist(); vals += mem[nz].tolist()
+        lo.append(-np.inf)
+        hi.append((self.budget - margin - lin.m0) / mscale if objective == "time" else np.inf)
+        r += 1
+        # no-good cuts: plans that the true model says do not fit
+        for cut in cuts:
+            rows += [r] * len(cut); cols += cut; vals += [1.0] * len(cut)
+            lo.append(-np.inf); hi.append(len(cut) - 1.0); r += 1
+        # trust region: at most max_changes groups leave their reference strategy
+        if max_changes is not None:
+            keep = [k for k, (g, st) in enumerate(lin.xs) if lin.ref.get(g, ()) == st]
+            rows += [r] * len(keep); cols += keep; vals += [1.0] * len(keep)
+            lo.append(len(self.groups) - float(max_changes)); hi.append(np.inf); r += 1
+        A = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
+        integrality = np.concatenate([np.ones(nx), np.zeros(ny)])
+        res = milp(c, integrality=integrality, bounds=Bounds(0.0, 1.0),
+                   constraints=LinearConstraint(A, np.array(lo), np.array(hi)),
+                   options={"time_limit": max(time_limit, 1e-3), "disp": False})
+        status = _STATUS.get(res.status, "error")
+        plan = None
+        pred = None
+        if res.x is not None:
+            x = res.x[:nx]
+            plan = {}
+            for k in np.flatnonzero(x > 0.5):
+                g, s = lin.xs[k]
+                plan[g] = s
+            if res.fun is not None:
+                pred = (lin.t0 + float(res.fun) * tscale if objective == "time"
+                        else lin.m0 + float(res.fun) * mscale)
+        return status, plan, pred, n, r, res.message
+
+    def cut_of(self, lin: _Linear, plan: dict[int, Strategy]) -> list[int]:
+        return [k for k, (g, s) in enumerate(lin.xs) if plan.get(g, ()) == s]
+
+
+def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float | None = None,
+              max_pairs: int = 30, memory_rounds: int = 5, relinearise: int = 8,
+              trust_region: int = 2) -> ILPResult:
+    """Solve the Alpa-style ILP over partex's decision groups.
+
+    time_limit: seconds of MILP solving in all (HiGHS' ``time_limit`` per solve, from what is
+      left); building the model (cost-model evaluations) is not counted.
+    budget: per-device memory budget in bytes; default ``cost_model.hw.budget``.
+    max_pairs: the co-occurring group pairs (by bytes) that get pairwise interaction terms.
+    memory_rounds: solves per linearisation when the true peak overshoots the budget.
+    relinearise: at most this many extra rounds, each linearised around the best plan so far
+      and limited to ``trust_region`` groups changing strategy (2: the pair terms make such a
+      move exact for co-occurring groups); when a round does not improve, regions of 1 and
+      trust_region + 1 are tried before stopping.
+
+    The first MILP is the plain one: linearised around "replicated", minimum step time
+    subject to the memory row. If it finds no plan that fits, a feasibility phase minimises
+    the linearised peak memory instead (re-linearised around its own solutions, while the
+    true peak drops) until a plan fits; the time rounds then start from that plan.
+
+    status: "optimal" (every MILP solved to optimality; the plan is the best, by the true
+    cost model, of their solutions and the replicated plan), "time_limit" (a solve stopped at
+    the limit; the best plan so far, if any), "infeasible" (no plan found that fits).
+    """
+    budget = float(cost_model.hw.budget if budget is None else budget)
+    ilp = _ILP(cost_model, budget, max_pairs)
+    st = dict(build=0.0, solve=0.0, nvars=0, ncons=0, solves=0, timed_out=False, deadline=None,
+              statuses=[], messages=[])
+    best: list = []  # [step time, plan, report, predicted time]
+    bad: list[dict[int, Strategy]] = []  # plans that do not fit: cut off
+
+    def consider(plan, rep, pred) -> bool:
+        if rep.memory.peak > budget or (best and rep.step_time >= best[0] * (1 - 1e-9)):
+            return False
+        best[:] = [rep.step_time, dict(plan), rep, pred]
+        return True
+
+    lowest = [math.inf]  # the lowest true peak of the MILP solutions
+
+    def evaluate(plan):
+        t = time.perf_counter()
+        rep = ilp.evaluate(plan)
+        st["build"] += time.perf_counter() - t
+        lowest[0] = min(lowest[0], rep.memory.peak)
+        return rep
+
+    def linearise(ref):
+        t = time.perf_counter()
+        lin = ilp.linearise(ref)
+        st["build"] += time.perf_counter() - t
+        return lin
+
+    def run(lin, margin, max_changes, objective):
+        if st["deadline"] is None:
+            st["deadline"] = time.perf_counter() + time_limit
+        left = st["deadline"] - time.perf_counter()
+        if left <= 0:
+            st["timed_out"] = True
+            return None, None
+        cuts = [ilp.cut_of(lin, p) for p in bad]
+        t = time.perf_counter()
+        status, plan, pred, nv, nc, msg = ilp.solve(lin, margin, cuts, left, max_changes, objective)
+        st["solve"] += time.perf_counter() - t
+        st["solves"] += 1
+        st["nvars"], st["ncons"] = max(st["nvars"], nv), max(st["ncons"], nc)
+        st["statuses"].append(status)
+        st["messages"].append(msg)
+        st["timed_out"] |= status == "time_limit"
+        return plan, pred
+
+    def time_round(ref, max_changes) -> bool:
+        """Minimise step time around ref; True if the best plan improved."""
+        lin = linearise(ref)
+        margin = 0.0
+        for _ in range(memory_rounds):
+            plan, pred = run(lin, margin, max_changes, "time")
+            if plan is None:
+                return False
+            rep = evaluate(plan)
+            if rep.memory.peak <= budget:
+                return consider(plan, rep, pred)
+            # does not fit: cut it off and tighten the memory row by the overshoot
+            bad.append(plan)
+            margin += rep.memory.peak - budget
+            if st["timed_out"]:
+                return False
+        return False
+
+    rep0 = evaluate({})
+    consider({}, rep0, rep0.step_time)  # replicated, where it fits
+    time_round({}, None)
+    if not best and not st["timed_out"]:
+        # feasibility phase: minimise peak memory until a plan fits
+        ref, peak = {}, rep0.memory.peak
+        for k in range(relinearise + 1):
+            plan, pred = run(linearise(ref), 0.0, None if k == 0 else trust_region, "memory")
+            if plan is None:
+                break
+            rep = evaluate(plan)
+            if consider(plan, rep, None) or rep.memory.peak >= peak or st["timed_out"]:
+                break
+            ref, peak = plan, rep.memory.peak
+    # local rounds: re-linearised around the best plan, a trust region on the changes; on a
+    # stall, the other region sizes are tried before stopping
+    sizes = [trust_region] + [k for k in (1, trust_region + 1) if k != trust_region]
+    k = 0
+    for _ in range(relinearise):
+        if not best or trust_region <= 0 or st["timed_out"] or k >= len(sizes):
+            break
+        k = 0 if time_round(best[1], sizes[k]) else k + 1
+
+    messages, statuses = st["messages"], st["statuses"]
+    msg = messages[-1] if messages else "time limit before the first solve"
+    common = dict(solve_seconds=st["solve"], build_seconds=st["build"], variables=st["nvars"],
+                  constraints=st["ncons"], evaluations=ilp.evaluations, solves=st["solves"],
+                  message=msg)
+    if not best:
+        status = "time_limit" if st["timed_out"] else "infeasible"
+        if statuses and statuses[-1] in ("unbounded", "error"):
+            status = statuses[-1]
+        elif status == "infeasible":
+            common["message"] = (f"no plan found within the memory budget {budget / 2**30:.4g} GiB (lowest peak "
+                   f"reached {lowest[0] / 2**30:.4g} GiB); last solve: {msg}")
+        return ILPResult((), None, status, predicted_time=None, **common)
+    _, plan, rep, pred = best
+    if rep.budget != budget:
+        rep = dataclasses.replace(rep, budget=budget, fits=rep.memory.peak <= budget)
+    return ILPResult(ilp.decisions(plan), rep, "time_limit" if st["timed_out"] else "optimal",
+                     predicted_time=pred, **common)

@@ -1,0 +1,404 @@
+"""Incremental Monte Carlo Tree Search over ordered sharding decisions.
+
+State: the decisions so far, pins first. Actions: (decision group, mesh axis) for the groups
+worth sharding, and *stop*. Decisions on different mesh axes commute, so a state is keyed by
+the ordered groups of each axis (a transposition table: the same decisions reached in
+another order are one node). Selection by UCT; expansion of one untried action; a greedy
+rollout that tries a few random actions per step and keeps the best improvement (cheap, as
+the cost model memoises per pattern); the reward of the best plan met on the way is backed
+up. Rewards sit in [0, 1]: feasible plans score in [0.2, 1) by step time against a reference
+(the best hand-independent reference: the replicated plan's time), plans over the memory
+budget below 0.2 by how far over they are; an infeasible plan is never returned.
+
+``step(n)`` runs n simulations and returns; pins re-root the tree at the pinned state and
+keep every statistic that still applies; the whole search pickles and resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pickle
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._cost import CostModel, CostReport
+from ._errors import PartexError
+from ._mesh import Hardware, MeshSpec
+
+Decision = tuple[int, str]
+STOP = -1  # the stop action
+SAVE_FORMAT = ("partex-search", 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    decisions: tuple[Decision, ...]
+    report: CostReport
+    simulation: int  # the simulation that first found it
+    seconds: float  # search seconds until it was first found (time-to-best)
+
+
+@dataclasses.dataclass
+class _Node:
+    visits: int = 0
+    value: float = 0.0  # sum of rewards
+    children: dict = dataclasses.field(default_factory=dict)  # action -> child key
+    untried: list | None = None  # actions not yet expanded (None: not yet listed)
+
+
+class Search:
+    """MCTS over decisions for one analysed model on one mesh and hardware.
+
+    exploration: c in UCT, Q/N + c * sqrt(ln N_parent / N_child).
+    rollout_width: random actions scored per rollout step (greedy among them).
+    seed: the RNG seed; the same seed and number of simulations give the same plan.
+    """
+
+    def __init__(self, model, mesh: MeshSpec, hardware: Hardware, *, seed: int = 0,
+                 exploration: float = 0.5, rollout_width: int = 4, donate=None,
+                 cost_model: CostModel | None = None, model_spec: dict | None = None):
+        from ._plan import default_donate
+
+        self.model = model
+        self.an = model.analysis
+        self.mesh = mesh
+        self.hw = hardware
+        self.seed = seed
+        self.exploration = exploration
+        self.rollout_width = rollout_width
+        self.donate = tuple(default_donate(model.program) if donate is None else donate)
+        self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate)
+        self.model_spec = model_spec or _model_spec(model)
+        self.rng = np.random.default_rng(seed)
+        # candidate actions: decidable groups x axes that divide some size of the group
+        self.actions: list[Decision] = []
+        for g in self.an.decision_groups:
+            sizes = {s for nd in g.named_dims for s in self.an.named_dims[nd].sizes}
+            for a, n in zip(mesh.axes, mesh.sizes):
+                if n > 1 and any(s % n == 0 for s in sizes):
+                    self.actions.append((g.id, a))
+        self.pins: list[Decision] = []
+        self.forbidden: set[Decision] = set()
+        self.nodes: dict[Any, _Node] = {}
+        self._evals: dict[Any, tuple[float, float, bool]] = {}
+        self.simulations = 0
+        self.seconds = 0.0
+        self.history: list[tuple[int, float, float]] = []  # (simulation, seconds, step time)
+        self._best: tuple[float, tuple[Decision, ...], int, float] | None = None
+        self.smallest_memory = (math.inf, ())
+        base = self.cm.evaluate([])
+        self.t_ref = base.step_time if base.step_time > 0 else 1e-9
+        self._score(())  # the replicated plan is a candidate too
+
+    # ------------------------------------------------------------------ keys and scores
+    def _key(self, decisions: Sequence[Decision]) -> tuple:
+        per_axis: dict[str, list[int]] = {}
+        for g, a in decisions:
+            per_axis.setdefault(a, []).append(g)
+        return tuple((a, tuple(per_axis[a])) for a in self.mesh.axes if a in per_axis)
+
+    def _score(self, decisions: tuple[Decision, ...]) -> float:
+        key = self._key(decisions)
+        e = self._evals.get(key)
+        if e is None:
+            r = self.cm.evaluate(decisions)
+            e = self._evals[key] = (r.step_time, r.memory.peak, r.fits)
+            if r.memory.peak < self.smallest_memory[0]:
+                self.smallest_memory = (r.memory.peak, decisions)
+            if r.fits and (self._best is None or r.step_time < self._best[0] * (1 - 1e-9)):
+                self._best = (r.step_time, decisions, self.simulations, self.seconds + self._elapsed())
+                self.history.append((self.simulations, self._best[3], r.step_time))
+        t, peak, fits = e
+        if fits:
+            return 0.2 + 0.8 * self.t_ref / (self.t_ref + t)
+        return 0.2 * min(1.0, self.hw.budget / peak)
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._t0 if getattr(self, "_t0", None) else 0.0
+
+    # ------------------------------------------------------------------ tree
+    def _legal(self, decisions: Sequence[Decision]) -> list[int]:
+        taken = set(decisions)
+        return [i for i, d in enumerate(self.actions) if d not in taken and d not in self.forbidden]
+
+    def _node(self, decisions: tuple[Decision, ...]) -> _Node:
+        key = self._key(decisions)
+        node = self.nodes.get(key)
+        if node is None:
+            node = self.nodes[key] = _Node()
+        if node.untried is None:
+            node.untried = self._legal(decisions) + [STOP]
+            self.rng.shuffle(node.untried)
+        return node
+
+    def _uct(self, parent: _Node, decisions) -> int:
+        logn = math.log(max(parent.visits, 1))
+        best, best_a = -math.inf, STOP
+        for a, key in parent.children.items():
+            if a != STOP and self.actions[a] in self.forbidden:
+                continue
+            child = self.nodes[key]
+            if child.visits == 0:
+                return a
+            u = child.value / child.visits + self.exploration * math.sqrt(logn / child.visits)
+            if u > best:
+                best, best_a = u, a
+        return best_a
+
+    def _rollout(self, decisions: tuple[Decision, ...]) -> float:
+        """Greedy-random completion: each step scores a few random actions and takes the
+        best one if it improves the plan; the best reward met is returned."""
+        best = self._score(decisions)
+        while True:
+            legal = self._legal(decisions)
+            if not legal:
+                return best
+            k = min(self.rollout_width, len(legal))
+            picks = self.rng.choice(len(legal), size=k, replace=False)
+            cand = max(((self._score(decisions + (self.actions[legal[i]],)), legal[i]) for i in picks))
+            if cand[0] <= best:
+                return best
+            best = cand[0]
+            decisions = decisions + (self.actions[cand[1]],)
+
+    def _simulate(self) -> None:
+        decisions = tuple(self.pins)
+        node = self._node(decisions)
+        path = [node]
+        while True:
+            while node.untried and node.untried[-1] != STOP and self.actions[node.untried[-1]] in self.forbidden:
+                node.untried.pop()
+            if node.untried:
+                a = node.untried.pop()
+                if a == STOP:
+                    reward = self._score(decisions)
+                    child_key = ("stop", self._key(decisions))
+                    child = self.nodes.setdefault(child_key, _Node(untried=[]))
+                    node.children[STOP] = child_key
+                    path.append(child)
+                    break
+                decisions = decisions + (self.actions[a],)
+                node.children[a] = self._key(decisions)
+                child = self._node(decisions)
+                path.append(child)
+                reward = self._rollout(decisions)
+                break
+            if not node.children:
+                reward = self._score(decisions)
+                break
+            a = self._uct(node, decisions)
+            if a == STOP:
+                child = self.nodes[node.children[STOP]]
+                path.append(child)
+                reward = self._score(decisions)
+                break
+            decisions = decisions + (self.actions[a],)
+            node = self._node(decisions)
+            path.append(node)
+        for n in path:
+            n.visits += 1
+            n.value += reward
+        self.simulations += 1
+
+    # ------------------------------------------------------------------ public API
+    def step(self, n: int = 1) -> None:
+        """Run n simulations."""
+        self._t0 = time.perf_counter()
+        try:
+            for _ in range(n):
+                self._simulate()
+        finally:
+            self.seconds += time.perf_counter() - self._t0
+            self._t0 = None
+
+    def run(self, seconds: float, chunk: int = 16, callback=None) -> None:
+        """Simulate for about ``seconds`` (in chunks; callback(stats) after each)."""
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            self.step(chunk)
+            if callback is not None:
+                callback(self)
+
+    def best(self) -> SearchResult | None:
+        if self._best is None:
+            return None
+        t, decisions, sim, secs = self._best
+        return SearchResult(decisions, self.cm.evaluate(decisions, detail=True), sim, secs)
+
+    def best_plan(self, strategy: str = "mcts"):
+        from ._plan import make_plan
+
+        b = self.best()
+        if b is None:
+            return None
+        return make_plan(self.model, self.mesh, self.hw, list(b.decisions), strategy=strategy,
+                         pinned=self.pins, donate=self.donate, cost_model=self.cm)
+
+    def label(self, decision: Decision) -> str:
+        g, a = decision
+        return f"{self.an.groups[g].label}->{a}"
+
+    def stats(self) -> dict:
+        root = self.nodes.get(self._key(tuple(self.pins)))
+        actions = []
+        if root is not None:
+            for a, key in root.children.items():
+                child = self.nodes[key]
+                actions.append({
+                    "action": "stop" if a == STOP else self.label(self.actions[a]),
+                    "visits": child.visits,
+                    "value": child.value / child.visits if child.visits else 0.0,
+                })
+        actions.sort(key=lambda d: -d["visits"])
+        depth = max((sum(len(gs) for _, gs in k) for k in self.nodes if k and k[0] != "stop"), default=0)
+        return {
+            "simulations": self.simulations,
+            "nodes": len(self.nodes),
+            "depth": depth - len(self.pins),
+            "evaluations": len(self._evals),
+            "seconds": self.seconds,
+            "sims_per_s": self.simulations / self.seconds if self.seconds > 0 else 0.0,
+            "best_step_time": self._best[0] if self._best else None,
+            "best_history": [list(h) for h in self.history],
+            "smallest_memory": self.smallest_memory[0],
+            "root_actions": actions,
+            "pins": [self.label(p) for p in self.pins],
+            "forbidden": sorted(self.label(f) for f in self.forbidden),
+        }
+
+    # ------------------------------------------------------------------ pins
+    def _resolve(self, group, axis: str) -> Decision:
+        self.mesh.index(axis)  # unknown axis -> PartexError
+        if isinstance(group, (int, np.integer)):
+            if not 0 <= group < len(self.an.groups):
+                raise PartexError(f"no decision group {group}")
+            g = self.an.groups[int(group)]
+        else:
+            g = self.an.group_by_label(str(group))
+            if g is None:
+                raise PartexError(f"unknown dimension {group!r}; known: "
+                                  f"{', '.join(x.label for x in self.an.decision_groups)}")
+        if not g.decidable:
+            raise PartexError(f"dimension {g.label!r} is not shardable (a loop axis or too small)")
+        d = (g.id, axis)
+        if d not in self.actions:
+            raise PartexError(f"mesh axis {axis!r} (size {self.mesh.axis_size(axis)}) does not divide "
+                              f"dimension {g.label!r} (size {g.size})")
+        return d
+
+    def pin(self, group, axis: str) -> Decision:
+        """Fix a decision: the search keeps it, first, and never undoes it."""
+        d = self._resolve(group, axis)
+        if d in self.forbidden:
+            raise PartexError(f"cannot pin {self.label(d)}: it is forbidden (unpin the forbid first)")
+        if d in self.pins:
+            return d
+        self.pins.append(d)
+        self._invalidate_best()
+        return d
+
+    def forbid(self, group, axis: str) -> Decision:
+        """Never take this decision."""
+        d = self._resolve(group, axis)
+        if d in self.pins:
+            raise PartexError(f"cannot forbid {self.label(d)}: it is pinned (unpin it first)")
+        self.forbidden.add(d)
+        self._invalidate_best()
+        return d
+
+    def unpin(self, group, axis: str) -> Decision:
+        """Remove a pin or a forbid."""
+        d = self._resolve(group, axis)
+        if d not in self.pins and d not in self.forbidden:
+            raise PartexError(f"{self.label(d)} is neither pinned nor forbidden")
+        if d in self.pins:
+            self.pins.remove(d)
+        self.forbidden.discard(d)
+        self._invalidate_best()
+        return d
+
+    def _invalidate_best(self) -> None:
+        """Keep the best evaluated plan that honours the pins and forbids (statistics of
+        the tree stay: the re-rooted subtree keeps its visits)."""
+        self._best = None
+        self.history = []
+        pins = list(self.pins)
+        best = None
+        for key, (t, peak, fits) in self._evals.items():
+            if not fits:
+                continue
+            decisions = tuple((g, a) for a, gs in key for g in gs)
+            if any(p not in decisions for p in pins) or any(f in decisions for f in self.forbidden):
+                continue
+            if best is None or t < best[0]:
+                best = (t, decisions)
+        if best is not None:
+            ordered = tuple(pins) + tuple(d for d in best[1] if d not in pins)
+            self._best = (best[0], ordered, self.simulations, self.seconds)
+            self.history.append((self.simulations, self.seconds, best[0]))
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> None:
+        state = {
+            "format": SAVE_FORMAT,
+            "model_spec": self.model_spec,
+            "mesh": self.mesh.to_json(),
+            "hardware": dataclasses.asdict(self.hw),
+            "params": {"seed": self.seed, "exploration": self.exploration,
+                       "rollout_width": self.rollout_width, "donate": list(self.donate)},
+            "actions": self.actions,
+            "pins": self.pins, "forbidden": sorted(self.forbidden),
+            "nodes": self.nodes, "evals": self._evals,
+            "simulations": self.simulations, "seconds": self.seconds,
+            "history": self.history, "best": self._best, "smallest_memory": self.smallest_memory,
+            "rng": self.rng.bit_generator.state, "t_ref": self.t_ref,
+        }
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, model=None) -> "Search":
+        """Resume a saved search (the model is re-traced from its spec unless given)."""
+        from . import analyze_model
+        from ._plan import _hardware_from_json
+
+        try:
+            with open(path, "rb") as f:
+                state = pickle.load(f)
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as e:
+            raise PartexError(f"cannot read saved search {path}: {e}") from None
+        if not isinstance(state, dict) or tuple(state.get("format", ())) != SAVE_FORMAT:
+            raise PartexError(f"{path} is not a saved partex search")
+        spec = state["model_spec"]
+        if model is None:
+            model = analyze_model(spec["name"], spec["preset"], spec["overrides"])
+        mesh = MeshSpec.from_json(state["mesh"])
+        hw = _hardware_from_json(state["hardware"])
+        p = state["params"]
+        s = cls(model, mesh, hw, seed=p["seed"], exploration=p["exploration"],
+                rollout_width=p["rollout_width"], donate=p["donate"], model_spec=spec)
+        if [tuple(a) for a in state["actions"]] != s.actions:
+            raise PartexError(f"{path} was saved for a different model or mesh; start a new search")
+        s.pins = [tuple(x) for x in state["pins"]]
+        s.forbidden = {tuple(x) for x in state["forbidden"]}
+        s.nodes, s._evals = state["nodes"], state["evals"]
+        s.simulations, s.seconds = state["simulations"], state["seconds"]
+        s.history, s._best = state["history"], state["best"]
+        s.smallest_memory = state["smallest_memory"]
+        s.rng.bit_generator.state = state["rng"]
+        s.t_ref = state["t_ref"]
+        return s
+
+
+def _model_spec(model) -> dict:
+    m = model.model
+    overrides = []
+    if m.config is not None and dataclasses.is_dataclass(m.config):
+        overrides = [f"{k}={v}" for k, v in dataclasses.asdict(m.config).items()]
+    return {"name": m.name, "preset": m.preset if m.preset != "custom" else "tiny", "overrides": overrides}

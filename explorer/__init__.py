@@ -1,0 +1,50 @@
+"""The partex explorer, a Panel app: ``panel serve explorer/app.py`` or ``partex serve``.
+
+It opens on the demo transformer (tiny) on a simulated data=4,model=2 mesh and shows the
+named-dimension graph, memory against the budget, the search as it runs, the plan, the
+baselines and XLA's view of the plan. Importing this package does not import Panel.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+APP = ROOT / "explorer" / "app.py"
+STATIC = ROOT / "static"
+
+
+def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = False,
+                  session_lifetime_ms: int = 5000) -> list[str]:
+    """The ``panel serve`` command line. The static folder is served at /assets (Bokeh
+    reserves /static for its own files); a closed tab's session, and its search thread,
+    ends ``session_lifetime_ms`` after its connection closes."""
+    cmd = [
+        sys.executable, "-m", "panel", "serve", str(APP),
+        "--address", address, "--port", str(port),
+        "--static-dirs", f"assets={STATIC}",
+        f"--allow-websocket-origin={address}:{port}",
+        f"--allow-websocket-origin=localhost:{port}",
+        "--unused-session-lifetime", str(session_lifetime_ms),
+        "--check-unused-sessions", str(max(500, session_lifetime_ms // 2)),
+    ]
+    if show:
+        cmd.append("--show")
+    return cmd
+
+
+def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False) -> int:
+    """Serve the explorer until interrupted (``partex serve``); returns panel's exit code."""
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")  # analysis and search need no accelerator
+    print(f"partex explorer on http://{address}:{port}/app", flush=True)
+    try:
+        return subprocess.call(serve_command(port, address, show), env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["serve", "serve_command", "APP", "STATIC"]

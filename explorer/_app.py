@@ -1,0 +1,116 @@
+"""Assemble one browser session's page: its own ExplorerState, the views handed that
+state, the template, and the session's clock (poll) and teardown."""
+
+from __future__ import annotations
+
+import logging
+
+import panel as pn
+from bokeh.models import Div
+
+from ._charts import KpiView, MemoryView, SearchView
+from ._controls import FileControls, MeshControls, ModelControls, SearchControls
+from ._graph import DecisionView, GraphView
+from ._state import ExplorerState
+from ._tables import BaselinesView, PlanView, VerifyView
+from ._widgets import CSS, html, keyed, text_input
+
+log = logging.getLogger("partex.explorer")
+
+POLL_MS = 200  # how often the page picks up the search's progress and finished jobs
+TICK_MS = 100  # the event-loop lag monitor's period
+ACCENT = "#1d4ed8"
+
+
+def _card(title: str, body, subtitle: str = "", **kw) -> pn.Card:
+    head = f"<div class='card-title'>{title}</div>" + (f"<div class='card-sub'>{subtitle}</div>" if subtitle else "")
+    kw.setdefault("sizing_mode", "stretch_width")
+    return pn.Card(body, header=html(head, margin=(2, 6)), collapsible=False, css_classes=["px-card"],
+                   stylesheets=[CSS], margin=(6, 6), **kw)
+
+
+class ProbeView(pn.viewable.Viewer):
+    """Hidden models for tests and scripts: ``partex-state`` (a Div whose text is the state
+    as JSON) and ``partex-ping`` (a text input the state echoes back at once)."""
+
+    def __init__(self, state: ExplorerState, **params):
+        super().__init__(**params)
+        self.div = Div(text=state.probe, name="partex-state", visible=False)
+        state.param.watch(lambda e: setattr(self.div, "text", e.new), ["probe"])
+        self.ping = text_input("partex-ping", "ping", visible=False)
+        self.ping.param.watch(lambda e: setattr(state, "ping", e.new), ["value"])
+        self._panel = pn.Row(pn.pane.Bokeh(self.div, visible=False), self.ping, visible=False, height=0, margin=0)
+
+    def __panel__(self):
+        return self._panel
+
+
+def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
+    doc = pn.state.curdoc
+    ctx = getattr(doc, "session_context", None) if doc is not None else None
+    session_id = ctx.id[:8] if ctx is not None else ""
+    state = ExplorerState(sessions_dir=sessions_dir, session_id=session_id)
+
+    alert = keyed(pn.pane.Alert)("partex-alert", "", alert_type="info", sizing_mode="stretch_width",
+                                 visible=False, margin=(4, 6))
+
+    def show_message(*_):
+        alert.object = state.message
+        alert.alert_type = state.message_level
+        alert.visible = bool(state.message)
+
+    state.param.watch(show_message, ["message", "message_level"])
+    show_message()
+
+    graph = GraphView(state=state)
+    decision = DecisionView(state=state)
+    main = [
+        pn.Column(alert, KpiView(state=state), ProbeView(state), sizing_mode="stretch_width", margin=(0, 0)),
+        pn.Row(
+            _card("Named dimensions", graph,
+                  "decision groups · edges: they meet in a tensor · red: conflicts", height=540),
+            _card("Decision", decision, "inspect, pin or forbid a group", width=430, height=540,
+                  sizing_mode="fixed"),
+            sizing_mode="stretch_width",
+        ),
+        _card("Search", SearchView(state=state), "Monte Carlo tree search over (group, axis) decisions"),
+        pn.Row(
+            _card("Memory per device", MemoryView(state=state), "stacked by kind, against the budget"),
+            _card("Baselines", BaselinesView(state=state), "hand-written strategies on the same cost model"),
+            sizing_mode="stretch_width",
+        ),
+        _card("Plan", PlanView(state=state), "PartitionSpecs and the collectives they imply"),
+        _card("Predicted vs XLA", VerifyView(state=state), "the cost model checked against the compiler"),
+    ]
+    sidebar = [
+        SearchControls(state=state),
+        ModelControls(state=state),
+        MeshControls(state=state),
+        FileControls(state=state),
+    ]
+    template = pn.template.FastListTemplate(
+        title="partex explorer",
+        logo="assets/logo.svg",
+        favicon="assets/logo.svg",
+        sidebar=sidebar,
+        main=main,
+        main_layout=None,
+        sidebar_width=330,
+        accent=ACCENT,
+        header_background="#0f172a",
+        header_color="#f8fafc",
+        theme_toggle=False,
+        font="Inter, 'Segoe UI', system-ui, -apple-system, sans-serif",
+        font_url="",
+        main_max_width="1500px",
+    )
+    template.config.css_files = [CSS]
+    if ctx is not None:
+        pn.state.add_periodic_callback(state.poll, period=POLL_MS)
+        pn.state.add_periodic_callback(lambda: state.tick(TICK_MS / 1e3), period=TICK_MS)
+
+        def destroyed(session_context):
+            state.close()
+
+        pn.state.on_session_destroyed(destroyed)
+    return template

@@ -1,0 +1,261 @@
+"""Charts: the headline figures, per-device memory bars against the budget, and the
+search's statistics (best step time over simulations, visits and value per root action)."""
+
+from __future__ import annotations
+
+import panel as pn
+import param
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, LinearColorMapper, NumeralTickFormatter, Span
+from bokeh.plotting import figure
+
+from ._format import esc, fmt_bytes, fmt_time
+from ._widgets import html
+
+MEMORY_PARTS = ("parameters", "optimizer", "activations", "temporaries")
+MEMORY_COLORS = ("#3b82f6", "#8b5cf6", "#14b8a6", "#f59e0b")
+OVER = "#dc2626"
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def _unit(n: float) -> tuple[str, float]:
+    for name, size in _UNITS:
+        if n >= size:
+            return name, size
+    return "B", 1
+
+
+def _fig(**kw):
+    p = figure(toolbar_location=None, tools="", sizing_mode="stretch_width", min_border_left=8,
+               outline_line_color=None, background_fill_color=None, border_fill_color=None, **kw)
+    p.axis.axis_line_color = "#cbd5e1"
+    p.axis.major_tick_line_color = "#cbd5e1"
+    p.axis.minor_tick_line_color = None
+    p.axis.major_label_text_color = "#334155"
+    p.axis.major_label_text_font_size = "12px"
+    p.axis.axis_label_text_font_size = "12px"
+    p.axis.axis_label_text_font_style = "normal"
+    p.axis.axis_label_text_color = "#475569"
+    p.grid.grid_line_color = "#e2e8f0"
+    p.title.text_font_size = "13px"
+    p.title.text_color = "#0f172a"
+    return p
+
+
+def plan_rows(state) -> list:
+    """(row label, PlanSummary) in display order: the search, an upload, the baselines."""
+    rows = []
+    if state.best is not None:
+        rows.append(("search (best)", state.best))
+    if state.uploaded is not None:
+        rows.append(("uploaded", state.uploaded))
+    rows += list(state.baselines.items())
+    return rows
+
+
+class KpiView(pn.viewable.Viewer):
+    """The headline: best predicted step time, MFU, memory against the budget, progress."""
+
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._pane = html(sizing_mode="stretch_width", margin=(0, 0, 6, 0), name="kpis")
+        self.state.param.watch(self._render, ["best", "stats", "running", "baselines", "phase", "workspace"])
+        self._render()
+
+    def __panel__(self):
+        return self._pane
+
+    def _render(self, *_):
+        s = self.state
+        best = s.best
+        ws = s.workspace
+        stats = s.stats or {}
+        sims = stats.get("simulations", 0)
+        rate = stats.get("sims_per_s") or 0
+        if best is not None:
+            r = best.report
+            fitting = [b.report.step_time for b in s.baselines.values() if b.report.fits]
+            vs = (f"{min(fitting) / r.step_time:.2f}× the best fitting baseline" if fitting
+                  else "no baseline fits")
+            step = (fmt_time(r.step_time), vs)
+            mfu = (f"{r.mfu:.1%}", "of peak FLOP/s (predicted)")
+            mem = (fmt_bytes(r.memory.peak), f"of {fmt_bytes(r.budget)} budget per device")
+            mem_cls = "" if r.fits else " bad"
+        else:
+            step = ("—", "no plan that fits yet")
+            mfu = ("—", "predicted model FLOPs utilisation")
+            budget = fmt_bytes(ws.config.hw.budget) if ws else "—"
+            mem = ("—", f"of {budget} budget per device")
+            mem_cls = ""
+        state_txt = {"loading": "loading", "failed": "no model"}.get(s.phase, "running" if s.running else "paused")
+        badge = f"<span class='badge {state_txt}'>{state_txt}</span>"
+        model = esc(ws.choice.title) if ws else "—"
+        where = esc(f"{ws.config.mesh.text()} · {ws.config.hw.name}") if ws else ""
+        self._pane.object = (
+            "<div class='kpis'>"
+            f"<div class='kpi wide'><div class='k-label'>Model</div><div class='k-value small'>{model}</div>"
+            f"<div class='k-sub'>{where}</div></div>"
+            f"<div class='kpi'><div class='k-label'>Best step time</div><div class='k-value'>{step[0]}</div>"
+            f"<div class='k-sub'>{esc(step[1])}</div></div>"
+            f"<div class='kpi'><div class='k-label'>MFU</div><div class='k-value'>{mfu[0]}</div>"
+            f"<div class='k-sub'>{esc(mfu[1])}</div></div>"
+            f"<div class='kpi{mem_cls}'><div class='k-label'>Peak memory</div><div class='k-value'>{mem[0]}</div>"
+            f"<div class='k-sub'>{esc(mem[1])}</div></div>"
+            f"<div class='kpi'><div class='k-label'>Search {badge}</div><div class='k-value'>{sims:,}</div>"
+            f"<div class='k-sub'>simulations · {rate:,.0f}/s</div></div>"
+            "</div>")
+
+
+class MemoryView(pn.viewable.Viewer):
+    """Stacked per-device memory of the best plan, an uploaded plan and the baselines, with
+    the budget line; a bar over the budget is outlined and labelled in red."""
+
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.src = ColumnDataSource(data=self._empty())
+        self.fig = _fig(name="partex-memory", y_range=FactorRange(), height=300, x_axis_label="per-device memory")
+        p = self.fig
+        bars = p.hbar_stack(list(MEMORY_PARTS), y="row", height=0.62, color=list(MEMORY_COLORS), source=self.src,
+                            legend_label=list(MEMORY_PARTS), line_color="white", line_width=0.5)
+        p.hbar(y="row", left=0, right="total", height=0.62, source=self.src, fill_color=None,
+               line_color="outline", line_width=2.5)
+        p.text(x="total", y="row", text="note", source=self.src, x_offset=6, text_baseline="middle",
+               text_font_size="12px", text_color="note_color")
+        self.budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
+        p.add_layout(self.budget)
+        p.add_tools(HoverTool(renderers=bars, tooltips=[("plan", "@row"), ("parameters", "@p_txt"),
+                                                        ("optimizer", "@o_txt"), ("activations", "@a_txt"),
+                                                        ("temporaries", "@t_txt"), ("peak", "@peak_txt")]))
+        p.legend.orientation = "horizontal"
+        p.legend.location = "top_left"
+        p.legend.label_text_font_size = "11px"
+        p.legend.background_fill_alpha = 0.85
+        p.legend.border_line_color = None
+        p.add_layout(p.legend[0], "above")
+        p.ygrid.visible = False
+        self.caption = html(sizing_mode="stretch_width", margin=(0, 10))
+        self.state.param.watch(self._render, ["best", "baselines", "uploaded", "config"])
+        self._render()
+        self._panel = pn.Column(pn.pane.Bokeh(p, sizing_mode="stretch_width"), self.caption,
+                                sizing_mode="stretch_width")
+
+    def __panel__(self):
+        return self._panel
+
+    @staticmethod
+    def _empty() -> dict:
+        return {k: [] for k in (*MEMORY_PARTS, "row", "total", "outline", "note", "note_color",
+                                "p_txt", "o_txt", "a_txt", "t_txt", "peak_txt")}
+
+    def _render(self, *_):
+        s = self.state
+        rows = plan_rows(s)
+        if not rows or s.config is None:
+            self.src.data = self._empty()
+            return
+        budget = s.config.hw.budget
+        peak_max = max([r.report.memory.peak for _, r in rows] + [budget if budget < 1e15 else 0])
+        unit, scale = _unit(peak_max)
+        d = self._empty()
+        for name, r in rows:
+            m = r.report.memory
+            parts = [float(m.breakdown.get(k, 0.0)) for k in MEMORY_PARTS]
+            for k, v in zip(MEMORY_PARTS, parts):
+                d[k].append(v / scale)
+            fits = m.peak <= budget
+            d["row"].append(name)
+            d["total"].append(m.peak / scale)
+            d["outline"].append(None if fits else OVER)
+            d["note"].append(fmt_bytes(m.peak) + ("" if fits else "  over budget"))
+            d["note_color"].append("#334155" if fits else OVER)
+            for key, v in zip(("p_txt", "o_txt", "a_txt", "t_txt"), parts):
+                d[key].append(fmt_bytes(v))
+            d["peak_txt"].append(fmt_bytes(m.peak))
+        rows_rev = list(reversed(d["row"]))
+        self.fig.y_range.factors = rows_rev
+        self.src.data = d
+        self.budget.location = budget / scale
+        self.budget.visible = budget / scale <= peak_max / scale * 1.6
+        self.fig.x_range.end = max(peak_max, budget if self.budget.visible else 0) / scale * 1.3
+        self.fig.x_range.start = 0
+        self.fig.xaxis.axis_label = f"per-device memory ({unit})"
+        self.fig.height = 110 + 34 * len(rows)
+        over = [n for n, r in rows if r.report.memory.peak > budget]
+        self.caption.object = (
+            f"<div class='caption'>Dashed red line: the budget, {fmt_bytes(budget)} per device. "
+            + (f"<span class='bad'>Over budget: {esc(', '.join(over))}.</span>" if over else "Every plan fits.")
+            + "</div>")
+
+
+class SearchView(pn.viewable.Viewer):
+    """The search's statistics: best predicted step time against simulations, visits and
+    mean value per root action, and the tree's size."""
+
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.hist = ColumnDataSource(data=dict(sim=[], ms=[], secs=[]))
+        self.acts = ColumnDataSource(data=dict(action=[], visits=[], value=[], value_txt=[]))
+        h = _fig(name="partex-history", height=250, title="Best predicted step time",
+                 x_axis_label="simulations", y_axis_label="ms")
+        h.step("sim", "ms", source=self.hist, mode="after", line_width=2.5, color="#2563eb")
+        h.scatter("sim", "ms", source=self.hist, size=7, color="#2563eb")
+        h.add_tools(HoverTool(tooltips=[("simulation", "@sim"), ("step time", "@ms{0.000} ms"),
+                                        ("after", "@secs{0.00} s")]))
+        h.yaxis.formatter = NumeralTickFormatter(format="0.000")
+        self.hist_fig = h
+        a = _fig(name="partex-root-actions", height=250, y_range=FactorRange(), title="Root actions: visits (colour: mean value)",
+                 x_axis_label="visits")
+        self.cmap = LinearColorMapper(palette=_BLUES, low=0, high=1)
+        a.hbar(y="action", right="visits", height=0.7, source=self.acts,
+               fill_color={"field": "value", "transform": self.cmap}, line_color=None)
+        a.add_tools(HoverTool(tooltips=[("action", "@action"), ("visits", "@visits"), ("mean value", "@value_txt")]))
+        a.ygrid.visible = False
+        a.yaxis.major_label_text_font_size = "11px"
+        self.acts_fig = a
+        self.tiles = html(sizing_mode="stretch_width", name="search-stats")
+        self.state.param.watch(self._render, ["stats"])
+        self._render()
+        self._panel = pn.Row(
+            pn.pane.Bokeh(h, sizing_mode="stretch_width"),
+            pn.pane.Bokeh(a, sizing_mode="stretch_width"),
+            pn.Column(self.tiles, width=210),
+            sizing_mode="stretch_width",
+        )
+
+    def __panel__(self):
+        return self._panel
+
+    def _render(self, *_):
+        st = self.state.stats or {}
+        hist = st.get("best_history") or []
+        sims = st.get("simulations", 0)
+        if hist:
+            xs = [h[0] for h in hist] + [max(sims, hist[-1][0])]
+            ys = [h[2] * 1e3 for h in hist] + [hist[-1][2] * 1e3]
+            secs = [h[1] for h in hist] + [hist[-1][1]]
+            self.hist.data = dict(sim=xs, ms=ys, secs=secs)
+        else:
+            self.hist.data = dict(sim=[], ms=[], secs=[])
+        acts = sorted(st.get("root_actions") or [], key=lambda r: -r["visits"])[:12]
+        values = [float(r["value"]) for r in acts]
+        if values:
+            self.cmap.low, self.cmap.high = min(values), max(max(values), min(values) + 1e-9)
+        self.acts_fig.y_range.factors = [r["action"] for r in reversed(acts)]
+        self.acts.data = dict(action=[r["action"] for r in acts], visits=[r["visits"] for r in acts],
+                              value=values, value_txt=[f"{v:.3f}" for v in values])
+        mem = st.get("smallest_memory")
+        tiles = [("simulations", f"{sims:,}"), ("simulations / s", f"{st.get('sims_per_s') or 0:,.0f}"),
+                 ("tree nodes", f"{st.get('nodes', 0):,}"), ("tree depth", f"{st.get('depth', 0)}"),
+                 ("plans evaluated", f"{st.get('evaluations', 0):,}"),
+                 ("smallest peak seen", fmt_bytes(mem) if mem else "—")]
+        self.tiles.object = "<div class='tiles'>" + "".join(
+            f"<div class='tile'><div class='t-label'>{k}</div><div class='t-value'>{v}</div></div>" for k, v in tiles
+        ) + "</div>"
+
+
+_BLUES = ["#dbeafe", "#bfdbfe", "#93c5fd", "#60a5fa", "#3b82f6", "#2563eb", "#1d4ed8", "#1e40af"]

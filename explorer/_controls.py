@@ -1,0 +1,182 @@
+"""The sidebar: search controls, model picker, mesh / hardware / budget, plan files and
+saved sessions. Every control writes to the ExplorerState it is handed."""
+
+from __future__ import annotations
+
+import io
+
+import panel as pn
+import param
+
+import demo_models
+from engine._mesh import HARDWARE
+
+from ._engine import CUSTOM
+from ._widgets import bind, button, html, keyed, select, text_input
+
+
+def _section(title: str, *objects, **kw) -> pn.Column:
+    return pn.Column(html(f"<div class='side-title'>{title}</div>", margin=(10, 10, 0, 10)), *objects,
+                     sizing_mode="stretch_width", css_classes=["side-section"], **kw)
+
+
+class SearchControls(pn.viewable.Viewer):
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        s = self.state
+        self.run = button("partex-run", "▶ Run", button_type="success", sizing_mode="stretch_width")
+        self.pause = button("partex-pause", "❚❚ Pause", button_type="default", sizing_mode="stretch_width")
+        self.step = button("partex-step", "Step", button_type="default", sizing_mode="stretch_width",
+                           description="Run a fixed number of simulations, then stop")
+        self.reset = button("partex-reset", "Reset", button_type="default", sizing_mode="stretch_width",
+                            description="Start a fresh search (pins and forbids are kept)")
+        for b, fn in ((self.run, s.run), (self.pause, s.pause), (self.step, s.step), (self.reset, s.reset)):
+            b.on_click(self._timed(fn))
+        self.step_size = keyed(pn.widgets.IntInput)("partex-step-size", name="Simulations per step", start=1,
+                                                     end=100_000, sizing_mode="stretch_width")
+        self.seed = keyed(pn.widgets.IntInput)("partex-seed", name="Seed", start=0, sizing_mode="stretch_width")
+        bind(self.step_size, s, "step_size")
+        bind(self.seed, s, "seed")
+        s.param.watch(self._sync, ["running", "phase"])
+        self._sync()
+        self._panel = _section(
+            "Search",
+            pn.Row(self.run, self.pause, sizing_mode="stretch_width"),
+            pn.Row(self.step, self.reset, sizing_mode="stretch_width"),
+            pn.Row(self.step_size, self.seed, sizing_mode="stretch_width"),
+        )
+
+    def _timed(self, fn):
+        def cb(event):
+            with self.state.timed():
+                fn()
+        return cb
+
+    def _sync(self, *_):
+        s = self.state
+        ready = s.phase == "ready"
+        self.run.disabled = s.running or not ready
+        self.pause.disabled = not s.running
+        self.step.disabled = s.running or not ready
+
+    def __panel__(self):
+        return self._panel
+
+
+class ModelControls(pn.viewable.Viewer):
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        s = self.state
+        names = {f"{n} — {demo_models.MODELS[n].description}"[:60]: n for n in demo_models.MODELS}
+        names["your own model (module:attr)"] = CUSTOM
+        self.model = select("partex-model", "Model", options=names, sizing_mode="stretch_width")
+        self.preset = select("partex-preset", "Preset", options=list(s.param.preset.objects), sizing_mode="stretch_width")
+        self.overrides = text_input("partex-overrides", "Config overrides", placeholder="e.g. layers=4,batch=16",
+                                    sizing_mode="stretch_width")
+        self.custom = text_input("partex-custom", "Your model", placeholder="my_models.py:make_step or pkg.mod:attr",
+                                 sizing_mode="stretch_width",
+                                 description="A callable returning (fn, example_args) or (fn, example_args, axis_names)")
+        self.analyze = button("partex-analyze", "Analyze", button_type="primary", sizing_mode="stretch_width")
+        self.analyze.on_click(lambda e: s.load())
+        bind(self.model, s, "model_name")
+        bind(self.overrides, s, "overrides")
+        bind(self.custom, s, "custom_model")
+        s.param.watch(self._presets, ["model_name"])
+        self._presets()
+        bind(self.preset, s, "preset")
+        s.param.watch(lambda e: setattr(self.analyze, "loading", "load" in e.new), ["busy"])
+        self._panel = _section("Model", self.model, pn.Row(self.preset, self.overrides, sizing_mode="stretch_width"),
+                               self.custom, self.analyze)
+
+    def _presets(self, *_):
+        s = self.state
+        custom = s.model_name == CUSTOM
+        self.preset.options = list(s.param.preset.objects)
+        self.preset.value = s.preset
+        self.preset.disabled = self.overrides.disabled = custom
+        self.custom.visible = custom
+
+    def __panel__(self):
+        return self._panel
+
+
+class MeshControls(pn.viewable.Viewer):
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        s = self.state
+        self.mesh = text_input("partex-mesh", "Mesh (simulated)", placeholder="data=4,model=2",
+                               sizing_mode="stretch_width",
+                               description="Axis names and sizes; optionally name=size@GB/s per axis")
+        self.hardware = select("partex-hardware", "Hardware", options=list(HARDWARE), sizing_mode="stretch_width")
+        self.budget = text_input("partex-budget", "Memory budget / device", placeholder="empty: the chip's HBM",
+                                 sizing_mode="stretch_width")
+        bind(self.mesh, s, "mesh_text")
+        bind(self.hardware, s, "hardware")
+        bind(self.budget, s, "budget_text")
+        self._panel = _section(
+            "Mesh & hardware", self.mesh, pn.Row(self.hardware, self.budget, sizing_mode="stretch_width"),
+            html("<div class='hint'>Press Enter to apply: the search restarts on the new mesh, pins kept.</div>",
+                 margin=(0, 10)))
+
+    def __panel__(self):
+        return self._panel
+
+
+class FileControls(pn.viewable.Viewer):
+    """Download the best plan; upload a plan to inspect; save and load sessions."""
+
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        s = self.state
+        self.download = keyed(pn.widgets.FileDownload)(
+            "partex-download", callback=self._plan_file, filename=s.plan_filename(), label="Download plan JSON",
+            button_type="primary", sizing_mode="stretch_width", disabled=True)
+        self.upload = keyed(pn.widgets.FileInput)("partex-upload", accept=".json", multiple=False,
+                                                  sizing_mode="stretch_width")
+        self.upload.param.watch(self._on_upload, ["value"])
+        self.session = text_input("partex-session-name", "Session name", sizing_mode="stretch_width")
+        bind(self.session, s, "session_name")
+        self.save = button("partex-save", "Save", sizing_mode="stretch_width", margin=(27, 10, 5, 10))
+        self.save.on_click(lambda e: s.save_session())
+        self.saved = select("partex-sessions", "Saved sessions", options=list(s.sessions), sizing_mode="stretch_width")
+        self.load = button("partex-load", "Load", sizing_mode="stretch_width", margin=(27, 10, 5, 10))
+        self.load.on_click(lambda e: s.load_session(self.saved.value))
+        s.param.watch(self._sessions, ["sessions"])
+        s.param.watch(self._plan_ready, ["best", "workspace"])
+        self._panel = pn.Column(
+            _section("Plan file", self.download,
+                     html("<div class='hint'>Upload a plan JSON to inspect and compare it:</div>", margin=(4, 10, 0, 10)),
+                     self.upload),
+            _section("Session", pn.Row(self.session, self.save, sizing_mode="stretch_width"),
+                     pn.Row(self.saved, self.load, sizing_mode="stretch_width")),
+            sizing_mode="stretch_width",
+        )
+
+    def _plan_file(self):
+        text = self.state.plan_json()
+        return io.StringIO(text or "")
+
+    def _plan_ready(self, *_):
+        self.download.disabled = self.state.best is None
+        self.download.filename = self.state.plan_filename()
+
+    def _on_upload(self, event):
+        if event.new:
+            with self.state.timed():
+                self.state.upload_plan(event.new, self.upload.filename)
+
+    def _sessions(self, event):
+        self.saved.options = list(event.new)
+        if event.new and self.saved.value not in event.new:
+            self.saved.value = event.new[-1]
+
+    def __panel__(self):
+        return self._panel

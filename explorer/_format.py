@@ -1,0 +1,45 @@
+"""Number and PartitionSpec formatting shared by the views."""
+
+from __future__ import annotations
+
+import html
+import math
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or not math.isfinite(n):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} µs"
+
+
+def fmt_spec(spec: list) -> str:
+    """A plan's JSON spec ([null, "model"]) as the PartitionSpec a user writes."""
+    if not spec:
+        return "P()"
+    parts = []
+    for entry in spec:
+        if entry is None:
+            parts.append("None")
+        elif isinstance(entry, str):
+            parts.append(repr(entry))
+        else:
+            parts.append("(" + ", ".join(repr(a) for a in entry) + ")")
+    return f"P({', '.join(parts)})"
+
+
+def esc(text) -> str:
+    return html.escape(str(text), quote=True)

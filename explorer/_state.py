@@ -1,0 +1,652 @@
+"""The state of one explorer session (one browser tab): the model, mesh and hardware the
+user chose, the engine objects built from them, the background search, and the plans the
+views show.
+
+Views never reach for global state: each is handed an ``ExplorerState`` and reacts to its
+parameters. Slow work (tracing a model, building a search, verifying with XLA) runs in a
+worker thread; its result is handed back through ``_inbox`` and applied by ``poll``, which
+the page calls periodically in the document's own context.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import re
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+import param
+
+import demo_models
+from engine import PartexError
+from engine._mesh import HARDWARE
+
+from ._engine import (
+    ANALYSES, CUSTOM, SEARCH_IS_STANDIN, Config, GroupInfo, ModelChoice, PlanSummary, Search, Workspace,
+    demo_presets, group_infos, parse_config, split_overrides,
+)
+from ._format import fmt_bytes, fmt_time
+from ._runner import SearchRunner, SearchSnapshot
+
+log = logging.getLogger("partex.explorer")
+
+DEFAULT_MODEL = "transformer"
+DEFAULT_MESH = "data=4,model=2"
+DEFAULT_HARDWARE = "tpu-v4"
+# The tiny demo models need a few MiB per device: a budget in that range makes the
+# trade-offs visible (replicating the tiny transformer does not fit, sharding does).
+DEFAULT_BUDGET = "4MiB"
+SESSION_FORMAT = "partex-explorer-session"
+# After picking up a snapshot the page renders it and Bokeh serialises the changes; the
+# search worker keeps off the GIL that long so that the page is never held up by it.
+QUIET_SECONDS = 0.1
+APPLY_SECONDS = 0.4  # while the search runs, the page shows its progress this often
+SLOW_CALLBACK_MS = 100
+_SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """What a load job hands back: everything built for one model + configuration."""
+
+    workspace: Workspace
+    infos: dict[int, GroupInfo]
+    baselines: dict[str, PlanSummary]
+    search: Any
+    notes: tuple[str, ...] = ()
+    form: dict | None = None  # form values to show (a loaded session)
+
+
+class ExplorerState(param.Parameterized):
+    """One browser session's explorer state."""
+
+    # ---- the forms
+    model_name = param.Selector(default=DEFAULT_MODEL, objects=[*demo_models.MODELS, CUSTOM], doc="""
+        A demo model, or 'custom' for a module:attr of your own.""")
+    preset = param.Selector(default="tiny", objects=demo_presets(DEFAULT_MODEL), doc="Demo model preset.")
+    overrides = param.String(default="", doc="Demo config overrides, e.g. 'layers=4,batch=16'.")
+    custom_model = param.String(default="", doc="module:attr or path/file.py:attr returning (fn, example_args).")
+    mesh_text = param.String(default=DEFAULT_MESH, doc="Mesh axes as name=size pairs.")
+    hardware = param.Selector(default=DEFAULT_HARDWARE, objects=list(HARDWARE))
+    budget_text = param.String(default=DEFAULT_BUDGET, doc="Per-device memory budget; empty: the chip's HBM.")
+    seed = param.Integer(default=0, bounds=(0, None), doc="Seed of the search's RNG.")
+    step_size = param.Integer(default=50, bounds=(1, 100_000), doc="Simulations per Step click.")
+    session_name = param.String(default="my-session", doc="Name to save the session under.")
+
+    # ---- live state (set by the state itself)
+    phase = param.Selector(default="loading", objects=["loading", "ready", "failed"], constant=False)
+    busy = param.List(default=[], item_type=str, doc="Kinds of background jobs in flight.")
+    running = param.Boolean(default=False)
+    message = param.String(default="")
+    message_level = param.Selector(default="info", objects=["info", "success", "warning", "danger"])
+    workspace = param.Parameter(default=None, doc="The loaded Workspace.")
+    config = param.Parameter(default=None, doc="The Config in effect (the last valid form).")
+    infos = param.Dict(default={}, doc="GroupInfo per decision group.")
+    best = param.Parameter(default=None, doc="PlanSummary of the search's best plan.")
+    stats = param.Dict(default={})
+    baselines = param.Dict(default={}, doc="name -> PlanSummary.")
+    uploaded = param.Parameter(default=None, doc="PlanSummary of an uploaded plan.")
+    pins = param.List(default=[], doc="Pinned (group id, axis).")
+    forbidden = param.List(default=[], doc="Forbidden (group id, axis).")
+    selected_group = param.Integer(default=None, allow_None=True, doc="Group clicked in the graph.")
+    shown_plan = param.String(default="search", doc="The plan the plan view shows.")
+    verify_status = param.String(default="")
+    verify_result = param.Dict(default=None, allow_None=True)
+    sessions = param.List(default=[], doc="Saved sessions in the sessions folder.")
+    probe = param.String(default="{}", doc="JSON of the state, for tests and scripts.")
+    ping = param.String(default="")
+
+    def __init__(self, sessions_dir: str | os.PathLike | None = None, session_id: str = "", **params):
+        super().__init__(**params)
+        self.session_id = session_id or f"{id(self):x}"
+        self.sessions_dir = pathlib.Path(sessions_dir or os.environ.get("PARTEX_SESSIONS_DIR") or "sessions")
+        self.runner: SearchRunner | None = None
+        self._inbox: collections.deque = collections.deque()
+        self._job_gen: collections.Counter[str] = collections.Counter()
+        self._seen_version = -1
+        self._last_apply = 0.0
+        self._quiet = False  # set while the state writes its own forms
+        self._closed = False
+        self.timings = {"max_callback_ms": 0.0, "max_loop_lag_ms": 0.0, "callbacks": 0}
+        self._last_tick: float | None = None
+        self._warned_budget = False
+        self.started = time.time()
+        self.param.watch(self._on_model_name, ["model_name"])
+        self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text"])
+        self.param.watch(self._on_ping, ["ping"])
+        self.refresh_sessions()
+        self.load()
+
+    # ------------------------------------------------------------------ messages
+    def notify(self, text: str, level: str = "info") -> None:
+        """Show a one-line message on the page."""
+        self.message_level = level
+        self.message = " ".join(str(text).split())
+
+    # ------------------------------------------------------------------ jobs
+    def _submit(self, kind: str, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """Run work() in a worker thread; done(result) runs later in the page's context
+        (from poll). A newer job of one kind supersedes an older one still running."""
+        self._job_gen[kind] += 1
+        gen = self._job_gen[kind]
+        if kind not in self.busy:
+            self.busy = [*self.busy, kind]
+
+        def run():
+            try:
+                out = ("ok", work())
+            except PartexError as e:
+                out = ("error", str(e))
+            except Exception as e:  # a thread's boundary: show one line, log the traceback
+                log.exception("explorer job %s failed", kind)
+                out = ("error", f"internal error: {type(e).__name__}: {e}")
+            self._inbox.append((kind, gen, done, out))
+
+        threading.Thread(target=run, name=f"partex-{kind}-{self.session_id}", daemon=True).start()
+
+    def _drain(self) -> None:
+        while self._inbox:
+            kind, gen, done, (status, value) = self._inbox.popleft()
+            if gen != self._job_gen[kind]:
+                continue  # superseded: its result (a search, say) is dropped
+            self.busy = [b for b in self.busy if b != kind]
+            if status == "ok":
+                done(value)
+            else:
+                if kind in ("load", "session"):
+                    self.phase = "ready" if self.workspace is not None else "failed"
+                if kind == "verify":
+                    self.verify_status = "failed"
+                self.notify(value, "danger")
+
+    # ------------------------------------------------------------------ model / config
+    def model_choice(self) -> ModelChoice:
+        if self.model_name == CUSTOM:
+            spec = self.custom_model.strip()
+            if not spec:
+                raise PartexError("name your model as module:attr or path/file.py:attr (a callable that "
+                                  "returns (fn, example_args))")
+            return ModelChoice(spec, "custom", ())
+        return ModelChoice(self.model_name, self.preset, tuple(split_overrides(self.overrides)))
+
+    def _on_model_name(self, event) -> None:
+        presets = demo_presets(event.new)
+        self.param.preset.objects = presets
+        if self.preset not in presets:
+            self.preset = presets[0]
+
+    def load(self) -> None:
+        """Analyse the model in the forms on the mesh in the forms (Analyze button)."""
+        try:
+            choice = self.model_choice()
+            config = parse_config(self.mesh_text, self.hardware, self.budget_text)
+        except PartexError as e:
+            self.notify(e, "danger")
+            return
+        self.phase = "loading"
+        seed = self.seed
+        self._submit("load", lambda: _build(choice, config, seed), self._install)
+
+    def _on_config_form(self, event) -> None:
+        if self._quiet:
+            return
+        self.apply_config()
+
+    def apply_config(self) -> None:
+        """The mesh / hardware / budget form changed: a new search on the same model."""
+        try:
+            config = parse_config(self.mesh_text, self.hardware, self.budget_text)
+        except PartexError as e:
+            self.notify(e, "danger")  # the old mesh stays in effect
+            return
+        ws = self.workspace
+        if ws is None:
+            return self.load()
+        if config == self.config:
+            return
+        pins, forbidden, seed = list(self.pins), list(self.forbidden), self.seed
+        self._submit("load", lambda: _build(ws.choice, config, seed, ws.res, pins, forbidden), self._install)
+
+    def _install(self, loaded: Loaded) -> None:
+        if self.runner is not None:
+            self.runner.close(wait=0)
+        ws = loaded.workspace
+        was_running = self.running and self.workspace is not None and ws.res is self.workspace.res
+        if loaded.form:
+            self._set_forms(loaded.form)
+        with param.parameterized.batch_call_watchers(self):
+            self.workspace = ws
+            self.config = ws.config
+            self.infos = loaded.infos
+            self.baselines = loaded.baselines
+            self.best = None
+            self.stats = {}
+            self.uploaded = None if self.uploaded is None or not _same_model(self.uploaded, ws) else self.uploaded
+            self.verify_result = None
+            self.verify_status = ""
+            if self.selected_group not in loaded.infos:
+                self.selected_group = None
+            if self.shown_plan not in ("search", "uploaded", *loaded.baselines):
+                self.shown_plan = "search"
+        self._seen_version = -1
+        self._warned_budget = False
+        self.runner = SearchRunner(loaded.search, ws, session=self.session_id)
+        self.pins = list(loaded.search.pins)
+        self.forbidden = sorted(loaded.search.forbidden)
+        self.phase = "ready"
+        an = ws.an
+        c = ws.config
+        text = (f"{ws.choice.title}: {len(an.decision_groups)} decision groups, {len(an.conflicts)} "
+                f"conflict(s) on {c.mesh.text()} ({c.hw.name}, budget {fmt_bytes(c.hw.budget)})")
+        level = "success"
+        if loaded.notes:
+            text += "; " + "; ".join(loaded.notes)
+            level = "warning"
+        fits = [b for b in loaded.baselines.values() if b.report.fits]
+        if not fits:
+            smallest = min(loaded.baselines.values(), key=lambda b: b.report.memory.peak)
+            text = (f"no baseline fits the budget of {fmt_bytes(c.hw.budget)} per device (the smallest, "
+                    f"{smallest.name}, needs {fmt_bytes(smallest.report.memory.peak)}): the search may find "
+                    "no plan; raise the budget or grow the mesh")
+            level = "warning"
+        self.notify(text, level)
+        if was_running:
+            self.run()
+        self._update_probe()
+
+    def _set_forms(self, form: dict) -> None:
+        self._quiet = True
+        try:
+            for k, v in form.items():
+                if k == "preset":
+                    self.param.preset.objects = demo_presets(form.get("model_name", self.model_name))
+                setattr(self, k, v)
+        finally:
+            self._quiet = False
+
+    # ------------------------------------------------------------------ search controls
+    def _need_runner(self) -> SearchRunner | None:
+        if self.runner is None or not self.runner.alive:
+            self.notify("no search yet: wait for the model to load (or press Analyze)", "warning")
+            return None
+        return self.runner
+
+    def run(self) -> None:
+        r = self._need_runner()
+        if r:
+            r.run()
+            self.running = True
+
+    def pause(self) -> None:
+        if self.runner:
+            self.runner.pause()
+        self.running = False
+
+    def step(self) -> None:
+        r = self._need_runner()
+        if r:
+            r.step(self.step_size)
+
+    def reset(self) -> None:
+        """A fresh search on the same model and mesh; pins and forbids are kept."""
+        ws = self.workspace
+        if ws is None:
+            return self.load()
+        pins, forbidden, seed = list(self.pins), list(self.forbidden), self.seed
+        self.pause()
+        self._submit("load", lambda: _build(ws.choice, ws.config, seed, ws.res, pins, forbidden), self._install)
+
+    def _decide(self, how: str, group: int | None, axis: str | None) -> None:
+        r = self._need_runner()
+        if r is None:
+            return
+        if group is None or axis is None:
+            self.notify("choose a group (click a node in the graph) and a mesh axis", "warning")
+            return
+        an = self.workspace.an
+        lab = f"{an.groups[group].label}->{axis}"
+        def decide(s):
+            getattr(s, how)(group, axis)
+            return list(s.pins), sorted(s.forbidden)
+
+        try:
+            pins, forbidden = r.call(decide)
+        except PartexError as e:
+            self.notify(f"cannot {how} {lab}: {e}", "danger")
+            return
+        self.pins, self.forbidden = pins, forbidden
+        self._warned_budget = False
+        verb = {"pin": "pinned", "forbid": "forbade", "unpin": "released"}[how]
+        tail = "" if self.running else "; press Run to resume the search from here"
+        self.notify(f"{verb} {lab}{tail}", "info")
+        self._update_probe()
+
+    def pin(self, group: int | None, axis: str | None) -> None:
+        self._decide("pin", group, axis)
+
+    def forbid(self, group: int | None, axis: str | None) -> None:
+        self._decide("forbid", group, axis)
+
+    def unpin(self, group: int | None, axis: str | None) -> None:
+        self._decide("unpin", group, axis)
+
+    # ------------------------------------------------------------------ plans
+    def plan_summary(self, name: str | None = None) -> PlanSummary | None:
+        name = name or self.shown_plan
+        if name == "search":
+            return self.best
+        if name == "uploaded":
+            return self.uploaded
+        return self.baselines.get(name)
+
+    def plan_filename(self) -> str:
+        ws = self.workspace
+        if ws is None:
+            return "partex-plan.json"
+        mesh = ws.config.mesh.text().replace("=", "").replace(",", "-")
+        return f"partex-plan-{_slug(ws.choice.spec)}-{ws.choice.preset}-{mesh}.json"
+
+    def plan_json(self) -> str | None:
+        """The best plan's JSON (the Download button)."""
+        if self.best is None:
+            self.notify("no plan to download yet: run the search until it finds one that fits", "warning")
+            return None
+        return self.best.plan.dumps()
+
+    def upload_plan(self, data: bytes, filename: str) -> None:
+        ws = self.workspace
+        if ws is None:
+            self.notify("load a model before uploading a plan", "warning")
+            return
+        filename = filename or "uploaded plan"
+
+        def work():
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise PartexError(f"{filename} is not a text file: a plan is JSON written by partex") from None
+            try:
+                return ws.uploaded(text, filename)
+            except PartexError as e:
+                raise PartexError(f"could not read the uploaded plan: {e}") from None
+
+        self._submit("upload", work, self._uploaded)
+
+    def _uploaded(self, summary: PlanSummary) -> None:
+        self.uploaded = summary
+        self.shown_plan = "uploaded"
+        r = summary.report
+        self.notify(f"uploaded plan: {len(summary.decisions)} decisions on {summary.plan.mesh.text()}, "
+                    f"predicted step {fmt_time(r.step_time)}, peak {fmt_bytes(r.memory.peak)} per device", "success")
+        self._update_probe()
+
+    def verify(self) -> None:
+        """Compile the shown plan with XLA on simulated devices (a subprocess) and compare."""
+        summary = self.plan_summary() or self.best
+        if summary is None:
+            self.notify("nothing to verify yet: run the search or pick a baseline in the plan view", "warning")
+            return
+        if "verify" in self.busy:
+            self.notify("a verification is already running", "info")
+            return
+        choice = self.workspace.choice
+        self.verify_status = f"running: compiling the {summary.name} plan on {summary.plan.mesh.size} simulated devices"
+        self.verify_result = None
+
+        def work():
+            from engine._verify import verify
+
+            fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
+            os.close(fd)
+            try:
+                summary.plan.save(path)
+                custom = choice.spec not in demo_models.MODELS
+                out = verify(choice.spec, path, preset="tiny" if custom else choice.preset,
+                             overrides=None if custom else list(choice.overrides), timeout=600)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            out["plan"] = summary.name
+            return out
+
+        self._submit("verify", work, self._verified)
+
+    def _verified(self, out: dict) -> None:
+        self.verify_result = out
+        self.verify_status = f"done: the {out.get('plan')} plan compiled in {out.get('compile_seconds')} s"
+        self._update_probe()
+
+    # ------------------------------------------------------------------ sessions
+    def refresh_sessions(self) -> None:
+        d = self.sessions_dir
+        self.sessions = sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+
+    def save_session(self) -> None:
+        name = self.session_name.strip()
+        if not _SESSION_NAME.match(name):
+            self.notify(f"session name {name!r}: use letters, digits, '-', '_' or '.' (up to 64)", "danger")
+            return
+        r = self._need_runner()
+        if r is None:
+            return
+        ws = self.workspace
+        an = ws.an
+        try:
+            self.sessions_dir.mkdir(parents=True, exist_ok=True)
+            search_path = self.sessions_dir / f"{name}.search"
+            def save(s):
+                s.save(str(search_path))
+                return list(s.pins), sorted(s.forbidden)
+
+            pins, forbidden = r.call(save)
+            meta = {
+                "format": SESSION_FORMAT, "version": 1, "saved": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "model": ws.choice.to_json(),
+                "form": {"mesh_text": self.mesh_text, "hardware": self.hardware, "budget_text": self.budget_text,
+                         "seed": self.seed},
+                "pins": [[an.groups[g].label, a] for g, a in pins],
+                "forbidden": [[an.groups[g].label, a] for g, a in forbidden],
+                "search": search_path.name,
+                "simulations": self.stats.get("simulations", 0),
+            }
+            tmp = self.sessions_dir / f".{name}.json.tmp"
+            tmp.write_text(json.dumps(meta, indent=1))
+            os.replace(tmp, self.sessions_dir / f"{name}.json")
+        except (OSError, PartexError) as e:
+            self.notify(f"could not save session {name}: {e}", "danger")
+            return
+        self.refresh_sessions()
+        self.notify(f"saved session {name} ({meta['simulations']} simulations) to {self.sessions_dir}", "success")
+
+    def load_session(self, name: str | None) -> None:
+        if not name:
+            self.notify("choose a saved session to load", "warning")
+            return
+        path = self.sessions_dir / f"{name}.json"
+        try:
+            meta = json.loads(path.read_text())
+            if not isinstance(meta, dict) or meta.get("format") != SESSION_FORMAT:
+                raise PartexError(f"{path.name} is not a partex explorer session")
+            m = meta["model"]
+            choice = ModelChoice(m["spec"], m["preset"], tuple(m.get("overrides", ())))
+            form = dict(meta["form"])
+            config = parse_config(form["mesh_text"], form["hardware"], form["budget_text"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.notify(f"could not load session {name}: {type(e).__name__}: {e}", "danger")
+            return
+        except PartexError as e:
+            self.notify(f"could not load session {name}: {e}", "danger")
+            return
+        if choice.spec in demo_models.MODELS:
+            form.update(model_name=choice.spec, preset=choice.preset, overrides=",".join(choice.overrides))
+        else:
+            form.update(model_name=CUSTOM, custom_model=choice.spec)
+        search_path = self.sessions_dir / str(meta.get("search", f"{name}.search"))
+        self.pause()
+        self.phase = "loading"
+        self._submit("load", lambda: _restore(choice, config, form, meta, search_path), self._install)
+
+    # ------------------------------------------------------------------ the page's clock
+    def poll(self) -> None:
+        """Apply finished jobs and the search's latest snapshot (called every ~200 ms)."""
+        with self.timed():
+            self._drain()
+            r = self.runner
+            snap = r.snapshot if r is not None else None
+            now = time.perf_counter()
+            if (snap is not None and snap.version != self._seen_version
+                    and (not snap.running or snap.best is not self.best or now - self._last_apply >= APPLY_SECONDS)):
+                self._seen_version = snap.version
+                self._last_apply = now
+                r.quiet(QUIET_SECONDS)
+                self._apply(snap)
+
+    def _apply(self, snap: SearchSnapshot) -> None:
+        with param.parameterized.batch_call_watchers(self):
+            self.stats = snap.stats
+            if snap.best is not self.best:
+                self.best = snap.best
+            if list(snap.pins) != self.pins:
+                self.pins = list(snap.pins)
+            if list(snap.forbidden) != self.forbidden:
+                self.forbidden = list(snap.forbidden)
+            if self.running and self.runner is not None and not self.runner.running and not snap.running:
+                self.running = False
+        if snap.error:
+            self.running = False
+            self.notify(snap.error, "danger")
+        elif snap.best is None and snap.stats.get("simulations", 0) >= 200 and not self._warned_budget:
+            self._warned_budget = True
+            smallest = snap.stats.get("smallest_memory")
+            budget = self.config.hw.budget
+            tail = f"; the smallest predicted peak so far is {fmt_bytes(smallest)}" if smallest else ""
+            self.notify(f"no plan fits the budget of {fmt_bytes(budget)} per device after "
+                        f"{snap.stats['simulations']} simulations{tail}: raise the budget, grow the mesh "
+                        "or release a pin", "warning")
+        self._update_probe()
+
+    def tick(self, period: float) -> None:
+        """The event-loop lag monitor: called every ``period`` s; a late call means the
+        server's loop was blocked for that long."""
+        now = time.perf_counter()
+        if self._last_tick is not None and self.running:
+            lag = (now - self._last_tick - period) * 1e3
+            self.timings["max_loop_lag_ms"] = max(self.timings["max_loop_lag_ms"], lag)
+        self._last_tick = now
+
+    @contextlib.contextmanager
+    def timed(self):
+        """Measure a callback on the server's event loop (the page waits on it)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            ms = (time.perf_counter() - t0) * 1e3
+            self.timings["callbacks"] += 1
+            if ms > SLOW_CALLBACK_MS:
+                log.warning("partex: slow callback on the page's event loop: %.0f ms (session %s)",
+                            ms, self.session_id)
+            if self.running:
+                self.timings["max_callback_ms"] = max(self.timings["max_callback_ms"], ms)
+
+    def reset_timings(self) -> None:
+        self.timings.update(max_callback_ms=0.0, max_loop_lag_ms=0.0)
+
+    def _on_ping(self, event) -> None:
+        self._update_probe()
+
+    def _update_probe(self) -> None:
+        best = self.best
+        ws = self.workspace
+        an = ws.an if ws else None
+        label = (lambda d: f"{an.groups[d[0]].label}->{d[1]}") if an else str
+        out = {
+            "phase": self.phase,
+            "busy": list(self.busy),
+            "model": ws.choice.to_json() if ws else None,
+            "config": ws.config.to_json() if ws else None,
+            "running": self.running,
+            "simulations": self.stats.get("simulations", 0),
+            "best": None if best is None else {
+                "step_time": best.report.step_time, "peak": best.report.memory.peak, "fits": best.report.fits,
+                "decisions": [d.to_json() for d in best.plan.decisions], "simulation": best.simulation},
+            "history": len(self.stats.get("best_history", [])),
+            "pins": [label(d) for d in self.pins],
+            "forbidden": [label(d) for d in self.forbidden],
+            "baselines": {k: v.report.step_time for k, v in self.baselines.items()},
+            "uploaded": None if self.uploaded is None else self.uploaded.plan.mesh.text(),
+            "verify": self.verify_status,
+            "message": self.message,
+            "level": self.message_level,
+            "selected": self.selected_group,
+            "sessions": list(self.sessions),
+            "timings": {k: round(v, 1) for k, v in self.timings.items()},
+            "ping": self.ping,
+            "standin_search": SEARCH_IS_STANDIN,
+            "session": self.session_id,
+        }
+        self.probe = json.dumps(out)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """The tab closed: stop its search thread."""
+        self._closed = True
+        if self.runner is not None:
+            self.runner.close()
+
+
+# --------------------------------------------------------------------------- jobs' bodies
+
+def _build(choice: ModelChoice, config: Config, seed: int, res=None, pins=(), forbidden=()) -> Loaded:
+    if res is None:
+        res = ANALYSES.get(choice)
+    ws = Workspace(choice, res, config)
+    baselines = ws.baselines()
+    search, notes = ws.new_search(seed, pins, forbidden)
+    return Loaded(ws, group_infos(res), baselines, search, tuple(notes))
+
+
+def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search_path) -> Loaded:
+    res = ANALYSES.get(choice)
+    ws = Workspace(choice, res, config)
+    an = ws.an
+    notes = []
+    search = None
+    try:
+        search = Search.load(str(search_path))
+    except (OSError, EOFError, PartexError, ValueError, TypeError, AttributeError, ImportError) as e:
+        notes.append(f"the saved search could not be resumed ({type(e).__name__}: {e}); "
+                     "started a new one with the saved pins")
+    if search is None:
+        def ids(pairs):
+            out = []
+            for lab, axis in pairs:
+                g = an.group_by_label(lab)
+                if g is None:
+                    notes.append(f"saved decision {lab}->{axis} names a group this model lacks")
+                else:
+                    out.append((g.id, axis))
+            return out
+
+        search, dropped = ws.new_search(int(form.get("seed", 0)), ids(meta.get("pins", [])),
+                                        ids(meta.get("forbidden", [])))
+        notes += dropped
+    return Loaded(ws, group_infos(res), ws.baselines(), search, tuple(notes), form)
+
+
+def _same_model(summary: PlanSummary, ws: Workspace) -> bool:
+    from engine._plan import signature_of
+
+    return summary.plan.signature.get("inputs") == signature_of(ws.res.program)["inputs"]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
