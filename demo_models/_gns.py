@@ -36,7 +36,7 @@ class GNSConfig:
 # Retune here.
 PRESETS = {
     "tiny": GNSConfig(),
-    "full": GNSConfig(nodes=100_000, edges=1_000_000, node_feat=30, edge_feat=3, hidden=128,
+    "full": GNSConfig(nodes=800_000, edges=8_000_000, node_feat=30, edge_feat=3, hidden=128,
                       mlp_width=128, steps=10, out_feat=3, lr=1e-4),
 }
 

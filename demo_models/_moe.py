@@ -47,8 +47,8 @@ class MoEConfig:
 # Retune here.
 PRESETS = {
     "tiny": MoEConfig(),
-    "full": MoEConfig(layers=8, d_model=4096, heads=32, d_ff=16384, experts=64, vocab=32000,
-                      seq=1024, batch=64, lr=1e-4),
+    "full": MoEConfig(layers=8, d_model=4096, heads=32, d_ff=8192, experts=32, vocab=32000,
+                      seq=512, batch=64, lr=1e-4),
 }
 
 

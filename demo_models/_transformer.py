@@ -35,9 +35,9 @@ class TransformerConfig:
 
 # The benchmark sizes (PartIR/TOAST T32 and T48).  Retune here.
 T32 = TransformerConfig(layers=32, d_model=4096, heads=32, d_ff=16384, vocab=32000,
-                        seq=1024, batch=48, lr=1e-4)
+                        seq=512, batch=48, lr=1e-4)
 T48 = TransformerConfig(layers=48, d_model=8192, heads=64, d_ff=32768, vocab=32000,
-                        seq=1024, batch=64, lr=1e-4)
+                        seq=128, batch=64, lr=1e-4)
 PRESETS = {"tiny": TransformerConfig(), "full": T32, "t32": T32, "t48": T48}
 
 

@@ -24,8 +24,9 @@ from ._mesh import MeshSpec
 
 Decision = tuple[int, str]
 
-# Tensor-parallel labels in priority order (the first present of the alternatives wins).
-_TP_LABELS = (("heads",), ("ffn", "hidden"), ("vocab",), ("channels",), ("experts",))
+# Tensor-parallel labels, in decision order: attention heads, FFN / MLP hidden dims, the
+# vocabulary; for convnets the channels (output and input channels: channel parallelism).
+_TP_LABELS = ("heads", "ffn", "hidden", "vocab", "channels", "in_channels")
 
 
 def base_label(label: str) -> str:
@@ -78,14 +79,7 @@ def _dp(an, mesh):
 
 def _tp(an, mesh):
     _, model = _axes(mesh)
-    out = []
-    for alternatives in _TP_LABELS:
-        for lab in alternatives:
-            gs = groups_labelled(an, lab)
-            if gs:
-                out += [(g, model) for g in gs]
-                break
-    return out
+    return [(g, model) for lab in _TP_LABELS for g in groups_labelled(an, lab)]
 
 
 def _megatron(an, mesh):

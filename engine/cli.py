@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--state", help="where to save the resumable search state (default: OUT.search)")
     se.add_argument("--out", required=True, help="where to write the best plan JSON")
 
+    b = sub.add_parser("bench", help="hand plans, the ILP and the MCTS search side by side")
+    _add_model_args(b)
+    _add_mesh_args(b)
+    b.add_argument("--budget", type=float, default=60.0, help="MCTS search seconds (default 60)")
+    b.add_argument("--ilp-time", type=float, default=30.0, help="ILP solver time limit in seconds (default 30)")
+    b.add_argument("--seed", type=int, default=0, help="RNG seed of the search (default 0)")
+    b.add_argument("--out-dir", help="also write each row's plan JSON here")
+
     v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
     _add_model_args(v)
     v.add_argument("plan", help="plan JSON written by `partex plan` or `partex search`")
@@ -298,7 +306,73 @@ def cmd_search(args) -> int:
     return 0
 
 
-COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search}
+def cmd_bench(args) -> int:
+    import os
+
+    from . import analyze_model
+    from ._ilp import solve_ilp
+    from ._plan import make_plan
+    from ._search import Search
+    from ._strategies import baseline_names, strategy_decisions
+
+    mesh, hw = mesh_and_hardware(args)
+    res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
+    search = Search(res, mesh, hw, seed=args.seed)
+    cm = search.cm
+    rows, plans = [], {}
+
+    def row(name, decisions, report, search_s, **extra):
+        rows.append({"strategy": name, "step_time_s": report.step_time if report else None,
+                     "mfu": report.mfu if report else None,
+                     "memory_bytes": report.memory.peak if report else None,
+                     "fits": bool(report.fits) if report else False, "search_s": search_s, **extra})
+        if report is not None:
+            plans[name] = decisions
+
+    for name in baseline_names(res.analysis):
+        dec = strategy_decisions(name, res.analysis, mesh)
+        row(name, dec, cm.evaluate(dec), 0.0)
+    ilp = solve_ilp(cm, time_limit=args.ilp_time)
+    row("ilp", list(ilp.decisions), ilp.report, ilp.solve_seconds, status=ilp.status,
+        build_s=ilp.build_seconds)
+    progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
+    try:
+        search.run(args.budget, callback=progress)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        progress.close()
+    best = search.best()
+    st = search.stats()
+    row("mcts", list(best.decisions) if best else [], best.report if best else None,
+        best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
+        smallest_memory=st["smallest_memory"])
+    hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "replicated")]
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        for name, dec in plans.items():
+            make_plan(res, mesh, hw, dec, strategy=name, donate=search.donate, cost_model=cm).save(
+                os.path.join(args.out_dir, f"{name}.json"))
+    if args.json:
+        print(json.dumps({"model": res.model.name, "preset": res.model.preset, "mesh": mesh.text(),
+                          "hardware": hw.name, "budget_bytes": hw.budget, "rows": rows}))
+        return 0
+    print(f"{res.model.name} ({res.model.preset}) on {mesh.text()}, {hw.name}, budget {_fmt_bytes(hw.budget)}")
+    print(f"  {'strategy':<11} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}")
+    for r in rows:
+        t = f"{r['step_time_s'] * 1e3:.3f} ms" if r["step_time_s"] is not None else "-"
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        mem = _fmt_bytes(r["memory_bytes"]) if r["memory_bytes"] is not None else "-"
+        ss = f"{r['search_s']:.1f}" if r["search_s"] is not None else "-"
+        print(f"  {r['strategy']:<11} {t:>12} {mfu:>7} {mem:>11} {('yes' if r['fits'] else 'NO'):>5} {ss:>9}")
+    mc = rows[-1]
+    if mc["fits"] and hand:
+        print(f"mcts / best hand plan: {mc['step_time_s'] / min(hand):.3f}x")
+    return 0
+
+
+COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search,
+            "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,20 +1,13 @@
 """The named-dimension graph: decision groups as nodes (sized by the bytes their tensors
 hold, coloured by the mesh axis the current plan gives them), edges where two groups meet
 in one tensor, conflicts in red; and the decision panel beside it (what a group is, where
-it comes from, its conflicts, and the pin / forbid form).
-
-Legibility: the graph shows decision groups, not named dimensions, so an unrolled stack of
-layers is one node per role ("ffn x2 layers"), and at most ``MAX_NODES`` of them (the
-heaviest); each node keeps its ``MAX_EDGES_PER_NODE`` heaviest edges. The layout is
-Kamada-Kawai with short springs for heavy co-occurrence, seeded and deterministic.
+it comes from, its conflicts, and the pin / forbid form). Node positions: ``_layout``.
 """
 
 from __future__ import annotations
 
 import math
 
-import networkx as nx
-import numpy as np
 import panel as pn
 import param
 from bokeh.models import (
@@ -26,8 +19,6 @@ from ._engine import GroupInfo, short_source
 from ._format import esc, fmt_bytes
 from ._widgets import button, html, select
 
-MAX_NODES = 24
-MAX_EDGES_PER_NODE = 4
 AXIS_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777", "#0891b2"]
 UNSHARDED = "#cbd5e1"
 CONFLICT = "#dc2626"
@@ -47,37 +38,6 @@ def assignment(state) -> dict[int, list[str]]:
     return out
 
 
-def layout(an, infos: dict[int, GroupInfo]) -> tuple[list[int], dict[int, tuple[float, float]], list[tuple[int, int, int]]]:
-    """Nodes shown, their positions in [-1, 1]^2, and the edges kept (g1, g2, bytes)."""
-    nodes = [g.id for g in sorted(an.decision_groups, key=lambda g: -g.bytes)][:MAX_NODES]
-    shown = set(nodes)
-    pairs = [(a, b, n) for (a, b), n in an.cooccur.items() if a in shown and b in shown and n > 0]
-    keep = set()
-    for g in nodes:
-        mine = sorted((p for p in pairs if g in p[:2]), key=lambda p: -p[2])[:MAX_EDGES_PER_NODE]
-        keep.update((a, b) for a, b, _ in mine)
-    edges = [(a, b, n) for a, b, n in pairs if (a, b) in keep]
-    G = nx.Graph()
-    G.add_nodes_from(nodes)
-    if edges:
-        lo = math.log(min(n for *_, n in edges))
-        hi = math.log(max(n for *_, n in edges))
-        for a, b, n in edges:
-            w = (math.log(n) - lo) / (hi - lo) if hi > lo else 1.0
-            G.add_edge(a, b, dist=1.6 - 0.8 * w)  # heavier co-occurrence, shorter spring
-    if len(nodes) == 1:
-        pos = {nodes[0]: np.zeros(2)}
-    elif nx.is_connected(G):
-        pos = nx.kamada_kawai_layout(G, weight="dist")
-    else:
-        pos = nx.spring_layout(G, seed=0, weight=None, k=1.2 / math.sqrt(len(nodes)))
-    xy = np.array([pos[g] for g in nodes], dtype=float)
-    xy -= xy.mean(axis=0)
-    span = np.abs(xy).max() or 1.0
-    xy /= span
-    return nodes, {g: (float(x), float(y)) for g, (x, y) in zip(nodes, xy)}, edges
-
-
 class GraphView(pn.viewable.Viewer):
     """Bokeh graph of decision groups; click a node to inspect (and pin) it."""
 
@@ -85,9 +45,10 @@ class GraphView(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._nodes: list[int] = []
+        self._nodes: tuple[int, ...] = ()
         self._pos: dict = {}
-        self._edges: list = []
+        self._edges: tuple = ()
+        self._hidden = 0
         self.node_src = ColumnDataSource(data=self._empty_nodes())
         self.edge_src = ColumnDataSource(data=dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[],
                                                    pair=[], bytes=[], note=[]))
@@ -95,7 +56,7 @@ class GraphView(pn.viewable.Viewer):
         self.legend = html(sizing_mode="stretch_width", margin=(0, 10))
         self.node_src.selected.on_change("indices", self._on_tap)
         s = self.state
-        s.param.watch(self._rebuild, ["infos"])
+        s.param.watch(self._rebuild, ["graph"])
         s.param.watch(self._restyle, ["best", "pins", "forbidden"])
         s.param.watch(self._select_from_state, ["selected_group"])
         self._rebuild()
@@ -139,11 +100,11 @@ class GraphView(pn.viewable.Viewer):
 
     # ------------------------------------------------------------------ data
     def _rebuild(self, *_):
-        ws = self.state.workspace
-        if ws is None or not self.state.infos:
+        g = self.state.graph
+        if g is None:
             self.node_src.data = self._empty_nodes()
             return
-        self._nodes, self._pos, self._edges = layout(ws.an, self.state.infos)
+        self._nodes, self._pos, self._edges, self._hidden = g.nodes, g.pos, g.edges, g.hidden
         self._restyle()
 
     def _restyle(self, *_):
@@ -207,7 +168,7 @@ class GraphView(pn.viewable.Viewer):
         self.edge_src.data = e
         colors_html = "".join(f'<span class="lg"><i style="background:{c}"></i>{esc(a)}</span>'
                               for a, c in colors.items())
-        hidden = len(an.decision_groups) - len(self._nodes)
+        hidden = self._hidden
         more = f'<span class="lg muted">{hidden} smaller groups not drawn</span>' if hidden > 0 else ""
         self.legend.object = (
             f'<div class="legend">{colors_html}<span class="lg"><i style="background:{UNSHARDED}"></i>unsharded</span>'

@@ -34,6 +34,7 @@ from ._engine import (
     demo_presets, group_infos, parse_config, split_overrides,
 )
 from ._format import fmt_bytes, fmt_time
+from ._layout import GraphLayout, graph_layout
 from ._runner import SearchRunner, SearchSnapshot
 
 log = logging.getLogger("partex.explorer")
@@ -59,6 +60,7 @@ class Loaded:
 
     workspace: Workspace
     infos: dict[int, GroupInfo]
+    graph: GraphLayout
     baselines: dict[str, PlanSummary]
     search: Any
     notes: tuple[str, ...] = ()
@@ -90,6 +92,7 @@ class ExplorerState(param.Parameterized):
     workspace = param.Parameter(default=None, doc="The loaded Workspace.")
     config = param.Parameter(default=None, doc="The Config in effect (the last valid form).")
     infos = param.Dict(default={}, doc="GroupInfo per decision group.")
+    graph = param.Parameter(default=None, doc="GraphLayout of the named-dimension graph.")
     best = param.Parameter(default=None, doc="PlanSummary of the search's best plan.")
     stats = param.Dict(default={})
     baselines = param.Dict(default={}, doc="name -> PlanSummary.")
@@ -226,6 +229,7 @@ class ExplorerState(param.Parameterized):
             self.workspace = ws
             self.config = ws.config
             self.infos = loaded.infos
+            self.graph = loaded.graph
             self.baselines = loaded.baselines
             self.best = None
             self.stats = {}
@@ -611,7 +615,7 @@ def _build(choice: ModelChoice, config: Config, seed: int, res=None, pins=(), fo
     ws = Workspace(choice, res, config)
     baselines = ws.baselines()
     search, notes = ws.new_search(seed, pins, forbidden)
-    return Loaded(ws, group_infos(res), baselines, search, tuple(notes))
+    return Loaded(ws, group_infos(res), graph_layout(res.analysis), baselines, search, tuple(notes))
 
 
 def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search_path) -> Loaded:
@@ -639,7 +643,7 @@ def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search
         search, dropped = ws.new_search(int(form.get("seed", 0)), ids(meta.get("pins", [])),
                                         ids(meta.get("forbidden", [])))
         notes += dropped
-    return Loaded(ws, group_infos(res), ws.baselines(), search, tuple(notes), form)
+    return Loaded(ws, group_infos(res), graph_layout(res.analysis), ws.baselines(), search, tuple(notes), form)
 
 
 def _same_model(summary: PlanSummary, ws: Workspace) -> bool:

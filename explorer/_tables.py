@@ -5,17 +5,42 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import panel as pn
 import param
+from bokeh.models import ColumnDataSource, DataTable, HTMLTemplateFormatter, TableColumn
 
 from ._charts import plan_rows
 from ._engine import short_source
 from ._format import esc, fmt_bytes, fmt_spec, fmt_time
 from ._widgets import button, html, keyed
 
-_TABLE = dict(show_index=False, disabled=True, sizing_mode="stretch_width", theme="simple",
-              layout="fit_data_stretch", stylesheets=[":host .tabulator {font-size: 12.5px;}"])
+_TABLE_CSS = """
+:host { font-size: 12.5px; }
+.slick-header-column { background: #f8fafc !important; font-weight: 600; color: #334155; }
+.slick-cell { border-color: #eef2f7 !important; }
+"""
+
+
+class Table:
+    """A Bokeh DataTable over one ColumnDataSource: replacing the rows is one property
+    change (cheap to send while the search runs)."""
+
+    def __init__(self, name: str, columns: list[tuple[str, str, int]], height: int, html_fields=()):
+        self.fields = [f for f, _, _ in columns]
+        self.source = ColumnDataSource({f: [] for f in self.fields})
+        cols = []
+        for f, title, width in columns:
+            extra = {"formatter": HTMLTemplateFormatter(template="<%= value %>")} if f in html_fields else {}
+            cols.append(TableColumn(field=f, title=title, width=width, **extra))
+        self.table = DataTable(source=self.source, columns=cols, height=height, index_position=None,
+                               sizing_mode="stretch_width", autosize_mode="fit_columns", name=name,
+                               row_height=24, reorderable=False)
+        self.pane = pn.pane.Bokeh(self.table, sizing_mode="stretch_width")
+
+    def update(self, rows: list[tuple]) -> None:
+        data = {f: [r[i] for r in rows] for i, f in enumerate(self.fields)}
+        if data != dict(self.source.data):
+            self.source.data = data
 
 
 class PlanView(pn.viewable.Viewer):
@@ -30,11 +55,13 @@ class PlanView(pn.viewable.Viewer):
                                                           button_type="primary", button_style="outline")
         self.which.param.watch(self._on_which, ["value"])
         self.header = html(sizing_mode="stretch_width", margin=(4, 10))
-        self.specs = pn.widgets.Tabulator(pd.DataFrame(columns=["path", "shape", "dtype", "PartitionSpec", "per device"]),
-                                          height=330, pagination=None, header_filters={"path": {"type": "input", "func": "like", "placeholder": "filter paths"}},
-                                          **_TABLE)
-        self.colls = pn.widgets.Tabulator(pd.DataFrame(columns=["collective", "axes", "bytes", "count", "time", "cause", "source"]),
-                                          height=330, pagination=None, **_TABLE)
+        self.specs = Table("partex-plan-specs", [("path", "pytree path", 210), ("shape", "shape", 90),
+                                                 ("dtype", "dtype", 55), ("spec", "PartitionSpec", 150),
+                                                 ("local", "per device", 75)], height=340)
+        self.colls = Table("partex-plan-collectives", [("kind", "collective", 90), ("axes", "axes", 60),
+                                                       ("bytes", "bytes", 70), ("count", "count", 45),
+                                                       ("time", "time", 65), ("cause", "cause", 70),
+                                                       ("source", "source", 190)], height=340)
         s.param.watch(self._choices, ["best", "uploaded", "baselines"])
         s.param.watch(self._render, ["shown_plan", "best", "uploaded", "baselines"])
         s.param.watch(lambda e: setattr(self.which, "value", e.new), ["shown_plan"])
@@ -43,10 +70,10 @@ class PlanView(pn.viewable.Viewer):
         self._panel = pn.Column(
             pn.Row(self.which, sizing_mode="stretch_width"),
             self.header,
-            pn.Row(pn.Column(html("<h4 class='sub'>Inputs: pytree path → PartitionSpec</h4>"), self.specs,
+            pn.Row(pn.Column(html("<h4 class='sub'>Inputs: pytree path → PartitionSpec</h4>"), self.specs.pane,
                              sizing_mode="stretch_width"),
-                   pn.Column(html("<h4 class='sub'>Collectives it implies (per step)</h4>"), self.colls,
-                             sizing_mode="stretch_width"),
+                   pn.Column(html("<h4 class='sub'>Collectives it implies (per step, slowest first)</h4>"),
+                             self.colls.pane, sizing_mode="stretch_width"),
                    sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         )
@@ -73,8 +100,8 @@ class PlanView(pn.viewable.Viewer):
         if summary is None or ws is None:
             self.header.object = ("<div class='muted'>No plan yet: press <b>Run</b> and the search's best plan "
                                   "appears here (or pick a baseline).</div>")
-            self.specs.value = self.specs.value.iloc[0:0]
-            self.colls.value = self.colls.value.iloc[0:0]
+            self.specs.update([])
+            self.colls.update([])
             return
         plan = summary.plan
         r = summary.report
@@ -97,12 +124,10 @@ class PlanView(pn.viewable.Viewer):
                     n *= mesh.axis_size(a)
             nbytes = math.prod(shape) * _itemsize(dtype)
             rows.append((path, str(tuple(shape)), dtype, fmt_spec(spec), fmt_bytes(nbytes / n)))
-        self.specs.value = pd.DataFrame(rows, columns=["path", "shape", "dtype", "PartitionSpec", "per device"])
+        self.specs.update(rows)
         colls = sorted(r.collectives, key=lambda c: -c.time)
-        self.colls.value = pd.DataFrame(
-            [(c.kind, ",".join(c.axes), fmt_bytes(c.bytes), c.count, fmt_time(c.time), c.cause,
-              short_source(c.source) if c.source else f"op {c.op}") for c in colls],
-            columns=["collective", "axes", "bytes", "count", "time", "cause", "source"])
+        self.colls.update([(c.kind, ",".join(c.axes), fmt_bytes(c.bytes), c.count, fmt_time(c.time), c.cause,
+                            short_source(c.source) if c.source else f"op {c.op}") for c in colls])
 
 
 def _itemsize(dtype: str) -> int:
@@ -121,12 +146,16 @@ class BaselinesView(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.table = pn.widgets.Tabulator(pd.DataFrame(), height=250, pagination=None, **_TABLE)
+        self.table = Table("partex-baselines", [("plan", "plan", 95), ("step", "step time", 70),
+                                                ("speed", "vs replicated", 80), ("mfu", "MFU", 50),
+                                                ("comm", "communication", 85), ("peak", "peak memory", 80),
+                                                ("fits", "fits", 55), ("decisions", "decisions", 260)],
+                           height=230, html_fields=("fits",))
         self.state.param.watch(self._render, ["best", "uploaded", "baselines"])
         self._render()
 
     def __panel__(self):
-        return self.table
+        return self.table.pane
 
     def _render(self, *_):
         s = self.state
@@ -136,14 +165,12 @@ class BaselinesView(pn.viewable.Viewer):
         for name, r in rows:
             rep = r.report
             speed = f"{ref.report.step_time / rep.step_time:.2f}×" if ref and rep.step_time else "-"
-            out.append({
-                "plan": name, "step time": fmt_time(rep.step_time), "vs replicated": speed, "MFU": f"{rep.mfu:.1%}",
-                "communication": fmt_time(rep.comm_time), "peak memory": fmt_bytes(rep.memory.peak),
-                "fits": "✓" if rep.fits else "✗ over",
-                "decisions": ", ".join(f"{d.group}→{d.axis}" for d in r.plan.decisions) or "—",
-            })
-        self.table.value = pd.DataFrame(out, columns=["plan", "step time", "vs replicated", "MFU", "communication",
-                                                      "peak memory", "fits", "decisions"])
+            fits = ("<span style='color:#059669'>✓ fits</span>" if rep.fits
+                    else "<span style='color:#dc2626;font-weight:600'>✗ over</span>")
+            out.append((name, fmt_time(rep.step_time), speed, f"{rep.mfu:.1%}", fmt_time(rep.comm_time),
+                        fmt_bytes(rep.memory.peak), fits,
+                        ", ".join(f"{d.group}→{d.axis}" for d in r.plan.decisions) or "—"))
+        self.table.update(out)
 
 
 class VerifyView(pn.viewable.Viewer):
@@ -160,11 +187,12 @@ class VerifyView(pn.viewable.Viewer):
         self.btn.on_click(lambda e: s.verify())
         self.status = html(sizing_mode="stretch_width", name="verify-status")
         self.spinner = pn.indicators.LoadingSpinner(value=False, size=22, visible=False, margin=(12, 4))
-        self.table = pn.widgets.Tabulator(pd.DataFrame(), height=240, pagination=None, **_TABLE)
+        self.table = Table("partex-verify-table", [("quantity", "quantity", 170), ("predicted", "predicted", 90),
+                                                   ("xla", "XLA", 90), ("ratio", "predicted / XLA", 90)], height=200)
         s.param.watch(self._render, ["verify_result", "verify_status", "busy", "shown_plan"])
         self._render()
         self._panel = pn.Column(pn.Row(self.btn, self.spinner, self.status, sizing_mode="stretch_width"),
-                                self.table, sizing_mode="stretch_width")
+                                self.table.pane, sizing_mode="stretch_width")
 
     def __panel__(self):
         return self._panel
@@ -180,13 +208,11 @@ class VerifyView(pn.viewable.Viewer):
         self.status.object = f"<div class='muted' style='padding-top:8px'>{status}</div>"
         out = s.verify_result
         if not out:
-            self.table.value = pd.DataFrame(columns=["quantity", "predicted", "XLA", "predicted / XLA"])
+            self.table.update([])
             return
         rows = [("peak memory per device", out["memory"]["predicted"], out["memory"]["xla"], out["memory"]["ratio"]),
                 ("arguments per device", out["arguments"]["predicted"], out["arguments"]["xla"], out["arguments"]["ratio"])]
         for kind, c in out["collectives"].items():
             if c["predicted_bytes"] or c["xla_bytes"]:
                 rows.append((f"{kind} bytes", c["predicted_bytes"], c["xla_bytes"], c["ratio"]))
-        self.table.value = pd.DataFrame(
-            [(q, fmt_bytes(p), fmt_bytes(x), "-" if r is None else f"{r:.2f}") for q, p, x, r in rows],
-            columns=["quantity", "predicted", "XLA", "predicted / XLA"])
+        self.table.update([(q, fmt_bytes(p), fmt_bytes(x), "-" if r is None else f"{r:.2f}") for q, p, x, r in rows])

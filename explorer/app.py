@@ -22,6 +22,7 @@ if not _log.handlers:  # the server's log shows the explorer's own lines (thread
     _handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     _log.addHandler(_handler)
     _log.setLevel(logging.INFO)
+    _log.propagate = False
 
-pn.extension("tabulator", notifications=False)
+pn.extension(notifications=False)
 create_app().servable(title="partex explorer")

@@ -142,11 +142,11 @@ def test_full_preset_is_abstract_and_traces(name, preset, overrides):
 def test_t32_t48_sizes():
     t32 = build("transformer", "t32").config
     assert (t32.layers, t32.d_model, t32.heads, t32.d_ff, t32.vocab, t32.batch, t32.seq) == \
-        (32, 4096, 32, 16384, 32000, 48, 1024)
+        (32, 4096, 32, 16384, 32000, 48, 512)
     t48 = build("transformer-scan", "t48")
     c = t48.config
     assert (c.layers, c.d_model, c.heads, c.d_ff, c.vocab, c.batch, c.seq) == \
-        (48, 8192, 64, 32768, 32000, 64, 1024)
+        (48, 8192, 64, 32768, 32000, 64, 128)
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(t48.args[0]))
     assert 38e9 < n < 41e9
 
