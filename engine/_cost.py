@@ -157,6 +157,7 @@ class _Pattern:
     flops: float
     free: bool
     slot_tensors: tuple[tuple[int, ...], ...] = ()  # per factor: the tensors it spans
+    cheap: tuple[bool, ...] = ()  # per operand: made locally at any sharding for free
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
 
@@ -195,6 +196,12 @@ class CostModel:
         self.vsig = vsig
 
         # ---- op patterns
+        # values any device can make locally at any sharding (broadcast scalars, iotas):
+        # resharding them costs nothing, XLA just builds them at the sharding wanted
+        cheap = [v.producer != NO_PRODUCER and (
+            p.ops[v.producer].primitive == "iota"
+            or (p.ops[v.producer].primitive == "broadcast_in_dim"
+                and not values[p.ops[v.producer].inputs[0]].shape)) for v in values]
         pat_index: dict[tuple, int] = {}
         self.patterns: list[_Pattern] = []
         self.op_pattern = np.zeros(len(p.ops), dtype=np.int64)
@@ -212,7 +219,11 @@ class CostModel:
                     node = (base[op.inputs[i]] + d) if i is not None else (base[op.outputs[f.results[0][0]]] + f.results[0][1])
                     g = int(gnd[nd[node]]) if nd[node] != NO_DIM else NO_DIM
                 fkeys.append((int(f.kind), f.size, g))
-                ftensors.append(tuple(sorted({i for i, _ in f.operands} | {n_in + j for j, _ in f.results})))
+                spans = {i for i, _ in f.operands} | {n_in + j for j, _ in f.results}
+                if f.kind == FactorKind.REDUCTION:
+                    # partial sums over an axis leave the results unshardable along it
+                    spans |= {n_in + j for j in range(len(op.outputs))}
+                ftensors.append(tuple(sorted(spans)))
                 for i, d in f.operands:
                     dim_factor_in[i][d] = k
                 for j, d in f.results:
@@ -224,7 +235,7 @@ class CostModel:
             key = (tuple(fkeys),
                    tuple((int(vsig[i]), tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),
                    tuple((int(vsig[o]), tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),
-                   op.primitive in _FREE, flops, tuple(ftensors))
+                   op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs))
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -232,7 +243,7 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3], key[5]))
+                    flops, key[3], key[5], key[6]))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
@@ -422,7 +433,8 @@ class CostModel:
             ospec = [fax[k] if k >= 0 else [] for k in fmap]
             local_bytes += nb / self._shard(ospec)
             n0 = len(colls)
-            self._reshard(vspec, ospec, nb, self.sigs[sig], colls)
+            if not pat.cheap[i]:
+                self._reshard(vspec, ospec, nb, self.sigs[sig], colls)
             key = tuple(tuple(a) for a in ospec)
             view = nb / self._shard(ospec)  # the resharded buffer the op reads
             colls[n0:] = [c + (i, key, view) for c in colls[n0:]]

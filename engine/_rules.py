@@ -501,9 +501,16 @@ def _gather(params, ins, outs):
     return _keep(fs)
 
 
-@register("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min",
-          "scatter_min", "scatter-max", "scatter_max", "scatter-sub", "scatter_sub")
-def _scatter(params, ins, outs):
+_SCATTER_REDUCE = {"scatter-add": "sum", "scatter_add": "sum", "scatter-sub": "sum", "scatter_sub": "sum",
+                   "scatter-mul": "prod", "scatter_mul": "prod", "scatter-min": "min", "scatter_min": "min",
+                   "scatter-max": "max", "scatter_max": "max"}
+
+
+def _scatter_rule(primitive: str):
+    return lambda params, ins, outs: _scatter(primitive, params, ins, outs)
+
+
+def _scatter(primitive, params, ins, outs):
     dn = params["dimension_numbers"]
     x, idx, upd = ins[0], ins[1], ins[2]
     window = list(dn.update_window_dims)
@@ -537,15 +544,26 @@ def _scatter(params, ins, outs):
             fs.append(_f(s, P, [(0, d)], [(0, d)]))
         else:
             fs.append(_f(s, P, [(0, d)], [(0, d)]))
+    # Updates spread over the scatter dims land anywhere in the operand: sharding them
+    # leaves each device a partial result (combined by the scatter's own operator); an
+    # overwriting scatter cannot be split that way.
+    reduce = _SCATTER_REDUCE.get(primitive)
     for i, u in upd_of_idx.items():
         if i not in merged:
-            fs.append(_f(upd[u], P, [(2, u), (1, i)]))
+            if reduce is None:
+                fs.append(_f(upd[u], N, [(2, u), (1, i)]))
+            else:
+                fs.append(_f(upd[u], R, [(2, u), (1, i)], reduce=reduce))
     for u in window:
         if u not in tied_op.values():
             fs.append(_f(upd[u], N, [(2, u)]))
     if len(idx) and idx[-1] > 1:
         fs.append(_f(idx[-1], N, [(1, len(idx) - 1)]))
     return _keep(fs)
+
+
+for _name in ("scatter", *_SCATTER_REDUCE):
+    factor_rules[_name] = _scatter_rule(_name)
 
 
 # --------------------------------------------------------------------------- windows

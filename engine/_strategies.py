@@ -38,7 +38,8 @@ def groups_labelled(an: Analysis, *labels: str) -> list[int]:
 
 
 def batch_groups(an: Analysis) -> list[int]:
-    """Groups of dim 0 of every leaf of the last positional argument (the batch)."""
+    """Groups of dim 0 of every leaf of the last positional argument (the batch), largest
+    first (a graph's edges before its nodes: the bigger tensors keep the axis)."""
     p = an.program
     last = p.input_paths[-1].split("/")[0] if p.input_paths else ""
     out = []
@@ -48,7 +49,7 @@ def batch_groups(an: Analysis) -> list[int]:
             g = an.group_of(vid, 0)
             if g != NO_DIM and g in decidable and g not in out:
                 out.append(g)
-    return out
+    return sorted(out, key=lambda g: -an.groups[g].bytes)
 
 
 def param_group_bytes(an: Analysis) -> collections.Counter:

@@ -13,7 +13,8 @@ from ._controls import FileControls, MeshControls, ModelControls, SearchControls
 from ._graph import DecisionView, GraphView
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
-from ._widgets import CSS, html, keyed, text_input
+from ._format import esc
+from ._widgets import CSS, html, text_input
 
 log = logging.getLogger("partex.explorer")
 
@@ -22,11 +23,14 @@ TICK_MS = 100  # the event-loop lag monitor's period
 ACCENT = "#1d4ed8"
 
 
-def _card(title: str, body, subtitle: str = "", **kw) -> pn.Card:
-    head = f"<div class='card-title'>{title}</div>" + (f"<div class='card-sub'>{subtitle}</div>" if subtitle else "")
+def _card(title: str, body, subtitle: str = "", **kw) -> pn.Column:
+    """A titled panel. (A pn.Card would do, but Bokeh's DataTable fails to render inside
+    one: "SlickGrid Cannot find stylesheet".)"""
+    head = f"<div class='card-head'><span class='card-title'>{title}</span>" + (
+        f"<span class='card-sub'>{subtitle}</span>" if subtitle else "") + "</div>"
     kw.setdefault("sizing_mode", "stretch_width")
-    return pn.Card(body, header=html(head, margin=(2, 6)), collapsible=False, css_classes=["px-card"],
-                   stylesheets=[CSS], margin=(6, 6), **kw)
+    return pn.Column(html(head, sizing_mode="stretch_width", margin=(0, 0)), body, css_classes=["px-card"],
+                     stylesheets=[CSS], margin=(6, 6), **kw)
 
 
 class ProbeView(pn.viewable.Viewer):
@@ -51,13 +55,12 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     session_id = ctx.id[:8] if ctx is not None else ""
     state = ExplorerState(sessions_dir=sessions_dir, session_id=session_id)
 
-    alert = keyed(pn.pane.Alert)("partex-alert", "", alert_type="info", sizing_mode="stretch_width",
-                                 visible=False, margin=(4, 6))
+    alert = html(name="partex-alert", margin=(4, 6))
 
     def show_message(*_):
-        alert.object = state.message
-        alert.alert_type = state.message_level
-        alert.visible = bool(state.message)
+        icon = {"success": "✓", "info": "ℹ", "warning": "⚠", "danger": "✕"}[state.message_level]
+        alert.object = (f"<div class='alert {state.message_level}' role='alert'><b>{icon}</b> {esc(state.message)}</div>"
+                        if state.message else "")
 
     state.param.watch(show_message, ["message", "message_level"])
     show_message()

@@ -76,8 +76,8 @@ class KpiView(pn.viewable.Viewer):
         if best is not None:
             r = best.report
             fitting = [b.report.step_time for b in s.baselines.values() if b.report.fits]
-            vs = (f"{min(fitting) / r.step_time:.2f}× the best fitting baseline" if fitting
-                  else "no baseline fits")
+            vs = (f"{min(fitting) / r.step_time:.2f}× vs the best baseline" if fitting
+                  else "no baseline fits the budget")
             step = (fmt_time(r.step_time), vs)
             mfu = (f"{r.mfu:.1%}", "of peak FLOP/s (predicted)")
             mem = (fmt_bytes(r.memory.peak), f"of {fmt_bytes(r.budget)} budget per device")

@@ -71,9 +71,11 @@ class ModelControls(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         s = self.state
-        names = {f"{n} — {demo_models.MODELS[n].description}"[:60]: n for n in demo_models.MODELS}
-        names["your own model (module:attr)"] = CUSTOM
-        self.model = select("partex-model", "Model", options=names, sizing_mode="stretch_width")
+        names = {f"{n} (demo)": n for n in demo_models.MODELS}
+        names["your own model: module:attr"] = CUSTOM
+        about = "; ".join(f"**{n}**: {m.description}" for n, m in demo_models.MODELS.items())
+        self.model = select("partex-model", "Model", options=names, sizing_mode="stretch_width",
+                            description=about)
         self.preset = select("partex-preset", "Preset", options=list(s.param.preset.objects), sizing_mode="stretch_width")
         self.overrides = text_input("partex-overrides", "Config overrides", placeholder="e.g. layers=4,batch=16",
                                     sizing_mode="stretch_width")
@@ -114,7 +116,7 @@ class MeshControls(pn.viewable.Viewer):
                                sizing_mode="stretch_width",
                                description="Axis names and sizes; optionally name=size@GB/s per axis")
         self.hardware = select("partex-hardware", "Hardware", options=list(HARDWARE), sizing_mode="stretch_width")
-        self.budget = text_input("partex-budget", "Memory budget / device", placeholder="empty: the chip's HBM",
+        self.budget = text_input("partex-budget", "Budget / device", placeholder="empty: the chip's HBM",
                                  sizing_mode="stretch_width")
         bind(self.mesh, s, "mesh_text")
         bind(self.hardware, s, "hardware")

@@ -76,7 +76,7 @@ class GraphView(pn.viewable.Viewer):
 
     def _figure(self):
         p = figure(name="partex-graph", tools="", toolbar_location=None, sizing_mode="stretch_both",
-                   x_range=Range1d(-1.35, 1.35), y_range=Range1d(-1.3, 1.35), min_border=4,
+                   x_range=Range1d(-1.75, 1.75), y_range=Range1d(-1.38, 1.2), min_border=4,
                    outline_line_color=None, background_fill_color=None, border_fill_color=None)
         p.xaxis.visible = p.yaxis.visible = False
         p.xgrid.visible = p.ygrid.visible = False
@@ -89,10 +89,11 @@ class GraphView(pn.viewable.Viewer):
                           nonselection_line_alpha=0.6)
         p.text("x", "y", text="badge", source=self.node_src, text_align="center", text_baseline="middle",
                text_color="white", text_font_size="11px", text_font_style="bold")
+        label_bg = dict(background_fill_color="#ffffff", background_fill_alpha=0.8, padding=1)
         p.text("x", "y", text="label", source=self.node_src, y_offset="label_dy", text_align="center",
-               text_baseline="top", text_font_size="13px", text_font_style="bold", text_color="#0f172a")
+               text_baseline="top", text_font_size="13px", text_font_style="bold", text_color="#0f172a", **label_bg)
         p.text("x", "y", text="sub", source=self.node_src, y_offset="sub_dy", text_align="center",
-               text_baseline="top", text_font_size="11px", text_color="#475569")
+               text_baseline="top", text_font_size="11px", text_color="#475569", **label_bg)
         p.add_tools(HoverTool(renderers=[nodes], tooltips="@tip{safe}", attachment="right"),
                     HoverTool(renderers=[edges], tooltips="@pair: @note", line_policy="interp"),
                     TapTool(renderers=[nodes]))
@@ -127,7 +128,7 @@ class GraphView(pn.viewable.Viewer):
             grp = an.groups[g]
             info = s.infos[g]
             x, y = self._pos[g]
-            size = 22 + 42 * math.sqrt(grp.bytes / bmax)
+            size = 20 + 34 * math.sqrt(grp.bytes / bmax)
             mine = assigned.get(g, [])
             d["gid"].append(g)
             d["x"].append(x)

@@ -33,7 +33,7 @@ class Table:
             extra = {"formatter": HTMLTemplateFormatter(template="<%= value %>")} if f in html_fields else {}
             cols.append(TableColumn(field=f, title=title, width=width, **extra))
         self.table = DataTable(source=self.source, columns=cols, height=height, index_position=None,
-                               sizing_mode="stretch_width", autosize_mode="fit_columns", name=name,
+                               sizing_mode="stretch_width", name=name,
                                row_height=24, reorderable=False)
         self.pane = pn.pane.Bokeh(self.table, sizing_mode="stretch_width")
 
