@@ -39,7 +39,7 @@ class UNetConfig:
 PRESETS = {
     "tiny": UNetConfig(),
     "full": UNetConfig(image=256, in_channels=3, base_channels=128, levels=4, max_mult=4,
-                       groups=32, heads=8, batch=192, lr=1e-4),
+                       groups=32, heads=8, batch=144, lr=1e-4),
 }
 
 

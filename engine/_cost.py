@@ -40,6 +40,14 @@ _FREE = PSEUDO_OPS | {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "
                       "stop_gradient", "copy", "copy_p", "sharding_constraint", "optimization_barrier"}
 
 
+def _shift(op, values) -> tuple[str, int] | None:
+    if op.primitive == "concatenate":
+        return ("concatenate", int(op.params["dimension"]))
+    if op.primitive == "split":
+        return ("split", int(op.params["axis"]) % len(values[op.inputs[0]].shape))
+    return None
+
+
 # Elementwise primitives XLA fuses into their consumers.
 _FUSIBLE = frozenset(name for name, rule in factor_rules.items() if rule is pointwise_rule) | {
     "broadcast_in_dim", "convert_element_type", "reshape", "transpose", "squeeze", "select_n"}
@@ -158,6 +166,7 @@ class _Pattern:
     free: bool
     slot_tensors: tuple[tuple[int, ...], ...] = ()  # per factor: the tensors it spans
     cheap: tuple[bool, ...] = ()  # per operand: made locally at any sharding for free
+    shift: tuple[str, int] | None = None  # ("concatenate" | "split", dim)
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
 
@@ -235,7 +244,8 @@ class CostModel:
             key = (tuple(fkeys),
                    tuple((int(vsig[i]), tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),
                    tuple((int(vsig[o]), tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),
-                   op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs))
+                   op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
+                   _shift(op, values))
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -243,7 +253,7 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3], key[5], key[6]))
+                    flops, key[3], key[5], key[6], key[7]))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
@@ -428,9 +438,10 @@ class CostModel:
                 shard *= self.axis_size[a]
         colls = []  # (kind, axes, bytes, cause group)
         local_bytes = 0.0
+        in_view, out_view = self._shifted_views(pat, dec, fax, colls)
         for i, ((sig, fmap), nb) in enumerate(zip(pat.operands, pat.operand_bytes)):
             vspec = self.sig_spec(sig, dec)
-            ospec = [fax[k] if k >= 0 else [] for k in fmap]
+            ospec = in_view.get(i) or [fax[k] if k >= 0 else [] for k in fmap]
             local_bytes += nb / self._shard(ospec)
             n0 = len(colls)
             if not pat.cheap[i]:
@@ -443,7 +454,7 @@ class CostModel:
         transient = []
         for j, ((sig, fmap), nb) in enumerate(zip(pat.results, pat.result_bytes)):
             vspec = self.sig_spec(sig, dec)
-            ospec = [fax[k] if k >= 0 else [] for k in fmap]
+            ospec = out_view.get(j) or [fax[k] if k >= 0 else [] for k in fmap]
             lb = nb / self._shard(ospec)
             local_bytes += lb
             # The op writes its result at its own (larger) sharding before the reshard; a
@@ -479,6 +490,38 @@ class CostModel:
             comm += t
             out.append((kind, axes, b, t, g) + (tuple(operand) if operand else (-1, None, 0.0)))
         return compute, comm, tuple(out), tuple(transient)
+
+    def _shifted_views(self, pat: _Pattern, dec, fax, colls):
+        """Concatenating (splitting) tensors sharded alike along the joined dim: XLA moves
+        the blocks with an all-to-all (a collective-permute) instead of gathering them; a
+        piece sharded differently is gathered, an unsharded one sliced locally."""
+        if pat.shift is None:
+            return {}, {}
+        kind, d = pat.shift
+
+        def view(fmap, axes):
+            v = [list(fax[k]) if k >= 0 else [] for k in fmap]
+            v[d] = list(axes)
+            return v
+
+        if kind == "concatenate":
+            joined, pieces, move = pat.results[0], list(zip(pat.operands, pat.operand_bytes)), "all-to-all"
+        else:
+            joined, pieces, move = pat.operands[0], list(zip(pat.results, pat.result_bytes)), "collective-permute"
+        axes = self.sig_spec(joined[0], dec)[d]
+        if not axes:
+            return {}, {}
+        piece_views = {}
+        for k, ((sig, fmap), nb) in enumerate(pieces):
+            spec = self.sig_spec(sig, dec)
+            piece_views[k] = view(fmap, axes)
+            if spec[d] == axes:
+                colls.append((move, tuple(axes), nb / self._shard(spec), self.sigs[sig][d][0]))
+            elif spec[d]:
+                rest = [a for i, x in enumerate(spec) if i != d for a in x]
+                colls.append(("all-gather", tuple(spec[d]), nb / self._prod(rest), self.sigs[sig][d][0]))
+        joined_view = {0: view(joined[1], axes)}
+        return (piece_views, joined_view) if kind == "concatenate" else (joined_view, piece_views)
 
     def _prod(self, axes) -> int:
         n = 1

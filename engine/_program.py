@@ -300,7 +300,9 @@ class _Tracer:
             try:
                 s = source_info_util.summarize(si)
             except Exception:  # source info is best-effort provenance only
-                s = "<unknown>"
+                s = ""
+            if not s.strip():
+                s = f"<{si.name_stack or eqn.primitive.name}>"
             if key is not None:
                 self._summaries[key] = s
         return s

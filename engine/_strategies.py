@@ -25,8 +25,8 @@ from ._mesh import MeshSpec
 Decision = tuple[int, str]
 
 # Tensor-parallel labels, in decision order: attention heads, FFN / MLP hidden dims, the
-# vocabulary; for convnets the channels (output and input channels: channel parallelism).
-_TP_LABELS = ("heads", "ffn", "hidden", "vocab", "channels", "in_channels")
+# vocabulary; for convnets the output channels of the convolutions.
+_TP_LABELS = ("heads", "ffn", "hidden", "vocab", "channels")
 
 
 def base_label(label: str) -> str:

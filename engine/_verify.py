@@ -27,15 +27,24 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective
 
 def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
            run: bool = False, timeout: float = 1800) -> dict:
-    """Verify in a fresh process; returns the comparison dict (see ``_worker``)."""
+    """Verify one plan in a fresh process; returns the comparison dict (see ``_worker``)."""
+    return verify_many(model, [plan_path], preset=preset, overrides=overrides, run=run, timeout=timeout)[0]
+
+
+def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
+                overrides: list[str] | None = None, run: bool = False, timeout: float = 1800) -> list[dict]:
+    """Verify several plans of one model (all on meshes of one size) in one fresh process."""
     from ._plan import Plan
 
-    plan = Plan.load(plan_path)  # fail early, with a clear message, in this process
+    plans = [Plan.load(p) for p in plan_paths]  # fail early, with a clear message, here
+    sizes = {p.mesh.size for p in plans}
+    if len(sizes) != 1:
+        raise PartexError("verify_many needs plans whose meshes have the same number of devices")
     env = dict(os.environ)
-    env["JAX_NUM_CPU_DEVICES"] = str(plan.mesh.size)
+    env["JAX_NUM_CPU_DEVICES"] = str(sizes.pop())
     env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
-    args = json.dumps({"model": model, "plan": os.path.abspath(plan_path), "preset": preset,
+    args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
                        "overrides": list(overrides or []), "run": run})
     try:
         r = subprocess.run([sys.executable, "-m", "engine._verify", args], env=env, capture_output=True,
@@ -49,14 +58,14 @@ def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[
     out = json.loads(lines[-1])
     if "error" in out:
         raise PartexError(out["error"])
-    return out
+    return out["results"]
 
 
 def _ratio(pred: float, xla: float) -> float | None:
     return None if not xla else pred / xla
 
 
-def _worker(spec: dict) -> dict:
+def _worker(spec: dict) -> list[dict]:
     import jax
 
     n = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1"))
@@ -65,18 +74,25 @@ def _worker(spec: dict) -> dict:
     if cache:
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    from ._loader import load_model
+    from ._plan import Plan
+
+    model = load_model(spec["model"], spec["preset"], spec["overrides"])
+    return [_verify_one(model, Plan.load(path), spec, n) for path in spec["plans"]]
+
+
+def _verify_one(model, plan, spec: dict, n: int) -> dict:
+    import jax
     import numpy as np
     from jax.sharding import NamedSharding
 
     from ._analysis import analyze
     from ._cost import CostModel
     from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
-    from ._loader import axis_names_by_value, load_model
-    from ._plan import Plan, resolve_decisions, spec_from_json
+    from ._loader import axis_names_by_value
+    from ._plan import resolve_decisions, spec_from_json
 
     t0 = time.perf_counter()
-    model = load_model(spec["model"], spec["preset"], spec["overrides"])
-    plan = Plan.load(spec["plan"])
     planned = plan.apply(model.fn, axis_names=model.axis_names)
     mesh = planned.mesh
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.args)
@@ -148,7 +164,7 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     try:
-        out = _worker(spec)
+        out = {"results": _worker(spec)}
     except PartexError as e:
         out = {"error": str(e)}
     print(json.dumps(out))

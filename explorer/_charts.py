@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import panel as pn
 import param
-from bokeh.models import ColumnDataSource, FactorRange, HoverTool, LinearColorMapper, NumeralTickFormatter, Span
+from bokeh.models import (
+    ColumnDataSource, FactorRange, HoverTool, LinearColorMapper, NumeralTickFormatter, Range1d, Span,
+)
 from bokeh.plotting import figure
 
 from ._format import esc, fmt_bytes, fmt_time
@@ -45,7 +47,7 @@ def plan_rows(state) -> list:
     """(row label, PlanSummary) in display order: the search, an upload, the baselines."""
     rows = []
     if state.best is not None:
-        rows.append(("search (best)", state.best))
+        rows.append(("search", state.best))
     if state.uploaded is not None:
         rows.append(("uploaded", state.uploaded))
     rows += list(state.baselines.items())
@@ -116,7 +118,8 @@ class MemoryView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         self.src = ColumnDataSource(data=self._empty())
-        self.fig = _fig(name="partex-memory", y_range=FactorRange(), height=300, x_axis_label="per-device memory")
+        self.fig = _fig(name="partex-memory", y_range=FactorRange(), x_range=Range1d(0, 1), height=300,
+                        x_axis_label="per-device memory")
         p = self.fig
         bars = p.hbar_stack(list(MEMORY_PARTS), y="row", height=0.62, color=list(MEMORY_COLORS), source=self.src,
                             legend_label=list(MEMORY_PARTS), line_color="white", line_width=0.5)
@@ -179,7 +182,7 @@ class MemoryView(pn.viewable.Viewer):
         self.src.data = d
         self.budget.location = budget / scale
         self.budget.visible = budget / scale <= peak_max / scale * 1.6
-        self.fig.x_range.end = max(peak_max, budget if self.budget.visible else 0) / scale * 1.3
+        self.fig.x_range.end = max(peak_max, budget if self.budget.visible else 0) / scale * 1.5
         self.fig.x_range.start = 0
         self.fig.xaxis.axis_label = f"per-device memory ({unit})"
         self.fig.height = 110 + 34 * len(rows)
@@ -208,7 +211,7 @@ class SearchView(pn.viewable.Viewer):
                                         ("after", "@secs{0.00} s")]))
         h.yaxis.formatter = NumeralTickFormatter(format="0.000")
         self.hist_fig = h
-        a = _fig(name="partex-root-actions", height=250, y_range=FactorRange(), title="Root actions: visits (colour: mean value)",
+        a = _fig(name="partex-root-actions", height=250, y_range=FactorRange(), title="Root actions (colour: mean value)",
                  x_axis_label="visits")
         self.cmap = LinearColorMapper(palette=_BLUES, low=0, high=1)
         a.hbar(y="action", right="visits", height=0.7, source=self.acts,

@@ -76,7 +76,7 @@ class GraphView(pn.viewable.Viewer):
 
     def _figure(self):
         p = figure(name="partex-graph", tools="", toolbar_location=None, sizing_mode="stretch_both",
-                   x_range=Range1d(-1.75, 1.75), y_range=Range1d(-1.38, 1.2), min_border=4,
+                   x_range=Range1d(-1.62, 1.62), y_range=Range1d(-1.34, 1.16), min_border=4,
                    outline_line_color=None, background_fill_color=None, border_fill_color=None)
         p.xaxis.visible = p.yaxis.visible = False
         p.xgrid.visible = p.ygrid.visible = False

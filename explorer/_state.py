@@ -124,7 +124,9 @@ class ExplorerState(param.Parameterized):
         self.started = time.time()
         self.param.watch(self._on_model_name, ["model_name"])
         self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text"])
-        self.param.watch(self._on_ping, ["ping"])
+        self.param.watch(self._on_probed, ["ping", "message", "message_level", "phase", "busy", "running", "best",
+                                           "pins", "forbidden", "uploaded", "verify_status", "sessions",
+                                           "selected_group", "workspace", "baselines", "stats"])
         self.refresh_sessions()
         self.load()
 
@@ -564,7 +566,7 @@ class ExplorerState(param.Parameterized):
     def reset_timings(self) -> None:
         self.timings.update(max_callback_ms=0.0, max_loop_lag_ms=0.0)
 
-    def _on_ping(self, event) -> None:
+    def _on_probed(self, *events) -> None:
         self._update_probe()
 
     def _update_probe(self) -> None:

@@ -7,40 +7,44 @@ import math
 
 import panel as pn
 import param
-from bokeh.models import ColumnDataSource, DataTable, HTMLTemplateFormatter, TableColumn
 
 from ._charts import plan_rows
 from ._engine import short_source
 from ._format import esc, fmt_bytes, fmt_spec, fmt_time
 from ._widgets import button, html, keyed
 
-_TABLE_CSS = """
-:host { font-size: 12.5px; }
-.slick-header-column { background: #f8fafc !important; font-weight: 600; color: #334155; }
-.slick-cell { border-color: #eef2f7 !important; }
-"""
-
-
 class Table:
-    """A Bokeh DataTable over one ColumnDataSource: replacing the rows is one property
-    change (cheap to send while the search runs)."""
+    """An HTML table in a Div: replacing the rows sends one string. (Bokeh 3.9's DataTable
+    stops repainting after its first data change, and updating a Tabulator costs ~90 ms of
+    the server's loop.) ``max_rows`` caps what is sent; a note says how many were left out."""
 
-    def __init__(self, name: str, columns: list[tuple[str, str, int]], height: int, html_fields=()):
-        self.fields = [f for f, _, _ in columns]
-        self.source = ColumnDataSource({f: [] for f in self.fields})
-        cols = []
-        for f, title, width in columns:
-            extra = {"formatter": HTMLTemplateFormatter(template="<%= value %>")} if f in html_fields else {}
-            cols.append(TableColumn(field=f, title=title, width=width, **extra))
-        self.table = DataTable(source=self.source, columns=cols, height=height, index_position=None,
-                               sizing_mode="stretch_width", name=name,
-                               row_height=24, reorderable=False)
-        self.pane = pn.pane.Bokeh(self.table, sizing_mode="stretch_width")
+    def __init__(self, name: str, columns: list[tuple[str, str]], height: int, html_fields=(),
+                 max_rows: int = 400, empty: str = ""):
+        self.columns = columns
+        self.height = height
+        self.html_fields = set(html_fields)
+        self.max_rows = max_rows
+        self.empty = empty
+        self.view = html(name=name, margin=(0, 6))
+        self.update([])
+
+    @property
+    def pane(self):
+        return self.view
 
     def update(self, rows: list[tuple]) -> None:
-        data = {f: [r[i] for r in rows] for i, f in enumerate(self.fields)}
-        if data != dict(self.source.data):
-            self.source.data = data
+        head = "".join(f"<th>{esc(title)}</th>" for _, title in self.columns)
+        body = []
+        for r in rows[: self.max_rows]:
+            cells = "".join(f"<td>{v if f in self.html_fields else esc(v)}</td>"
+                            for (f, _), v in zip(self.columns, r))
+            body.append(f"<tr>{cells}</tr>")
+        if not rows and self.empty:
+            body.append(f"<tr><td colspan='{len(self.columns)}' class='muted'>{self.empty}</td></tr>")
+        more = (f"<div class='muted more'>… {len(rows) - self.max_rows} more rows not shown</div>"
+                if len(rows) > self.max_rows else "")
+        self.view.object = (f"<div class='grid-wrap' style='max-height:{self.height}px'><table class='grid'>"
+                            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}")
 
 
 class PlanView(pn.viewable.Viewer):
@@ -55,13 +59,13 @@ class PlanView(pn.viewable.Viewer):
                                                           button_type="primary", button_style="outline")
         self.which.param.watch(self._on_which, ["value"])
         self.header = html(sizing_mode="stretch_width", margin=(4, 10))
-        self.specs = Table("partex-plan-specs", [("path", "pytree path", 210), ("shape", "shape", 90),
-                                                 ("dtype", "dtype", 55), ("spec", "PartitionSpec", 150),
-                                                 ("local", "per device", 75)], height=340)
-        self.colls = Table("partex-plan-collectives", [("kind", "collective", 90), ("axes", "axes", 60),
-                                                       ("bytes", "bytes", 70), ("count", "count", 45),
-                                                       ("time", "time", 65), ("cause", "cause", 70),
-                                                       ("source", "source", 190)], height=340)
+        self.specs = Table("partex-plan-specs", [("path", "pytree path"), ("shape", "shape"), ("dtype", "dtype"),
+                                                 ("spec", "PartitionSpec"), ("local", "per device")], height=360,
+                           empty="no plan yet")
+        self.colls = Table("partex-plan-collectives", [("kind", "collective"), ("axes", "axes"), ("bytes", "bytes"),
+                                                       ("count", "count"), ("time", "time"), ("cause", "cause"),
+                                                       ("source", "source")], height=360,
+                           empty="no communication: nothing is sharded, or nothing needs gathering")
         s.param.watch(self._choices, ["best", "uploaded", "baselines"])
         s.param.watch(self._render, ["shown_plan", "best", "uploaded", "baselines"])
         s.param.watch(lambda e: setattr(self.which, "value", e.new), ["shown_plan"])
@@ -130,6 +134,14 @@ class PlanView(pn.viewable.Viewer):
                             short_source(c.source) if c.source else f"op {c.op}") for c in colls])
 
 
+def decisions_by_axis(decisions) -> str:
+    """'batch, d_model → data · heads, ffn → model' (pinned ones marked)."""
+    by_axis: dict[str, list[str]] = {}
+    for d in decisions:
+        by_axis.setdefault(d.axis, []).append(esc(d.group) + (" 📌" if d.pinned else ""))
+    return " · ".join(f"{', '.join(gs)} → <b>{esc(a)}</b>" for a, gs in by_axis.items())
+
+
 def _itemsize(dtype: str) -> int:
     import numpy as np
 
@@ -146,11 +158,9 @@ class BaselinesView(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.table = Table("partex-baselines", [("plan", "plan", 95), ("step", "step time", 70),
-                                                ("speed", "vs replicated", 80), ("mfu", "MFU", 50),
-                                                ("comm", "communication", 85), ("peak", "peak memory", 80),
-                                                ("fits", "fits", 55), ("decisions", "decisions", 260)],
-                           height=230, html_fields=("fits",))
+        self.table = Table("partex-baselines", [("plan", "plan"), ("step", "step time"), ("mfu", "MFU"),
+                                                ("peak", "peak memory"), ("fits", "fits"), ("decisions", "decisions")],
+                           height=300, html_fields=("plan", "fits", "decisions"))
         self.state.param.watch(self._render, ["best", "uploaded", "baselines"])
         self._render()
 
@@ -160,16 +170,14 @@ class BaselinesView(pn.viewable.Viewer):
     def _render(self, *_):
         s = self.state
         rows = plan_rows(s)
-        ref = s.baselines.get("replicated")
         out = []
         for name, r in rows:
             rep = r.report
-            speed = f"{ref.report.step_time / rep.step_time:.2f}×" if ref and rep.step_time else "-"
-            fits = ("<span style='color:#059669'>✓ fits</span>" if rep.fits
-                    else "<span style='color:#dc2626;font-weight:600'>✗ over</span>")
-            out.append((name, fmt_time(rep.step_time), speed, f"{rep.mfu:.1%}", fmt_time(rep.comm_time),
-                        fmt_bytes(rep.memory.peak), fits,
-                        ", ".join(f"{d.group}→{d.axis}" for d in r.plan.decisions) or "—"))
+            fits = "<span class='ok'>✓ fits</span>" if rep.fits else "<span class='bad'>✗ over</span>"
+            decisions = decisions_by_axis(r.plan.decisions) or "— (replicated)"
+            label = f"<b>{esc(name)}</b>" if r is s.best else esc(name)
+            out.append((label, fmt_time(rep.step_time), f"{rep.mfu:.2%}", fmt_bytes(rep.memory.peak), fits,
+                        f"<span class='small'>{decisions}</span>"))
         self.table.update(out)
 
 
@@ -187,8 +195,9 @@ class VerifyView(pn.viewable.Viewer):
         self.btn.on_click(lambda e: s.verify())
         self.status = html(sizing_mode="stretch_width", name="verify-status")
         self.spinner = pn.indicators.LoadingSpinner(value=False, size=22, visible=False, margin=(12, 4))
-        self.table = Table("partex-verify-table", [("quantity", "quantity", 170), ("predicted", "predicted", 90),
-                                                   ("xla", "XLA", 90), ("ratio", "predicted / XLA", 90)], height=200)
+        self.table = Table("partex-verify-table", [("quantity", "quantity"), ("predicted", "predicted"),
+                                                   ("xla", "XLA"), ("ratio", "predicted / XLA")], height=260,
+                           empty="press Verify: the comparison appears here (a compile takes a few seconds)")
         s.param.watch(self._render, ["verify_result", "verify_status", "busy", "shown_plan"])
         self._render()
         self._panel = pn.Column(pn.Row(self.btn, self.spinner, self.status, sizing_mode="stretch_width"),

@@ -1,0 +1,206 @@
+"""Cost model, hand strategies, the plan format and apply (in-process, 8 simulated devices)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from engine import PartexError, analyze_model
+from engine._cost import CostModel
+from engine._mesh import MeshSpec, get_hardware, parse_bytes
+from engine._plan import Plan, default_donate, make_plan
+from engine._strategies import strategy_decisions
+from engine.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return analyze_model("transformer")
+
+
+@pytest.fixture(scope="module")
+def mesh42():
+    return MeshSpec.parse("data=4,model=2")
+
+
+def _cm(res, mesh, hw="tpu-v4"):
+    return CostModel(res.analysis, mesh, get_hardware(hw), donate=default_donate(res.program))
+
+
+def test_hand_strategies_shard_what_they_say(tiny, mesh42):
+    cm = _cm(tiny, mesh42)
+    p = tiny.program
+    w1 = p.inputs[p.input_paths.index("params/layers/0/w1")]
+    tokens = p.inputs[p.input_paths.index("batch/tokens")]
+    specs = {s: cm.value_specs(strategy_decisions(s, tiny.analysis, mesh42)) for s in ("replicated", "dp", "megatron", "zero3")}
+    assert specs["replicated"][w1] == ((), ())
+    assert specs["dp"][tokens] == (("data",), ())
+    assert specs["megatron"][w1] == ((), ("model",))
+    assert specs["zero3"][w1] == (("data",), ("model",))
+
+
+def test_memory_falls_and_argument_bytes_are_exact(tiny, mesh42):
+    cm = _cm(tiny, mesh42)
+    peaks = {}
+    for s in ("replicated", "dp", "megatron", "zero3"):
+        r = cm.evaluate(strategy_decisions(s, tiny.analysis, mesh42), detail=True)
+        peaks[s] = r.memory.peak
+        assert set(r.memory.breakdown) == {"parameters", "optimizer", "activations", "temporaries"}
+    assert peaks["replicated"] > peaks["dp"] > peaks["megatron"] > peaks["zero3"]
+    total = sum(v.nbytes for v in (tiny.program.values[i] for i in tiny.program.inputs))
+    assert cm.evaluate([]).memory.arguments == total
+    # zero3 shards params and optimizer state 8 ways (biases/norms: fewer)
+    assert cm.evaluate(strategy_decisions("zero3", tiny.analysis, mesh42)).memory.arguments < total / 4
+
+
+def test_collectives_follow_the_plan(tiny, mesh42):
+    cm = _cm(tiny, mesh42)
+    dp = cm.evaluate(strategy_decisions("dp", tiny.analysis, mesh42), detail=True)
+    assert {c.kind for c in dp.collectives} >= {"all-reduce"}
+    assert all(c.axes == ("data",) for c in dp.collectives if c.kind == "all-reduce")
+    # dp all-reduces every gradient once: at least the parameter bytes
+    params = sum(tiny.program.values[i].nbytes for i, path in zip(tiny.program.inputs, tiny.program.input_paths)
+                 if path.startswith("params/"))
+    assert dp.collective_bytes["all-reduce"] >= params
+    z3 = cm.evaluate(strategy_decisions("zero3", tiny.analysis, mesh42), detail=True)
+    assert z3.collective_bytes.get("all-gather", 0) > 0  # weights gathered before use
+    assert all(c.source and c.cause for c in z3.collectives)
+    assert cm.evaluate([]).comm_time == 0.0
+
+
+def test_evaluation_is_deterministic_and_cached_consistently(tiny, mesh42):
+    dec = strategy_decisions("zero3", tiny.analysis, mesh42)
+    a = _cm(tiny, mesh42).evaluate(dec)
+    cm = _cm(tiny, mesh42)
+    for other in ("dp", "megatron"):
+        cm.evaluate(strategy_decisions(other, tiny.analysis, mesh42))
+    b = cm.evaluate(dec)
+    assert (a.step_time, a.memory.peak) == (b.step_time, b.memory.peak)
+    assert 0 < a.mfu <= 1 and a.ideal_time > 0
+
+
+def test_plan_round_trips_and_applies_with_matching_numerics(tmp_path, tiny, mesh42):
+    hw = get_hardware("tpu-v4")
+    plan = make_plan(tiny, mesh42, hw, strategy_decisions("megatron", tiny.analysis, mesh42), strategy="megatron")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    d = json.loads(path.read_text())
+    assert d["format"] == "partex-plan" and d["version"] == 1
+    assert d["inputs"]["params/layers/0/w1"] == [None, "model"]
+    assert d["donate"] == [0, 1]
+    loaded = Plan.load(path)
+    assert loaded.inputs == plan.inputs and loaded.decisions == plan.decisions
+    m = tiny.model
+    ref = jax.jit(m.fn)(*m.args)
+    planned = loaded.apply(m.fn)
+    args = jax.tree.map(lambda x: jax.numpy.array(x), m.args)  # donated: fresh copies
+    got = planned(*args)
+    np.testing.assert_allclose(got[2], ref[2], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got[1]["mu"]), jax.tree.leaves(ref[1]["mu"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+    assert planned.num_constraints[0] > 100
+    # ZeRO-3 gathers each weight right where a matmul reads it: operand constraints
+    z3 = _cm(tiny, mesh42).operand_specs(strategy_decisions("zero3", tiny.analysis, mesh42))
+    w1 = tiny.program.inputs[tiny.program.input_paths.index("params/layers/0/w1")]
+    assert any(tiny.program.ops[op].inputs[i] == w1 and spec == ((), ("model",)) for (op, i), spec in z3.items())
+    w1 = got[0]["layers"][0]["w1"]
+    assert w1.sharding.spec == jax.sharding.PartitionSpec(None, "model")
+
+
+def _plan_file(tmp_path, tiny, mesh, edit=None, name="p.json"):
+    plan = make_plan(tiny, mesh, get_hardware("tpu-v4"), strategy_decisions("dp", tiny.analysis, mesh), strategy="dp")
+    d = plan.to_json()
+    if edit:
+        edit(d)
+    path = tmp_path / name
+    path.write_text(json.dumps(d))
+    return path
+
+
+def test_signature_mismatch_names_the_first_differing_leaf(tmp_path, mesh42):
+    other = analyze_model("transformer", "tiny", ["d_ff=128"])
+    path = _plan_file(tmp_path, other, mesh42)
+    m = analyze_model("transformer").model
+    with pytest.raises(PartexError, match=r"input \d+ is params/layers/0/b1 \(256,\) float32 here but "
+                                          r"params/layers/0/b1 \(128,\) float32 in the plan"):
+        Plan.load(path).apply(m.fn).lower(*m.args)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d.update(version=7), "format version 7"),
+    (lambda d: d.update(format="other"), "not a partex plan"),
+    (lambda d: d["mesh"].update(sizes=[4, 0]), "sizes must be positive integers"),
+    (lambda d: d["inputs"].update({"params/embed": ["nope", None]}), "unknown mesh axis 'nope'"),
+    (lambda d: d["hardware"].update(peak_flops=float("nan")), "peak_flops must be a positive finite number"),
+    (lambda d: d["hardware"].update(hbm_bandwidth=-1), "hbm_bandwidth must be a positive finite number"),
+    (lambda d: d["decisions"].append({"group": "batch", "axis": "pipe"}), "unknown mesh axis 'pipe'"),
+    (lambda d: d.pop("signature"), "lacks the 'signature' field"),
+])
+def test_bad_plan_files_get_clear_errors(tmp_path, tiny, mesh42, edit, needle):
+    path = _plan_file(tmp_path, tiny, mesh42, edit)
+    with pytest.raises(PartexError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        Plan.load(path)
+
+
+def test_truncated_and_malformed_json(tmp_path, tiny, mesh42):
+    path = _plan_file(tmp_path, tiny, mesh42)
+    path.write_text(path.read_text()[:200])
+    with pytest.raises(PartexError, match="not valid JSON.*truncated"):
+        Plan.load(path)
+
+
+def test_indivisible_input_spec_names_leaf_and_dim(tmp_path, tiny, mesh42):
+    def edit(d):
+        d["inputs"]["params/layers/0/b1"] = [["data", "model"]]
+        d["mesh"]["sizes"] = [4, 2]
+    path = _plan_file(tmp_path, analyze_model("transformer", "tiny", ["d_ff=36"]), mesh42, edit)
+    m = analyze_model("transformer", "tiny", ["d_ff=36"]).model
+    with pytest.raises(PartexError, match=r"size 8 does not divide dim 0 \(size 36\) of params/layers/0/b1"):
+        Plan.load(path).apply(m.fn).lower(*m.args)
+
+
+def test_mesh_size_must_match_devices(tmp_path, tiny):
+    path = _plan_file(tmp_path, tiny, MeshSpec.parse("data=16"))
+    m = tiny.model
+    with pytest.raises(PartexError, match="needs 16 devices but JAX has 8"):
+        Plan.load(path).apply(m.fn).lower(*m.args)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--mesh", "data=4,model=2", "--hardware", "tpu-v9"], "unknown hardware preset 'tpu-v9'"),
+    (["--mesh", "data=4;model=2"], "cannot parse mesh"),
+    (["--mesh", "data=0"], "sizes must be positive integers"),
+    (["--mesh", "data=-2"], "sizes must be positive integers"),
+    (["--mesh", "data=8", "--peak-flops", "nan"], "peak_flops must be a positive finite number"),
+    (["--mesh", "data=8", "--link-bandwidth", "-5"], "link_bandwidth must be a positive finite number"),
+    (["--mesh", "data=8", "--memory", "lots"], "cannot read memory size 'lots'"),
+    (["--mesh", "data=8", "--strategy", "magic"], "unknown strategy 'magic'"),
+])
+def test_cli_plan_bad_inputs(capsys, tmp_path, argv, needle):
+    if "--strategy" not in argv:
+        argv = argv + ["--strategy", "dp"]
+    code = main(["plan", "transformer", *argv, "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_verify_bad_plan_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["verify", "transformer", str(bad)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_parse_bytes_and_mesh_text():
+    assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("1.5e9") == 1.5e9
+    m = MeshSpec.parse("data=4, model=2")
+    assert m.axes == ("data", "model") and m.sizes == (4, 2) and m.size == 8
+    assert MeshSpec.from_json(m.to_json()) == m
+    with pytest.raises(PartexError, match="unique"):
+        MeshSpec.parse("data=2,data=4")
+    assert math.isclose(MeshSpec.parse("data=4@25,model=2@100").axis_bandwidth("data", get_hardware("cpu")), 25e9)

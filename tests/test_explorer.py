@@ -1,0 +1,330 @@
+"""Browser tests of the explorer: a real ``panel serve explorer/app.py`` in a subprocess,
+driven by Playwright with Debian's chromium (Playwright's own browser download does not
+work here). Page state is read from the hidden Bokeh model ``partex-state`` (the session's
+state as JSON). Nothing here is skipped: without chromium the tests fail.
+
+Screenshots of the main views at 1440x900 land in tests/screenshots/ (gitignored), with
+timings.json (first view after server start, the page's worst stall while searching).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from engine._plan import Plan
+from explorer import serve_command
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "tests" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIEWPORT = {"width": 1440, "height": 900}
+MAX_STALL_MS = 200  # a search step may never hold up the page longer than this
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    """Poll predicate() until it returns something truthy; return that, or fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, url: str, log: pathlib.Path, started: float):
+        self.proc, self.url, self.log, self.started = proc, url, log, started
+        self.first_view_s: float | None = None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("explorer")
+    port = _free_port()
+    log = tmp / "server.log"
+    env = dict(os.environ, PARTEX_SESSIONS_DIR=str(tmp / "sessions"), JAX_PLATFORMS="cpu",
+               PYTHONUNBUFFERED="1")
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(serve_command(port, session_lifetime_ms=1000), cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/app"
+
+    def up():
+        if proc.poll() is not None:
+            raise AssertionError(f"panel serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(up, timeout=60, interval=0.1, what="panel serve to answer")
+        yield Server(proc, url, log, started)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: run `make chromium` (apt-get install chromium)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def state(page: Page) -> dict:
+    text = page.evaluate("""() => {
+        const doc = window.Bokeh && Bokeh.documents[0];
+        const m = doc && doc.get_model_by_name('partex-state');
+        return m ? m.text : null }""")
+    return json.loads(text) if text else {}
+
+
+def open_page(browser, server: Server) -> Page:
+    ctx = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    page = ctx.new_page()
+    page.goto(server.url)
+    wait_until(lambda: state(page).get("phase") == "ready", timeout=60, what="the model to load")
+    return page
+
+
+@pytest.fixture
+def tab(browser, server):
+    p = open_page(browser, server)
+    yield p
+    p.context.close()
+
+
+def click(page: Page, label: str) -> None:
+    page.get_by_role("button", name=label, exact=True).click()
+
+
+def set_model_value(page: Page, name: str, value) -> None:
+    """Set a widget's value as the page would (the server hears of it at once)."""
+    page.evaluate("([n, v]) => { Bokeh.documents[0].get_model_by_name(n).value = v }", [name, value])
+
+
+def run_until(page: Page, predicate, what: str, timeout: float = 30.0) -> dict:
+    click(page, "▶ Run")
+    try:
+        return wait_until(lambda: (lambda s: predicate(s) and s)(state(page)), timeout=timeout, what=what)
+    finally:
+        click(page, "❚❚ Pause")
+
+
+def pin(page: Page, group: str, axis: str) -> None:
+    set_model_value(page, "partex-pin-group", group)
+    set_model_value(page, "partex-pin-axis", axis)
+    wait_until(lambda: page.evaluate("Bokeh.documents[0].get_model_by_name('partex-pin-group').value") == group)
+    click(page, "Pin")
+    wait_until(lambda: f"{group}->{axis}" in state(page)["pins"], what=f"{group}->{axis} to be pinned")
+
+
+def alert_text(page: Page) -> str:
+    return page.evaluate("Bokeh.documents[0].get_model_by_name('partex-alert').text")
+
+
+# --------------------------------------------------------------------------- the tests
+
+def test_page_opens_on_the_demo_transformer(browser, server):
+    page = open_page(browser, server)
+    try:
+        server.first_view_s = time.monotonic() - server.started
+        s = state(page)
+        assert s["model"] == {"spec": "transformer", "preset": "tiny", "overrides": []}
+        assert s["config"]["mesh"] == "data=4,model=2"
+        assert set(s["baselines"]) >= {"replicated", "dp", "megatron", "zero3"}
+        assert s["level"] == "success", s["message"]
+        nodes = page.evaluate("""() => {
+            const fig = Bokeh.documents[0].get_model_by_name('partex-graph');
+            const r = fig.renderers.find(r => r.data_source.data.gid !== undefined);
+            return Array.from(r.data_source.data.label) }""")
+        assert {"batch", "seq", "d_model", "ffn", "heads", "vocab"} <= set(nodes)
+        assert page.get_by_text("Named dimensions", exact=True).is_visible()
+        _record(first_view_s=round(server.first_view_s, 2))
+    finally:
+        page.context.close()
+
+
+def test_search_improves_the_best_plan(tab):
+    before = state(tab)
+    assert before["simulations"] == 0 and before["best"] is None
+    s = run_until(tab, lambda s: s["best"] is not None and s["history"] >= 2,
+                  what="the best plan to improve at least once")
+    assert s["best"]["fits"]
+    wait_until(lambda: not state(tab)["running"], what="the search to pause")
+    paused = state(tab)["simulations"]
+    assert paused > before["simulations"]
+    click(tab, "Step")
+    wait_until(lambda: state(tab)["simulations"] >= paused + 50, what="one Step of 50 simulations")
+
+
+def test_pin_a_decision_and_resume(tab):
+    pin(tab, "ffn", "model")
+    s = run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 100,
+                  what="the resumed search to find a plan")
+    assert {"group": "ffn", "axis": "model", "pinned": True} in [
+        {k: d[k] for k in ("group", "axis", "pinned")} for d in s["best"]["decisions"]]
+    assert "ffn->model" in s["pins"]
+    assert "pinned ffn->model" in s["message"]
+
+
+def test_downloaded_plan_is_valid_and_carries_the_pin(tab, tmp_path):
+    pin(tab, "heads", "model")
+    run_until(tab, lambda s: s["best"] is not None, what="a plan to download")
+    with tab.expect_download() as dl:
+        tab.get_by_text("Download plan JSON").click()
+    path = tmp_path / "plan.json"
+    dl.value.save_as(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "partex-plan"
+    plan = Plan.load(path)
+    assert any(d.group == "heads" and d.axis == "model" and d.pinned for d in plan.decisions)
+    assert plan.mesh.text() == "data=4,model=2"
+    assert "params/layers/0/wq" in plan.inputs
+
+
+def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
+    tab.locator("input[type=file]").set_input_files(
+        files=[{"name": "broken.json", "mimeType": "application/json", "buffer": b'{"format": "partex-plan", "ver'}])
+    s = wait_until(lambda: (lambda s: s["level"] == "danger" and s)(state(tab)), what="an error message")
+    assert "broken.json is not valid JSON" in s["message"]
+    assert "broken.json" in alert_text(tab) and "Traceback" not in alert_text(tab)
+    assert tab.get_by_role("alert").is_visible()
+
+    mesh = tab.locator("input[placeholder='data=4,model=2']")
+    mesh.fill("data=four")
+    mesh.press("Enter")
+    s = wait_until(lambda: (lambda s: "cannot parse mesh" in s["message"] and s)(state(tab)),
+                   what="the mesh error")
+    assert s["config"]["mesh"] == "data=4,model=2"  # the old mesh stays in effect
+
+    budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
+    budget.fill("64KiB")
+    budget.press("Enter")
+    s = wait_until(lambda: (lambda s: "no baseline fits" in s["message"] and s)(state(tab)),
+                   what="the budget warning")
+    assert s["level"] == "warning" and s["phase"] == "ready"
+
+    mesh.fill("data=4,model=2")
+    budget.fill("4MiB")
+    budget.press("Enter")
+    wait_until(lambda: state(tab)["config"]["budget"] == 4 * 2**20, what="the budget to be restored")
+    click(tab, "Step")
+    wait_until(lambda: state(tab)["simulations"] >= 50, what="the session to go on")
+
+
+def test_two_pages_have_independent_state(browser, server, tab):
+    other = open_page(browser, server)
+    try:
+        pin(tab, "vocab", "model")
+        run_until(tab, lambda s: s["simulations"] >= 100, what="the first tab's search")
+        a, b = state(tab), state(other)
+        assert a["session"] != b["session"]
+        assert b["pins"] == [] and b["simulations"] == 0 and b["best"] is None
+        assert a["pins"] == ["vocab->model"]
+    finally:
+        other.context.close()
+
+
+def test_search_never_blocks_the_page(tab):
+    """While the search runs, the server's event loop answers a ping from the tab within
+    MAX_STALL_MS, and no callback on it (nor any gap between its clock ticks) takes longer."""
+    click(tab, "▶ Run")
+    try:
+        wait_until(lambda: state(tab)["simulations"] > 0, what="the search to start")
+        trips = tab.evaluate("""async (n) => {
+            const doc = Bokeh.documents[0];
+            const ping = doc.get_model_by_name('partex-ping');
+            const probe = doc.get_model_by_name('partex-state');
+            const out = [];
+            for (let i = 0; i < n; i++) {
+                const token = `p${i}-${Math.random()}`;
+                const t0 = performance.now();
+                ping.value = token;
+                while (JSON.parse(probe.text).ping !== token) {
+                    await new Promise(r => setTimeout(r, 2));
+                }
+                out.push(performance.now() - t0);
+                await new Promise(r => setTimeout(r, 60 + Math.random() * 60));
+            }
+            return out }""", 30)
+        s = state(tab)
+    finally:
+        click(tab, "❚❚ Pause")
+    assert s["running"] and s["simulations"] > 0
+    t = s["timings"]
+    _record(ping_ms_max=round(max(trips), 1), ping_ms_median=round(sorted(trips)[len(trips) // 2], 1),
+            max_callback_ms=t["max_callback_ms"], max_loop_lag_ms=t["max_loop_lag_ms"],
+            simulations_during_pings=s["simulations"])
+    assert max(trips) < MAX_STALL_MS, trips
+    assert t["max_callback_ms"] < MAX_STALL_MS, t
+    assert t["max_loop_lag_ms"] < MAX_STALL_MS, t
+
+
+def test_closing_a_tab_stops_its_search(browser, server):
+    page = open_page(browser, server)
+    click(page, "▶ Run")
+    wait_until(lambda: state(page)["simulations"] > 0, what="the search to start")
+    session = state(page)["session"]
+    page.context.close()
+    wait_until(lambda: f"search thread stopped (session {session})" in server.log_text(), timeout=20,
+               what="the closed tab's search thread to stop")
+
+
+def test_screenshots_of_the_main_views(tab):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pin(tab, "ffn", "model")
+    run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 150, what="a plan to show")
+    set_model_value(tab, "partex-pin-group", "seq")  # the group with the attention conflict
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "overview.png")
+    shots = {"overview.png"}
+    for title, name in (("Named dimensions", "graph"), ("Search", "search"), ("Memory per device", "memory"),
+                        ("Baselines", "baselines"), ("Plan", "plan"), ("Predicted vs XLA", "verify")):
+        header = tab.get_by_text(title, exact=True).first
+        header.scroll_into_view_if_needed()
+        tab.screenshot(path=SHOTS / f"{name}.png")
+        shots.add(f"{name}.png")
+    for f in shots:
+        assert (SHOTS / f).stat().st_size > 10_000, f
+
+
+def _record(**items) -> None:
+    """Keep measurements next to the screenshots (and print them: `pytest -s`)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / "timings.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(items)
+    path.write_text(json.dumps(data, indent=1))
+    print(json.dumps(items), file=sys.stderr)

@@ -1,0 +1,165 @@
+"""The MCTS search: determinism, pins, memory safety, resume, Megatron recovery, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import PartexError, analyze_model
+from engine._mesh import MeshSpec, get_hardware, parse_bytes
+from engine._plan import Plan
+from engine._search import Search
+from engine._strategies import strategy_decisions
+from engine.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return analyze_model("transformer")
+
+
+def _search(res, mesh="data=4,model=2", memory=None, seed=0):
+    hw = get_hardware("tpu-v4", memory_budget=parse_bytes(memory) if memory else None)
+    return Search(res, MeshSpec.parse(mesh), hw, seed=seed)
+
+
+def test_same_seed_same_plan(tiny):
+    a, b = _search(tiny, memory="2MiB"), _search(tiny, memory="2MiB")
+    a.step(60)
+    b.step(60)
+    assert a.best().decisions == b.best().decisions
+    assert a.stats()["nodes"] == b.stats()["nodes"]
+
+
+def test_every_returned_plan_fits_and_improves_on_replicated(tiny):
+    s = _search(tiny, memory="2MiB")
+    replicated = s.cm.evaluate([])
+    assert not replicated.fits  # the budget rules replication out
+    s.step(150)
+    best = s.best()
+    assert best is not None and best.report.fits and best.report.memory.peak <= parse_bytes("2MiB")
+    st = s.stats()
+    assert st["simulations"] == 150 and st["nodes"] > 10 and st["root_actions"]
+    assert st["best_history"] and st["best_history"][-1][2] == pytest.approx(best.report.step_time)
+
+
+def test_impossible_budget_returns_nothing_and_reports_smallest(tiny):
+    s = _search(tiny, memory="1KiB")
+    s.step(40)
+    assert s.best() is None and s.best_plan() is None
+    assert s.stats()["smallest_memory"] > 1024
+
+
+def test_pins_and_forbids_are_honoured(tiny):
+    s = _search(tiny, memory="2MiB")
+    s.pin("ffn", "model")
+    s.forbid("batch", "model")
+    s.step(120)
+    best = s.best()
+    labels = [s.label(d) for d in best.decisions]
+    assert labels[0] == "ffn->model"
+    assert "batch->model" not in labels
+    plan = s.best_plan()
+    assert any(d.group == "ffn" and d.axis == "model" and d.pinned for d in plan.decisions)
+    entry = plan.inputs["params/layers/0/w1"][1]
+    assert entry == "model" or (isinstance(entry, list) and entry[0] == "model")
+    s.unpin("ffn", "model")
+    assert s.pins == []
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda s: s.pin("nonsense", "model"), "unknown dimension 'nonsense'"),
+    (lambda s: s.pin("ffn", "pipe"), "unknown mesh axis 'pipe'"),
+    (lambda s: (s.forbid("ffn", "model"), s.pin("ffn", "model")), "forbidden"),
+    (lambda s: (s.pin("ffn", "model"), s.forbid("ffn", "model")), "pinned"),
+    (lambda s: s.unpin("ffn", "data"), "neither pinned nor forbidden"),
+])
+def test_bad_pins_are_clear_errors(tiny, call, needle):
+    with pytest.raises(PartexError, match=needle):
+        call(_search(tiny))
+
+
+def test_save_and_resume_continues_the_same_search(tmp_path, tiny):
+    straight = _search(tiny, memory="2MiB", seed=3)
+    straight.step(80)
+    part = _search(tiny, memory="2MiB", seed=3)
+    part.step(40)
+    part.save(tmp_path / "s.search")
+    resumed = Search.load(tmp_path / "s.search", model=tiny)
+    resumed.step(40)
+    assert resumed.simulations == 80
+    assert resumed.best().decisions == straight.best().decisions
+    assert resumed.stats()["nodes"] == straight.stats()["nodes"]
+
+
+def test_megatron_recovery():
+    """automap's result: with weights dwarfing activations (batch 1) and a budget under
+    replication, the search shards w1 and w2 on the FFN hidden dim and attention on heads."""
+    res = analyze_model("transformer", "tiny", ["batch=1", "d_model=256", "d_ff=1024"])
+    s = _search(res, mesh="model=4", memory="8MiB")
+    assert not s.cm.evaluate([]).fits
+    s.step(300)
+    plan = s.best_plan()
+    for layer in (0, 1):
+        ins = {k.rsplit("/", 1)[1]: v for k, v in plan.inputs.items() if k.startswith(f"params/layers/{layer}/")}
+        assert ins["w1"] == [None, "model"] and ins["w2"] == ["model", None]
+        for w in ("wq", "wk", "wv"):
+            assert ins[w] == [None, "model", None]
+        assert ins["wo"] == ["model", None, None]
+
+
+def test_search_beats_or_matches_hand_plans_on_full_t32_two_layers():
+    res = analyze_model("transformer", "t32", ["layers=2"])
+    mesh = MeshSpec.parse("data=8,model=4")
+    s = Search(res, mesh, get_hardware("tpu-v4", memory_budget=parse_bytes("4GiB")), seed=0)
+    hand = [s.cm.evaluate(strategy_decisions(n, res.analysis, mesh)) for n in ("dp", "megatron", "zero3")]
+    best_hand = min(r.step_time for r in hand if r.fits)
+    s.step(300)
+    assert s.best().report.fits
+    assert s.best().report.step_time <= best_hand * 1.0001
+
+
+def test_cli_search_writes_plan_and_state_and_resumes(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["search", "transformer", "--mesh", "data=4,model=2", "--memory", "2MiB", "--budget", "2",
+            "--pin", "ffn=model", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["fits"] and d["simulations"] > 0
+    plan = Plan.load(out)
+    assert plan.strategy == "mcts" and any(x.pinned for x in plan.decisions)
+    state = tmp_path / "plan.json.search"
+    assert state.exists()
+    assert main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "2MiB", "--budget", "1",
+                 "--resume", str(state), "--out", str(out), "--json"]) == 0
+    d2 = json.loads(capsys.readouterr().out)
+    assert d2["simulations"] > d["simulations"]
+
+
+def test_cli_search_impossible_budget_exit_2(tmp_path, capsys):
+    code = main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "1KiB", "--budget", "1",
+                 "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no plan fits the 1.0 KiB per-device budget" in err and "smallest memory found" in err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_cli_search_pin_that_breaks_the_budget_names_it(tmp_path, capsys):
+    code = main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "1MiB", "--budget", "2",
+                 "--pin", "head_dim=data", "--forbid", "batch=data", "--forbid", "seq=data",
+                 "--forbid", "d_model=data", "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "with pins head_dim->data" in err and "smallest memory found" in err
+
+
+def test_cli_bench_json_rows(capsys):
+    assert main(["bench", "transformer", "--mesh", "data=4,model=2", "--memory", "2MiB", "--budget", "2",
+                 "--ilp-time", "5", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    names = [r["strategy"] for r in d["rows"]]
+    assert names == ["replicated", "dp", "megatron", "zero3", "ilp", "mcts"]
+    for r in d["rows"]:
+        assert set(r) >= {"strategy", "step_time_s", "mfu", "memory_bytes", "fits", "search_s"}
+    mcts = d["rows"][-1]
+    assert mcts["fits"] and mcts["memory_bytes"] <= d["budget_bytes"]
