@@ -40,12 +40,26 @@ _FREE = PSEUDO_OPS | {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "
                       "stop_gradient", "copy", "copy_p", "sharding_constraint", "optimization_barrier"}
 
 
-def _shift(op, values) -> tuple[str, int] | None:
+def _shift(op, values) -> tuple[str, int, tuple[int, ...]] | None:
+    """(kind, dim, piece sizes along dim) of a concatenate or split."""
     if op.primitive == "concatenate":
-        return ("concatenate", int(op.params["dimension"]))
+        d = int(op.params["dimension"])
+        return ("concatenate", d, tuple(values[i].shape[d] for i in op.inputs))
     if op.primitive == "split":
-        return ("split", int(op.params["axis"]) % len(values[op.inputs[0]].shape))
+        d = int(op.params["axis"]) % len(values[op.inputs[0]].shape)
+        return ("split", d, tuple(values[o].shape[d] for o in op.outputs))
     return None
+
+
+def _misaligned(offset: int, size: int, total: int, n: int) -> float:
+    """The largest fraction of a device's block of a piece [offset, offset+size) of a dim of
+    ``total`` split n ways that sits on another device's block of the whole."""
+    worst = 0.0
+    for j in range(n):
+        lo, hi = offset + j * size / n, offset + (j + 1) * size / n
+        overlap = max(0.0, min(hi, (j + 1) * total / n) - max(lo, j * total / n))
+        worst = max(worst, 1 - overlap / (size / n))
+    return worst
 
 
 # Elementwise primitives XLA fuses into their consumers.
@@ -175,7 +189,13 @@ class CostModel:
     """Scores plans for one analysed program on one mesh and hardware."""
 
     def __init__(self, analysis: Analysis, mesh: MeshSpec, hardware: Hardware,
-                 donate: Iterable[int] | None = None):
+                 donate: Iterable[int] | None = None, lowering: str = "tpu"):
+        """lowering: "tpu" (TPU and GPU: real reduce-scatters) or "cpu" (XLA:CPU lowers a
+        reduce-scatter to an all-reduce of the whole partial result and a local slice, which
+        takes a second full-size buffer; used to compare with XLA on simulated devices)."""
+        if lowering not in ("tpu", "cpu"):
+            raise ValueError(f"lowering must be 'tpu' or 'cpu', got {lowering!r}")
+        self.lowering = lowering
         self.analysis = analysis
         self.mesh = mesh
         self.hw = hardware
@@ -468,7 +488,10 @@ class CostModel:
                 vaxes = {a for axes in vspec for a in axes}
                 rs = tuple(a for a in partial if a in vaxes)
                 ar = tuple(a for a in partial if a not in vaxes)
-                if rs:
+                if rs and self.lowering == "cpu":
+                    colls.append(("all-reduce", rs, lb, pgroup))
+                    transient.append((j, lb))  # the all-reduced whole, before the slice
+                elif rs:
                     colls.append(("reduce-scatter", rs, lb, pgroup))
                 if ar:
                     colls.append(("all-reduce", ar, lb / self._prod(rs), pgroup))
@@ -492,36 +515,48 @@ class CostModel:
         return compute, comm, tuple(out), tuple(transient)
 
     def _shifted_views(self, pat: _Pattern, dec, fax, colls):
-        """Concatenating (splitting) tensors sharded alike along the joined dim: XLA moves
-        the blocks with an all-to-all (a collective-permute) instead of gathering them; a
-        piece sharded differently is gathered, an unsharded one sliced locally."""
+        """Concatenate and split along a sharded dim, as XLA partitions them: pieces sharded
+        like the whole are moved by an all-to-all (concatenate) or, where a piece's blocks do
+        not line up with the whole's, a collective-permute (split); a piece sharded where the
+        whole is not is gathered; an unsharded piece of a sharded whole is sliced locally."""
         if pat.shift is None:
             return {}, {}
-        kind, d = pat.shift
+        kind, d, sizes = pat.shift
+        total = sum(sizes)
 
-        def view(fmap, axes):
-            v = [list(fax[k]) if k >= 0 else [] for k in fmap]
-            v[d] = list(axes)
-            return v
+        def own(sig):
+            return [list(a) for a in self.sig_spec(sig, dec)]
 
         if kind == "concatenate":
-            joined, pieces, move = pat.results[0], list(zip(pat.operands, pat.operand_bytes)), "all-to-all"
-        else:
-            joined, pieces, move = pat.operands[0], list(zip(pat.results, pat.result_bytes)), "collective-permute"
-        axes = self.sig_spec(joined[0], dec)[d]
-        if not axes:
-            return {}, {}
-        piece_views = {}
-        for k, ((sig, fmap), nb) in enumerate(pieces):
+            axes = self.sig_spec(pat.results[0][0], dec)[d]
+            if not axes:
+                return {}, {}  # an unsharded result: gather the pieces (the general path)
+            in_view = {}
+            for i, ((sig, fmap), nb) in enumerate(zip(pat.operands, pat.operand_bytes)):
+                spec = self.sig_spec(sig, dec)
+                in_view[i] = own(sig)
+                if spec[d] == axes:
+                    colls.append(("all-to-all", tuple(axes), nb / self._shard(spec), self.sigs[sig][d][0]))
+                elif spec[d]:
+                    rest = [a for k, x in enumerate(spec) if k != d for a in x]
+                    colls.append(("all-gather", tuple(spec[d]), nb / self._prod(rest), self.sigs[sig][d][0]))
+            return in_view, {0: own(pat.results[0][0])}
+        whole = self.sig_spec(pat.operands[0][0], dec)
+        out_view = {}
+        offset = 0
+        for j, ((sig, fmap), nb) in enumerate(zip(pat.results, pat.result_bytes)):
             spec = self.sig_spec(sig, dec)
-            piece_views[k] = view(fmap, axes)
-            if spec[d] == axes:
-                colls.append((move, tuple(axes), nb / self._shard(spec), self.sigs[sig][d][0]))
-            elif spec[d]:
-                rest = [a for i, x in enumerate(spec) if i != d for a in x]
-                colls.append(("all-gather", tuple(spec[d]), nb / self._prod(rest), self.sigs[sig][d][0]))
-        joined_view = {0: view(joined[1], axes)}
-        return (piece_views, joined_view) if kind == "concatenate" else (joined_view, piece_views)
+            out_view[j] = own(sig)
+            if spec[d]:
+                frac = _misaligned(offset, sizes[j], total, self._prod(spec[d]))
+                if frac > 1e-9:
+                    colls.append(("collective-permute", tuple(spec[d]), frac * nb / self._shard(spec),
+                                  self.sigs[sig][d][0]))
+            elif whole[d]:
+                rest = [a for k, x in enumerate(spec) if k != d for a in x]
+                colls.append(("all-gather", tuple(whole[d]), nb / self._prod(rest), self.sigs[sig][d][0]))
+            offset += sizes[j]
+        return {0: own(pat.operands[0][0])}, out_view
 
     def _prod(self, axes) -> int:
         n = 1

@@ -129,10 +129,12 @@ class Plan:
                    tuple(donate), d.get("predicted") or {}, d.get("model") or {}, d.get("strategy"))
 
     # ------------------------------------------------------------------ apply
-    def apply(self, fn: Callable, mesh=None, axis_names=None) -> "PlannedFunction":
+    def apply(self, fn: Callable, mesh=None, axis_names=None, constrain: bool = True) -> "PlannedFunction":
         """``fn`` jitted with the plan's shardings and intermediate constraints, on ``mesh``
-        (default: the plan's mesh over all of JAX's devices, Auto axis types)."""
-        return PlannedFunction(self, fn, mesh, axis_names)
+        (default: the plan's mesh over all of JAX's devices, Auto axis types).
+        constrain=False applies the input and output shardings alone (for comparison: XLA's
+        propagation then decides every intermediate)."""
+        return PlannedFunction(self, fn, mesh, axis_names, constrain)
 
 
 def _hardware_from_json(d: Any) -> Hardware:
@@ -223,8 +225,9 @@ def check_divisible(plan: Plan, program) -> None:
 class PlannedFunction:
     """The plan applied to a function: traced and jitted on first use (or ``lower``)."""
 
-    def __init__(self, plan: Plan, fn: Callable, mesh=None, axis_names=None):
+    def __init__(self, plan: Plan, fn: Callable, mesh=None, axis_names=None, constrain: bool = True):
         self.plan = plan
+        self.constrain = constrain
         self.fn = fn
         self._mesh = mesh
         self.axis_names = axis_names
@@ -260,7 +263,7 @@ class PlannedFunction:
         an = analyze(program, axis_names_by_value(program, self.axis_names))
         decisions = resolve_decisions(self.plan, an)
         cm = CostModel(an, self.plan.mesh, self.plan.hardware, donate=self.plan.donate)
-        value_specs, operand_specs = constraint_specs(cm, decisions)
+        value_specs, operand_specs = constraint_specs(cm, decisions) if self.constrain else ({}, {})
         self.num_constraints = (len(value_specs), len(operand_specs))
         self.program = program
         body = constrained_function(program, mesh, value_specs, operand_specs)

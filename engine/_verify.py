@@ -7,8 +7,8 @@ compiled HLO, weighted by loop trip counts. With ``run`` (small configs) the pla
 executed and its outputs compared with the unsharded function.
 
 On XLA:CPU a reduce-scatter is emitted as an all-reduce of the whole partial result
-followed by a local slice (checked in tests/test_hlo.py); the comparison on CPU therefore
-counts predicted reduce-scatters as all-reduces of the same bytes.
+followed by a local slice (checked in tests/test_hlo.py); on CPU the prediction compared is
+therefore the cost model's ``lowering="cpu"`` variant, which models exactly that.
 """
 
 from __future__ import annotations
@@ -26,13 +26,15 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective
 
 
 def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
-           run: bool = False, timeout: float = 1800) -> dict:
+           run: bool = False, timeout: float = 1800, constrain: bool = True) -> dict:
     """Verify one plan in a fresh process; returns the comparison dict (see ``_worker``)."""
-    return verify_many(model, [plan_path], preset=preset, overrides=overrides, run=run, timeout=timeout)[0]
+    return verify_many(model, [plan_path], preset=preset, overrides=overrides, run=run, timeout=timeout,
+                       constrain=constrain)[0]
 
 
 def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
-                overrides: list[str] | None = None, run: bool = False, timeout: float = 1800) -> list[dict]:
+                overrides: list[str] | None = None, run: bool = False, timeout: float = 1800,
+                constrain: bool = True) -> list[dict]:
     """Verify several plans of one model (all on meshes of one size) in one fresh process."""
     from ._plan import Plan
 
@@ -45,7 +47,7 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
     args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
-                       "overrides": list(overrides or []), "run": run})
+                       "overrides": list(overrides or []), "run": run, "constrain": constrain})
     try:
         r = subprocess.run([sys.executable, "-m", "engine._verify", args], env=env, capture_output=True,
                            text=True, timeout=timeout)
@@ -93,7 +95,7 @@ def _verify_one(model, plan, spec: dict, n: int) -> dict:
     from ._plan import resolve_decisions, spec_from_json
 
     t0 = time.perf_counter()
-    planned = plan.apply(model.fn, axis_names=model.axis_names)
+    planned = plan.apply(model.fn, axis_names=model.axis_names, constrain=spec.get("constrain", True))
     mesh = planned.mesh
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.args)
     lowered = planned.lower(*abstract)
@@ -107,15 +109,13 @@ def _verify_one(model, plan, spec: dict, n: int) -> dict:
 
     program = planned.program
     an = analyze(program, axis_names_by_value(program, model.axis_names))
-    cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate)
+    cpu = jax.devices()[0].platform == "cpu"
+    # predicted as XLA lowers it here (XLA:CPU: reduce-scatter = all-reduce + slice)
+    cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, lowering="cpu" if cpu else "tpu")
     report = cm.evaluate(resolve_decisions(plan, an), detail=True)
     pred_bytes = dict.fromkeys(KINDS, 0.0)
     for k, v in report.collective_bytes.items():
         pred_bytes[k] += v
-    cpu = jax.devices()[0].platform == "cpu"
-    if cpu:  # XLA:CPU has no reduce-scatter: all-reduce + dynamic-slice
-        pred_bytes["all-reduce"] += pred_bytes.pop("reduce-scatter")
-        pred_bytes["reduce-scatter"] = 0.0
     m = report.memory
     out: dict[str, Any] = {
         "model": spec["model"], "preset": spec["preset"], "mesh": plan.mesh.text(),
@@ -128,6 +128,7 @@ def _verify_one(model, plan, spec: dict, n: int) -> dict:
         "collectives": {k: {"predicted_bytes": pred_bytes.get(k, 0.0), "xla_bytes": xla_bytes.get(k, 0),
                             "ratio": _ratio(pred_bytes.get(k, 0.0), xla_bytes.get(k, 0))} for k in KINDS},
         "constraints": {"values": planned.num_constraints[0], "operands": planned.num_constraints[1]},
+        "constrained": planned.constrain,
         "fits": mem["total"] <= plan.hardware.budget,
         "budget": plan.hardware.budget,
         "lower_seconds": round(t1 - t0, 2),

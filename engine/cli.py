@@ -99,11 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="RNG seed of the search (default 0)")
     b.add_argument("--out-dir", help="also write each row's plan JSON here")
 
+    sv = sub.add_parser("serve", help="serve the explorer web app (panel) on 127.0.0.1:5006")
+    sv.add_argument("--port", type=int, default=5006)
+    sv.add_argument("--address", default="127.0.0.1")
+    sv.add_argument("--show", action="store_true", help="open a browser")
+
     v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
     _add_model_args(v)
     v.add_argument("plan", help="plan JSON written by `partex plan` or `partex search`")
     v.add_argument("--run", action="store_true", help="also run it (small configs) and compare numerics "
                                                       "with the unsharded function")
+    v.add_argument("--inputs-only", action="store_true",
+                   help="apply the input/output shardings alone, without intermediate constraints "
+                        "(to see what XLA's own propagation does)")
     return ap
 
 
@@ -187,7 +195,8 @@ def check_mesh_divides(plan, program) -> None:
 def cmd_verify(args) -> int:
     from ._verify import KINDS, verify
 
-    out = verify(args.model, args.plan, preset=args.preset, overrides=_overrides(args.config), run=args.run)
+    out = verify(args.model, args.plan, preset=args.preset, overrides=_overrides(args.config), run=args.run,
+                 constrain=not args.inputs_only)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -371,8 +380,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    try:
+        import explorer
+    except ImportError:
+        raise PartexError("the explorer is not installed next to the engine (explorer/ package missing)") from None
+    return explorer.serve(port=args.port, address=args.address, show=args.show)
+
+
 COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search,
-            "bench": cmd_bench}
+            "bench": cmd_bench, "serve": cmd_serve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

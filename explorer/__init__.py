@@ -30,6 +30,7 @@ def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = Fal
         f"--allow-websocket-origin=localhost:{port}",
         "--unused-session-lifetime", str(session_lifetime_ms),
         "--check-unused-sessions", str(max(500, session_lifetime_ms // 2)),
+        "--warm",  # run the app once at start: imports done and the demo model traced before the first tab
     ]
     if show:
         cmd.append("--show")

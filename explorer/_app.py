@@ -14,7 +14,7 @@ from ._graph import DecisionView, GraphView
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
 from ._format import esc
-from ._widgets import CSS, html, text_input
+from ._widgets import CSS, bokeh_update, html
 
 log = logging.getLogger("partex.explorer")
 
@@ -35,15 +35,18 @@ def _card(title: str, body, subtitle: str = "", **kw) -> pn.Column:
 
 class ProbeView(pn.viewable.Viewer):
     """Hidden models for tests and scripts: ``partex-state`` (a Div whose text is the state
-    as JSON) and ``partex-ping`` (a text input the state echoes back at once)."""
+    as JSON) and ``partex-ping`` (a Div whose text, set by the page, the state echoes back
+    at once: a round trip through the server's event loop, with none of Panel's debouncing
+    of widget events)."""
 
     def __init__(self, state: ExplorerState, **params):
         super().__init__(**params)
         self.div = Div(text=state.probe, name="partex-state", visible=False)
-        state.param.watch(lambda e: setattr(self.div, "text", e.new), ["probe"])
-        self.ping = text_input("partex-ping", "ping", visible=False)
-        self.ping.param.watch(lambda e: setattr(state, "ping", e.new), ["value"])
-        self._panel = pn.Row(pn.pane.Bokeh(self.div, visible=False), self.ping, visible=False, height=0, margin=0)
+        state.param.watch(bokeh_update(lambda e: setattr(self.div, "text", e.new)), ["probe"])
+        self.ping = Div(text="", name="partex-ping", visible=False)
+        self.ping.on_change("text", lambda attr, old, new: setattr(state, "ping", new))
+        self._panel = pn.Row(pn.pane.Bokeh(self.div, visible=False), pn.pane.Bokeh(self.ping, visible=False),
+                             visible=False, height=0, margin=0)
 
     def __panel__(self):
         return self._panel

@@ -11,7 +11,7 @@ from bokeh.models import (
 from bokeh.plotting import figure
 
 from ._format import esc, fmt_bytes, fmt_time
-from ._widgets import html
+from ._widgets import bokeh_update, html
 
 MEMORY_PARTS = ("parameters", "optimizer", "activations", "temporaries")
 MEMORY_COLORS = ("#3b82f6", "#8b5cf6", "#14b8a6", "#f59e0b")
@@ -68,6 +68,7 @@ class KpiView(pn.viewable.Viewer):
     def __panel__(self):
         return self._pane
 
+    @bokeh_update
     def _render(self, *_):
         s = self.state
         best = s.best
@@ -153,6 +154,7 @@ class MemoryView(pn.viewable.Viewer):
         return {k: [] for k in (*MEMORY_PARTS, "row", "total", "outline", "note", "note_color",
                                 "p_txt", "o_txt", "a_txt", "t_txt", "peak_txt")}
 
+    @bokeh_update
     def _render(self, *_):
         s = self.state
         rows = plan_rows(s)
@@ -233,6 +235,7 @@ class SearchView(pn.viewable.Viewer):
     def __panel__(self):
         return self._panel
 
+    @bokeh_update
     def _render(self, *_):
         st = self.state.stats or {}
         hist = st.get("best_history") or []

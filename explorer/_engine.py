@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import threading
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import demo_models
 from engine import ModelAnalysis, PartexError, analyze_model
@@ -20,14 +21,7 @@ from engine._plan import Plan, check_signature, default_donate, make_plan, resol
 from engine._program import NO_PRODUCER
 from engine._strategies import baseline_names, strategy_decisions
 
-try:
-    from engine._search import Search
-    SEARCH_IS_STANDIN = False
-except ModuleNotFoundError as e:  # engine/_search.py is still being written
-    if e.name != "engine._search":
-        raise
-    from ._standin_search import Search
-    SEARCH_IS_STANDIN = True
+from engine._search import Search
 
 Decision = tuple[int, str]
 CUSTOM = "custom"  # the model picker's entry for a user's own module:attr
@@ -68,6 +62,7 @@ class _AnalysisCache:
         self._lock = threading.Lock()
         self._items: collections.OrderedDict[ModelChoice, ModelAnalysis] = collections.OrderedDict()
         self._key_locks: dict[ModelChoice, threading.Lock] = collections.defaultdict(threading.Lock)
+        self._derived: dict[tuple[int, str], Any] = {}  # (id of a cached analysis, what) -> value
 
     def get(self, choice: ModelChoice) -> ModelAnalysis:
         if choice.spec not in demo_models.MODELS:
@@ -80,11 +75,35 @@ class _AnalysisCache:
                     self._items.move_to_end(choice)
                     return self._items[choice]
             res = _analyze(choice)
+            settle_heap()
             with self._lock:
                 self._items[choice] = res
                 while len(self._items) > self.size:
-                    self._items.popitem(last=False)
+                    _, old = self._items.popitem(last=False)
+                    self._derived = {k: v for k, v in self._derived.items() if k[0] != id(old)}
             return res
+
+    def derived(self, res: ModelAnalysis, what: str, make: Callable[[], Any]) -> Any:
+        """make(), computed once per cached analysis (graph layout, group details)."""
+        with self._lock:
+            cached = any(r is res for r in self._items.values())
+            key = (id(res), what)
+            if cached and key in self._derived:
+                return self._derived[key]
+        value = make()
+        if cached:
+            with self._lock:
+                self._derived[key] = value
+        return value
+
+
+def settle_heap() -> None:
+    """Move what is alive now (modules, a cached analysis) out of the garbage collector's
+    reach. A full collection scans every tracked object and holds the GIL throughout:
+    with JAX, Bokeh and Panel loaded that is ~100 ms or more, a stall of the page; frozen
+    objects are skipped. Only long-lived objects are alive at these points."""
+    gc.collect()
+    gc.freeze()
 
 
 def _analyze(choice: ModelChoice) -> ModelAnalysis:
@@ -147,18 +166,16 @@ class Workspace:
         return self.res.analysis
 
     def summarize(self, name: str, decisions: Sequence[Decision], pinned=(), plan: Plan | None = None,
-                  simulation: int | None = None, cost_model: CostModel | None = None) -> PlanSummary:
+                  simulation: int | None = None, report: CostReport | None = None) -> PlanSummary:
+        """A PlanSummary; given both the plan and its detailed report, no evaluation."""
         decisions = tuple((int(g), a) for g, a in decisions)
-        if cost_model is None:
+        if report is None or plan is None:
             with self.lock:
-                return self._summarize(self.cm, name, decisions, pinned, plan, simulation)
-        return self._summarize(cost_model, name, decisions, pinned, plan, simulation)
-
-    def _summarize(self, cm, name, decisions, pinned, plan, simulation) -> PlanSummary:
-        report = cm.evaluate(list(decisions), detail=True)
-        if plan is None:
-            plan = make_plan(self.res, self.config.mesh, self.config.hw, list(decisions), strategy=name,
-                             pinned=pinned, donate=self.donate, cost_model=cm)
+                if report is None:
+                    report = self.cm.evaluate(list(decisions), detail=True)
+                if plan is None:
+                    plan = make_plan(self.res, self.config.mesh, self.config.hw, list(decisions), strategy=name,
+                                     pinned=pinned, donate=self.donate, cost_model=self.cm)
         return PlanSummary(name, decisions, frozenset(pinned), report, plan, simulation)
 
     def baselines(self) -> dict[str, PlanSummary]:
@@ -180,7 +197,7 @@ class Workspace:
     def new_search(self, seed: int, pins=(), forbidden=()) -> tuple[Search, list[str]]:
         """A fresh search with the user's pins and forbids re-applied; returns the search and
         a note per pin that no longer applies (its axis left the mesh)."""
-        s = Search(self.res, self.config.mesh, self.config.hw, seed=seed)
+        s = Search(self.res, self.config.mesh, self.config.hw, seed=seed, donate=self.donate)
         dropped = []
         for how, items in (("pin", pins), ("forbid", forbidden)):
             for g, a in items:

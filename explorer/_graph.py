@@ -17,7 +17,7 @@ from bokeh.plotting import figure
 
 from ._engine import GroupInfo, short_source
 from ._format import esc, fmt_bytes
-from ._widgets import button, html, select
+from ._widgets import bokeh_update, button, html, select
 
 AXIS_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777", "#0891b2"]
 UNSHARDED = "#cbd5e1"
@@ -100,6 +100,7 @@ class GraphView(pn.viewable.Viewer):
         return p
 
     # ------------------------------------------------------------------ data
+    @bokeh_update
     def _rebuild(self, *_):
         g = self.state.graph
         if g is None:
@@ -108,6 +109,7 @@ class GraphView(pn.viewable.Viewer):
         self._nodes, self._pos, self._edges, self._hidden = g.nodes, g.pos, g.edges, g.hidden
         self._restyle()
 
+    @bokeh_update
     def _restyle(self, *_):
         s = self.state
         ws = s.workspace
@@ -185,6 +187,7 @@ class GraphView(pn.viewable.Viewer):
             if self.state.selected_group != gid:
                 self.state.selected_group = gid
 
+    @bokeh_update
     def _select_from_state(self, event):
         g = event.new
         gids = self.node_src.data["gid"]

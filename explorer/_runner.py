@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -20,6 +21,12 @@ from engine import PartexError
 from ._engine import PlanSummary, Workspace
 
 log = logging.getLogger("partex.explorer")
+
+# The server's event loop is I/O-bound and the search CPU-bound: each time the loop gives
+# up the GIL for a socket call it waits up to the switch interval to get it back (5 ms by
+# default), and answering one websocket message takes dozens of such calls. A short
+# interval keeps the page's round trips short while a search runs.
+SWITCH_INTERVAL = 0.0005
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +49,7 @@ class SearchRunner:
     """
 
     def __init__(self, search, workspace: Workspace, *, chunk_seconds: float = 0.02,
-                 yield_seconds: float = 0.008, publish_seconds: float = 0.15, session: str = ""):
+                 yield_seconds: float = 0.01, publish_seconds: float = 0.25, session: str = ""):
         self.search = search
         self.workspace = workspace
         self.chunk_seconds = chunk_seconds
@@ -60,9 +67,10 @@ class SearchRunner:
         self._chunk = 4  # simulations per chunk, adapted to chunk_seconds
         self._best_key = None
         self._best: PlanSummary | None = None
-        self._cm = None  # the worker's own cost model for best-plan details
         self.snapshot: SearchSnapshot | None = None  # replaced whole: readers need no lock
         self._version = 0
+        if sys.getswitchinterval() > SWITCH_INTERVAL:
+            sys.setswitchinterval(SWITCH_INTERVAL)
         self._thread = threading.Thread(target=self._loop, name=f"partex-search-{session}", daemon=True)
         self._thread.start()
 
@@ -156,23 +164,18 @@ class SearchRunner:
         with self.lock:
             s = self.search
             stats = s.stats()
-            best = s.best()
             pins = tuple(s.pins)
             forbidden = tuple(sorted(s.forbidden))
-            key = None if best is None else (tuple(best.decisions), pins)
-            plan = s.best_plan() if key is not None and key != self._best_key else None
+            # the best plan is looked at (a detailed evaluation) only when it may have changed
+            key = (len(stats.get("best_history", ())), stats.get("best_step_time"), pins, forbidden)
+            best = plan = None
+            if key != self._best_key:
+                best = s.best()
+                plan = s.best_plan() if best is not None else None
         if key != self._best_key:
             self._best_key = key
-            if best is None:
-                self._best = None
-            else:
-                if self._cm is None:
-                    from engine._cost import CostModel
-
-                    ws = self.workspace
-                    self._cm = CostModel(ws.an, ws.config.mesh, ws.config.hw, donate=ws.donate)
-                self._best = self.workspace.summarize("search", best.decisions, pinned=pins, plan=plan,
-                                                      simulation=best.simulation, cost_model=self._cm)
+            self._best = None if best is None else self.workspace.summarize(
+                "search", best.decisions, pinned=pins, plan=plan, simulation=best.simulation, report=best.report)
         self._version += 1
         self.snapshot = SearchSnapshot(self._version, self._running or self._pending > 0, stats,
                                        self._best, pins, forbidden)

@@ -30,7 +30,7 @@ from engine import PartexError
 from engine._mesh import HARDWARE
 
 from ._engine import (
-    ANALYSES, CUSTOM, SEARCH_IS_STANDIN, Config, GroupInfo, ModelChoice, PlanSummary, Search, Workspace,
+    ANALYSES, CUSTOM, Config, GroupInfo, ModelChoice, PlanSummary, Search, Workspace,
     demo_presets, group_infos, parse_config, split_overrides,
 )
 from ._format import fmt_bytes, fmt_time
@@ -49,7 +49,7 @@ SESSION_FORMAT = "partex-explorer-session"
 # After picking up a snapshot the page renders it and Bokeh serialises the changes; the
 # search worker keeps off the GIL that long so that the page is never held up by it.
 QUIET_SECONDS = 0.1
-APPLY_SECONDS = 0.4  # while the search runs, the page shows its progress this often
+APPLY_SECONDS = 0.5  # while the search runs, the page shows its progress this often
 SLOW_CALLBACK_MS = 100
 _SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -558,8 +558,9 @@ class ExplorerState(param.Parameterized):
             ms = (time.perf_counter() - t0) * 1e3
             self.timings["callbacks"] += 1
             if ms > SLOW_CALLBACK_MS:
-                log.warning("partex: slow callback on the page's event loop: %.0f ms (session %s)",
-                            ms, self.session_id)
+                import traceback
+                log.warning("partex: slow callback on the page's event loop: %.0f ms (session %s) %s",
+                            ms, self.session_id, "".join(traceback.format_stack(limit=6)))
             if self.running:
                 self.timings["max_callback_ms"] = max(self.timings["max_callback_ms"], ms)
 
@@ -596,7 +597,6 @@ class ExplorerState(param.Parameterized):
             "sessions": list(self.sessions),
             "timings": {k: round(v, 1) for k, v in self.timings.items()},
             "ping": self.ping,
-            "standin_search": SEARCH_IS_STANDIN,
             "session": self.session_id,
         }
         self.probe = json.dumps(out)
@@ -617,7 +617,7 @@ def _build(choice: ModelChoice, config: Config, seed: int, res=None, pins=(), fo
     ws = Workspace(choice, res, config)
     baselines = ws.baselines()
     search, notes = ws.new_search(seed, pins, forbidden)
-    return Loaded(ws, group_infos(res), graph_layout(res.analysis), baselines, search, tuple(notes))
+    return Loaded(ws, *_details(res), baselines, search, tuple(notes))
 
 
 def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search_path) -> Loaded:
@@ -627,7 +627,7 @@ def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search
     notes = []
     search = None
     try:
-        search = Search.load(str(search_path))
+        search = Search.load(str(search_path), model=res)
     except (OSError, EOFError, PartexError, ValueError, TypeError, AttributeError, ImportError) as e:
         notes.append(f"the saved search could not be resumed ({type(e).__name__}: {e}); "
                      "started a new one with the saved pins")
@@ -645,7 +645,13 @@ def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search
         search, dropped = ws.new_search(int(form.get("seed", 0)), ids(meta.get("pins", [])),
                                         ids(meta.get("forbidden", [])))
         notes += dropped
-    return Loaded(ws, group_infos(res), graph_layout(res.analysis), ws.baselines(), search, tuple(notes), form)
+    return Loaded(ws, *_details(res), ws.baselines(), search, tuple(notes), form)
+
+
+def _details(res) -> tuple:
+    """Group details and the graph's layout (shared by the sessions on one demo model)."""
+    return (ANALYSES.derived(res, "infos", lambda: group_infos(res)),
+            ANALYSES.derived(res, "layout", lambda: graph_layout(res.analysis)))
 
 
 def _same_model(summary: PlanSummary, ws: Workspace) -> bool:

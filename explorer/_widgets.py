@@ -8,8 +8,22 @@ import functools
 
 import panel as pn
 from bokeh.models import Div
+from panel.io import unlocked
 
 CSS = "assets/explorer.css"  # served by `panel serve --static-dirs assets=static`
+
+
+def bokeh_update(fn):
+    """For view methods that change raw Bokeh models. Panel runs a widget's change event
+    without the document lock, and Bokeh refuses model changes made that way; Panel's own
+    models collect theirs under ``unlocked()`` and send them itself: so do these."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with unlocked():
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 @functools.cache
@@ -64,6 +78,7 @@ class Html(pn.viewable.Viewer):
         return self.div.text
 
     @object.setter
+    @bokeh_update
     def object(self, text: str) -> None:
         if text != self.div.text:
             self.div.text = text
@@ -73,6 +88,7 @@ class Html(pn.viewable.Viewer):
         return self.div.visible
 
     @visible.setter
+    @bokeh_update
     def visible(self, value: bool) -> None:
         self.div.visible = value
         self._pane.visible = value

@@ -94,7 +94,7 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def chromium():
     assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: run `make chromium` (apt-get install chromium)"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -119,8 +119,8 @@ def open_page(browser, server: Server) -> Page:
 
 
 @pytest.fixture
-def tab(browser, server):
-    p = open_page(browser, server)
+def tab(chromium, server):
+    p = open_page(chromium, server)
     yield p
     p.context.close()
 
@@ -156,8 +156,8 @@ def alert_text(page: Page) -> str:
 
 # --------------------------------------------------------------------------- the tests
 
-def test_page_opens_on_the_demo_transformer(browser, server):
-    page = open_page(browser, server)
+def test_page_opens_on_the_demo_transformer(chromium, server):
+    page = open_page(chromium, server)
     try:
         server.first_view_s = time.monotonic() - server.started
         s = state(page)
@@ -228,6 +228,8 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
     s = wait_until(lambda: (lambda s: "cannot parse mesh" in s["message"] and s)(state(tab)),
                    what="the mesh error")
     assert s["config"]["mesh"] == "data=4,model=2"  # the old mesh stays in effect
+    mesh.fill("data=4,model=2")
+    mesh.press("Enter")
 
     budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
     budget.fill("64KiB")
@@ -236,7 +238,6 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
                    what="the budget warning")
     assert s["level"] == "warning" and s["phase"] == "ready"
 
-    mesh.fill("data=4,model=2")
     budget.fill("4MiB")
     budget.press("Enter")
     wait_until(lambda: state(tab)["config"]["budget"] == 4 * 2**20, what="the budget to be restored")
@@ -244,8 +245,8 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
     wait_until(lambda: state(tab)["simulations"] >= 50, what="the session to go on")
 
 
-def test_two_pages_have_independent_state(browser, server, tab):
-    other = open_page(browser, server)
+def test_two_pages_have_independent_state(chromium, server, tab):
+    other = open_page(chromium, server)
     try:
         pin(tab, "vocab", "model")
         run_until(tab, lambda s: s["simulations"] >= 100, what="the first tab's search")
@@ -271,7 +272,7 @@ def test_search_never_blocks_the_page(tab):
             for (let i = 0; i < n; i++) {
                 const token = `p${i}-${Math.random()}`;
                 const t0 = performance.now();
-                ping.value = token;
+                ping.text = token;
                 while (JSON.parse(probe.text).ping !== token) {
                     await new Promise(r => setTimeout(r, 2));
                 }
@@ -292,8 +293,8 @@ def test_search_never_blocks_the_page(tab):
     assert t["max_loop_lag_ms"] < MAX_STALL_MS, t
 
 
-def test_closing_a_tab_stops_its_search(browser, server):
-    page = open_page(browser, server)
+def test_closing_a_tab_stops_its_search(chromium, server):
+    page = open_page(chromium, server)
     click(page, "▶ Run")
     wait_until(lambda: state(page)["simulations"] > 0, what="the search to start")
     session = state(page)["session"]
