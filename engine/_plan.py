@@ -263,6 +263,7 @@ class PlannedFunction:
         an = analyze(program, axis_names_by_value(program, self.axis_names))
         decisions = resolve_decisions(self.plan, an)
         cm = CostModel(an, self.plan.mesh, self.plan.hardware, donate=self.plan.donate)
+        check_consistent(self.plan, program, cm, decisions)
         value_specs, operand_specs = constraint_specs(cm, decisions) if self.constrain else ({}, {})
         self.num_constraints = (len(value_specs), len(operand_specs))
         self.program = program
@@ -281,6 +282,29 @@ class PlannedFunction:
 
     def lower(self, *args):
         return self.build(args).lower(*args)
+
+
+def check_consistent(plan: Plan, program, cm, decisions) -> None:
+    """The input/output specs must be what the decisions give: a plan edited by hand in one
+    place and not the other would apply shardings its constraints contradict."""
+    specs = cm.value_specs(decisions)
+    for vids, paths, stored, what in ((program.inputs, program.input_paths, plan.inputs, "input"),
+                                      (program.outputs, program.output_paths, plan.outputs, "output")):
+        for vid, path in zip(vids, paths):
+            want = spec_to_json(specs[vid])
+            have = stored.get(path)
+            if have is None:
+                raise PartexError(f"the plan has no PartitionSpec for {what} {path}; re-create it")
+            if _norm(have) != _norm(want):
+                raise PartexError(f"the plan was modified: {what} {path} has spec {have} but its decisions "
+                                  f"give {want}; edit the decisions (or pins), not the specs, and re-create it")
+
+
+def _norm(spec) -> list:
+    out = [tuple(_spec_axes(e)) for e in spec]
+    while out and not out[-1]:
+        out.pop()
+    return out
 
 
 def constraint_specs(cm, decisions):

@@ -54,12 +54,15 @@ class Search:
     """MCTS over decisions for one analysed model on one mesh and hardware.
 
     exploration: c in UCT, Q/N + c * sqrt(ln N_parent / N_child).
-    rollout_width: random actions scored per rollout step (greedy among them).
+    rollout_width: random actions scored per rollout step (greedy among them); at least
+      sqrt(legal actions).
+    polish_every: every so many simulations, a first-improvement local search from the best
+      plan (when it changed since the last polish).
     seed: the RNG seed; the same seed and number of simulations give the same plan.
     """
 
     def __init__(self, model, mesh: MeshSpec, hardware: Hardware, *, seed: int = 0,
-                 exploration: float = 0.5, rollout_width: int = 4, donate=None,
+                 exploration: float = 0.5, rollout_width: int = 4, polish_every: int = 32, donate=None,
                  cost_model: CostModel | None = None, model_spec: dict | None = None):
         from ._plan import default_donate
 
@@ -70,6 +73,8 @@ class Search:
         self.seed = seed
         self.exploration = exploration
         self.rollout_width = rollout_width
+        self.polish_every = polish_every
+        self._polished: tuple = ()
         self.donate = tuple(default_donate(model.program) if donate is None else donate)
         self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate)
         self.model_spec = model_spec or _model_spec(model)
@@ -92,7 +97,12 @@ class Search:
         self.smallest_memory = (math.inf, ())
         base = self.cm.evaluate([])
         self.t_ref = base.step_time if base.step_time > 0 else 1e-9
-        self._score(())  # the replicated plan is a candidate too
+        base_score = self._score(())  # the replicated plan is a candidate too
+        # Priors: how much each decision alone improves on replication. Expansion tries the
+        # most promising actions first and rollouts sample in proportion to exp(prior / tau).
+        self.prior = np.array([self._score(((g, a),)) - base_score for g, a in self.actions])
+        tau = float(self.prior.std()) or 1.0
+        self._weights = np.exp((self.prior - self.prior.max()) / tau) + 1e-6
 
     # ------------------------------------------------------------------ keys and scores
     def _key(self, decisions: Sequence[Decision]) -> tuple:
@@ -131,8 +141,11 @@ class Search:
         if node is None:
             node = self.nodes[key] = _Node()
         if node.untried is None:
-            node.untried = self._legal(decisions) + [STOP]
-            self.rng.shuffle(node.untried)
+            legal = self._legal(decisions)
+            noise = self.rng.random(len(legal)) * 1e-9  # seeded tie-break
+            # pop() takes from the end: the best prior last
+            order = sorted(range(len(legal)), key=lambda i: (self.prior[legal[i]] + noise[i]))
+            node.untried = [STOP] + [legal[i] for i in order]
         return node
 
     def _uct(self, parent: _Node, decisions) -> int:
@@ -157,13 +170,36 @@ class Search:
             legal = self._legal(decisions)
             if not legal:
                 return best
-            k = min(self.rollout_width, len(legal))
-            picks = self.rng.choice(len(legal), size=k, replace=False)
+            # wider for bigger action spaces; sampled by prior
+            k = min(max(self.rollout_width, int(math.ceil(math.sqrt(len(legal))))), len(legal))
+            w = self._weights[legal]
+            picks = self.rng.choice(len(legal), size=k, replace=False, p=w / w.sum())
             cand = max(((self._score(decisions + (self.actions[legal[i]],)), legal[i]) for i in picks))
             if cand[0] <= best:
                 return best
             best = cand[0]
             decisions = decisions + (self.actions[cand[1]],)
+
+    def _polish(self) -> None:
+        """Local search from the best plan: take the first single change (add an action, in
+        prior order, or drop an unpinned decision) that improves it, until none does. Its
+        evaluations share the cache; a better plan found becomes the best."""
+        if self._best is None:
+            return
+        current = tuple(self._best[1])
+        score = self._score(current)
+        for _ in range(4 * len(self.actions)):
+            improved = False
+            legal = sorted(self._legal(current), key=lambda a: -self.prior[a])
+            moves = [current + (self.actions[a],) for a in legal]
+            moves += [current[:i] + current[i + 1:] for i in range(len(self.pins), len(current))]
+            for cand in moves:
+                sc = self._score(cand)
+                if sc > score + 1e-12:
+                    current, score, improved = cand, sc, True
+                    break
+            if not improved:
+                return
 
     def _simulate(self) -> None:
         decisions = tuple(self.pins)
@@ -203,6 +239,10 @@ class Search:
             n.visits += 1
             n.value += reward
         self.simulations += 1
+        if self.simulations % self.polish_every == 0 and self._best is not None \
+                and self._best[1] != self._polished:
+            self._polished = self._best[1]
+            self._polish()
 
     # ------------------------------------------------------------------ public API
     def step(self, n: int = 1) -> None:
@@ -349,7 +389,9 @@ class Search:
             "mesh": self.mesh.to_json(),
             "hardware": dataclasses.asdict(self.hw),
             "params": {"seed": self.seed, "exploration": self.exploration,
-                       "rollout_width": self.rollout_width, "donate": list(self.donate)},
+                       "rollout_width": self.rollout_width, "polish_every": self.polish_every,
+                       "donate": list(self.donate)},
+            "polished": self._polished,
             "actions": self.actions,
             "pins": self.pins, "forbidden": sorted(self.forbidden),
             "nodes": self.nodes, "evals": self._evals,
@@ -382,7 +424,8 @@ class Search:
         hw = _hardware_from_json(state["hardware"])
         p = state["params"]
         s = cls(model, mesh, hw, seed=p["seed"], exploration=p["exploration"],
-                rollout_width=p["rollout_width"], donate=p["donate"], model_spec=spec)
+                rollout_width=p["rollout_width"], polish_every=p.get("polish_every", 32),
+                donate=p["donate"], model_spec=spec)
         if [tuple(a) for a in state["actions"]] != s.actions:
             raise PartexError(f"{path} was saved for a different model or mesh; start a new search")
         s.pins = [tuple(x) for x in state["pins"]]
@@ -393,6 +436,7 @@ class Search:
         s.smallest_memory = state["smallest_memory"]
         s.rng.bit_generator.state = state["rng"]
         s.t_ref = state["t_ref"]
+        s._polished = tuple(state.get("polished", ()))
         return s
 
 

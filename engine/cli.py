@@ -281,8 +281,17 @@ def cmd_search(args) -> int:
     old = signal.signal(signal.SIGTERM, _term)
     progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
     interrupted = False
+    saved = [time.perf_counter() - 9.0]
+
+    def tick(s) -> None:
+        progress(s)
+        now = time.perf_counter()
+        if now - saved[0] >= 10.0:  # autosave: even a kill -9 loses at most 10 s
+            s.save(state_path)
+            saved[0] = now
+
     try:
-        search.run(args.budget, callback=progress)
+        search.run(args.budget, callback=tick)
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -1,20 +1,31 @@
-"""The background search: one worker thread per browser session steps its Search in short
-chunks and publishes snapshots that the page picks up.
+"""The background search: each browser session steps its own Search in short chunks and
+publishes snapshots that the page picks up on its clock.
 
-The Search is not thread-safe: every call into it, from the worker or from the page (pin,
-forbid, save), holds ``SearchRunner.lock``. A chunk is sized to take about
-``chunk_seconds``, so a click that needs the lock waits at most that long, and the worker
-sleeps ``yield_seconds`` between chunks so the server's event loop gets the GIL.
+The search runs in a child process forked from the server (``ProcessRunner``), so that it
+shares neither the GIL nor the garbage collector with the server's event loop: a search
+that keeps a core busy then never holds up a page. (In one process, every socket call of
+the event loop waits to get the GIL back from the search, and a full collection of the
+search's objects stops every thread: measured here, 100-300 ms stalls of the page.) The
+child inherits the analysed model by fork, so nothing is traced or pickled twice. Where
+there is no fork, ``ThreadRunner`` steps the search in a thread instead.
+
+The Search is not thread-safe; each runner calls it from one place only (the child's loop,
+or the thread under ``lock``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
+import multiprocessing
+import os
+import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+import warnings
+from typing import Any
 
 from engine import PartexError
 
@@ -22,11 +33,10 @@ from ._engine import PlanSummary, Workspace
 
 log = logging.getLogger("partex.explorer")
 
-# The server's event loop is I/O-bound and the search CPU-bound: each time the loop gives
-# up the GIL for a socket call it waits up to the switch interval to get it back (5 ms by
-# default), and answering one websocket message takes dozens of such calls. A short
-# interval keeps the page's round trips short while a search runs.
-SWITCH_INTERVAL = 0.0005
+COMMANDS = ("pin", "forbid", "unpin", "save")  # what ``call`` may ask of the search
+# Where cores are few, the page (server loop, browser) comes before the search: the child
+# runs at a lower priority. With a core to itself it runs at full speed all the same.
+CHILD_NICENESS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,44 +50,265 @@ class SearchSnapshot:
     error: str | None = None
 
 
-class SearchRunner:
-    """Owns one Search and the thread that steps it.
+class _Stepper:
+    """The search side of a runner: steps in chunks sized to ``chunk_seconds`` and builds
+    snapshots (the best plan is looked at only when it may have changed)."""
 
-    chunk_seconds: target wall time of one ``step(k)`` call (k adapts to it).
-    yield_seconds: pause between chunks, so that the page's callbacks get the GIL.
-    publish_seconds: least time between two published snapshots while running.
-    """
-
-    def __init__(self, search, workspace: Workspace, *, chunk_seconds: float = 0.02,
-                 yield_seconds: float = 0.01, publish_seconds: float = 0.25, session: str = ""):
+    def __init__(self, search, workspace: Workspace, chunk_seconds: float):
         self.search = search
         self.workspace = workspace
         self.chunk_seconds = chunk_seconds
+        self.chunk = 4  # simulations per chunk, adapted
+        self.version = 0
+        self._best_key = None
+        self._best: PlanSummary | None = None
+
+    def step(self, limit: int | None = None) -> int:
+        n = self.chunk if limit is None else max(1, min(limit, self.chunk))
+        t0 = time.perf_counter()
+        self.search.step(n)
+        dt = time.perf_counter() - t0
+        # aim at chunk_seconds per chunk; grow slowly, shrink at once
+        self.chunk = max(1, min(int(n * self.chunk_seconds / max(dt, 1e-5)), self.chunk * 2, 5000))
+        return n
+
+    def command(self, name: str, *args) -> Any:
+        if name not in COMMANDS:
+            raise PartexError(f"unknown search command {name!r}")
+        s = self.search
+        getattr(s, name)(*args)
+        return list(s.pins), sorted(s.forbidden)
+
+    def snapshot(self, running: bool, error: str | None = None) -> SearchSnapshot:
+        s = self.search
+        stats = s.stats()
+        pins = tuple(s.pins)
+        forbidden = tuple(sorted(s.forbidden))
+        key = (len(stats.get("best_history", ())), stats.get("best_step_time"), pins, forbidden)
+        if key != self._best_key:
+            self._best_key = key
+            best = s.best()
+            self._best = None if best is None else self.workspace.summarize(
+                "search", best.decisions, pinned=pins, plan=s.best_plan(), simulation=best.simulation,
+                report=best.report)
+        self.version += 1
+        return SearchSnapshot(self.version, running, stats, self._best, pins, forbidden, error)
+
+
+def make_runner(search, workspace: Workspace, session: str = ""):
+    if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin":
+        return ProcessRunner(search, workspace, session=session)
+    return ThreadRunner(search, workspace, session=session)
+
+
+# --------------------------------------------------------------------------- in a child process
+
+class ProcessRunner:
+    """Steps the search in a forked child. The page's thread is the only one that talks to
+    it: commands go down a pipe; snapshots and replies come back and are read by
+    ``receive`` (from the page's clock) or by ``call`` (waiting for its reply).
+
+    chunk_seconds: target wall time of one ``step(k)``: the longest a command waits.
+    publish_seconds: least time between two snapshots while running.
+    """
+
+    def __init__(self, search, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.05,
+                 publish_seconds: float = 0.25):
+        self.session = session
+        self.snapshot: SearchSnapshot | None = None
+        self._running = False
+        self._closed = False
+        self._calls = 0
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_child_main, name=f"partex-search-{session}", daemon=True,
+                                 args=(child, self._conn, _Stepper(search, workspace, chunk_seconds),
+                                       publish_seconds))
+        with warnings.catch_warnings():
+            # JAX warns on every fork once its runtime is up. The child runs the search alone
+            # (the cost model is numpy) and never calls into JAX, whose threads it lacks.
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            self._proc.start()
+        child.close()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._proc.is_alive()
+
+    def _send(self, *msg) -> None:
+        try:
+            self._conn.send(msg)
+        except (OSError, ValueError):  # the child is gone: ``alive`` says so
+            self._running = False
+
+    def run(self) -> None:
+        self._running = True
+        self._send("run")
+
+    def pause(self) -> None:
+        self._running = False
+        self._send("pause")
+
+    def step(self, n: int) -> None:
+        self._send("step", int(n))
+
+    def quiet(self, seconds: float) -> None:
+        """Nothing to do: the child shares no GIL with the page."""
+
+    def call(self, name: str, *args, timeout: float = 10.0) -> Any:
+        """Ask the search to pin / forbid / unpin / save between two chunks; wait for it."""
+        self._calls += 1
+        ident = self._calls
+        self._send("call", ident, name, args)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._conn.poll(min(0.5, max(0.0, deadline - time.monotonic()))):
+                if not self._proc.is_alive():
+                    break
+                continue
+            msg = self._recv()
+            if msg is None:
+                break
+            if msg[0] == "reply" and msg[1] == ident:
+                ok, value = msg[2], msg[3]
+                if ok:
+                    return value
+                raise PartexError(value)
+        raise PartexError(f"the search did not answer {name} within {timeout:.0f} s")
+
+    def receive(self) -> SearchSnapshot | None:
+        """Read what the child sent (never blocks); the latest snapshot."""
+        while self._conn.poll(0):
+            if self._recv() is None:
+                break
+        return self.snapshot
+
+    def _recv(self):
+        try:
+            msg = self._conn.recv()
+        except (EOFError, OSError):
+            self._running = False
+            return None
+        if msg[0] == "snapshot":
+            self.snapshot = msg[1]
+            if msg[1].error:
+                self._running = False
+        return msg
+
+    def close(self, wait: float = 2.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._running = False
+        self._send("close")
+        self._proc.join(wait)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(1.0)
+        self._conn.close()
+        log.info("partex: search stopped (session %s)", self.session)
+
+
+def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float) -> None:
+    """The child's loop: commands between chunks; a snapshot now and then. It ends on
+    "close", or when the server goes away (end of file on the pipe)."""
+    parent_end.close()  # its copy of the server's end would hide the server's exit
+    # the server's handlers (Bokeh stops its event loop on SIGTERM) mean nothing here
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.nice(CHILD_NICENESS)
+    gc.freeze()  # what it inherited is never garbage here: keep collections short
+    running, pending, last = False, 0, 0.0
+
+    def publish(error=None):
+        nonlocal last
+        conn.send(("snapshot", stepper.snapshot(running or pending > 0, error)))
+        last = time.perf_counter()
+
+    try:
+        publish()
+        while True:
+            busy = running or pending > 0
+            if conn.poll(0 if busy else None):
+                msg = conn.recv()
+                kind = msg[0]
+                if kind == "close":
+                    return
+                if kind == "run":
+                    running = True
+                elif kind == "pause":
+                    running = False
+                    publish()
+                elif kind == "step":
+                    pending += msg[1]
+                elif kind == "call":
+                    _, ident, name, args = msg
+                    try:
+                        conn.send(("reply", ident, True, stepper.command(name, *args)))
+                    except PartexError as e:
+                        conn.send(("reply", ident, False, str(e)))
+                    except OSError as e:
+                        conn.send(("reply", ident, False, f"{type(e).__name__}: {e}"))
+                    publish()
+                continue
+            try:
+                n = stepper.step(None if running else pending)
+            except Exception as e:  # the process's boundary: report it on the page
+                running, pending = False, 0
+                publish(f"the search failed: {type(e).__name__}: {e}")
+                continue
+            if not running:
+                pending = max(0, pending - n)
+            if time.perf_counter() - last >= publish_seconds or not (running or pending):
+                publish()
+    except (EOFError, OSError, KeyboardInterrupt):  # the server went away
+        return
+
+
+# --------------------------------------------------------------------------- in a thread
+
+# The server's event loop is I/O-bound and the search CPU-bound: each time the loop gives
+# up the GIL for a socket call it waits up to the switch interval to get it back (5 ms by
+# default). A short interval keeps the page's round trips short while a search runs.
+SWITCH_INTERVAL = 0.0005
+
+
+class ThreadRunner:
+    """Steps the search in a thread of the server (where fork is not available). Every
+    call into the search holds ``lock``; the thread sleeps ``yield_seconds`` between chunks
+    and stays off the GIL while the page renders a snapshot (``quiet``)."""
+
+    def __init__(self, search, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.02,
+                 yield_seconds: float = 0.02, publish_seconds: float = 0.25):
+        self.session = session
         self.yield_seconds = yield_seconds
         self.publish_seconds = publish_seconds
-        self.session = session
         self.lock = threading.Lock()
+        self._stepper = _Stepper(search, workspace, chunk_seconds)
         self._cmd_lock = threading.Lock()  # guards _pending
         self._wake = threading.Event()
         self._running = False
-        self._pending = 0  # simulations asked for by Step
-        self._dirty = True  # publish a snapshot without stepping
+        self._pending = 0
+        self._dirty = True
         self._closed = False
-        self._quiet_until = 0.0  # the page asked the worker to stay off the GIL until then
-        self._chunk = 4  # simulations per chunk, adapted to chunk_seconds
-        self._best_key = None
-        self._best: PlanSummary | None = None
+        self._quiet_until = 0.0
         self.snapshot: SearchSnapshot | None = None  # replaced whole: readers need no lock
-        self._version = 0
         if sys.getswitchinterval() > SWITCH_INTERVAL:
             sys.setswitchinterval(SWITCH_INTERVAL)
         self._thread = threading.Thread(target=self._loop, name=f"partex-search-{session}", daemon=True)
         self._thread.start()
 
-    # ------------------------------------------------------------------ commands (any thread)
     @property
     def running(self) -> bool:
         return self._running
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def run(self) -> None:
         self._running = True
@@ -94,17 +325,17 @@ class SearchRunner:
         self._wake.set()
 
     def quiet(self, seconds: float) -> None:
-        """Keep off the GIL for a while after the current chunk: the page is about to
-        render a snapshot (its callback, then Bokeh serialising the changes)."""
         self._quiet_until = max(self._quiet_until, time.perf_counter() + seconds)
 
-    def call(self, fn: Callable[[Any], Any]) -> Any:
-        """Run fn(search) between two chunks; the result is published at once."""
+    def call(self, name: str, *args) -> Any:
         with self.lock:
-            out = fn(self.search)
+            out = self._stepper.command(name, *args)
         self._dirty = True
         self._wake.set()
         return out
+
+    def receive(self) -> SearchSnapshot | None:
+        return self.snapshot
 
     def close(self, wait: float = 2.0) -> None:
         self._closed = True
@@ -113,69 +344,36 @@ class SearchRunner:
         if threading.current_thread() is not self._thread:
             self._thread.join(wait)
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    # ------------------------------------------------------------------ the worker
     def _loop(self) -> None:
-        last_publish = 0.0
-        try:
-            while not self._closed:
-                self._wake.clear()
-                if self._running or self._pending > 0:
-                    n = self._chunk if self._running else min(self._pending, self._chunk)
+        last = 0.0
+        error = None
+        while not self._closed:
+            self._wake.clear()
+            if self._running or self._pending > 0:
+                try:
                     with self.lock:
-                        t0 = time.perf_counter()
-                        self.search.step(n)
-                        dt = time.perf_counter() - t0
-                    if not self._running:
-                        with self._cmd_lock:
-                            self._pending = max(0, self._pending - n)
-                    # aim at chunk_seconds per chunk; grow slowly, shrink at once
-                    ideal = max(1, int(n * self.chunk_seconds / max(dt, 1e-5)))
-                    self._chunk = min(ideal, self._chunk * 2, 2000)
-                    now = time.perf_counter()
-                    if now - last_publish >= self.publish_seconds or (not self._running and not self._pending):
-                        self._publish()
-                        last_publish = time.perf_counter()
-                    time.sleep(max(self.yield_seconds, self._quiet_until - time.perf_counter()))
-                elif self._dirty:
-                    self._dirty = False
-                    self._publish()
-                else:
-                    self._wake.wait()
-        except PartexError as e:
-            self._fail(str(e))
-        except Exception as e:  # the thread's boundary: report it on the page, log the traceback
-            log.exception("search worker failed")
-            self._fail(f"internal error in the search: {type(e).__name__}: {e}")
-        log.info("partex: search thread stopped (session %s)", self.session)
+                        n = self._stepper.step(None if self._running else self._pending)
+                except Exception as e:  # the thread's boundary: report it on the page
+                    log.exception("search worker failed")
+                    self._running, self._pending = False, 0
+                    error = f"the search failed: {type(e).__name__}: {e}"
+                    self._dirty = True
+                    continue
+                if not self._running:
+                    with self._cmd_lock:
+                        self._pending = max(0, self._pending - n)
+                if time.perf_counter() - last >= self.publish_seconds or not (self._running or self._pending):
+                    self._publish(error)
+                    last = time.perf_counter()
+                time.sleep(max(self.yield_seconds, self._quiet_until - time.perf_counter()))
+            elif self._dirty:
+                self._dirty = False
+                self._publish(error)
+                error = None
+            else:
+                self._wake.wait()
+        log.info("partex: search stopped (session %s)", self.session)
 
-    def _fail(self, message: str) -> None:
-        self._running = False
-        self._pending = 0
-        self._version += 1
-        prev = self.snapshot
-        self.snapshot = SearchSnapshot(self._version, False, prev.stats if prev else {}, self._best,
-                                       prev.pins if prev else (), prev.forbidden if prev else (), message)
-
-    def _publish(self) -> None:
+    def _publish(self, error=None) -> None:
         with self.lock:
-            s = self.search
-            stats = s.stats()
-            pins = tuple(s.pins)
-            forbidden = tuple(sorted(s.forbidden))
-            # the best plan is looked at (a detailed evaluation) only when it may have changed
-            key = (len(stats.get("best_history", ())), stats.get("best_step_time"), pins, forbidden)
-            best = plan = None
-            if key != self._best_key:
-                best = s.best()
-                plan = s.best_plan() if best is not None else None
-        if key != self._best_key:
-            self._best_key = key
-            self._best = None if best is None else self.workspace.summarize(
-                "search", best.decisions, pinned=pins, plan=plan, simulation=best.simulation, report=best.report)
-        self._version += 1
-        self.snapshot = SearchSnapshot(self._version, self._running or self._pending > 0, stats,
-                                       self._best, pins, forbidden)
+            self.snapshot = self._stepper.snapshot(self._running or self._pending > 0, error)

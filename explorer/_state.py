@@ -31,11 +31,11 @@ from engine._mesh import HARDWARE
 
 from ._engine import (
     ANALYSES, CUSTOM, Config, GroupInfo, ModelChoice, PlanSummary, Search, Workspace,
-    demo_presets, group_infos, parse_config, split_overrides,
+    demo_presets, group_infos, parse_config, settle_heap, split_overrides,
 )
 from ._format import fmt_bytes, fmt_time
 from ._layout import GraphLayout, graph_layout
-from ._runner import SearchRunner, SearchSnapshot
+from ._runner import SearchSnapshot, make_runner
 
 log = logging.getLogger("partex.explorer")
 
@@ -111,7 +111,7 @@ class ExplorerState(param.Parameterized):
         super().__init__(**params)
         self.session_id = session_id or f"{id(self):x}"
         self.sessions_dir = pathlib.Path(sessions_dir or os.environ.get("PARTEX_SESSIONS_DIR") or "sessions")
-        self.runner: SearchRunner | None = None
+        self.runner = None  # a ProcessRunner or ThreadRunner
         self._inbox: collections.deque = collections.deque()
         self._job_gen: collections.Counter[str] = collections.Counter()
         self._seen_version = -1
@@ -222,7 +222,7 @@ class ExplorerState(param.Parameterized):
 
     def _install(self, loaded: Loaded) -> None:
         if self.runner is not None:
-            self.runner.close(wait=0)
+            self.runner.close(wait=0.2)
         ws = loaded.workspace
         was_running = self.running and self.workspace is not None and ws.res is self.workspace.res
         if loaded.form:
@@ -244,7 +244,8 @@ class ExplorerState(param.Parameterized):
                 self.shown_plan = "search"
         self._seen_version = -1
         self._warned_budget = False
-        self.runner = SearchRunner(loaded.search, ws, session=self.session_id)
+        settle_heap()  # the new page and model are long-lived: keep them out of later collections
+        self.runner = make_runner(loaded.search, ws, session=self.session_id)
         self.pins = list(loaded.search.pins)
         self.forbidden = sorted(loaded.search.forbidden)
         self.phase = "ready"
@@ -279,7 +280,7 @@ class ExplorerState(param.Parameterized):
             self._quiet = False
 
     # ------------------------------------------------------------------ search controls
-    def _need_runner(self) -> SearchRunner | None:
+    def _need_runner(self):
         if self.runner is None or not self.runner.alive:
             self.notify("no search yet: wait for the model to load (or press Analyze)", "warning")
             return None
@@ -319,14 +320,11 @@ class ExplorerState(param.Parameterized):
             return
         an = self.workspace.an
         lab = f"{an.groups[group].label}->{axis}"
-        def decide(s):
-            getattr(s, how)(group, axis)
-            return list(s.pins), sorted(s.forbidden)
-
         try:
-            pins, forbidden = r.call(decide)
+            pins, forbidden = r.call(how, group, axis)
         except PartexError as e:
-            self.notify(f"cannot {how} {lab}: {e}", "danger")
+            text = str(e)
+            self.notify(text if text.startswith("cannot") else f"cannot {how} {lab}: {text}", "danger")
             return
         self.pins, self.forbidden = pins, forbidden
         self._warned_budget = False
@@ -448,11 +446,7 @@ class ExplorerState(param.Parameterized):
         try:
             self.sessions_dir.mkdir(parents=True, exist_ok=True)
             search_path = self.sessions_dir / f"{name}.search"
-            def save(s):
-                s.save(str(search_path))
-                return list(s.pins), sorted(s.forbidden)
-
-            pins, forbidden = r.call(save)
+            pins, forbidden = r.call("save", str(search_path))
             meta = {
                 "format": SESSION_FORMAT, "version": 1, "saved": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "model": ws.choice.to_json(),
@@ -506,7 +500,7 @@ class ExplorerState(param.Parameterized):
         with self.timed():
             self._drain()
             r = self.runner
-            snap = r.snapshot if r is not None else None
+            snap = r.receive() if r is not None else None
             now = time.perf_counter()
             if (snap is not None and snap.version != self._seen_version
                     and (not snap.running or snap.best is not self.best or now - self._last_apply >= APPLY_SECONDS)):
@@ -558,9 +552,8 @@ class ExplorerState(param.Parameterized):
             ms = (time.perf_counter() - t0) * 1e3
             self.timings["callbacks"] += 1
             if ms > SLOW_CALLBACK_MS:
-                import traceback
-                log.warning("partex: slow callback on the page's event loop: %.0f ms (session %s) %s",
-                            ms, self.session_id, "".join(traceback.format_stack(limit=6)))
+                log.warning("partex: slow callback on the page's event loop: %.0f ms (session %s)",
+                            ms, self.session_id)
             if self.running:
                 self.timings["max_callback_ms"] = max(self.timings["max_callback_ms"], ms)
 

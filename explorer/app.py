@@ -25,17 +25,3 @@ if not _log.handlers:  # the server's log shows the explorer's own lines (thread
     _log.propagate = False
 
 pn.extension(notifications=False)
-
-import gc as _gc, time as _time  # DEBUG
-if not getattr(_gc, "_px_dbg", False):
-    _gc._px_dbg = True
-    _t = {}
-    def _cb(phase, info):
-        if phase == "start":
-            _t["t"] = _time.perf_counter()
-        else:
-            ms = (_time.perf_counter() - _t["t"]) * 1e3
-            if ms > 20:
-                _log.warning("GC gen%d pause %.0f ms collected %d", info["generation"], ms, info["collected"])
-    _gc.callbacks.append(_cb)
-create_app().servable(title="partex explorer")

@@ -14,3 +14,14 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_compilation_cache_dir", str(ROOT / ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 os.environ.setdefault("PARTEX_TEST", "1")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--hypothesis-large", action="store_true", default=False,
+                     help="property tests (tests/test_properties.py): 10x the generated programs")
+
+
+def pytest_configure(config):
+    # read by tests/test_properties.py at import (after configure, before collection)
+    if config.getoption("--hypothesis-large", default=False):
+        os.environ["PARTEX_HYPOTHESIS_LARGE"] = "1"

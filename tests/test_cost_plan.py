@@ -204,3 +204,12 @@ def test_parse_bytes_and_mesh_text():
     with pytest.raises(PartexError, match="unique"):
         MeshSpec.parse("data=2,data=4")
     assert math.isclose(MeshSpec.parse("data=4@25,model=2@100").axis_bandwidth("data", get_hardware("cpu")), 25e9)
+
+
+def test_tampered_plan_is_refused(tmp_path, tiny, mesh42):
+    def edit(d):
+        d["inputs"]["params/layers/0/w1"] = ["data", None]
+    path = _plan_file(tmp_path, tiny, mesh42, edit)
+    m = tiny.model
+    with pytest.raises(PartexError, match=r"the plan was modified: input params/layers/0/w1 has spec"):
+        Plan.load(path).apply(m.fn).lower(*m.args)

@@ -299,8 +299,8 @@ def test_closing_a_tab_stops_its_search(chromium, server):
     wait_until(lambda: state(page)["simulations"] > 0, what="the search to start")
     session = state(page)["session"]
     page.context.close()
-    wait_until(lambda: f"search thread stopped (session {session})" in server.log_text(), timeout=20,
-               what="the closed tab's search thread to stop")
+    wait_until(lambda: f"search stopped (session {session})" in server.log_text(), timeout=20,
+               what="the closed tab's search to stop")
 
 
 def test_screenshots_of_the_main_views(tab):

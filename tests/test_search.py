@@ -163,3 +163,32 @@ def test_cli_bench_json_rows(capsys):
         assert set(r) >= {"strategy", "step_time_s", "mfu", "memory_bytes", "fits", "search_s"}
     mcts = d["rows"][-1]
     assert mcts["fits"] and mcts["memory_bytes"] <= d["budget_bytes"]
+
+
+def test_sigterm_during_search_keeps_the_plan_and_the_state(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    out = tmp_path / "plan.json"
+    state = tmp_path / "plan.json.search"
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "search", "transformer", "--mesh", "data=4,model=2",
+                             "--memory", "2MiB", "--budget", "120", "--out", str(out), "--json"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not state.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)  # waits for the first autosave: the search is running
+    assert state.exists(), proc.stderr.read() if proc.poll() is not None else "no autosave"
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    d = json.loads(stdout)
+    assert d["interrupted"] and d["fits"]
+    assert Plan.load(out).strategy == "mcts"
+    resumed = Search.load(state)
+    assert resumed.simulations == d["simulations"]
+    assert os.path.getsize(state) > 0
