@@ -296,6 +296,7 @@ class CostModel:
             self.sig_masks[m].append(si)
         self.sig_masks = list(self.sig_masks.items())
         self._agg_cache: dict = {}
+        self._reshard_cache: dict = {}
         self._factor_cache: dict = {}
 
         self._liveness(donate)
@@ -388,6 +389,8 @@ class CostModel:
                 lst = pool.get((v.shape, v.dtype.str))
                 if lst:
                     self.alias_pairs.append((lst.pop(0), ovid))
+        self._alias_arrays = (np.array([i for i, _ in self.alias_pairs], dtype=np.int64),
+                              np.array([o for _, o in self.alias_pairs], dtype=np.int64))
         self.output_cat = {}
         in_cat = dict(zip(p.inputs, cat))
         for ivid, ovid in self._shape_pairs():
@@ -625,7 +628,12 @@ class CostModel:
                 transients += agg[3]
             if detail:
                 colls += agg[4]
-        saved, dup_count, buffers = self._common_reshards(resharded)
+        rkey = tuple((pi, tuple(x[:3] + x[5:7] for x in cl if x[5] >= 0)) for pi, cl in resharded)
+        common = self._reshard_cache.get(rkey)
+        if common is None:
+            common = self._reshard_cache[rkey] = self._common_reshards(resharded)
+        saved, dup_count, buffers = common
+        buffers = list(buffers)
         buffers += transients
         comm -= saved
         step = compute + comm
@@ -701,8 +709,11 @@ class CostModel:
     def _memory(self, local: np.ndarray, detail: bool, buffers=()) -> MemoryReport:
         args = float(local[self.inputs].sum())
         outs = float(local[self.outputs].sum())
-        alias = float(sum(local[o] for i, o in self.alias_pairs
-                          if math.isclose(local[i], local[o])))
+        if self.alias_pairs:
+            ai, ao = self._alias_arrays
+            alias = float(local[ao][np.isclose(local[ai], local[ao])].sum())
+        else:
+            alias = 0.0
         b = local[self.mid]
         n = self.n_ops + 2
         delta = np.bincount(self.mid_def, weights=b, minlength=n) - np.bincount(self.mid_end, weights=b, minlength=n)
