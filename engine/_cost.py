@@ -442,7 +442,7 @@ class CostModel:
         return n
 
     # ------------------------------------------------------------------ per-pattern costs
-    def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple, float]:
+    def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple, tuple, tuple]:
         m = self.pat_mask[pi]
         rel = tuple(d for d in dec if (m >> d[0]) & 1)
         key = (pi, rel)
@@ -451,10 +451,13 @@ class CostModel:
             r = self._pat_cache[key] = self._pattern_cost_uncached(self.patterns[pi], rel)
         return r
 
-    def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, float]:
+    def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, tuple, tuple]:
+        """(compute s, comm s, collectives, transient buffers, operand views) of one
+        execution of the pattern's ops under decisions dec."""
         fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
                   for kind, size, g in pat.factors]
         fax = _assign(fslots, dec, pat.slot_tensors)
+        self._scatter_major(pat, dec, fax)
         shard = 1
         for axes in fax:
             for a in axes:
@@ -462,9 +465,11 @@ class CostModel:
         colls = []  # (kind, axes, bytes, cause group)
         local_bytes = 0.0
         in_view, out_view = self._shifted_views(pat, dec, fax, colls)
+        views = []
         for i, ((sig, fmap), nb) in enumerate(zip(pat.operands, pat.operand_bytes)):
             vspec = self.sig_spec(sig, dec)
             ospec = in_view.get(i) or [fax[k] if k >= 0 else [] for k in fmap]
+            views.append(tuple(tuple(a) for a in ospec))
             local_bytes += nb / self._shard(ospec)
             n0 = len(colls)
             if not pat.cheap[i]:
@@ -515,7 +520,24 @@ class CostModel:
             t = self._coll_time(kind, axes, b)
             comm += t
             out.append((kind, axes, b, t, g) + (tuple(operand) if operand else (-1, None, 0.0)))
-        return compute, comm, tuple(out), tuple(transient)
+        return compute, comm, tuple(out), tuple(transient), tuple(views)
+
+    def _scatter_major(self, pat: _Pattern, dec, fax) -> None:
+        """A partial result scattered over an axis that its value puts *major* to the axes the
+        op already shards that dim with cannot be a plain reduce-scatter: XLA computes that
+        dim whole (gathering the operands along it) and scatters over all its axes. The
+        factor of such a dim is unsharded here (in place)."""
+        partial = {a for (kind, _, _), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION for a in axes}
+        if not partial:
+            return
+        for sig, fmap in pat.results:
+            vspec = self.sig_spec(sig, dec)
+            for d, k in enumerate(fmap):
+                if k < 0 or not fax[k]:
+                    continue
+                want = tuple(vspec[d])
+                if any(a in partial for a in want) and tuple(fax[k]) != want[:len(fax[k])]:
+                    fax[k] = []
 
     def _shifted_views(self, pat: _Pattern, dec, fax, colls):
         """Concatenate and split along a sharded dim, as XLA partitions them: pieces sharded
@@ -573,9 +595,19 @@ class CostModel:
         wv = {a: d for d, axes in enumerate(want) for a in axes}
         if hv == wv:
             return
-        gathered = tuple(a for a in hv if a not in wv)
         moved = tuple(a for a in hv if a in wv and wv[a] != hv[a])
         kept = [a for a in hv if a in wv and wv[a] == hv[a]]
+        gathered = tuple(a for a in hv if a not in wv)
+        # Dropping a major axis of a dim while keeping a minor one reorders the blocks: XLA
+        # first permutes them (a collective-permute of the local buffer) so that the kept axes
+        # are major, then gathers the dropped ones.
+        for d, axes in enumerate(have):
+            w = set(want[d]) if d < len(want) else set()
+            keep = [a for a in axes if a in w]
+            if keep and tuple(keep) != tuple(axes[:len(keep)]):
+                g = sig[d][0] if d < len(sig) else NO_DIM
+                colls.append(("collective-permute", tuple(axes), nbytes / self._prod(hv), g))
+                break
         if moved:
             local = nbytes / self._prod(hv)
             g = sig[hv[moved[0]]][0] if hv[moved[0]] < len(sig) else NO_DIM
@@ -653,7 +685,7 @@ class CostModel:
         ops = self.program.ops
         for pi in pis:
             pat = self.patterns[pi]
-            c, m, cl, tr = self._pattern_cost(pi, rel)
+            c, m, cl, tr, _ = self._pattern_cost(pi, rel)
             compute += c * pat.weight
             comm += m * pat.weight
             if tr:
@@ -667,30 +699,46 @@ class CostModel:
     def _common_reshards(self, resharded) -> tuple[float, dict]:
         """XLA computes one reshard of a value once per computation (CSE): the same value
         gathered to the same sharding for several consumers (a weight in the forward and the
-        backward pass) is one collective. Returns the time saved and, per (pattern,
-        collective), the executions that are duplicates."""
+        backward pass) is one collective, and a reader that wants a finer sharding than one
+        already gathered slices it locally. Returns the time saved, per (pattern,
+        collective) the executions that are duplicates, and the resharded buffers."""
         ops = self.program.ops
-        seen: dict = {}
-        saved = 0.0
-        dup: dict[tuple[int, int], int] = collections.Counter()
+        seen: dict = {}  # (region, value, view) -> [first op, last op, bytes, kind, [(pi, k, t, trip)]]
         for pi, cl in resharded:
             for op_id in self.patterns[pi].ops:
                 op = ops[op_id]
                 for k, (kind, axes, b, t, g, i, key, view) in enumerate(cl):
                     if i < 0:
                         continue
-                    ident = (op.region, op.inputs[i], key)
-                    span = seen.get(ident)
-                    if span is not None:
-                        if kind == span[3]:
-                            saved += t * op.trip
-                            dup[(pi, k)] += op.trip
-                        span[0] = min(span[0], op_id)
-                        span[1] = max(span[1], op_id)
+                    ident = (op.region, op.inputs[i], key, kind)
+                    e = seen.get(ident)
+                    if e is None:
+                        seen[ident] = [op_id, op_id, view, kind, [(pi, k, t, op.trip)]]
                     else:
-                        seen[ident] = [op_id, op_id, view, kind]
+                        e[0], e[1] = min(e[0], op_id), max(e[1], op_id)
+                        e[4].append((pi, k, t, op.trip))
+        saved = 0.0
+        dup: dict[tuple[int, int], int] = collections.Counter()
+        gathered: dict = collections.defaultdict(list)  # (region, value) -> views gathered
+        for (region, vid, key, kind), e in seen.items():
+            if kind == "all-gather":
+                gathered[(region, vid)].append(key)
+        for (region, vid, key, kind), e in seen.items():
+            uses = e[4]
+            # a finer view of a value already gathered coarser: a free local slice
+            finer = e[3] == "all-gather" and any(
+                other != key and all(tuple(key[d][:len(other[d])]) == tuple(other[d]) for d in range(len(key)))
+                for other in gathered[(region, vid)])
+            for n, (pi, k, t, trip) in enumerate(uses):
+                if n > 0 or finer:
+                    saved += t * trip
+                    dup[(pi, k)] += trip
         # The resharded copies are buffers of their own, live from first to last reader.
-        buffers = [(a, b + 1, v) for a, b, v, _ in seen.values()]
+        spans: dict = {}
+        for (region, vid, key, kind), (a, b, v, *_) in seen.items():
+            x = spans.setdefault((region, vid, key), [a, b, v])
+            x[0], x[1] = min(x[0], a), max(x[1], b)
+        buffers = [(a, b + 1, v) for a, b, v in spans.values()]
         return saved, dup, buffers
 
     def _collective_rows(self, colls, dup_count) -> Iterable[CollectiveCost]:
@@ -754,13 +802,8 @@ class CostModel:
         out = {}
         for op, pi in zip(self.program.ops, self.op_pattern.tolist()):
             pat = self.patterns[pi]
-            fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
-                      for kind, size, g in pat.factors]
-            groups = {g for g, _ in fslots if g != NO_DIM}
-            fax = _assign(fslots, tuple(d for d in dec if d[0] in groups), pat.slot_tensors)
-            for i, (sig, fmap) in enumerate(pat.operands):
-                vspec = self.sig_spec(sig, dec)
-                ospec = [fax[k] if k >= 0 else [] for k in fmap]
-                if [list(a) for a in vspec] != [list(a) for a in ospec]:
-                    out[(op.id, i)] = tuple(tuple(a) for a in ospec)
+            views = self._pattern_cost(pi, dec)[4]
+            for i, ((sig, _), view) in enumerate(zip(pat.operands, views)):
+                if tuple(tuple(a) for a in self.sig_spec(sig, dec)) != view:
+                    out[(op.id, i)] = view
         return out

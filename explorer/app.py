@@ -25,3 +25,4 @@ if not _log.handlers:  # the server's log shows the explorer's own lines (thread
     _log.propagate = False
 
 pn.extension(notifications=False)
+create_app().servable(title="partex explorer")

@@ -30,14 +30,13 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from engine import FactorKind, ModelAnalysis, analyze, trace
 from engine._loader import LoadedModel
 from engine._mesh import MeshSpec, get_hardware
 from engine._plan import make_plan
-from engine._rules import factors_of
 from engine._search import Search
 
 SCALE = 10 if os.environ.get("PARTEX_HYPOTHESIS_LARGE") else 1
@@ -89,7 +88,10 @@ class GenProgram:
                 args.append(rng.standard_normal(shape).astype(np.float32))
         return ns["f"], tuple(args)
 
-    def __repr__(self) -> str:  # hypothesis prints this for a failing example
+    def _repr_pretty_(self, p, cycle) -> None:  # hypothesis's printer: the source, readable
+        p.text(repr(self))
+
+    def __repr__(self) -> str:
         specs = ", ".join(
             f"{n}: {dt}{list(s)}" + (f" in [0, {b})" if b is not None else "")
             for n, s, dt, b in self.arg_specs)
@@ -279,7 +281,7 @@ class _Builder:
         s = a.shape[ax]
         start = self.draw(st.integers(0, s - 1))
         stop = self.draw(st.integers(start + 1, s))
-        step = self.draw(st.sampled_from([1, 1, 2]))
+        step = self.draw(st.sampled_from([1, 2]))
         n = len(range(start, stop, step))
         idx = ", ".join([":"] * ax + [f"{start}:{stop}" + (f":{step}" if step > 1 else "")])
         new = list(a.shape)
@@ -398,11 +400,11 @@ def _analysed(prog: GenProgram):
     return fn, args, ModelAnalysis(LoadedModel("generated", fn, args), program, an, 0.0)
 
 
-def _check_factor_sizes(program):
-    for op in program.ops:
+def _check_factor_sizes(program, factors):
+    for op, fs in zip(program.ops, factors, strict=True):
         ins = [program.values[i].shape for i in op.inputs]
         outs = [program.values[o].shape for o in op.outputs]
-        for f in factors_of(op.primitive, op.params, ins, outs):
+        for f in fs:
             sizes = [ins[i][d] for i, d in f.operands] + [outs[j][d] for j, d in f.results]
             if op.primitive == "reshape":
                 assert all(s % f.size == 0 for s in sizes), (op.primitive, op.source, f, sizes)
@@ -424,14 +426,15 @@ def _assert_same(got, ref, what: str) -> None:
 
 
 def _run_plan(plan, fn, args, ref, what: str):
-    planned = plan.apply(fn)
+    note(f"{what}\nplan inputs {plan.inputs}\nplan outputs {plan.outputs}")
     sharded = sum(any(e is not None for e in spec) for spec in plan.inputs.values())
     event(f"decisions: {len(plan.decisions)}, sharded input leaves: {min(sharded, 3)}{'+' if sharded > 3 else ''}")
+    planned = plan.apply(fn)
     fresh = tuple(jnp.array(a) for a in args)  # the plan may donate its arguments
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         got = planned(*fresh)
-    _assert_same(got, ref, f"{what}\nplan inputs {plan.inputs}\nplan outputs {plan.outputs}")
+    _assert_same(got, ref, what)
 
 
 # --------------------------------------------------------------------------- properties
@@ -443,11 +446,11 @@ def test_analysis_never_crashes(prog):
     program = trace(fn, args)
     an = analyze(program)
     assert an.unknown_primitives == {}, an.unknown_primitives
-    _check_factor_sizes(program)
+    _check_factor_sizes(program, an.factors)
     assert all(0 <= g.id < len(an.groups) for g in an.decision_groups)
 
 
-@_settings(60)
+@_settings(150)
 @given(programs(), st.sampled_from(MESHES), st.data())
 def test_random_decisions_apply_and_match(prog, mesh_text, data):
     fn, args, ma = _analysed(prog)
@@ -464,7 +467,7 @@ def test_random_decisions_apply_and_match(prog, mesh_text, data):
     _run_plan(plan, fn, args, ref, f"mesh {mesh_text}, decisions {labels}")
 
 
-@_settings(25)
+@_settings(50)
 @given(programs(), st.sampled_from(MESHES), st.integers(0, 3))
 def test_search_plan_applies_and_matches(prog, mesh_text, seed):
     fn, args, ma = _analysed(prog)
