@@ -361,6 +361,14 @@ class Search:
         self._invalidate_best()
         return d
 
+    def mark_infeasible(self, decisions: Sequence[Decision], measured_peak: float) -> None:
+        """XLA measured this plan over the budget (``verify``): from now on it scores as not
+        fitting, and the best plan becomes the next best that fits."""
+        key = self._key(tuple(decisions))
+        t = self._evals.get(key, (math.inf, 0.0, False))[0]
+        self._evals[key] = (t, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
+        self._invalidate_best()
+
     def _invalidate_best(self) -> None:
         """Keep the best evaluated plan that honours the pins and forbids (statistics of
         the tree stay: the re-rooted subtree keeps its visits)."""

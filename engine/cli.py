@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--resume", help="continue a saved search (its state file)")
     se.add_argument("--state", help="where to save the resumable search state (default: OUT.search)")
     se.add_argument("--out", required=True, help="where to write the best plan JSON")
+    se.add_argument("--verify", action="store_true",
+                    help="compile the best plan with XLA on simulated devices (compile-only) and, where XLA "
+                         "says it does not fit the budget, fall back to the next best plan (up to 5 times)")
 
     b = sub.add_parser("bench", help="hand plans, the ILP and the MCTS search side by side")
     _add_model_args(b)
@@ -98,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ilp-time", type=float, default=30.0, help="ILP solver time limit in seconds (default 30)")
     b.add_argument("--seed", type=int, default=0, help="RNG seed of the search (default 0)")
     b.add_argument("--out-dir", help="also write each row's plan JSON here")
+    b.add_argument("--verify", action="store_true",
+                   help="check the mcts plan with XLA (compile-only); over the budget, take the next best")
 
     sv = sub.add_parser("serve", help="serve the explorer web app (panel) on 127.0.0.1:5006")
     sv.add_argument("--port", type=int, default=5006)
@@ -305,6 +310,9 @@ def cmd_search(args) -> int:
             f"no plan fits the {_fmt_bytes(hw.budget)} per-device budget{what}: the smallest memory found is "
             f"{_fmt_bytes(search.smallest_memory[0])} (search state saved to {state_path}; raise --memory, "
             "use a larger mesh, or unpin)")
+    xla = None
+    if args.verify:
+        best, xla = _verified_best(search, args, state_path)
     plan = search.best_plan()
     plan.save(args.out)
     st = search.stats()
@@ -313,15 +321,47 @@ def cmd_search(args) -> int:
         print(json.dumps({"out": args.out, "state": state_path, "interrupted": interrupted,
                           "step_time_s": r.step_time, "mfu": r.mfu, "memory_bytes": r.memory.peak,
                           "fits": r.fits, "search_s": best.seconds, "simulations": st["simulations"],
-                          "decisions": [d.to_json() for d in plan.decisions]}))
+                          "xla_memory_bytes": xla, "decisions": [d.to_json() for d in plan.decisions]}))
         return 0
     print(f"{'interrupted: ' if interrupted else ''}best plan after {st['simulations']} simulations "
           f"({st['seconds']:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
           f"MFU {r.mfu:.1%}, peak memory {_fmt_bytes(r.memory.peak)} (budget {_fmt_bytes(hw.budget)})")
     print("decisions: " + (", ".join(f"{d.group}->{d.axis}{' (pinned)' if d.pinned else ''}"
                                       for d in plan.decisions) or "none (replicated)"))
+    if xla is not None:
+        print(f"XLA (compile-only, {mesh.size} simulated devices): {_fmt_bytes(xla)} per device")
     print(f"wrote {args.out} and the resumable search state {state_path}")
     return 0
+
+
+def _verified_best(search, args, state_path, tries: int = 5):
+    """Check the best plan with XLA; a plan XLA puts over the budget is marked infeasible
+    and the next best is checked. Returns (best, XLA's per-device bytes)."""
+    import os
+    import tempfile
+
+    from ._verify import verify
+
+    budget = search.hw.budget
+    for _ in range(tries):
+        best = search.best()
+        if best is None:
+            break
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "candidate.json")
+            search.best_plan().save(path)
+            out = verify(args.model, path, preset=args.preset, overrides=_overrides(args.config))
+        xla = out["memory"]["xla"]
+        if xla <= budget:
+            return best, xla
+        sys.stderr.write(f"partex: XLA puts the best plan at {_fmt_bytes(xla)} per device (predicted "
+                         f"{_fmt_bytes(best.report.memory.peak)}), over the budget: trying the next best\n")
+        search.mark_infeasible(best.decisions, xla)
+        if state_path:
+            search.save(state_path)
+    raise PartexError(f"no plan checked by XLA fits the {_fmt_bytes(budget)} budget after {tries} tries; "
+                      "search longer, raise --memory or use a larger mesh"
+                      + (f" (state saved to {state_path})" if state_path else ""))
 
 
 def cmd_bench(args) -> int:
@@ -360,11 +400,14 @@ def cmd_bench(args) -> int:
         pass
     finally:
         progress.close()
+    xla = None
+    if args.verify and search.best() is not None:
+        _, xla = _verified_best(search, args, None)
     best = search.best()
     st = search.stats()
     row("mcts", list(best.decisions) if best else [], best.report if best else None,
         best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
-        smallest_memory=st["smallest_memory"])
+        smallest_memory=st["smallest_memory"], xla_memory_bytes=xla)
     hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "replicated")]
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)

@@ -44,7 +44,7 @@ DEFAULT_MESH = "data=4,model=2"
 DEFAULT_HARDWARE = "tpu-v4"
 # The tiny demo models need a few MiB per device: a budget in that range makes the
 # trade-offs visible (replicating the tiny transformer does not fit, sharding does).
-DEFAULT_BUDGET = "4MiB"
+DEFAULT_BUDGET = "3MiB"
 SESSION_FORMAT = "partex-explorer-session"
 # After picking up a snapshot the page renders it and Bokeh serialises the changes; the
 # search worker keeps off the GIL that long so that the page is never held up by it.

@@ -239,9 +239,9 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
                    what="the budget warning")
     assert s["level"] == "warning" and s["phase"] == "ready"
 
-    budget.fill("4MiB")
+    budget.fill("3MiB")
     budget.press("Enter")
-    wait_until(lambda: state(tab)["config"]["budget"] == 4 * 2**20, what="the budget to be restored")
+    wait_until(lambda: state(tab)["config"]["budget"] == 3 * 2**20, what="the budget to be restored")
     click(tab, "Step")
     wait_until(lambda: state(tab)["simulations"] >= 50, what="the session to go on")
 
