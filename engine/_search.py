@@ -58,11 +58,14 @@ class Search:
       sqrt(legal actions).
     polish_every: every so many simulations, a first-improvement local search from the best
       plan (when it changed since the last polish).
+    warm_start: score the hand strategies (dp, megatron, zero3, expert) as the first
+      candidates, as PartIR composes tactics with its search; False searches from nothing.
     seed: the RNG seed; the same seed and number of simulations give the same plan.
     """
 
     def __init__(self, model, mesh: MeshSpec, hardware: Hardware, *, seed: int = 0,
-                 exploration: float = 0.5, rollout_width: int = 4, polish_every: int = 32, donate=None,
+                 exploration: float = 0.5, rollout_width: int = 4, polish_every: int = 32,
+                 warm_start: bool = True, donate=None,
                  cost_model: CostModel | None = None, model_spec: dict | None = None):
         from ._plan import default_donate
 
@@ -103,6 +106,15 @@ class Search:
         self.prior = np.array([self._score(((g, a),)) - base_score for g, a in self.actions])
         tau = float(self.prior.std()) or 1.0
         self._weights = np.exp((self.prior - self.prior.max()) / tau) + 1e-6
+        self.warm_start = warm_start
+        if warm_start:
+            # PartIR composes hand tactics with the search: the expert strategies are the
+            # first candidates, and the first polish starts from the best of them.
+            from ._strategies import baseline_names, strategy_decisions
+
+            for name in baseline_names(self.an):
+                dec = tuple(d for d in strategy_decisions(name, self.an, mesh) if d in self.actions)
+                self._score(dec)
 
     # ------------------------------------------------------------------ keys and scores
     def _key(self, decisions: Sequence[Decision]) -> tuple:
@@ -398,6 +410,7 @@ class Search:
             "hardware": dataclasses.asdict(self.hw),
             "params": {"seed": self.seed, "exploration": self.exploration,
                        "rollout_width": self.rollout_width, "polish_every": self.polish_every,
+                       "warm_start": self.warm_start,
                        "donate": list(self.donate)},
             "polished": self._polished,
             "actions": self.actions,
@@ -433,6 +446,7 @@ class Search:
         p = state["params"]
         s = cls(model, mesh, hw, seed=p["seed"], exploration=p["exploration"],
                 rollout_width=p["rollout_width"], polish_every=p.get("polish_every", 32),
+                warm_start=p.get("warm_start", True),
                 donate=p["donate"], model_spec=spec)
         if [tuple(a) for a in state["actions"]] != s.actions:
             raise PartexError(f"{path} was saved for a different model or mesh; start a new search")

@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--forbid", action="append", default=[], metavar="LABEL=AXIS",
                     help="never take a decision, e.g. --forbid batch=model (repeatable)")
     se.add_argument("--resume", help="continue a saved search (its state file)")
+    se.add_argument("--cold", action="store_true", help="do not warm-start from the hand strategies")
     se.add_argument("--state", help="where to save the resumable search state (default: OUT.search)")
     se.add_argument("--out", required=True, help="where to write the best plan JSON")
     se.add_argument("--verify", action="store_true",
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget", type=float, default=60.0, help="MCTS search seconds (default 60)")
     b.add_argument("--ilp-time", type=float, default=30.0, help="ILP solver time limit in seconds (default 30)")
     b.add_argument("--seed", type=int, default=0, help="RNG seed of the search (default 0)")
+    b.add_argument("--cold", action="store_true", help="do not warm-start the search from the hand strategies")
     b.add_argument("--out-dir", help="also write each row's plan JSON here")
     b.add_argument("--verify", action="store_true",
                    help="check the mcts plan with XLA (compile-only); over the budget, take the next best")
@@ -274,7 +276,7 @@ def cmd_search(args) -> int:
         search.hw = hw
     else:
         res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
-        search = Search(res, mesh, hw, seed=args.seed)
+        search = Search(res, mesh, hw, seed=args.seed, warm_start=not args.cold)
     for label, axis in pins:
         search.pin(label, axis)
     for label, axis in forbids:
@@ -375,7 +377,7 @@ def cmd_bench(args) -> int:
 
     mesh, hw = mesh_and_hardware(args)
     res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
-    search = Search(res, mesh, hw, seed=args.seed)
+    search = Search(res, mesh, hw, seed=args.seed, warm_start=not args.cold)
     cm = search.cm
     rows, plans = [], {}
 

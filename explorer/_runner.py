@@ -34,6 +34,7 @@ from ._engine import PlanSummary, Workspace
 log = logging.getLogger("partex.explorer")
 
 COMMANDS = ("pin", "forbid", "unpin", "save")  # what ``call`` may ask of the search
+UNCHANGED = "unchanged"  # a snapshot's best when it is the one sent before
 # Where cores are few, the page (server loop, browser) comes before the search: the child
 # runs at a lower priority. With a core to itself it runs at full speed all the same.
 CHILD_NICENESS = 5
@@ -79,20 +80,24 @@ class _Stepper:
         getattr(s, name)(*args)
         return list(s.pins), sorted(s.forbidden)
 
-    def snapshot(self, running: bool, error: str | None = None) -> SearchSnapshot:
+    def snapshot(self, running: bool, error: str | None = None, *, changes_only: bool = False) -> SearchSnapshot:
+        """The search's state now. changes_only: ``best`` is UNCHANGED when it is the one
+        sent before (a pipe need not carry the plan again)."""
         s = self.search
         stats = s.stats()
         pins = tuple(s.pins)
         forbidden = tuple(sorted(s.forbidden))
         key = (len(stats.get("best_history", ())), stats.get("best_step_time"), pins, forbidden)
-        if key != self._best_key:
+        changed = key != self._best_key
+        if changed:
             self._best_key = key
             best = s.best()
             self._best = None if best is None else self.workspace.summarize(
                 "search", best.decisions, pinned=pins, plan=s.best_plan(), simulation=best.simulation,
                 report=best.report)
         self.version += 1
-        return SearchSnapshot(self.version, running, stats, self._best, pins, forbidden, error)
+        best = self._best if changed or not changes_only else UNCHANGED
+        return SearchSnapshot(self.version, running, stats, best, pins, forbidden, error)
 
 
 def make_runner(search, workspace: Workspace, session: str = ""):
@@ -134,6 +139,10 @@ class ProcessRunner:
     @property
     def running(self) -> bool:
         return self._running
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
 
     @property
     def alive(self) -> bool:
@@ -194,8 +203,11 @@ class ProcessRunner:
             self._running = False
             return None
         if msg[0] == "snapshot":
-            self.snapshot = msg[1]
-            if msg[1].error:
+            snap = msg[1]
+            if isinstance(snap.best, str):  # UNCHANGED
+                snap = dataclasses.replace(snap, best=self.snapshot.best if self.snapshot else None)
+            self.snapshot = snap
+            if snap.error:
                 self._running = False
         return msg
 
@@ -226,7 +238,7 @@ def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float) -> 
 
     def publish(error=None):
         nonlocal last
-        conn.send(("snapshot", stepper.snapshot(running or pending > 0, error)))
+        conn.send(("snapshot", stepper.snapshot(running or pending > 0, error, changes_only=True)))
         last = time.perf_counter()
 
     try:
@@ -309,6 +321,10 @@ class ThreadRunner:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
 
     def run(self) -> None:
         self._running = True

@@ -590,6 +590,8 @@ class ExplorerState(param.Parameterized):
             "sessions": list(self.sessions),
             "timings": {k: round(v, 1) for k, v in self.timings.items()},
             "ping": self.ping,
+            "server_pid": os.getpid(),
+            "search_pid": self.runner.pid if self.runner is not None else None,
             "session": self.session_id,
         }
         self.probe = json.dumps(out)
