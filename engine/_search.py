@@ -103,9 +103,10 @@ class Search:
         base_score = self._score(())  # the replicated plan is a candidate too
         # Priors: how much each decision alone improves on replication. Expansion tries the
         # most promising actions first and rollouts sample in proportion to exp(prior / tau).
-        self.prior = np.array([self._score(((g, a),)) - base_score for g, a in self.actions])
-        tau = float(self.prior.std()) or 1.0
-        self._weights = np.exp((self.prior - self.prior.max()) / tau) + 1e-6
+        self.prior = np.array([self._score(((g, a),)) - base_score for g, a in self.actions], dtype=np.float64)
+        tau = float(self.prior.std()) if len(self.prior) else 1.0
+        top = float(self.prior.max()) if len(self.prior) else 0.0
+        self._weights = np.exp((self.prior - top) / (tau or 1.0)) + 1e-6
         self.warm_start = warm_start
         if warm_start:
             # PartIR composes hand tactics with the search: the expert strategies are the

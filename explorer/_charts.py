@@ -10,7 +10,7 @@ from bokeh.models import (
 )
 from bokeh.plotting import figure
 
-from ._format import esc, fmt_bytes, fmt_time
+from ._format import esc, fmt_bytes, fmt_pct, fmt_time
 from ._widgets import bokeh_update, html
 
 MEMORY_PARTS = ("parameters", "optimizer", "activations", "temporaries")
@@ -82,7 +82,7 @@ class KpiView(pn.viewable.Viewer):
             vs = (f"{min(fitting) / r.step_time:.2f}× vs the best baseline" if fitting
                   else "no baseline fits the budget")
             step = (fmt_time(r.step_time), vs)
-            mfu = (f"{r.mfu:.1%}", "of peak FLOP/s (predicted)")
+            mfu = (fmt_pct(r.mfu), "of peak FLOP/s (predicted)")
             mem = (fmt_bytes(r.memory.peak), f"of {fmt_bytes(r.budget)} budget per device")
             mem_cls = "" if r.fits else " bad"
         else:

@@ -89,10 +89,16 @@ class ModelControls(pn.viewable.Viewer):
         bind(self.custom, s, "custom_model")
         s.param.watch(self._presets, ["model_name"])
         self._presets()
-        bind(self.preset, s, "preset")
+        # the preset's choices follow the model: take only values the state accepts
+        self.preset.param.watch(self._on_preset, ["value"])
+        s.param.watch(lambda e: setattr(self.preset, "value", e.new), ["preset"])
         s.param.watch(lambda e: setattr(self.analyze, "loading", "load" in e.new), ["busy"])
         self._panel = _section("Model", self.model, pn.Row(self.preset, self.overrides, sizing_mode="stretch_width"),
                                self.custom, self.analyze)
+
+    def _on_preset(self, event):
+        if event.new in self.state.param.preset.objects:
+            self.state.preset = event.new
 
     def _presets(self, *_):
         s = self.state

@@ -26,6 +26,16 @@ def fmt_time(s: float | None) -> str:
     return f"{s * 1e6:.1f} µs"
 
 
+def fmt_pct(x: float | None) -> str:
+    """0.4567 -> '45.7%'; small fractions keep two significant digits: '0.031%'."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    pct = x * 100
+    if pct >= 10 or pct == 0:
+        return f"{pct:.1f}%"
+    return f"{pct:.2g}%"
+
+
 def fmt_spec(spec: list) -> str:
     """A plan's JSON spec ([null, "model"]) as the PartitionSpec a user writes."""
     if not spec:

@@ -82,14 +82,16 @@ class GraphView(pn.viewable.Viewer):
         p.xgrid.visible = p.ygrid.visible = False
         edges = p.segment("x0", "y0", "x1", "y1", source=self.edge_src, line_color="color",
                           line_width="width", line_alpha="alpha")
+        # a click selects a node: the others dim a little; rings and labels stay as they are
         p.scatter("x", "y", source=self.node_src, size="ring", fill_color=None, line_color=CONFLICT,
-                  line_width=2.5, line_dash="dashed", line_alpha="ring_alpha")
+                  line_width=2.5, line_dash="dashed", line_alpha="ring_alpha", nonselection_line_alpha="ring_alpha")
         nodes = p.scatter("x", "y", source=self.node_src, size="size", fill_color="fill", line_color="line",
-                          line_width="line_width", selection_fill_alpha=1.0, nonselection_fill_alpha=0.45,
-                          nonselection_line_alpha=0.6)
+                          line_width="line_width", selection_fill_alpha=1.0, nonselection_fill_alpha=0.6,
+                          nonselection_line_alpha=1.0)
         p.text("x", "y", text="badge", source=self.node_src, text_align="center", text_baseline="middle",
-               text_color="white", text_font_size="11px", text_font_style="bold")
-        label_bg = dict(background_fill_color="#ffffff", background_fill_alpha=0.8, padding=1)
+               text_color="white", text_font_size="11px", text_font_style="bold", nonselection_text_alpha=1.0)
+        label_bg = dict(background_fill_color="#ffffff", background_fill_alpha=0.8, padding=1,
+                        nonselection_text_alpha=1.0)
         p.text("x", "y", text="label", source=self.node_src, y_offset="label_dy", text_align="center",
                text_baseline="top", text_font_size="13px", text_font_style="bold", text_color="#0f172a", **label_bg)
         p.text("x", "y", text="sub", source=self.node_src, y_offset="sub_dy", text_align="center",
@@ -277,8 +279,8 @@ class DecisionView(pn.viewable.Viewer):
             return
         an = ws.an
         label = lambda d: f"{an.groups[d[0]].label}→{d[1]}"  # noqa: E731
-        chips = "".join(f"<span class='chip pin'>📌 {esc(label(d))}</span>" for d in s.pins)
-        chips += "".join(f"<span class='chip forbid'>⛔ {esc(label(d))}</span>" for d in s.forbidden)
+        chips = "".join(f"<span class='chip pin'>pinned {esc(label(d))}</span>" for d in s.pins)
+        chips += "".join(f"<span class='chip forbid'>forbidden {esc(label(d))}</span>" for d in s.forbidden)
         self.chips.object = f"<div class='chips'>{chips or '<span class=muted>No pins: the search decides everything.</span>'}</div>"
         g = s.selected_group
         if g is None or g not in s.infos:

@@ -291,6 +291,10 @@ class ExplorerState(param.Parameterized):
         if r:
             r.run()
             self.running = True
+            an = self.workspace.an
+            pins = ", ".join(f"{an.groups[g].label}->{a}" for g, a in self.pins)
+            self.notify(f"searching on {self.config.mesh.text()}" + (f" from the pinned {pins}" if pins else "")
+                        + "; Pause to stop, pin or forbid a group any time", "info")
 
     def pause(self) -> None:
         if self.runner:
@@ -586,7 +590,7 @@ class ExplorerState(param.Parameterized):
             "verify": self.verify_status,
             "message": self.message,
             "level": self.message_level,
-            "selected": self.selected_group,
+            "selected": an.groups[self.selected_group].label if an and self.selected_group is not None else None,
             "sessions": list(self.sessions),
             "timings": {k: round(v, 1) for k, v in self.timings.items()},
             "ping": self.ping,

@@ -10,7 +10,7 @@ import param
 
 from ._charts import plan_rows
 from ._engine import short_source
-from ._format import esc, fmt_bytes, fmt_spec, fmt_time
+from ._format import esc, fmt_bytes, fmt_pct, fmt_spec, fmt_time
 from ._widgets import button, html, keyed
 
 class Table:
@@ -19,10 +19,11 @@ class Table:
     the server's loop.) ``max_rows`` caps what is sent; a note says how many were left out."""
 
     def __init__(self, name: str, columns: list[tuple[str, str]], height: int, html_fields=(),
-                 max_rows: int = 400, empty: str = ""):
+                 wrap_fields=(), max_rows: int = 400, empty: str = ""):
         self.columns = columns
         self.height = height
         self.html_fields = set(html_fields)
+        self.wrap_fields = set(wrap_fields)  # long text that may wrap; other cells keep one line
         self.max_rows = max_rows
         self.empty = empty
         self.view = html(name=name, margin=(0, 6))
@@ -36,7 +37,8 @@ class Table:
         head = "".join(f"<th>{esc(title)}</th>" for _, title in self.columns)
         body = []
         for r in rows[: self.max_rows]:
-            cells = "".join(f"<td>{v if f in self.html_fields else esc(v)}</td>"
+            cells = "".join(f"<td{' class=wrap' if f in self.wrap_fields else ''}>"
+                            f"{v if f in self.html_fields else esc(v)}</td>"
                             for (f, _), v in zip(self.columns, r))
             body.append(f"<tr>{cells}</tr>")
         if not rows and self.empty:
@@ -61,10 +63,11 @@ class PlanView(pn.viewable.Viewer):
         self.header = html(sizing_mode="stretch_width", margin=(4, 10))
         self.specs = Table("partex-plan-specs", [("path", "pytree path"), ("shape", "shape"), ("dtype", "dtype"),
                                                  ("spec", "PartitionSpec"), ("local", "per device")], height=360,
+                           wrap_fields=("path",),
                            empty="no plan yet")
         self.colls = Table("partex-plan-collectives", [("kind", "collective"), ("axes", "axes"), ("bytes", "bytes"),
                                                        ("count", "count"), ("time", "time"), ("cause", "cause"),
-                                                       ("source", "source")], height=360,
+                                                       ("source", "source")], height=360, wrap_fields=("source",),
                            empty="no communication: nothing is sharded, or nothing needs gathering")
         s.param.watch(self._choices, ["best", "uploaded", "baselines"])
         s.param.watch(self._render, ["shown_plan", "best", "uploaded", "baselines"])
@@ -110,13 +113,13 @@ class PlanView(pn.viewable.Viewer):
         plan = summary.plan
         r = summary.report
         chips = "".join(
-            f"<span class='chip {'pin' if d.pinned else ''}'>{'📌 ' if d.pinned else ''}{esc(d.group)}→{esc(d.axis)}</span>"
+            f"<span class='chip {'pin' if d.pinned else ''}'>{'pinned ' if d.pinned else ''}{esc(d.group)}→{esc(d.axis)}</span>"
             for d in plan.decisions) or "<span class='muted'>no decisions: everything replicated</span>"
         fits = "fits" if r.fits else "<span class='bad'>over budget</span>"
         self.header.object = (
             f"<div class='plan-head'><div class='chips'>{chips}</div><div class='muted'>mesh {esc(plan.mesh.text())} · "
             f"step {fmt_time(r.step_time)} (compute {fmt_time(r.compute_time)}, communication "
-            f"{fmt_time(r.comm_time)}) · MFU {r.mfu:.1%} · peak {fmt_bytes(r.memory.peak)} per device, {fits}</div></div>")
+            f"{fmt_time(r.comm_time)}) · MFU {fmt_pct(r.mfu)} · peak {fmt_bytes(r.memory.peak)} per device, {fits}</div></div>")
         sig = {p: (shape, dtype) for p, shape, dtype in plan.signature.get("inputs", [])}
         mesh = plan.mesh
         rows = []
@@ -135,10 +138,10 @@ class PlanView(pn.viewable.Viewer):
 
 
 def decisions_by_axis(decisions) -> str:
-    """'batch, d_model → data · heads, ffn → model' (pinned ones marked)."""
+    """'batch, d_model → data · heads, ffn (pinned) → model'."""
     by_axis: dict[str, list[str]] = {}
     for d in decisions:
-        by_axis.setdefault(d.axis, []).append(esc(d.group) + (" 📌" if d.pinned else ""))
+        by_axis.setdefault(d.axis, []).append(esc(d.group) + (" (pinned)" if d.pinned else ""))
     return " · ".join(f"{', '.join(gs)} → <b>{esc(a)}</b>" for a, gs in by_axis.items())
 
 
@@ -158,9 +161,9 @@ class BaselinesView(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.table = Table("partex-baselines", [("plan", "plan"), ("step", "step time"), ("mfu", "MFU"),
-                                                ("peak", "peak memory"), ("fits", "fits"), ("decisions", "decisions")],
-                           height=300, html_fields=("plan", "fits", "decisions"))
+        self.table = Table("partex-baselines", [("plan", "plan and its decisions"), ("step", "step time"),
+                                                ("mfu", "MFU"), ("peak", "peak memory"), ("fits", "fits")],
+                           height=300, html_fields=("plan", "fits"), wrap_fields=("plan",))
         self.state.param.watch(self._render, ["best", "uploaded", "baselines"])
         self._render()
 
@@ -174,10 +177,9 @@ class BaselinesView(pn.viewable.Viewer):
         for name, r in rows:
             rep = r.report
             fits = "<span class='ok'>✓ fits</span>" if rep.fits else "<span class='bad'>✗ over</span>"
-            decisions = decisions_by_axis(r.plan.decisions) or "— (replicated)"
-            label = f"<b>{esc(name)}</b>" if r is s.best else esc(name)
-            out.append((label, fmt_time(rep.step_time), f"{rep.mfu:.2%}", fmt_bytes(rep.memory.peak), fits,
-                        f"<span class='small'>{decisions}</span>"))
+            decisions = decisions_by_axis(r.plan.decisions) or "nothing sharded"
+            label = f"<b>{esc(name)}</b><div class='small muted'>{decisions}</div>"
+            out.append((label, fmt_time(rep.step_time), fmt_pct(rep.mfu), fmt_bytes(rep.memory.peak), fits))
         self.table.update(out)
 
 

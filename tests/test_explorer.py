@@ -142,10 +142,34 @@ def run_until(page: Page, predicate, what: str, timeout: float = 30.0) -> dict:
         click(page, "❚❚ Pause")
 
 
+def choose(page: Page, name: str, option: str) -> None:
+    """Pick an option of a select by its label (or value), as the page would."""
+    found = page.evaluate("""([name, want]) => {
+        const m = Bokeh.documents[0].get_model_by_name(name);
+        const o = m.options.find(o => Array.isArray(o) ? o.includes(want) : o === want);
+        if (o === undefined) return false;
+        const value = Array.isArray(o) ? o[0] : o;
+        if (m.value !== value) m.value = value;
+        return true }""", [name, option])
+    assert found, f"{name} has no option {option!r}"
+
+
+def select_group(page: Page, group: str) -> None:
+    """Choose a group in the decision form (as a click on its node does) and wait until the
+    server has it (the page's first render may still be setting the form)."""
+
+    def chosen():
+        choose(page, "partex-pin-group", group)
+        return state(page)["selected"] == group
+
+    wait_until(chosen, what=f"{group} to be selected")
+
+
 def pin(page: Page, group: str, axis: str) -> None:
-    set_model_value(page, "partex-pin-group", group)
-    set_model_value(page, "partex-pin-axis", axis)
-    wait_until(lambda: page.evaluate("Bokeh.documents[0].get_model_by_name('partex-pin-group').value") == group)
+    select_group(page, group)
+    choose(page, "partex-pin-axis", axis)
+    wait_until(lambda: page.evaluate("Bokeh.documents[0].get_model_by_name('partex-pin-axis').value") == axis,
+               what=f"axis {axis}")
     click(page, "Pin")
     wait_until(lambda: f"{group}->{axis}" in state(page)["pins"], what=f"{group}->{axis} to be pinned")
 
@@ -192,12 +216,13 @@ def test_search_improves_the_best_plan(tab):
 
 def test_pin_a_decision_and_resume(tab):
     pin(tab, "ffn", "model")
+    assert "pinned ffn->model" in state(tab)["message"]
     s = run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 100,
                   what="the resumed search to find a plan")
     assert {"group": "ffn", "axis": "model", "pinned": True} in [
         {k: d[k] for k in ("group", "axis", "pinned")} for d in s["best"]["decisions"]]
     assert "ffn->model" in s["pins"]
-    assert "pinned ffn->model" in s["message"]
+    assert "from the pinned ffn->model" in s["message"]
 
 
 def test_downloaded_plan_is_valid_and_carries_the_pin(tab, tmp_path):
@@ -242,8 +267,44 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
     budget.fill("3MiB")
     budget.press("Enter")
     wait_until(lambda: state(tab)["config"]["budget"] == 3 * 2**20, what="the budget to be restored")
+
+    choose(tab, "partex-model", "your own model: module:attr")
+    custom = tab.locator("input[placeholder='my_models.py:make_step or pkg.mod:attr']")
+    custom.fill("no_such_module:make_step")
+    custom.press("Enter")
+    click(tab, "Analyze")
+    s = wait_until(lambda: (lambda s: "cannot import module 'no_such_module'" in s["message"] and s)(state(tab)),
+                   what="the import error")
+    assert s["model"]["spec"] == "transformer" and s["phase"] == "ready"  # the loaded model stays
+
     click(tab, "Step")
     wait_until(lambda: state(tab)["simulations"] >= 50, what="the session to go on")
+
+
+def test_save_and_load_a_session(tab):
+    pin(tab, "heads", "model")
+    click(tab, "Step")
+    saved = wait_until(lambda: state(tab)["simulations"] >= 50 and state(tab)["simulations"], what="a Step")
+    set_model_value(tab, "partex-session-name", "browser-test")
+    click(tab, "Save")
+    wait_until(lambda: "saved session browser-test" in state(tab)["message"], what="the session to be saved")
+    click(tab, "Release")  # heads->model is still chosen in the form
+    wait_until(lambda: state(tab)["pins"] == [], what="the pin to be released")
+    choose(tab, "partex-sessions", "browser-test")
+    click(tab, "Load")
+    s = wait_until(lambda: (lambda s: s["pins"] == ["heads->model"] and not s["busy"] and s)(state(tab)),
+                   what="the saved session to load")
+    assert s["simulations"] >= saved  # the search resumes where it was saved
+
+
+def test_verify_puts_xla_beside_the_prediction(tab):
+    tab.get_by_role("button", name="megatron", exact=True).click()
+    click(tab, "Verify 'megatron' with XLA")
+    s = wait_until(lambda: (lambda s: s["verify"].startswith(("done", "failed")) and s)(state(tab)), timeout=120,
+                   what="verify to finish")
+    assert s["verify"].startswith("done"), s["message"]
+    table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-verify-table').text")
+    assert "peak memory per device" in table and "all-reduce bytes" in table
 
 
 def test_two_pages_have_independent_state(chromium, server, tab):
@@ -310,14 +371,14 @@ def test_screenshots_of_the_main_views(tab):
     SHOTS.mkdir(parents=True, exist_ok=True)
     pin(tab, "ffn", "model")
     run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 150, what="a plan to show")
-    set_model_value(tab, "partex-pin-group", "seq")  # the group with the attention conflict
+    select_group(tab, "seq")  # the group with the attention conflict
     tab.mouse.move(0, 0)
     tab.screenshot(path=SHOTS / "overview.png")
     shots = {"overview.png"}
     for title, name in (("Named dimensions", "graph"), ("Search", "search"), ("Memory per device", "memory"),
                         ("Baselines", "baselines"), ("Plan", "plan"), ("Predicted vs XLA", "verify")):
-        header = tab.get_by_text(title, exact=True).first
-        header.scroll_into_view_if_needed()
+        header = tab.locator(".card-title", has_text=title).first
+        header.evaluate("e => { e.scrollIntoView({block: 'start'}); window.scrollTo(0, 0); }")
         tab.screenshot(path=SHOTS / f"{name}.png")
         shots.add(f"{name}.png")
     for f in shots:
