@@ -78,6 +78,7 @@ class Search:
         self.rollout_width = rollout_width
         self.polish_every = polish_every
         self._polished: tuple = ()
+        self._deadline: float | None = None  # run(): polishing stops at the budget
         self.donate = tuple(default_donate(model.program) if donate is None else donate)
         self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate)
         self.model_spec = model_spec or _model_spec(model)
@@ -202,11 +203,15 @@ class Search:
         current = tuple(self._best[1])
         score = self._score(current)
         for _ in range(4 * len(self.actions)):
+            if self._deadline is not None and time.perf_counter() > self._deadline:
+                return
             improved = False
             legal = sorted(self._legal(current), key=lambda a: -self.prior[a])
             moves = [current + (self.actions[a],) for a in legal]
             moves += [current[:i] + current[i + 1:] for i in range(len(self.pins), len(current))]
             for cand in moves:
+                if self._deadline is not None and time.perf_counter() > self._deadline:
+                    return
                 sc = self._score(cand)
                 if sc > score + 1e-12:
                     current, score, improved = cand, sc, True
@@ -263,6 +268,8 @@ class Search:
         self._t0 = time.perf_counter()
         try:
             for _ in range(n):
+                if self._deadline is not None and time.perf_counter() > self._deadline:
+                    break
                 self._simulate()
         finally:
             self.seconds += time.perf_counter() - self._t0
@@ -271,10 +278,14 @@ class Search:
     def run(self, seconds: float, chunk: int = 16, callback=None) -> None:
         """Simulate for about ``seconds`` (in chunks; callback(stats) after each)."""
         end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            self.step(chunk)
-            if callback is not None:
-                callback(self)
+        self._deadline = end
+        try:
+            while time.perf_counter() < end:
+                self.step(chunk)
+                if callback is not None:
+                    callback(self)
+        finally:
+            self._deadline = None
 
     def best(self) -> SearchResult | None:
         if self._best is None:

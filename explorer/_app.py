@@ -82,7 +82,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         _card("Search", SearchView(state=state), "Monte Carlo tree search over (group, axis) decisions"),
         pn.Row(
             _card("Memory per device", MemoryView(state=state), "stacked by kind, against the budget",
-                  width=540, sizing_mode="fixed"),
+                  width=540, sizing_mode=None),
             _card("Baselines", BaselinesView(state=state), "hand-written strategies on the same cost model"),
             sizing_mode="stretch_width",
         ),

@@ -65,6 +65,7 @@ class Loaded:
     search: Any
     notes: tuple[str, ...] = ()
     form: dict | None = None  # form values to show (a loaded session)
+    origin: str = ""  # "loaded session NAME" for a saved session
 
 
 class ExplorerState(param.Parameterized):
@@ -251,8 +252,9 @@ class ExplorerState(param.Parameterized):
         self.phase = "ready"
         an = ws.an
         c = ws.config
-        text = (f"{ws.choice.title}: {len(an.decision_groups)} decision groups, {len(an.conflicts)} "
-                f"conflict(s) on {c.mesh.text()} ({c.hw.name}, budget {fmt_bytes(c.hw.budget)})")
+        text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
+                f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()} ({c.hw.name}, budget "
+                f"{fmt_bytes(c.hw.budget)})")
         level = "success"
         if loaded.notes:
             text += "; " + "; ".join(loaded.notes)
@@ -496,7 +498,7 @@ class ExplorerState(param.Parameterized):
         search_path = self.sessions_dir / str(meta.get("search", f"{name}.search"))
         self.pause()
         self.phase = "loading"
-        self._submit("load", lambda: _restore(choice, config, form, meta, search_path), self._install)
+        self._submit("load", lambda: _restore(name, choice, config, form, meta, search_path), self._install)
 
     # ------------------------------------------------------------------ the page's clock
     def poll(self) -> None:
@@ -619,7 +621,7 @@ def _build(choice: ModelChoice, config: Config, seed: int, res=None, pins=(), fo
     return Loaded(ws, *_details(res), baselines, search, tuple(notes))
 
 
-def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search_path) -> Loaded:
+def _restore(name: str, choice: ModelChoice, config: Config, form: dict, meta: dict, search_path) -> Loaded:
     res = ANALYSES.get(choice)
     ws = Workspace(choice, res, config)
     an = ws.an
@@ -644,7 +646,7 @@ def _restore(choice: ModelChoice, config: Config, form: dict, meta: dict, search
         search, dropped = ws.new_search(int(form.get("seed", 0)), ids(meta.get("pins", [])),
                                         ids(meta.get("forbidden", [])))
         notes += dropped
-    return Loaded(ws, *_details(res), ws.baselines(), search, tuple(notes), form)
+    return Loaded(ws, *_details(res), ws.baselines(), search, tuple(notes), form, f"loaded session {name}")
 
 
 def _details(res) -> tuple:
