@@ -76,7 +76,7 @@ class GraphView(pn.viewable.Viewer):
 
     def _figure(self):
         p = figure(name="partex-graph", tools="", toolbar_location=None, sizing_mode="stretch_both",
-                   x_range=Range1d(-1.62, 1.62), y_range=Range1d(-1.34, 1.16), min_border=4,
+                   x_range=Range1d(-1.7, 1.7), y_range=Range1d(-1.34, 1.16), min_border=4,
                    outline_line_color=None, background_fill_color=None, border_fill_color=None)
         p.xaxis.visible = p.yaxis.visible = False
         p.xgrid.visible = p.ygrid.visible = False
@@ -140,7 +140,7 @@ class GraphView(pn.viewable.Viewer):
             d["size"].append(size)
             d["ring"].append(size + 12)
             d["ring_alpha"].append(1.0 if g in conflicted else 0.0)
-            d["label"].append(grp.label)
+            d["label"].append(_short(grp.label))
             layers = f" · ×{info.layers}" if info.layers > 1 else ""
             d["sub"].append(f"{grp.size}{layers} · {fmt_bytes(grp.bytes)}")
             d["badge"].append("+".join(a[:1].upper() for a in mine))
@@ -196,6 +196,10 @@ class GraphView(pn.viewable.Viewer):
         want = [gids.index(g)] if g in gids else []
         if list(self.node_src.selected.indices) != want:
             self.node_src.selected.indices = want
+
+
+def _short(label: str, n: int = 18) -> str:
+    return label if len(label) <= n else label[: n - 1] + "…"
 
 
 def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool) -> str:
@@ -297,8 +301,11 @@ class DecisionView(pn.viewable.Viewer):
         rows = "".join(f"<tr><td class='mono'>{esc(p)}</td><td class='mono'>{esc(tuple(sh))}</td><td>{d}</td></tr>"
                        for p, sh, d in info.tensors[:24])
         more = f"<div class='muted'>… {len(info.tensors) - 24} more tensors</div>" if len(info.tensors) > 24 else ""
-        src = "".join(f"<li><span class='mono'>{esc(short_source(x))}</span> <span class='muted'>×{n}</span></li>"
-                      for x, n in info.sources)
+        lines: dict[str, int] = {}
+        for x, n in info.sources:  # several columns of one line read as one line here
+            lines[short_source(x)] = lines.get(short_source(x), 0) + n
+        src = "".join(f"<li><span class='mono'>{esc(x)}</span> <span class='muted'>×{n}</span></li>"
+                      for x, n in sorted(lines.items(), key=lambda kv: -kv[1]))
         co = ", ".join(f"{esc(an.groups[o].label)} <span class='muted'>{fmt_bytes(n)}</span>" for n, o in cooccur[:6])
         plan = ", ".join(esc(a) for a in axes) or "unsharded"
         self.detail.object = (

@@ -15,9 +15,9 @@ import math
 import networkx as nx
 import numpy as np
 
-MAX_NODES = 24
+MAX_NODES = 16
 MAX_EDGES_PER_NODE = 4
-WIDTH, HEIGHT = 1.4, 1.0  # the drawing's half extents (the figure is about 1.4x wider than high)
+WIDTH, HEIGHT = 1.3, 1.0  # the drawing's half extents (the figure is about 1.4x wider than high)
 MIN_GAP = 0.62  # least distance between two node centres: room for the node and its label
 
 

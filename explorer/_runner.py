@@ -212,11 +212,16 @@ class ProcessRunner:
         return msg
 
     def close(self, wait: float = 2.0) -> None:
+        """Stop the child: "close" ends it between two chunks; past ``wait`` it is
+        terminated. The page's thread does not wait for it."""
         if self._closed:
             return
         self._closed = True
         self._running = False
         self._send("close")
+        threading.Thread(target=self._reap, args=(wait,), name=f"partex-reap-{self.session}", daemon=True).start()
+
+    def _reap(self, wait: float) -> None:
         self._proc.join(wait)
         if self._proc.is_alive():
             self._proc.terminate()

@@ -46,8 +46,8 @@ DEFAULT_HARDWARE = "tpu-v4"
 # trade-offs visible (replicating the tiny transformer does not fit, sharding does).
 DEFAULT_BUDGET = "3MiB"
 SESSION_FORMAT = "partex-explorer-session"
-# After picking up a snapshot the page renders it and Bokeh serialises the changes; the
-# search worker keeps off the GIL that long so that the page is never held up by it.
+# After picking up a snapshot the page renders it and Bokeh serialises the changes; a search
+# in a thread (ThreadRunner) keeps off the GIL that long, so that it never holds the page up.
 QUIET_SECONDS = 0.1
 APPLY_SECONDS = 0.5  # while the search runs, the page shows its progress this often
 SLOW_CALLBACK_MS = 100
@@ -118,11 +118,9 @@ class ExplorerState(param.Parameterized):
         self._seen_version = -1
         self._last_apply = 0.0
         self._quiet = False  # set while the state writes its own forms
-        self._closed = False
         self.timings = {"max_callback_ms": 0.0, "max_loop_lag_ms": 0.0, "callbacks": 0}
         self._last_tick: float | None = None
         self._warned_budget = False
-        self.started = time.time()
         self.param.watch(self._on_model_name, ["model_name"])
         self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text"])
         self.param.watch(self._on_probed, ["ping", "message", "message_level", "phase", "busy", "running", "best",
@@ -563,9 +561,6 @@ class ExplorerState(param.Parameterized):
             if self.running:
                 self.timings["max_callback_ms"] = max(self.timings["max_callback_ms"], ms)
 
-    def reset_timings(self) -> None:
-        self.timings.update(max_callback_ms=0.0, max_loop_lag_ms=0.0)
-
     def _on_probed(self, *events) -> None:
         self._update_probe()
 
@@ -604,8 +599,7 @@ class ExplorerState(param.Parameterized):
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """The tab closed: stop its search thread."""
-        self._closed = True
+        """The tab closed: stop its search."""
         if self.runner is not None:
             self.runner.close()
 
