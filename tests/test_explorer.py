@@ -9,6 +9,7 @@ timings.json (first view after server start, the page's worst stall while search
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -56,17 +57,18 @@ class Server:
         self.proc, self.url, self.log, self.started = proc, url, log, started
         self.first_view_s: float | None = None
         self.up_s: float | None = None  # until panel serve answered
+        self.sessions: pathlib.Path | None = None  # where its sessions are saved
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("explorer")
+@contextlib.contextmanager
+def start_server(tmp: pathlib.Path, sessions: pathlib.Path):
+    """``panel serve`` in a subprocess on a free port, saving sessions under ``sessions``."""
     port = _free_port()
-    log = tmp / "server.log"
-    env = dict(os.environ, PARTEX_SESSIONS_DIR=str(tmp / "sessions"), JAX_PLATFORMS="cpu",
+    log = tmp / f"server-{port}.log"
+    env = dict(os.environ, PARTEX_SESSIONS_DIR=str(sessions), JAX_PLATFORMS="cpu",
                PYTHONUNBUFFERED="1")
     started = time.monotonic()
     with open(log, "w") as out:
@@ -87,6 +89,7 @@ def server(tmp_path_factory):
         wait_until(up, timeout=60, interval=0.1, what="panel serve to answer")
         server = Server(proc, url, log, started)
         server.up_s = time.monotonic() - started
+        server.sessions = sessions
         yield server
     finally:
         proc.terminate()
@@ -94,6 +97,13 @@ def server(tmp_path_factory):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("explorer")
+    with start_server(tmp, tmp / "sessions") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +309,25 @@ def test_save_and_load_a_session(tab):
     s = wait_until(lambda: (lambda s: "loaded session browser-test" in s["message"] and s["simulations"] >= saved
                             and s)(state(tab)), what="the saved session to load")
     assert s["pins"] == ["heads->model"], s
+
+
+def test_a_saved_session_loads_in_a_restarted_server(chromium, server, tab, tmp_path):
+    """Sessions are files: a fresh server process (a restart) loads what the old one saved."""
+    pin(tab, "ffn", "model")
+    set_model_value(tab, "partex-session-name", "before-restart")
+    click(tab, "Save")
+    wait_until(lambda: "saved session before-restart" in state(tab)["message"], what="the session to be saved")
+    with start_server(tmp_path, server.sessions) as fresh:
+        page = open_page(chromium, fresh)
+        try:
+            assert state(page)["pins"] == []
+            choose(page, "partex-sessions", "before-restart")
+            click(page, "Load")
+            s = wait_until(lambda: (lambda s: "loaded session before-restart" in s["message"] and s)(state(page)),
+                           what="the saved session to load in the new server")
+            assert "ffn->model" in s["pins"], s
+        finally:
+            page.context.close()
 
 
 def test_verify_puts_xla_beside_the_prediction(tab):
