@@ -247,7 +247,6 @@ class ExplorerState(param.Parameterized):
         self.runner = make_runner(loaded.search, ws, session=self.session_id)
         self.pins = list(loaded.search.pins)
         self.forbidden = sorted(loaded.search.forbidden)
-        self.phase = "ready"
         an = ws.an
         c = ws.config
         text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
@@ -265,6 +264,7 @@ class ExplorerState(param.Parameterized):
                     "no plan; raise the budget or grow the mesh")
             level = "warning"
         self.notify(text, level)
+        self.phase = "ready"  # after the message: a page that sees "ready" sees its summary
         if was_running:
             self.run()
         self._update_probe()
@@ -330,11 +330,12 @@ class ExplorerState(param.Parameterized):
             text = str(e)
             self.notify(text if text.startswith("cannot") else f"cannot {how} {lab}: {text}", "danger")
             return
-        self.pins, self.forbidden = pins, forbidden
         self._warned_budget = False
         verb = {"pin": "pinned", "forbid": "forbade", "unpin": "released"}[how]
         tail = "" if self.running else "; press Run to resume the search from here"
+        # the message first: a page that sees the new pins also sees why
         self.notify(f"{verb} {lab}{tail}", "info")
+        self.pins, self.forbidden = pins, forbidden
         self._update_probe()
 
     def pin(self, group: int | None, axis: str | None) -> None:

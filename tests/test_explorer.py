@@ -229,7 +229,7 @@ def test_search_improves_the_best_plan(tab):
 
 def test_pin_a_decision_and_resume(tab):
     pin(tab, "ffn", "model")
-    assert "pinned ffn->model" in state(tab)["message"]
+    wait_until(lambda: "pinned ffn->model" in state(tab)["message"], what="the pin's message")
     s = run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 100,
                   what="the resumed search to find a plan")
     assert {"group": "ffn", "axis": "model", "pinned": True} in [
@@ -273,9 +273,9 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
     budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
     budget.fill("64KiB")
     budget.press("Enter")
-    s = wait_until(lambda: (lambda s: "no baseline fits" in s["message"] and s)(state(tab)),
+    s = wait_until(lambda: (lambda s: "no baseline fits" in s["message"] and s["phase"] == "ready" and s)(state(tab)),
                    what="the budget warning")
-    assert s["level"] == "warning" and s["phase"] == "ready"
+    assert s["level"] == "warning"
 
     budget.fill("3MiB")
     budget.press("Enter")
@@ -286,9 +286,9 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
     custom.fill("no_such_module:make_step")
     custom.press("Enter")
     click(tab, "Analyze")
-    s = wait_until(lambda: (lambda s: "cannot import module 'no_such_module'" in s["message"] and s)(state(tab)),
-                   what="the import error")
-    assert s["model"]["spec"] == "transformer" and s["phase"] == "ready"  # the loaded model stays
+    s = wait_until(lambda: (lambda s: "cannot import module 'no_such_module'" in s["message"]
+                            and s["phase"] == "ready" and s)(state(tab)), what="the import error")
+    assert s["model"]["spec"] == "transformer"  # the loaded model stays
 
     click(tab, "Step")
     wait_until(lambda: state(tab)["simulations"] >= 50, what="the session to go on")
