@@ -310,8 +310,7 @@ def _norm(spec) -> list:
 def constraint_specs(cm, decisions):
     """The sharding constraints apply inserts: every intermediate value of rank >= 1 at its
     planned sharding, and each op operand whose consumer view differs from its value's."""
-    from ._plan import spec_from_json as _s
-
+    _s = spec_from_json
     p = cm.program
     inputs = set(p.inputs)
     vspecs = cm.value_specs(decisions)
@@ -360,7 +359,6 @@ def default_donate(program) -> tuple[int, ...]:
     import collections
 
     outs = collections.Counter((program.values[v].shape, program.values[v].dtype.str) for v in program.outputs)
-    n_args = program.in_tree.num_leaves and len(program.in_tree.children())
     donate = []
     k = 0
     for a, sub in enumerate(program.in_tree.children()):
@@ -370,7 +368,6 @@ def default_donate(program) -> tuple[int, ...]:
         if leaves and all(outs[key] >= c for key, c in need.items()):
             donate.append(a)
             outs.subtract(need)
-    del n_args
     return tuple(donate)
 
 

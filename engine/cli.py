@@ -169,7 +169,7 @@ def _fmt_bytes(n: float) -> str:
 def cmd_plan(args) -> int:
     from . import analyze_model
     from ._cost import CostModel
-    from ._plan import default_donate, make_plan
+    from ._plan import check_divisible, default_donate, make_plan
     from ._strategies import strategy_decisions
 
     mesh, hw = mesh_and_hardware(args)
@@ -178,7 +178,7 @@ def cmd_plan(args) -> int:
     donate = default_donate(res.program)
     cm = CostModel(res.analysis, mesh, hw, donate=donate)
     plan = make_plan(res, mesh, hw, decisions, strategy=args.strategy, donate=donate, cost_model=cm)
-    check_mesh_divides(plan, res.program)
+    check_divisible(plan, res.program)
     plan.save(args.out)
     pr = plan.predicted
     if args.json:
@@ -191,12 +191,6 @@ def cmd_plan(args) -> int:
     print("decisions: " + (", ".join(f"{d.group}->{d.axis}" for d in plan.decisions) or "none (replicated)"))
     print(f"wrote {args.out}")
     return 0
-
-
-def check_mesh_divides(plan, program) -> None:
-    from ._plan import check_divisible
-
-    check_divisible(plan, program)
 
 
 def cmd_verify(args) -> int:
