@@ -79,6 +79,7 @@ class Search:
         self.polish_every = polish_every
         self._polished: tuple = ()
         self._deadline: float | None = None  # run(): polishing stops at the budget
+        self.stop_requested = False  # set by request_stop() (a signal handler): run() returns
         self.donate = tuple(default_donate(model.program) if donate is None else donate)
         self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate)
         self.model_spec = model_spec or _model_spec(model)
@@ -275,12 +276,19 @@ class Search:
             self.seconds += time.perf_counter() - self._t0
             self._t0 = None
 
+    def request_stop(self) -> None:
+        """Ask a running ``run`` to return after the simulation in hand. Safe to call from a
+        signal handler: it only sets a flag (raising there can be swallowed when the signal
+        lands inside a garbage-collector callback)."""
+        self.stop_requested = True
+        self._deadline = time.perf_counter()
+
     def run(self, seconds: float, chunk: int = 16, callback=None) -> None:
         """Simulate for about ``seconds`` (in chunks; callback(stats) after each)."""
         end = time.perf_counter() + seconds
         self._deadline = end
         try:
-            while time.perf_counter() < end:
+            while time.perf_counter() < end and not self.stop_requested:
                 self.step(chunk)
                 if callback is not None:
                     callback(self)

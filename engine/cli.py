@@ -276,10 +276,10 @@ def cmd_search(args) -> int:
     for label, axis in forbids:
         search.forbid(label, axis)
 
-    def _term(signum, frame):
-        raise KeyboardInterrupt
+    def _stop(signum, frame):
+        search.request_stop()  # a flag only: the search returns after the simulation in hand
 
-    old = signal.signal(signal.SIGTERM, _term)
+    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
     interrupted = False
     saved = [time.perf_counter() - 9.0]
@@ -296,9 +296,11 @@ def cmd_search(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         progress.close()
         search.save(state_path)  # nothing lost: the search resumes from here
+    interrupted = interrupted or search.stop_requested
     best = search.best()
     if best is None:
         what = f" with pins {', '.join(search.label(p) for p in search.pins)}" if search.pins else ""
@@ -389,12 +391,16 @@ def cmd_bench(args) -> int:
     ilp = solve_ilp(cm, time_limit=args.ilp_time)
     row("ilp", list(ilp.decisions), ilp.report, ilp.solve_seconds, status=ilp.status,
         build_s=ilp.build_seconds)
+    import signal
+
     progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
+    old = {sig: signal.signal(sig, lambda signum, frame: search.request_stop())
+           for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        search.run(args.budget, callback=progress)
-    except KeyboardInterrupt:
-        pass
+        search.run(args.budget, callback=progress)  # Ctrl-C ends the search early, the table still prints
     finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         progress.close()
     xla = None
     if args.verify and search.best() is not None:
