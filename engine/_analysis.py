@@ -92,9 +92,6 @@ class Analysis:
         nd = self.nd_of(vid, dim)
         return NO_DIM if nd == NO_DIM else self.named_dims[nd].group
 
-    def value_groups(self, vid: int) -> tuple[GroupId, ...]:
-        return tuple(self.group_of(vid, d) for d in range(len(self.program.values[vid].shape)))
-
     def group_by_label(self, label: str) -> Group | None:
         for g in self.groups:
             if g.label == label:

@@ -289,7 +289,6 @@ class CostModel:
             pat.weight += op.trip
             pat.ops.append(op.id)
             self.op_pattern[op.id] = pi
-        self.pattern_weight = np.array([pt.weight for pt in self.patterns])
         # groups each signature / pattern depends on, as bitmasks (hot path)
         self.sig_mask = [_mask(g for g, _ in sig) for sig in self.sigs]
         self.pat_mask = []
@@ -441,9 +440,6 @@ class CostModel:
         if r is None:
             r = self._sig_cache[key] = _assign(self.sigs[sig], rel)
         return r
-
-    def value_spec(self, vid: int, decisions: Sequence[Decision]) -> Spec:
-        return tuple(tuple(a) for a in self.sig_spec(int(self.vsig[vid]), self._decisions(decisions)))
 
     def _shard(self, spec) -> int:
         n = 1

@@ -116,9 +116,6 @@ class Program:
     def value(self, vid: ValueId) -> Value:
         return self.values[vid]
 
-    def input_index(self) -> dict[ValueId, int]:
-        return {v: i for i, v in enumerate(self.inputs)}
-
 
 # --------------------------------------------------------------------------- paths
 
