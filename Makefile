@@ -19,9 +19,9 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-# The explorer on http://127.0.0.1:5006/app (`panel serve explorer/app.py ...`, see explorer/__init__.py).
+# The explorer on http://127.0.0.1:5006/app (`partex serve`; see explorer/__init__.py).
 serve: install
-	$(PY) -m explorer --address 127.0.0.1 --port 5006
+	$(PY) -m partex.explorer --address 127.0.0.1 --port 5006
 
 test: install chromium
 	$(PY) -m pytest -q

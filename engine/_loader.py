@@ -31,14 +31,14 @@ class LoadedModel:
 
 
 def demo_names() -> list[str]:
-    import demo_models
+    from . import demo_models
 
     return list(demo_models.MODELS)
 
 
 def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | None = None) -> LoadedModel:
     """Resolve a MODEL spec to a function and example args. Bad input -> PartexError."""
-    import demo_models
+    from . import demo_models
 
     if not spec or not isinstance(spec, str):
         raise PartexError("no MODEL given: name a demo model "

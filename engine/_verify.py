@@ -49,7 +49,7 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
                        "overrides": list(overrides or []), "run": run, "constrain": constrain})
     try:
-        r = subprocess.run([sys.executable, "-m", "engine._verify", args], env=env, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "partex._verify", args], env=env, capture_output=True,
                            text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise PartexError(f"verify did not finish within {timeout:.0f} s") from None

@@ -1,4 +1,4 @@
-"""The ``partex`` command line (also ``python -m engine``)."""
+"""The ``partex`` command line (also ``python -m partex``)."""
 
 from __future__ import annotations
 
@@ -436,7 +436,7 @@ def cmd_bench(args) -> int:
 
 def cmd_serve(args) -> int:
     try:
-        import explorer
+        from . import explorer
     except ImportError:
         raise PartexError("the explorer is not installed next to the engine (explorer/ package missing)") from None
     return explorer.serve(port=args.port, address=args.address, show=args.show)

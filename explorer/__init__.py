@@ -1,4 +1,4 @@
-"""The partex explorer, a Panel app: ``panel serve explorer/app.py`` or ``partex serve``.
+"""The partex explorer (``partex.explorer``), a Panel app: ``partex serve`` (``make serve``).
 
 It opens on the demo transformer (tiny) on a simulated data=4,model=2 mesh and shows the
 named-dimension graph, memory against the budget, the search as it runs, the plan, the
@@ -12,9 +12,12 @@ import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-APP = ROOT / "explorer" / "app.py"
-STATIC = ROOT / "static"
+HERE = pathlib.Path(__file__).resolve().parent
+APP = HERE / "app.py"
+# The stylesheet and logo: ``partex/static`` in an installed wheel, ``static/`` beside
+# ``explorer/`` in the repository (an editable install maps the packages onto its folders).
+STATIC = next((d for d in (HERE.parent / "static", HERE.parents[1] / "static") if (d / "explorer.css").is_file()),
+              HERE.parent / "static")
 
 
 def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = False,

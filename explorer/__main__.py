@@ -1,4 +1,4 @@
-"""``python -m explorer [--port 5006] [--address 127.0.0.1] [--show]``: serve the explorer."""
+"""``python -m partex.explorer [--port 5006] [--address 127.0.0.1] [--show]``: serve the explorer."""
 
 import argparse
 import sys
@@ -7,7 +7,7 @@ from . import serve
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m explorer", description="Serve the partex explorer.")
+    ap = argparse.ArgumentParser(prog="python -m partex.explorer", description="Serve the partex explorer.")
     ap.add_argument("--port", type=int, default=5006)
     ap.add_argument("--address", default="127.0.0.1")
     ap.add_argument("--show", action="store_true", help="open it in a browser")

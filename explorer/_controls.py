@@ -8,8 +8,8 @@ import io
 import panel as pn
 import param
 
-import demo_models
-from engine._mesh import HARDWARE
+from partex import demo_models
+from partex._mesh import HARDWARE
 
 from ._engine import CUSTOM
 from ._widgets import bind, button, html, keyed, select, text_input

@@ -12,16 +12,16 @@ import gc
 import threading
 from typing import Any, Callable, Sequence
 
-import demo_models
-from engine import ModelAnalysis, PartexError, analyze_model
-from engine._analysis import NO_DIM
-from engine._cost import CostModel, CostReport
-from engine._mesh import HARDWARE, Hardware, MeshSpec, get_hardware, parse_bytes
-from engine._plan import Plan, check_signature, default_donate, make_plan, resolve_decisions
-from engine._program import NO_PRODUCER
-from engine._strategies import baseline_names, strategy_decisions
+from partex import demo_models
+from partex import ModelAnalysis, PartexError, analyze_model
+from partex._analysis import NO_DIM
+from partex._cost import CostModel, CostReport
+from partex._mesh import HARDWARE, Hardware, MeshSpec, get_hardware, parse_bytes
+from partex._plan import Plan, check_signature, default_donate, make_plan, resolve_decisions
+from partex._program import NO_PRODUCER
+from partex._strategies import baseline_names, strategy_decisions
 
-from engine._search import Search
+from partex._search import Search
 
 Decision = tuple[int, str]
 CUSTOM = "custom"  # the model picker's entry for a user's own module:attr

@@ -27,7 +27,7 @@ import time
 import warnings
 from typing import Any
 
-from engine import PartexError
+from partex import PartexError
 
 from ._engine import PlanSummary, Workspace
 

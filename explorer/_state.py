@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import param
 
-import demo_models
-from engine import PartexError
-from engine._mesh import HARDWARE
+from partex import demo_models
+from partex import PartexError
+from partex._mesh import HARDWARE
 
 from ._engine import (
     ANALYSES, CUSTOM, Config, GroupInfo, ModelChoice, PlanSummary, Search, Workspace,
@@ -411,7 +411,7 @@ class ExplorerState(param.Parameterized):
         self.verify_result = None
 
         def work():
-            from engine._verify import verify
+            from partex._verify import verify
 
             fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
             os.close(fd)
@@ -651,7 +651,7 @@ def _details(res) -> tuple:
 
 
 def _same_model(summary: PlanSummary, ws: Workspace) -> bool:
-    from engine._plan import signature_of
+    from partex._plan import signature_of
 
     return summary.plan.signature.get("inputs") == signature_of(ws.res.program)["inputs"]
 

@@ -1,20 +1,13 @@
-"""The partex explorer: ``panel serve explorer/app.py`` (or ``make serve`` / ``partex serve``).
+"""The partex explorer's Panel script (``partex serve`` or ``make serve`` runs it with ``panel serve``).
 
 Every browser session runs this script and gets its own state and search.
 """
 
 import logging
-import pathlib
-import sys
-
-try:
-    import explorer  # noqa: F401  (installed with `pip install -e .`)
-except ImportError:  # a plain checkout: the repository root holds the packages
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import panel as pn
 
-from explorer._app import create_app
+from partex.explorer._app import create_app
 
 _log = logging.getLogger("partex.explorer")
 if not _log.handlers:  # the server's log shows the explorer's own lines (threads ending, slow callbacks)

@@ -17,12 +17,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import analyze_model  # noqa: E402
-from engine._cost import CostModel  # noqa: E402
-from engine._mesh import MeshSpec, get_hardware  # noqa: E402
-from engine._plan import default_donate, make_plan  # noqa: E402
-from engine._strategies import strategy_decisions  # noqa: E402
-from engine._verify import KINDS, verify  # noqa: E402
+from partex import analyze_model  # noqa: E402
+from partex._cost import CostModel  # noqa: E402
+from partex._mesh import MeshSpec, get_hardware  # noqa: E402
+from partex._plan import default_donate, make_plan  # noqa: E402
+from partex._strategies import strategy_decisions  # noqa: E402
+from partex._verify import KINDS, verify  # noqa: E402
 
 
 def main() -> None:

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import demo_models
-from engine import analyze, analyze_model, trace
-from engine._analysis import NO_DIM
+from partex import demo_models
+from partex import analyze, analyze_model, trace
+from partex._analysis import NO_DIM
 
 
 def _input(program, path):

@@ -10,11 +10,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import demo_models
+from partex import demo_models
 from jax._src import ad_checkpoint
-from engine._apply import constrained_function
-from engine._errors import PartexError
-from engine._program import trace
+from partex._apply import constrained_function
+from partex._errors import PartexError
+from partex._program import trace
 
 DEMOS = ["mlp", "transformer", "transformer-scan", "unet", "gns", "moe"]
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from engine.cli import main
+from partex.cli import main
 
 from conftest import ROOT
 
@@ -99,7 +99,7 @@ def test_bad_demo_config_exit_2(capsys, argv, needle):
 
 
 def test_console_entry_point_runs_as_module():
-    r = subprocess.run([sys.executable, "-m", "engine", "analyze", "nope:fn"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "partex", "analyze", "nope:fn"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "partex: error:" in r.stderr

@@ -9,12 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from engine import PartexError, analyze_model
-from engine._cost import CostModel
-from engine._mesh import MeshSpec, get_hardware, parse_bytes
-from engine._plan import Plan, default_donate, make_plan
-from engine._strategies import strategy_decisions
-from engine.cli import main
+from partex import PartexError, analyze_model
+from partex._cost import CostModel
+from partex._mesh import MeshSpec, get_hardware, parse_bytes
+from partex._plan import Plan, default_donate, make_plan
+from partex._strategies import strategy_decisions
+from partex.cli import main
 
 
 @pytest.fixture(scope="module")

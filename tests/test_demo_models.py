@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from demo_models import MODELS, DemoModelError, Model, build, parse_overrides
+from partex.demo_models import MODELS, DemoModelError, Model, build, parse_overrides
 
 NAMES = ["mlp", "transformer", "transformer-scan", "unet", "gns", "moe"]
 

@@ -22,8 +22,8 @@ import urllib.request
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from engine._plan import Plan
-from explorer import serve_command
+from partex._plan import Plan
+from partex.explorer import serve_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "tests" / "screenshots"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from engine._hlo import (
+from partex._hlo import (
     Collective,
     collective_bytes_by_kind,
     memory_stats,

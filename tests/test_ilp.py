@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from engine import analyze_model
-from engine._cost import CostModel
-from engine._ilp import ILPResult, group_strategies, solve_ilp
-from engine._mesh import GiB, MeshSpec, get_hardware
-from engine._strategies import strategy_decisions
+from partex import analyze_model
+from partex._cost import CostModel
+from partex._ilp import ILPResult, group_strategies, solve_ilp
+from partex._mesh import GiB, MeshSpec, get_hardware
+from partex._strategies import strategy_decisions
 
 HAND = ("dp", "megatron", "zero3")
 

@@ -34,11 +34,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from engine import FactorKind, ModelAnalysis, analyze, trace
-from engine._loader import LoadedModel
-from engine._mesh import MeshSpec, get_hardware
-from engine._plan import make_plan
-from engine._search import Search
+from partex import FactorKind, ModelAnalysis, analyze, trace
+from partex._loader import LoadedModel
+from partex._mesh import MeshSpec, get_hardware
+from partex._plan import make_plan
+from partex._search import Search
 
 SCALE = 10 if os.environ.get("PARTEX_HYPOTHESIS_LARGE") else 1
 SIZES = (1, 2, 3, 4, 6, 8, 16)

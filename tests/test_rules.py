@@ -11,9 +11,9 @@ import pytest
 from jax._src import core as jcore
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-import demo_models
-from engine import CONSERVATIVE, FactorKind, factor_rules, trace
-from engine._rules import PSEUDO_OPS, reshape_blocks
+from partex import demo_models
+from partex import CONSERVATIVE, FactorKind, factor_rules, trace
+from partex._rules import PSEUDO_OPS, reshape_blocks
 
 _LAX_MODULES = [
     "jax._src.lax.lax", "jax._src.lax.control_flow", "jax._src.lax.slicing",
@@ -56,7 +56,7 @@ def test_every_lax_primitive_has_a_rule_or_is_deliberately_conservative():
 def test_tied_dims_have_consistent_sizes(name):
     m = demo_models.build(name)
     p = trace(m.fn, m.args)
-    from engine._rules import factors_of
+    from partex._rules import factors_of
 
     for op in p.ops:
         ins = [p.values[i].shape for i in op.inputs]
@@ -113,7 +113,7 @@ def test_factor_kinds_match_xla_collectives(case):
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
     prog = trace(fn, args)
     op = next(op for op in prog.ops if prog.inputs[0] in op.inputs and op.primitive not in PSEUDO_OPS)
-    from engine._rules import factors_of
+    from partex._rules import factors_of
 
     ins = [prog.values[i].shape for i in op.inputs]
     outs = [prog.values[o].shape for o in op.outputs]

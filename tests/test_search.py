@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from engine import PartexError, analyze_model
-from engine._mesh import MeshSpec, get_hardware, parse_bytes
-from engine._plan import Plan
-from engine._search import Search
-from engine._strategies import strategy_decisions
-from engine.cli import main
+from partex import PartexError, analyze_model
+from partex._mesh import MeshSpec, get_hardware, parse_bytes
+from partex._plan import Plan
+from partex._search import Search
+from partex._strategies import strategy_decisions
+from partex.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_sigterm_during_search_keeps_the_plan_and_the_state(tmp_path):
 
     out = tmp_path / "plan.json"
     state = tmp_path / "plan.json.search"
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "search", "transformer", "--mesh", "data=4,model=2",
+    proc = subprocess.Popen([sys.executable, "-m", "partex", "search", "transformer", "--mesh", "data=4,model=2",
                              "--memory", "2MiB", "--budget", "120", "--out", str(out), "--json"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90

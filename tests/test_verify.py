@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-import demo_models
-from engine import analyze_model
-from engine._cost import CostModel
-from engine._mesh import MeshSpec, get_hardware
-from engine._plan import default_donate, make_plan
-from engine._strategies import strategy_decisions
-from engine._verify import KINDS, verify_many
+from partex import demo_models
+from partex import analyze_model
+from partex._cost import CostModel
+from partex._mesh import MeshSpec, get_hardware
+from partex._plan import default_donate, make_plan
+from partex._strategies import strategy_decisions
+from partex._verify import KINDS, verify_many
 
 STRATEGIES = ("replicated", "dp", "megatron", "zero3")
 
