@@ -8,7 +8,7 @@
 has the structure of `model.args` with a tuple of logical axis names (str or None) per
 leaf.  Names used: batch, seq, d_model, heads, head_dim, ffn, vocab, experts, capacity
 (internal only), channels, in_channels, height, width, nodes, edges, features,
-out_features, hidden, layers.  No leaf repeats a name.
+out_features, hidden, layers, kv_heads.  No leaf repeats a name.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from typing import Any, Mapping
 
 from ._common import DemoModelError, Model, ModelDef, build_model, parse_overrides
 from ._gns import GNS
+from ._llama import LLAMA
 from ._mlp import MLP
 from ._moe import MOE
 from ._transformer import TRANSFORMER, TRANSFORMER_SCAN
 from ._unet import UNET
 
 MODELS: dict[str, ModelDef] = {
-    m.name: m for m in (MLP, TRANSFORMER, TRANSFORMER_SCAN, UNET, GNS, MOE)
+    m.name: m for m in (MLP, TRANSFORMER, TRANSFORMER_SCAN, UNET, GNS, MOE, LLAMA)
 }
 
 

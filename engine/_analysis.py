@@ -70,6 +70,21 @@ class Conflict:
     options: tuple[str, ...]  # the candidate resolutions, for the report
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupInfo:
+    """What a view shows about one decision group: its input tensors, the source lines of
+    the ops that make its tensors, and its conflicts."""
+
+    id: GroupId
+    label: str
+    size: int
+    bytes: int
+    layers: int  # named dims in the group (one per layer for layer-local dims)
+    tensors: tuple[tuple[str, tuple[int, ...], int], ...]  # (input path, shape, dim), in argument order
+    sources: tuple[tuple[str, int], ...]  # (source line, ops) of ops producing its tensors
+    conflicts: tuple[dict, ...]  # describe_conflict of its intra conflicts
+
+
 @dataclasses.dataclass
 class Analysis:
     program: Program
@@ -83,6 +98,16 @@ class Analysis:
     unknown_primitives: dict[str, int]
     seconds: float
     edges: tuple[np.ndarray, np.ndarray, np.ndarray] = dataclasses.field(repr=False, default=None)
+    _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
+
+    def roles(self):
+        """The inputs' and groups' roles from the program's structure (``_roles.Roles``),
+        computed once."""
+        if self._roles is None:
+            from ._roles import infer_roles
+
+            self._roles = infer_roles(self)
+        return self._roles
 
     # ---- lookups
     def nd_of(self, vid: int, dim: int) -> NamedDimId:
@@ -143,6 +168,40 @@ class Analysis:
             {"groups": [self.groups[a].label, self.groups[b].label], "bytes": n}
             for (a, b), n in sorted(self.cooccur.items(), key=lambda kv: -kv[1])
         ]
+        return out
+
+    def group_infos(self, max_tensors: int = 64, max_sources: int = 8) -> dict[GroupId, GroupInfo]:
+        """GroupInfo of every decision group."""
+        p = self.program
+        order = {vid: k for k, vid in enumerate(p.inputs)}
+        by_path = {path: vid for vid, path in zip(p.inputs, p.input_paths)}
+        sources: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        gnd = [nd.group for nd in self.named_dims]
+        for v in p.values:
+            if v.producer == NO_PRODUCER:
+                continue
+            src = p.ops[v.producer].source
+            if not src:
+                continue
+            base = int(self.node_base[v.id])
+            for d in range(len(v.shape)):
+                nd = int(self.node_nd[base + d])
+                if nd != NO_DIM:
+                    sources[gnd[nd]][src] += 1
+        conflicts: dict[int, list[dict]] = collections.defaultdict(list)
+        for c in self.conflicts:
+            conflicts[c.group].append(self.describe_conflict(c))
+        out = {}
+        for g in self.decision_groups:
+            tensors = []
+            for nd in g.named_dims:
+                for path, dim in self.named_dims[nd].inputs:
+                    vid = by_path[path]
+                    tensors.append((order[vid], path, tuple(p.values[vid].shape), dim))
+            tensors.sort()
+            out[g.id] = GroupInfo(g.id, g.label, g.size, g.bytes, len(g.named_dims),
+                                  tuple(t[1:] for t in tensors[:max_tensors]),
+                                  tuple(sources[g.id].most_common(max_sources)), tuple(conflicts[g.id]))
         return out
 
     def describe_conflict(self, c: Conflict) -> dict[str, Any]:

@@ -373,17 +373,9 @@ class CostModel:
         self.mid_long = span > max(8, n_ops // 10)  # saved across much of the step: activations
         self.inputs = np.array(p.inputs, dtype=np.int64)
         self.outputs = np.array(sorted(outputs), dtype=np.int64)
-        # input categories by pytree path
-        cat = []
-        first = p.input_paths[0].split("/")[0] if p.input_paths else ""
-        for path in p.input_paths:
-            head = path.split("/")[0]
-            if "opt" in head or "/mu/" in path or "/nu/" in path:
-                cat.append("optimizer")
-            elif head == first and len(p.input_paths) > 1 and not head.startswith("batch"):
-                cat.append("parameters")
-            else:
-                cat.append("activations")
+        # input categories from the roles the program's structure gives its inputs
+        roles = self.analysis.roles()
+        cat = [roles.category(vid) for vid in p.inputs]
         self.input_cat = np.array(cat)
         # donation: output leaves that alias an input leaf of a donated arg (same shape, dtype)
         self.alias_pairs: list[tuple[int, int]] = []
@@ -401,10 +393,9 @@ class CostModel:
                     self.alias_pairs.append((lst.pop(0), ovid))
         self._alias_arrays = (np.array([i for i, _ in self.alias_pairs], dtype=np.int64),
                               np.array([o for _, o in self.alias_pairs], dtype=np.int64))
-        self.output_cat = {}
+        # an output that mirrors an input (the updated state) counts in the input's category
         in_cat = dict(zip(p.inputs, cat))
-        for ivid, ovid in self._shape_pairs():
-            self.output_cat[ovid] = in_cat[ivid]
+        self.output_cat = {ovid: in_cat[ivid] for ovid, ivid in roles.mirror.items()}
 
     def _arg_index_of_inputs(self) -> list[int]:
         p = self.program
@@ -413,20 +404,6 @@ class CostModel:
         for a, c in enumerate(counts):
             out += [a] * c
         return out + [len(counts)] * (len(p.inputs) - len(out))
-
-    def _shape_pairs(self) -> list[tuple[int, int]]:
-        p = self.program
-        pool: dict[tuple, list[int]] = collections.defaultdict(list)
-        for vid in p.inputs:
-            v = p.values[vid]
-            pool[(v.shape, v.dtype.str)].append(vid)
-        pairs = []
-        for ovid in p.outputs:
-            v = p.values[ovid]
-            lst = pool.get((v.shape, v.dtype.str))
-            if lst:
-                pairs.append((lst.pop(0), ovid))
-        return pairs
 
     # ------------------------------------------------------------------ shardings
     def _decisions(self, decisions: Sequence[Decision]) -> list[tuple[int, str, int]]:

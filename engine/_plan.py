@@ -355,19 +355,19 @@ def group_anchor(an, gid: int) -> str | None:
 
 
 def default_donate(program) -> tuple[int, ...]:
-    """Arguments every leaf of which an output mirrors (shape and dtype): params, opt state."""
-    import collections
+    """The arguments every leaf of which is state: an input some output mirrors (same shape
+    and dtype, and the output depends on it), i.e. the parameters and optimizer state a
+    training step returns updated."""
+    from ._roles import state_inputs
 
-    outs = collections.Counter((program.values[v].shape, program.values[v].dtype.str) for v in program.outputs)
+    state = state_inputs(program)
     donate = []
     k = 0
     for a, sub in enumerate(program.in_tree.children()):
         leaves = program.inputs[k:k + sub.num_leaves]
         k += sub.num_leaves
-        need = collections.Counter((program.values[v].shape, program.values[v].dtype.str) for v in leaves)
-        if leaves and all(outs[key] >= c for key, c in need.items()):
+        if leaves and all(v in state for v in leaves):
             donate.append(a)
-            outs.subtract(need)
     return tuple(donate)
 
 

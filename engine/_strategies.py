@@ -1,70 +1,38 @@
 """Hand-written strategies expressed as decisions: the baselines partex must beat.
 
-- ``replicated``: nothing sharded.
-- ``dp``: the batch (dim 0 of every leaf of the last argument) on the data axis.
-- ``megatron``: dp + tensor parallelism on the model axis: attention heads, the FFN hidden
-  dim and the vocabulary (for convnets the channels, for plain MLPs the hidden layer).
-- ``zero3``: megatron + the parameters' remaining large dim (d_model) on the data axis:
-  parameters, gradients and optimizer state sharded over data, gathered before use.
-- ``expert`` (MoE): the experts on the data axis ahead of the batch (expert parallelism),
-  with the tensor-parallel dims on the model axis.
+Every strategy is built on the roles the program's structure gives its groups
+(``_roles.py``), never on labels or pytree paths:
 
-Axis roles: the first mesh axis is "data", the last "model" (by name if the mesh has axes so
-named). On a one-axis mesh megatron's model decisions fall on that axis too.
+- ``replicated``: nothing sharded.
+- ``dp``: the batch groups on the data axis.
+- ``megatron``: dp + tensor parallelism on the model axis: the Megatron pair groups
+  (attention heads, the FFN hidden dim; a plain MLP's hidden layer, a convnet's channels),
+  then the vocabulary-like groups (the LM head's vocabulary, the embedding table's rows).
+- ``zero3``: megatron + ZeRO-3 over the data axis: for each parameter leaf, largest first,
+  that has no dim on the data axis yet, the group of its largest dim that is still undecided
+  (and divisible by the data axis) goes on the data axis: parameters, gradients and optimizer
+  state sharded over data, gathered before use (in a transformer: d_model).
+- ``expert`` (MoE): the expert groups on the data axis ahead of the batch (expert
+  parallelism), with the tensor-parallel groups but the experts on the model axis.
+
+Within each kind, groups go largest first (the earlier decision keeps the axis where two
+meet in one tensor), and a decision is kept only where the mesh axis size divides the
+group's size.
+
+Axis roles come from the user's mesh, not the model: the axis named "data" (else the first)
+is the data axis, the one named "model" (else the last) the model axis. On a one-axis mesh
+megatron's model decisions fall on that axis too.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import Callable
+from typing import Callable, Iterable
 
-from ._analysis import NO_DIM, Analysis
+from ._analysis import NO_DIM, Analysis, GroupId
 from ._errors import PartexError
 from ._mesh import MeshSpec
 
 Decision = tuple[int, str]
-
-# Tensor-parallel labels, in decision order: attention heads, FFN / MLP hidden dims, the
-# vocabulary; for convnets the output channels of the convolutions.
-_TP_LABELS = ("heads", "ffn", "hidden", "vocab", "channels")
-
-
-def base_label(label: str) -> str:
-    return label.split("#", 1)[0]
-
-
-def groups_labelled(an: Analysis, *labels: str) -> list[int]:
-    return [g.id for g in an.decision_groups if base_label(g.label) in labels]
-
-
-def batch_groups(an: Analysis) -> list[int]:
-    """Groups of dim 0 of every leaf of the last positional argument (the batch), largest
-    first (a graph's edges before its nodes: the bigger tensors keep the axis)."""
-    p = an.program
-    last = p.input_paths[-1].split("/")[0] if p.input_paths else ""
-    out = []
-    decidable = {g.id for g in an.decision_groups}
-    for vid, path in zip(p.inputs, p.input_paths):
-        if path.split("/")[0] == last and p.values[vid].shape:
-            g = an.group_of(vid, 0)
-            if g != NO_DIM and g in decidable and g not in out:
-                out.append(g)
-    return sorted(out, key=lambda g: -an.groups[g].bytes)
-
-
-def param_group_bytes(an: Analysis) -> collections.Counter:
-    """Bytes of the first argument's (parameters') leaves per group of their dims."""
-    p = an.program
-    first = p.input_paths[0].split("/")[0] if p.input_paths else ""
-    c: collections.Counter = collections.Counter()
-    for vid, path in zip(p.inputs, p.input_paths):
-        if path.split("/")[0] != first:
-            continue
-        for d in range(len(p.values[vid].shape)):
-            g = an.group_of(vid, d)
-            if g != NO_DIM:
-                c[g] += p.values[vid].nbytes
-    return c
 
 
 def _axes(mesh: MeshSpec) -> tuple[str, str]:
@@ -73,40 +41,62 @@ def _axes(mesh: MeshSpec) -> tuple[str, str]:
     return data, model
 
 
-def _dp(an, mesh):
+def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> list[Decision]:
+    """(group, axis) for the groups whose size the axis divides."""
+    n = mesh.axis_size(axis)
+    return [(g, axis) for g in groups if an.groups[g].size % n == 0]
+
+
+def _dp(an: Analysis, mesh: MeshSpec) -> list[Decision]:
     data, _ = _axes(mesh)
-    return [(g, data) for g in batch_groups(an)]
+    return _on(an, mesh, an.roles().batch_groups, data)
 
 
-def _tp(an, mesh):
+def _tp(an: Analysis, mesh: MeshSpec) -> list[Decision]:
     _, model = _axes(mesh)
-    return [(g, model) for lab in _TP_LABELS for g in groups_labelled(an, lab)]
+    r = an.roles()
+    return _on(an, mesh, r.pair_groups + r.vocab_groups, model)
 
 
-def _megatron(an, mesh):
+def _megatron(an: Analysis, mesh: MeshSpec) -> list[Decision]:
     return _dp(an, mesh) + _tp(an, mesh)
 
 
-def _zero3(an, mesh):
+def _zero3(an: Analysis, mesh: MeshSpec) -> list[Decision]:
     data, _ = _axes(mesh)
+    n = mesh.axis_size(data)
     dec = _megatron(an, mesh)
-    taken = {g for g, a in dec if a == data} | set(batch_groups(an))
-    pb = param_group_bytes(an)
+    decided = {g for g, _ in dec}
+    on_data = {g for g, a in dec if a == data}
     decidable = {g.id for g in an.decision_groups}
-    ranked = [g for g, _ in pb.most_common() if g not in taken and g in decidable]
-    if ranked:
-        lab = base_label(an.groups[ranked[0]].label)
-        dec += [(g, data) for g in groups_labelled(an, lab) if g not in taken]
+    p = an.program
+    r = an.roles()
+    params = sorted((v for v in p.inputs if v in r.parameters), key=lambda v: -p.values[v].nbytes)
+    for vid in params:
+        shape = p.values[vid].shape
+        gs = [an.group_of(vid, d) for d in range(len(shape))]
+        if any(g in on_data for g in gs):
+            continue
+        # its largest dim still free to take the data axis
+        for d in sorted(range(len(shape)), key=lambda d: -shape[d]):
+            g = gs[d]
+            if g != NO_DIM and g in decidable and g not in decided and an.groups[g].size % n == 0:
+                dec.append((g, data))
+                decided.add(g)
+                on_data.add(g)
+                break
     return dec
 
 
-def _expert(an, mesh):
-    data, model = _axes(mesh)
-    experts = groups_labelled(an, "experts")
+def _expert(an: Analysis, mesh: MeshSpec) -> list[Decision]:
+    data, _ = _axes(mesh)
+    experts = an.roles().expert_groups
     if not experts:
-        raise PartexError("the expert strategy needs an 'experts' dimension (a mixture-of-experts model)")
+        raise PartexError("the expert strategy needs an expert dimension: a parameter dim that "
+                          "is a batch dim of a matmul with the activations (a mixture-of-experts "
+                          "model); use dp, megatron or zero3 for this model")
     tp = [(g, a) for g, a in _tp(an, mesh) if g not in experts]
-    return [(g, data) for g in experts] + _dp(an, mesh) + tp
+    return _on(an, mesh, experts, data) + _dp(an, mesh) + tp
 
 
 STRATEGIES: dict[str, Callable[[Analysis, MeshSpec], list[Decision]]] = {
@@ -126,6 +116,6 @@ def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec) -> list[Decision
 
 def baseline_names(an: Analysis) -> list[str]:
     names = ["replicated", "dp", "megatron", "zero3"]
-    if groups_labelled(an, "experts"):
+    if an.roles().expert_groups:
         names.append("expert")
     return names

@@ -11,7 +11,7 @@ import pytest
 
 from partex.demo_models import MODELS, DemoModelError, Model, build, parse_overrides
 
-NAMES = ["mlp", "transformer", "transformer-scan", "unet", "gns", "moe"]
+NAMES = ["mlp", "transformer", "transformer-scan", "unet", "gns", "moe", "llama"]
 
 # Presets whose full-size trace is checked; (model, preset, overrides).  Unrolled T32/T48
 # are traced with layers=2 (the per-layer math is identical; only the trace gets longer).
@@ -24,6 +24,7 @@ FULL = [
     ("unet", "full", {}),
     ("gns", "full", {}),
     ("moe", "full", {}),
+    ("llama", "7b", {}),
 ]
 
 
