@@ -1,45 +1,87 @@
-"""partex engine: trace a JAX training step, find its named dimensions and conflicts,
-search for a sharding plan against an analytic cost model, and export / apply / verify it.
+"""partex: an automatic partitioner for JAX.
 
-The explorer (Panel) and the CLI are two faces on this package; it never imports panel.
+It traces a JAX training step, finds its named dimensions and conflicts, searches for the
+fastest sharding plan that fits each device's memory (MCTS against an analytic cost model),
+and exports, applies and verifies the plan with XLA::
+
+    import partex
+
+    plan = partex.search(train_step, (params, opt_state, batch), mesh="data=4,model=2",
+                         hardware="tpu-v4", memory="16GiB", seconds=30)
+    plan.save("plan.json")
+    step = partex.Plan.load("plan.json").apply(train_step)   # jax.jit with the shardings
+    params, opt_state, loss = step(params, opt_state, batch)
+
+``partex.Session`` holds one model on one mesh for interactive work (step, pin, resume,
+compare, verify, save); the CLI (``partex``) and the explorer (``partex serve``) are thin
+shells over it. This package never imports Panel; ``partex.explorer`` does.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
+from typing import Any, Callable, Sequence
 
-from ._analysis import Analysis, Conflict, Group, NamedDim, analyze
+from ._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
+from ._cost import CostReport, MemoryReport
 from ._errors import PartexError
-from ._loader import LoadedModel, axis_names_by_value, load_model
+from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
+from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
+from ._plan import Plan, PlanDecision, PlannedFunction
 from ._program import Op, Program, Value, trace
 from ._rules import CONSERVATIVE, Factor, FactorKind, factor_rules
+from ._search import SearchResult
+from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh
+from ._verify import KINDS as COLLECTIVE_KINDS
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelAnalysis:
-    model: LoadedModel
-    program: Program
-    analysis: Analysis
-    trace_seconds: float
+def analyze(fn: Callable, *args, axis_names=None) -> ModelAnalysis:
+    """Trace ``fn(*args)`` and run the named-dimension analysis. ``args`` may be arrays or
+    ``jax.ShapeDtypeStruct`` pytrees (nothing is allocated). The result holds the Program
+    (``.program``) and the Analysis (``.analysis``: named dimensions, decision groups,
+    conflicts; ``.analysis.summary()`` for the counts)."""
+    if not callable(fn):
+        raise PartexError(f"analyze(fn, *args): fn must be callable, got {type(fn).__name__}")
+    name = getattr(fn, "__name__", "fn")
+    return analyze_loaded(LoadedModel(name, fn, tuple(args), axis_names, "custom", None))
 
 
-def analyze_model(spec: str, preset: str = "tiny", overrides=None) -> ModelAnalysis:
-    """Load a MODEL spec, trace it and run the named-dimension analysis."""
-    model = load_model(spec, preset, overrides)
-    return analyze_loaded(model)
+def search(fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware = "tpu-v4",
+           memory: str | float | None = None, seconds: float = 30.0, simulations: int | None = None,
+           seed: int = 0, axis_names=None) -> Plan:
+    """Search for the fastest plan of ``fn(*args)`` on ``mesh`` that fits ``memory`` per
+    device (default: the hardware's HBM) and return it. ``simulations`` runs exactly that
+    many MCTS simulations (reproducible with ``seed``) instead of ``seconds``.
+    Raises PartexError when no plan fits."""
+    s = Session(fn, args, mesh=mesh, hardware=hardware, memory=memory, seed=seed, axis_names=axis_names)
+    if simulations is not None:
+        s.step(simulations)
+    else:
+        s.run(seconds)
+    plan = s.best_plan()
+    if plan is None:
+        raise PartexError(f"no plan fits the {format_bytes(s.hardware.budget)} per-device budget: the smallest "
+                          f"memory found is {format_bytes(s.smallest_memory)}; raise memory, use a larger mesh "
+                          "or search longer")
+    return plan
 
 
-def analyze_loaded(model: LoadedModel) -> ModelAnalysis:
-    t0 = time.perf_counter()
-    program = trace(model.fn, model.args)
-    t1 = time.perf_counter()
-    analysis = analyze(program, axis_names_by_value(program, model.axis_names))
-    return ModelAnalysis(model, program, analysis, t1 - t0)
+def verify(plan: Plan, fn: Callable, args: Sequence[Any], *, run: bool = False, axis_names=None) -> dict:
+    """Compile ``plan`` applied to ``fn`` with XLA on this process's devices and compare with
+    the prediction: ``out["memory"]`` (predicted / xla / ratio, per device),
+    ``out["collectives"]`` (bytes by kind), ``out["fits"]``; with ``run`` (real arrays), also
+    run it and compare with the unsharded ``fn`` (``out["numerics"]``)."""
+    from ._verify import verify_loaded
+
+    name = getattr(fn, "__name__", "fn")
+    return verify_loaded(LoadedModel(name, fn, tuple(args), axis_names, "custom", None), plan, run=run)
 
 
 __all__ = [
-    "Analysis", "Conflict", "Factor", "FactorKind", "Group", "LoadedModel", "ModelAnalysis",
-    "NamedDim", "Op", "PartexError", "Program", "Value", "analyze", "analyze_loaded",
-    "analyze_model", "CONSERVATIVE", "factor_rules", "load_model", "trace",
+    # the public API
+    "Session", "Plan", "PlannedFunction", "PlanDecision", "analyze", "search", "verify", "PartexError",
+    "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
+    "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "COLLECTIVE_KINDS",
+    # the analysis, for those who look inside
+    "ModelAnalysis", "LoadedModel", "Analysis", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",
+    "Factor", "FactorKind", "CONSERVATIVE", "factor_rules", "trace", "analyze_model", "load_model",
 ]

@@ -102,17 +102,14 @@ class _Interpreter:
 
     # ------------------------------------------------------------------ constraints
     def _constrain(self, x, spec: PartitionSpec, what: str):
-        sh = self._shardings.get(spec)
-        if sh is None:
-            sh = self._shardings[spec] = NamedSharding(self.mesh, spec)
         try:
+            sh = self._shardings.get(spec)
+            if sh is None:
+                sh = self._shardings[spec] = NamedSharding(self.mesh, spec)
             return jax.lax.with_sharding_constraint(x, sh)
-        except Exception as e:  # JAX raises several types; name the constrained value
-            msg = " ".join(str(e).split())
-            raise PartexError(
-                f"cannot constrain {what} (shape {tuple(jax.numpy.shape(x))}) to {spec}: "
-                f"{type(e).__name__}: {msg[:300]}"
-            ) from e
+        except Exception as e:  # a constraint partex made and JAX refused: partex's bug, keep it whole
+            e.add_note(f"partex: while constraining {what} (shape {tuple(jax.numpy.shape(x))}) to {spec}")
+            raise
 
     def constrain_var(self, var, x):
         vid = self.var_ids.get(id(var))

@@ -30,6 +30,35 @@ class LoadedModel:
     config: Any = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelAnalysis:
+    """A model traced and analysed: the LoadedModel, its Program and its Analysis."""
+
+    model: LoadedModel
+    program: Any  # Program
+    analysis: Any  # Analysis
+    trace_seconds: float
+
+
+def analyze_loaded(model: LoadedModel) -> ModelAnalysis:
+    """Trace a loaded model and run the named-dimension analysis."""
+    import time
+
+    from ._analysis import analyze
+    from ._program import trace
+
+    t0 = time.perf_counter()
+    program = trace(model.fn, model.args)
+    t1 = time.perf_counter()
+    analysis = analyze(program, axis_names_by_value(program, model.axis_names))
+    return ModelAnalysis(model, program, analysis, t1 - t0)
+
+
+def analyze_model(spec: str, preset: str = "tiny", overrides=None) -> ModelAnalysis:
+    """Load a MODEL spec, trace it and run the named-dimension analysis."""
+    return analyze_loaded(load_model(spec, preset, overrides))
+
+
 def demo_names() -> list[str]:
     from . import demo_models
 

@@ -91,6 +91,18 @@ def parse_bytes(text: str | float | int) -> float:
     return value
 
 
+def format_bytes(n: float | None) -> str:
+    """Bytes for people: 3145728 -> '3.0 MiB' (binary units, as budgets are written); '-' for
+    None or a non-finite number."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class MeshSpec:
     """Named mesh axes with sizes, and the link bandwidth/latency of each axis."""

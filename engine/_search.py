@@ -11,15 +11,14 @@ up. Rewards sit in [0, 1]: feasible plans score in [0.2, 1) by step time against
 budget below 0.2 by how far over they are; an infeasible plan is never returned.
 
 ``step(n)`` runs n simulations and returns; pins re-root the tree at the pinned state and
-keep every statistic that still applies; the whole search pickles and resumes.
+keep every statistic that still applies; the whole search saves as JSON and resumes
+(``state`` / ``from_state``; ``Session.save`` writes it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import pickle
 import time
 from typing import Any, Sequence
 
@@ -31,7 +30,6 @@ from ._mesh import Hardware, MeshSpec
 
 Decision = tuple[int, str]
 STOP = -1  # the stop action
-SAVE_FORMAT = ("partex-search", 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +64,7 @@ class Search:
     def __init__(self, model, mesh: MeshSpec, hardware: Hardware, *, seed: int = 0,
                  exploration: float = 0.5, rollout_width: int = 4, polish_every: int = 32,
                  warm_start: bool = True, donate=None,
-                 cost_model: CostModel | None = None, model_spec: dict | None = None):
+                 cost_model: CostModel | None = None):
         from ._plan import default_donate
 
         self.model = model
@@ -82,7 +80,6 @@ class Search:
         self.stop_requested = False  # set by request_stop() (a signal handler): run() returns
         self.donate = tuple(default_donate(model.program) if donate is None else donate)
         self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate)
-        self.model_spec = model_spec or _model_spec(model)
         self.rng = np.random.default_rng(seed)
         # candidate actions: decidable groups x axes that divide some size of the group
         self.actions: list[Decision] = []
@@ -422,69 +419,114 @@ class Search:
             self.history.append((self.simulations, self.seconds, best[0]))
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike) -> None:
-        state = {
-            "format": SAVE_FORMAT,
-            "model_spec": self.model_spec,
-            "mesh": self.mesh.to_json(),
-            "hardware": dataclasses.asdict(self.hw),
+    def state(self) -> dict:
+        """The whole search as plain JSON data (no pickle): the tree, the evaluations, the
+        best plan, the statistics and the RNG. ``Session.save`` writes it in its session file;
+        ``from_state`` restores it, checking every field."""
+        return {
             "params": {"seed": self.seed, "exploration": self.exploration,
                        "rollout_width": self.rollout_width, "polish_every": self.polish_every,
-                       "warm_start": self.warm_start,
-                       "donate": list(self.donate)},
-            "polished": self._polished,
-            "actions": self.actions,
-            "pins": self.pins, "forbidden": sorted(self.forbidden),
-            "nodes": self.nodes, "evals": self._evals,
+                       "warm_start": self.warm_start, "donate": list(self.donate)},
+            "actions": [[g, a] for g, a in self.actions],
+            "pins": [[g, a] for g, a in self.pins],
+            "forbidden": [[g, a] for g, a in sorted(self.forbidden)],
+            "nodes": [[_key_text(k), n.visits, n.value,
+                       [[a, _key_text(c)] for a, c in n.children.items()], n.untried]
+                      for k, n in self.nodes.items()],
+            "evals": [[_key_text(k), t, peak, fits] for k, (t, peak, fits) in self._evals.items()],
             "simulations": self.simulations, "seconds": self.seconds,
-            "history": self.history, "best": self._best, "smallest_memory": self.smallest_memory,
+            "history": [list(h) for h in self.history],
+            "best": None if self._best is None else
+            [self._best[0], [[g, a] for g, a in self._best[1]], self._best[2], self._best[3]],
+            "smallest_memory": [self.smallest_memory[0], [[g, a] for g, a in self.smallest_memory[1]]],
+            "polished": [[g, a] for g, a in self._polished],
             "rng": self.rng.bit_generator.state, "t_ref": self.t_ref,
         }
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, model=None) -> "Search":
-        """Resume a saved search (the model is re-traced from its spec unless given)."""
-        from . import analyze_model
-        from ._plan import _hardware_from_json
-
-        try:
-            with open(path, "rb") as f:
-                state = pickle.load(f)
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as e:
-            raise PartexError(f"cannot read saved search {path}: {e}") from None
-        if not isinstance(state, dict) or tuple(state.get("format", ())) != SAVE_FORMAT:
-            raise PartexError(f"{path} is not a saved partex search")
-        spec = state["model_spec"]
-        if model is None:
-            model = analyze_model(spec["name"], spec["preset"], spec["overrides"])
-        mesh = MeshSpec.from_json(state["mesh"])
-        hw = _hardware_from_json(state["hardware"])
+    def from_state(cls, model, mesh: MeshSpec, hardware: Hardware, state: dict, **kw) -> "Search":
+        """A search restored from ``state()``. Raises ValueError / KeyError / TypeError on a
+        state that does not fit this model and mesh (the caller turns them into one line)."""
         p = state["params"]
-        s = cls(model, mesh, hw, seed=p["seed"], exploration=p["exploration"],
-                rollout_width=p["rollout_width"], polish_every=p.get("polish_every", 32),
-                warm_start=p.get("warm_start", True),
-                donate=p["donate"], model_spec=spec)
-        if [tuple(a) for a in state["actions"]] != s.actions:
-            raise PartexError(f"{path} was saved for a different model or mesh; start a new search")
-        s.pins = [tuple(x) for x in state["pins"]]
-        s.forbidden = {tuple(x) for x in state["forbidden"]}
-        s.nodes, s._evals = state["nodes"], state["evals"]
-        s.simulations, s.seconds = state["simulations"], state["seconds"]
-        s.history, s._best = state["history"], state["best"]
-        s.smallest_memory = state["smallest_memory"]
-        s.rng.bit_generator.state = state["rng"]
-        s.t_ref = state["t_ref"]
-        s._polished = tuple(state.get("polished", ()))
+        s = cls(model, mesh, hardware, seed=int(p["seed"]), exploration=float(p["exploration"]),
+                rollout_width=int(p["rollout_width"]), polish_every=int(p["polish_every"]),
+                warm_start=bool(p["warm_start"]), donate=[int(i) for i in p["donate"]], **kw)
+        if [_decision(x) for x in state["actions"]] != s.actions:
+            raise ValueError("it was saved for a different model or mesh (its decision space differs)")
+        n_groups, axes = len(s.an.groups), set(mesh.axes)
+
+        def dec(x) -> Decision:
+            d = _decision(x)
+            if not (0 <= d[0] < n_groups and d[1] in axes):
+                raise ValueError(f"decision {x!r} names no group or axis of this model and mesh")
+            return d
+
+        def decs(xs) -> tuple[Decision, ...]:
+            return tuple(dec(x) for x in xs)
+
+        def key(text):
+            return _key_parse(text, n_groups, axes)
+
+        s.pins = list(decs(state["pins"]))
+        s.forbidden = set(decs(state["forbidden"]))
+        nodes = {}
+        n_actions = len(s.actions)
+        for k, visits, value, children, untried in state["nodes"]:
+            kids = {}
+            for a, c in children:
+                if not (a == STOP or 0 <= int(a) < n_actions):
+                    raise ValueError(f"action {a!r} out of range")
+                kids[int(a)] = key(c)
+            if untried is not None:
+                untried = [int(a) for a in untried]
+                if any(not (a == STOP or 0 <= a < n_actions) for a in untried):
+                    raise ValueError("an untried action is out of range")
+            nodes[key(k)] = _Node(int(visits), float(value), kids, untried)
+        for node in nodes.values():
+            for c in node.children.values():
+                if c not in nodes:
+                    raise ValueError("a child of the tree is missing")
+        s.nodes = nodes
+        s._evals = {key(k): (float(t), float(peak), bool(fits)) for k, t, peak, fits in state["evals"]}
+        s.simulations, s.seconds = int(state["simulations"]), float(state["seconds"])
+        s.history = [(int(a), float(b), float(c)) for a, b, c in state["history"]]
+        b = state["best"]
+        s._best = None if b is None else (float(b[0]), decs(b[1]), int(b[2]), float(b[3]))
+        sm = state["smallest_memory"]
+        s.smallest_memory = (float(sm[0]), decs(sm[1]))
+        s._polished = decs(state["polished"])
+        rng = state["rng"]
+        if not isinstance(rng, dict) or rng.get("bit_generator") != s.rng.bit_generator.state["bit_generator"]:
+            raise ValueError("its RNG state is not a PCG64 state")
+        s.rng.bit_generator.state = rng
+        s.t_ref = float(state["t_ref"])
         return s
 
 
-def _model_spec(model) -> dict:
-    m = model.model
-    overrides = []
-    if m.config is not None and dataclasses.is_dataclass(m.config):
-        overrides = [f"{k}={v}" for k, v in dataclasses.asdict(m.config).items()]
-    return {"name": m.name, "preset": m.preset if m.preset != "custom" else "tiny", "overrides": overrides}
+def _decision(x) -> Decision:
+    g, a = x
+    if not isinstance(g, int) or not isinstance(a, str):
+        raise TypeError(f"a decision is [group id, axis], got {x!r}")
+    return (g, a)
+
+
+def _key_text(key) -> str:
+    """A tree key as text: 'data:3,5|model:2'; a stop node 'stop@' + its state's key."""
+    if key and key[0] == "stop":
+        return "stop@" + _key_text(key[1])
+    return "|".join(f"{a}:{','.join(map(str, gs))}" for a, gs in key)
+
+
+def _key_parse(text: str, n_groups: int, axes: set[str]):
+    if not isinstance(text, str):
+        raise TypeError(f"a tree key is text, got {type(text).__name__}")
+    if text.startswith("stop@"):
+        return ("stop", _key_parse(text[5:], n_groups, axes))
+    key = []
+    for part in text.split("|") if text else ():
+        a, _, gs = part.partition(":")
+        groups = tuple(int(g) for g in gs.split(","))
+        if a not in axes or not all(0 <= g < n_groups for g in groups):
+            raise ValueError(f"tree key {text!r} names no group or axis of this model and mesh")
+        key.append((a, groups))
+    return tuple(key)

@@ -53,14 +53,31 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
                            text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise PartexError(f"verify did not finish within {timeout:.0f} s") from None
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise PartexError(f"verify failed in its worker process: {tail}")
-    out = json.loads(lines[-1])
-    if "error" in out:
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith('{"partex-verify"')]
+    if not lines:  # the worker died (killed, out of memory): everything it said
+        raise RuntimeError(f"verify's worker process exited with code {r.returncode} and no result; "
+                           f"its output:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}")
+    out = json.loads(lines[-1])["partex-verify"]
+    if "error" in out:  # bad input, one line
         raise PartexError(out["error"])
+    if "crash" in out:  # anything else keeps its traceback
+        raise RuntimeError(f"verify's worker process failed:\n{out['crash']}")
     return out["results"]
+
+
+def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True) -> dict:
+    """Verify a plan in this process, on the first ``plan.mesh.size`` of JAX's devices (a
+    function given in Python cannot be re-built in a fresh process)."""
+    import jax
+
+    n = plan.mesh.size
+    if jax.device_count() < n:
+        raise PartexError(
+            f"verify needs {n} devices for mesh {plan.mesh.text()} and this process has {jax.device_count()}: "
+            f"start Python with JAX_NUM_CPU_DEVICES={n} (and JAX_PLATFORMS=cpu), or use a MODEL spec "
+            "(partex.Session.from_spec) so that partex compiles in a fresh process")
+    spec = {"model": model.name, "preset": model.preset, "run": run, "constrain": constrain}
+    return _verify_one(model, plan, spec, n, mesh=plan.mesh.jax_mesh(jax.devices()[:n]))
 
 
 def _ratio(pred: float, xla: float) -> float | None:
@@ -83,7 +100,7 @@ def _worker(spec: dict) -> list[dict]:
     return [_verify_one(model, Plan.load(path), spec, n) for path in spec["plans"]]
 
 
-def _verify_one(model, plan, spec: dict, n: int) -> dict:
+def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -95,7 +112,7 @@ def _verify_one(model, plan, spec: dict, n: int) -> dict:
     from ._plan import resolve_decisions, spec_from_json
 
     t0 = time.perf_counter()
-    planned = plan.apply(model.fn, axis_names=model.axis_names, constrain=spec.get("constrain", True))
+    planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=spec.get("constrain", True))
     mesh = planned.mesh
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.args)
     lowered = planned.lower(*abstract)
@@ -163,12 +180,17 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
 
 
 def main() -> None:
+    import traceback
+
     spec = json.loads(sys.argv[1])
     try:
         out = {"results": _worker(spec)}
     except PartexError as e:
         out = {"error": str(e)}
-    print(json.dumps(out))
+    except Exception:  # the process's boundary: hand the whole traceback to the parent
+        out = {"crash": traceback.format_exc()}
+    # one marked line: whatever the user's model prints on stdout is not mistaken for it
+    print(json.dumps({"partex-verify": out}))
 
 
 if __name__ == "__main__":

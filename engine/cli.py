@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
 from typing import Sequence
 
 from ._errors import PartexError
+from ._mesh import format_bytes
+from ._verify import KINDS
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="demo model name (mlp, transformer, transformer-scan, unet, gns, moe) "
                                  "or module:attr / path/file.py:attr returning (fn, example_args)")
-    p.add_argument("--preset", default="tiny", help="demo model preset: tiny (default), full, t32, t48")
+    p.add_argument("--preset", help="demo model preset: tiny (default), full, t32, t48, ...")
     p.add_argument("--config", action="append", default=[], metavar="K=V",
                    help="override one demo config field, e.g. --config layers=12 (repeatable; "
                         "comma-separated pairs also work)")
@@ -28,10 +33,10 @@ def _overrides(items: list[str]) -> list[str]:
     return out
 
 
-def _add_mesh_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mesh", required=True, help="mesh axes as name=size pairs, e.g. data=4,model=2 "
-                                                 "(optionally name=size@GB/s per axis)")
-    p.add_argument("--hardware", default="tpu-v4",
+def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--mesh", required=required, help="mesh axes as name=size pairs, e.g. data=4,model=2 "
+                                                     "(optionally name=size@GB/s per axis)")
+    p.add_argument("--hardware",
                    help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, a100-40gb, h100-80gb, cpu")
     p.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the preset's HBM)")
     for flag, what in (("--peak-flops", "peak FLOP/s per device"), ("--hbm-bandwidth", "HBM bytes/s"),
@@ -49,12 +54,13 @@ def _number(flag: str, text: str | None) -> float | None:
         raise PartexError(f"{flag} must be a number, got {text!r}") from None
 
 
-def mesh_and_hardware(args):
-    from ._mesh import MeshSpec, get_hardware, parse_bytes
+def _hardware(args, base=None):
+    """The --hardware preset (default tpu-v4) with the figures overridden on the command
+    line. Resuming (``base``: the session's hardware), flags not given change nothing:
+    None when no hardware flag is given at all."""
+    from ._mesh import get_hardware, parse_bytes
 
-    mesh = MeshSpec.parse(args.mesh)
-    hw = get_hardware(
-        args.hardware,
+    overrides = dict(
         peak_flops=_number("--peak-flops", args.peak_flops),
         hbm_bandwidth=_number("--hbm-bandwidth", args.hbm_bandwidth),
         link_bandwidth=_number("--link-bandwidth", args.link_bandwidth),
@@ -62,7 +68,19 @@ def mesh_and_hardware(args):
         hbm_bytes=parse_bytes(args.hbm) if args.hbm else None,
         memory_budget=parse_bytes(args.memory) if args.memory else None,
     )
-    return mesh, hw
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if base is not None and args.hardware is None:
+        return base.replace(**overrides) if overrides else None
+    return get_hardware(args.hardware or "tpu-v4", **overrides)
+
+
+def _session(args):
+    """A Session on the command line's model, mesh and hardware."""
+    from . import Session
+
+    return Session.from_spec(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config),
+                             mesh=args.mesh, hardware=_hardware(args), seed=getattr(args, "seed", 0),
+                             warm_start=not getattr(args, "cold", False))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,16 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     se = sub.add_parser("search", help="search for the fastest plan that fits (MCTS)")
     _add_model_args(se)
-    _add_mesh_args(se)
+    _add_mesh_args(se, required=False)
     se.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
-    se.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    se.add_argument("--simulations", type=int, help="run exactly this many simulations instead of --budget seconds "
+                                                    "(reproducible with --seed)")
+    se.add_argument("--seed", type=int, help="RNG seed (default 0)")
     se.add_argument("--pin", action="append", default=[], metavar="LABEL=AXIS",
                     help="fix a decision, e.g. --pin ffn=model (repeatable)")
     se.add_argument("--forbid", action="append", default=[], metavar="LABEL=AXIS",
                     help="never take a decision, e.g. --forbid batch=model (repeatable)")
-    se.add_argument("--resume", help="continue a saved search (its state file)")
+    se.add_argument("--resume", metavar="SESSION",
+                    help="continue a saved session (written by `partex search` or saved in the explorer); "
+                         "--mesh, --hardware, --memory and --seed, when given, reconfigure it (pins kept)")
     se.add_argument("--cold", action="store_true", help="do not warm-start from the hand strategies")
-    se.add_argument("--state", help="where to save the resumable search state (default: OUT.search)")
+    se.add_argument("--state", help="where to save the resumable session (default: the --resume file, else "
+                                    "OUT.session.json)")
     se.add_argument("--out", required=True, help="where to write the best plan JSON")
     se.add_argument("--verify", action="store_true",
                     help="compile the best plan with XLA on simulated devices (compile-only) and, where XLA "
@@ -99,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(b)
     _add_mesh_args(b)
     b.add_argument("--budget", type=float, default=60.0, help="MCTS search seconds (default 60)")
+    b.add_argument("--simulations", type=int, help="run exactly this many simulations instead of --budget seconds")
     b.add_argument("--ilp-time", type=float, default=30.0, help="ILP solver time limit in seconds (default 30)")
     b.add_argument("--seed", type=int, default=0, help="RNG seed of the search (default 0)")
     b.add_argument("--cold", action="store_true", help="do not warm-start the search from the hand strategies")
@@ -125,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_analyze(args) -> int:
     from . import analyze_model
 
-    res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
+    res = analyze_model(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config))
     an = res.analysis
     if args.json:
         out = an.to_json()
@@ -145,7 +169,7 @@ def cmd_analyze(args) -> int:
     print("\ndecision groups (by bytes touched):")
     print(f"  {'label':<18} {'size':>8} {'named dims':>10} {'bytes':>12}")
     for g in an.decision_groups[: args.top]:
-        print(f"  {g.label:<18} {g.size:>8} {len(g.named_dims):>10} {_fmt_bytes(g.bytes):>12}")
+        print(f"  {g.label:<18} {g.size:>8} {len(g.named_dims):>10} {format_bytes(g.bytes):>12}")
     if an.conflicts:
         print("\nconflicts:")
         for c in an.conflicts[: args.top]:
@@ -158,60 +182,48 @@ def cmd_analyze(args) -> int:
     return 0
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def cmd_plan(args) -> int:
-    from . import analyze_model
-    from ._cost import CostModel
-    from ._plan import check_divisible, default_donate, make_plan
-    from ._strategies import strategy_decisions
+    from ._plan import check_divisible
 
-    mesh, hw = mesh_and_hardware(args)
-    res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
-    decisions = strategy_decisions(args.strategy, res.analysis, mesh)
-    donate = default_donate(res.program)
-    cm = CostModel(res.analysis, mesh, hw, donate=donate)
-    plan = make_plan(res, mesh, hw, decisions, strategy=args.strategy, donate=donate, cost_model=cm)
-    check_divisible(plan, res.program)
+    s = _session(args)
+    plan = s.plan(strategy=args.strategy)
+    check_divisible(plan, s.program)
     plan.save(args.out)
     pr = plan.predicted
     if args.json:
         print(json.dumps({"out": args.out, "strategy": args.strategy, "predicted": pr,
                           "decisions": [d.to_json() for d in plan.decisions]}))
         return 0
-    print(f"{args.strategy} on {mesh.text()} ({hw.name}): step {pr['step_time_s'] * 1e3:.3f} ms, "
-          f"MFU {pr['mfu']:.1%}, peak memory {_fmt_bytes(pr['memory']['peak'])} per device "
-          f"(budget {_fmt_bytes(hw.budget)}: {'fits' if pr['fits'] else 'DOES NOT FIT'})")
+    print(f"{args.strategy} on {s.mesh.text()} ({s.hardware.name}): step {pr['step_time_s'] * 1e3:.3f} ms, "
+          f"MFU {pr['mfu']:.1%}, peak memory {format_bytes(pr['memory']['peak'])} per device "
+          f"(budget {format_bytes(s.hardware.budget)}: {'fits' if pr['fits'] else 'DOES NOT FIT'})")
     print("decisions: " + (", ".join(f"{d.group}->{d.axis}" for d in plan.decisions) or "none (replicated)"))
     print(f"wrote {args.out}")
     return 0
 
 
 def cmd_verify(args) -> int:
-    from ._verify import KINDS, verify
+    from ._plan import Plan
+    from ._session import ModelSpec, verify_plan
 
-    out = verify(args.model, args.plan, preset=args.preset, overrides=_overrides(args.config), run=args.run,
-                 constrain=not args.inputs_only)
+    plan = Plan.load(args.plan)
+    out = verify_plan(plan, spec=ModelSpec(args.model, args.preset or "tiny", tuple(_overrides(args.config))),
+                      run=args.run, constrain=not args.inputs_only)
     if args.json:
         print(json.dumps(out))
         return 0
     m = out["memory"]
     print(f"{out['model']} {out.get('strategy') or ''} on {out['mesh']}: compiled in {out['compile_seconds']} s")
-    print(f"  memory per device: predicted {_fmt_bytes(m['predicted'])}, XLA {_fmt_bytes(m['xla'])}"
+    print(f"  memory per device: predicted {format_bytes(m['predicted'])}, XLA {format_bytes(m['xla'])}"
           f" (ratio {m['ratio']:.2f})" if m["ratio"] else "")
     a = out["arguments"]
-    print(f"  arguments: predicted {_fmt_bytes(a['predicted'])}, XLA {_fmt_bytes(a['xla'])}")
+    print(f"  arguments: predicted {format_bytes(a['predicted'])}, XLA {format_bytes(a['xla'])}")
     for k in KINDS:
         c = out["collectives"][k]
         if c["predicted_bytes"] or c["xla_bytes"]:
             r = f"{c['ratio']:.2f}" if c["ratio"] else "-"
-            print(f"  {k:<19} predicted {_fmt_bytes(c['predicted_bytes'])}, XLA {_fmt_bytes(c['xla_bytes'])} (ratio {r})")
+            print(f"  {k:<19} predicted {format_bytes(c['predicted_bytes'])}, XLA {format_bytes(c['xla_bytes'])} "
+                  f"(ratio {r})")
     if "numerics" in out:
         n = out["numerics"]
         print(f"  numerics: max relative error {n['max_rel_err']:.2e} ({'ok' if n['ok'] else 'MISMATCH'})")
@@ -234,14 +246,14 @@ class _Progress:
         self.t0 = time.perf_counter()
         self.last = 0.0
 
-    def __call__(self, search) -> None:
+    def __call__(self, session) -> None:
         now = time.perf_counter()
         if not self.enabled or now - self.last < 0.25:
             return
         self.last = now
-        st = search.stats()
-        b = search._best
-        best = f"best {b[0] * 1e3:.3f} ms" if b else f"no fit yet (min {_fmt_bytes(st['smallest_memory'])})"
+        st = session.stats()
+        b = st["best_step_time"]
+        best = f"best {b * 1e3:.3f} ms" if b is not None else f"no fit yet (min {format_bytes(st['smallest_memory'])})"
         frac = min(1.0, (now - self.t0) / self.total) if self.total > 0 else 1.0
         bar = "#" * int(frac * 20)
         sys.stderr.write(f"\r[{bar:<20}] {now - self.t0:5.1f}/{self.total:.0f}s  sims {st['simulations']}"
@@ -253,67 +265,96 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def cmd_search(args) -> int:
-    import signal
-
-    from . import analyze_model
-    from ._search import Search
-
-    mesh, hw = mesh_and_hardware(args)
-    pins = [_decision_arg("--pin", p) for p in args.pin]
-    forbids = [_decision_arg("--forbid", p) for p in args.forbid]
-    state_path = args.state or f"{args.out}.search"
-    if args.resume:
-        search = Search.load(args.resume)
-        if search.mesh != mesh:
-            raise PartexError(f"{args.resume} was searched on mesh {search.mesh.text()}, not {mesh.text()}")
-        search.hw = hw
-    else:
-        res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
-        search = Search(res, mesh, hw, seed=args.seed, warm_start=not args.cold)
-    for label, axis in pins:
-        search.pin(label, axis)
-    for label, axis in forbids:
-        search.forbid(label, axis)
-
-    def _stop(signum, frame):
-        search.request_stop()  # a flag only: the search returns after the simulation in hand
-
-    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
-    interrupted = False
-    saved = [time.perf_counter() - 9.0]
-
-    def tick(s) -> None:
-        progress(s)
-        now = time.perf_counter()
-        if now - saved[0] >= 10.0:  # autosave: even a kill -9 loses at most 10 s
-            s.save(state_path)
-            saved[0] = now
-
+@contextlib.contextmanager
+def _stop_on_signals(session):
+    """SIGTERM and Ctrl-C ask the search to stop after the simulation in hand (a flag only:
+    an exception raised in a signal handler can be swallowed inside a GC callback)."""
+    old = {sig: signal.signal(sig, lambda signum, frame: session.request_stop())
+           for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        search.run(args.budget, callback=tick)
-    except KeyboardInterrupt:
-        interrupted = True
+        yield
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def _reject_note(best, out) -> None:
+    sys.stderr.write(f"partex: XLA puts the best plan at {format_bytes(out['memory']['xla'])} per device "
+                     f"(predicted {format_bytes(best.report.memory.peak)}), over the budget: trying the next best\n")
+
+
+def _default_state(out: str) -> str:
+    return f"{os.path.splitext(out)[0]}.session.json"
+
+
+def cmd_search(args) -> int:
+    from ._session import Session
+
+    pins = [_decision_arg("--pin", p) for p in args.pin]
+    forbids = [_decision_arg("--forbid", p) for p in args.forbid]
+    state_path = args.state or (args.resume if args.resume else _default_state(args.out))
+    notes: list[str] = []
+    if args.resume:
+        s = Session.load(args.resume)
+        ms = s.spec
+        if (args.model != ms.spec or (args.preset and args.preset != ms.preset)
+                or (args.config and sorted(_overrides(args.config)) != sorted(ms.overrides))):
+            raise PartexError(f"{args.resume} is a session of {ms.title}, not of the model given here: "
+                              f"run `partex search {ms.spec} --resume {args.resume}` without other model options")
+        before = (s.mesh, s.hardware, s.seed)
+        notes = s.reconfigure(mesh=args.mesh, hardware=_hardware(args, base=s.hardware), seed=args.seed)
+        if (s.mesh, s.hardware, s.seed) != before:
+            notes.insert(0, "the mesh, hardware, budget or seed changed: the search starts again, with its pins")
+    else:
+        if not args.mesh:
+            raise PartexError("give --mesh, e.g. --mesh data=4,model=2 (or --resume a saved session)")
+        args.seed = args.seed or 0
+        s = _session(args)
+    for label, axis in pins:
+        s.pin(label, axis)
+    for label, axis in forbids:
+        s.forbid(label, axis)
+    for n in notes:
+        sys.stderr.write(f"partex: {n}\n")
+    s.save(state_path)  # a folder that is not there fails now, not after the search
+    progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
+    saved = [time.perf_counter() - 9.0]
+
+    def tick(session) -> None:
+        progress(session)
+        now = time.perf_counter()
+        if now - saved[0] >= 10.0:  # autosave: even a kill -9 loses at most 10 s
+            session.save(state_path)
+            saved[0] = now
+
+    try:
+        with _stop_on_signals(s):
+            if args.simulations is not None:
+                s.step(args.simulations)
+            else:
+                s.run(args.budget, callback=tick)
+    finally:
         progress.close()
-        search.save(state_path)  # nothing lost: the search resumes from here
-    interrupted = interrupted or search.stop_requested
-    best = search.best()
+        s.save(state_path)  # nothing lost: the search resumes from here
+    interrupted = s.stop_requested
+    best = s.best()
+    hw = s.hardware
     if best is None:
-        what = f" with pins {', '.join(search.label(p) for p in search.pins)}" if search.pins else ""
+        what = f" with pins {', '.join(s.label(p) for p in s.pins)}" if s.pins else ""
         raise PartexError(
-            f"no plan fits the {_fmt_bytes(hw.budget)} per-device budget{what}: the smallest memory found is "
-            f"{_fmt_bytes(search.smallest_memory[0])} (search state saved to {state_path}; raise --memory, "
+            f"no plan fits the {format_bytes(hw.budget)} per-device budget{what}: the smallest memory found is "
+            f"{format_bytes(s.smallest_memory)} (session saved to {state_path}; raise --memory, "
             "use a larger mesh, or unpin)")
     xla = None
     if args.verify:
-        best, xla = _verified_best(search, args, state_path)
-    plan = search.best_plan()
+        try:
+            best, out = s.verified_best(on_reject=_reject_note)
+        finally:
+            s.save(state_path)  # with the plans XLA rejected marked
+        xla = out["memory"]["xla"]
+    plan = s.best_plan()
     plan.save(args.out)
-    st = search.stats()
+    st = s.stats()
     r = best.report
     if args.json:
         print(json.dumps({"out": args.out, "state": state_path, "interrupted": interrupted,
@@ -323,111 +364,45 @@ def cmd_search(args) -> int:
         return 0
     print(f"{'interrupted: ' if interrupted else ''}best plan after {st['simulations']} simulations "
           f"({st['seconds']:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
-          f"MFU {r.mfu:.1%}, peak memory {_fmt_bytes(r.memory.peak)} (budget {_fmt_bytes(hw.budget)})")
+          f"MFU {r.mfu:.1%}, peak memory {format_bytes(r.memory.peak)} (budget {format_bytes(hw.budget)})")
     print("decisions: " + (", ".join(f"{d.group}->{d.axis}{' (pinned)' if d.pinned else ''}"
                                       for d in plan.decisions) or "none (replicated)"))
     if xla is not None:
-        print(f"XLA (compile-only, {mesh.size} simulated devices): {_fmt_bytes(xla)} per device")
-    print(f"wrote {args.out} and the resumable search state {state_path}")
+        print(f"XLA (compile-only, {s.mesh.size} simulated devices): {format_bytes(xla)} per device")
+    print(f"wrote {args.out} and the resumable session {state_path}")
     return 0
 
 
-def _verified_best(search, args, state_path, tries: int = 5):
-    """Check the best plan with XLA; a plan XLA puts over the budget is marked infeasible
-    and the next best is checked. Returns (best, XLA's per-device bytes)."""
-    import os
-    import tempfile
-
-    from ._verify import verify
-
-    budget = search.hw.budget
-    for _ in range(tries):
-        best = search.best()
-        if best is None:
-            break
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "candidate.json")
-            search.best_plan().save(path)
-            out = verify(args.model, path, preset=args.preset, overrides=_overrides(args.config))
-        xla = out["memory"]["xla"]
-        if xla <= budget:
-            return best, xla
-        sys.stderr.write(f"partex: XLA puts the best plan at {_fmt_bytes(xla)} per device (predicted "
-                         f"{_fmt_bytes(best.report.memory.peak)}), over the budget: trying the next best\n")
-        search.mark_infeasible(best.decisions, xla)
-        if state_path:
-            search.save(state_path)
-    raise PartexError(f"no plan checked by XLA fits the {_fmt_bytes(budget)} budget after {tries} tries; "
-                      "search longer, raise --memory or use a larger mesh"
-                      + (f" (state saved to {state_path})" if state_path else ""))
-
-
 def cmd_bench(args) -> int:
-    import os
-
-    from . import analyze_model
-    from ._ilp import solve_ilp
-    from ._plan import make_plan
-    from ._search import Search
-    from ._strategies import baseline_names, strategy_decisions
-
-    mesh, hw = mesh_and_hardware(args)
-    res = analyze_model(args.model, preset=args.preset, overrides=_overrides(args.config))
-    search = Search(res, mesh, hw, seed=args.seed, warm_start=not args.cold)
-    cm = search.cm
-    rows, plans = [], {}
-
-    def row(name, decisions, report, search_s, **extra):
-        rows.append({"strategy": name, "step_time_s": report.step_time if report else None,
-                     "mfu": report.mfu if report else None,
-                     "memory_bytes": report.memory.peak if report else None,
-                     "fits": bool(report.fits) if report else False, "search_s": search_s, **extra})
-        if report is not None:
-            plans[name] = decisions
-
-    for name in baseline_names(res.analysis):
-        dec = strategy_decisions(name, res.analysis, mesh)
-        row(name, dec, cm.evaluate(dec), 0.0)
-    ilp = solve_ilp(cm, time_limit=args.ilp_time)
-    row("ilp", list(ilp.decisions), ilp.report, ilp.solve_seconds, status=ilp.status,
-        build_s=ilp.build_seconds)
-    import signal
-
+    s = _session(args)
     progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
-    old = {sig: signal.signal(sig, lambda signum, frame: search.request_stop())
-           for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        search.run(args.budget, callback=progress)  # Ctrl-C ends the search early, the table still prints
+        with _stop_on_signals(s):  # Ctrl-C ends the search early, the table still prints
+            rows = s.bench(args.budget, ilp_time=args.ilp_time, simulations=args.simulations, callback=progress,
+                           verify=args.verify)
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
         progress.close()
-    xla = None
-    if args.verify and search.best() is not None:
-        _, xla = _verified_best(search, args, None)
-    best = search.best()
-    st = search.stats()
-    row("mcts", list(best.decisions) if best else [], best.report if best else None,
-        best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
-        smallest_memory=st["smallest_memory"], xla_memory_bytes=xla)
-    hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "replicated")]
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
-        for name, dec in plans.items():
-            make_plan(res, mesh, hw, dec, strategy=name, donate=search.donate, cost_model=cm).save(
-                os.path.join(args.out_dir, f"{name}.json"))
+        for r in rows:
+            if r["step_time_s"] is not None:
+                s.plan([tuple(d) for d in r["decisions"]], strategy=r["strategy"]).save(
+                    os.path.join(args.out_dir, f"{r['strategy']}.json"))
+    hw = s.hardware
     if args.json:
-        print(json.dumps({"model": res.model.name, "preset": res.model.preset, "mesh": mesh.text(),
-                          "hardware": hw.name, "budget_bytes": hw.budget, "rows": rows}))
+        print(json.dumps({"model": s.model.model.name, "preset": s.model.model.preset, "mesh": s.mesh.text(),
+                          "hardware": hw.name, "budget_bytes": hw.budget,
+                          "rows": [{k: v for k, v in r.items() if k != "decisions"} for r in rows]}))
         return 0
-    print(f"{res.model.name} ({res.model.preset}) on {mesh.text()}, {hw.name}, budget {_fmt_bytes(hw.budget)}")
+    print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}")
     print(f"  {'strategy':<11} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}")
     for r in rows:
         t = f"{r['step_time_s'] * 1e3:.3f} ms" if r["step_time_s"] is not None else "-"
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        mem = _fmt_bytes(r["memory_bytes"]) if r["memory_bytes"] is not None else "-"
+        mem = format_bytes(r["memory_bytes"])
         ss = f"{r['search_s']:.1f}" if r["search_s"] is not None else "-"
         print(f"  {r['strategy']:<11} {t:>12} {mfu:>7} {mem:>11} {('yes' if r['fits'] else 'NO'):>5} {ss:>9}")
+    hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "replicated")]
     mc = rows[-1]
     if mc["fits"] and hand:
         print(f"mcts / best hand plan: {mc['step_time_s'] / min(hand):.3f}x")

@@ -8,8 +8,7 @@ import io
 import panel as pn
 import param
 
-from partex import demo_models
-from partex._mesh import HARDWARE
+from partex import HARDWARE, demo_models
 
 from ._engine import CUSTOM
 from ._widgets import bind, button, html, keyed, select, text_input

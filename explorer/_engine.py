@@ -1,7 +1,7 @@
-"""The explorer's side of the engine: loading models (with a cache of demo analyses),
-parsing the mesh / hardware / budget form, and summarising plans for the views.
-
-Nothing here touches Panel; everything here may run in a worker thread.
+"""The explorer's side of the engine: a cache of demo-model analyses, the mesh / hardware /
+budget form, and the plans the views show. Everything goes through the public ``partex``
+API (``partex.Session`` does the work); nothing here touches Panel, and everything here
+may run in a worker thread.
 """
 
 from __future__ import annotations
@@ -12,16 +12,10 @@ import gc
 import threading
 from typing import Any, Callable, Sequence
 
-from partex import demo_models
-from partex import ModelAnalysis, PartexError, analyze_model
-from partex._analysis import NO_DIM
-from partex._cost import CostModel, CostReport
-from partex._mesh import HARDWARE, Hardware, MeshSpec, get_hardware, parse_bytes
-from partex._plan import Plan, check_signature, default_donate, make_plan, resolve_decisions
-from partex._program import NO_PRODUCER
-from partex._strategies import baseline_names, strategy_decisions
-
-from partex._search import Search
+from partex import (
+    HARDWARE, CostReport, Hardware, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Plan, Session, analyze_model,
+    as_hardware, as_mesh, demo_models,
+)
 
 Decision = tuple[int, str]
 CUSTOM = "custom"  # the model picker's entry for a user's own module:attr
@@ -38,21 +32,6 @@ def split_overrides(text: str) -> list[str]:
     return [s.strip() for s in (text or "").replace(";", ",").split(",") if s.strip()]
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelChoice:
-    spec: str  # a demo name or module:attr / path/file.py:attr
-    preset: str
-    overrides: tuple[str, ...]
-
-    @property
-    def title(self) -> str:
-        extra = f" [{', '.join(self.overrides)}]" if self.overrides else ""
-        return f"{self.spec} ({self.preset}){extra}"
-
-    def to_json(self) -> dict:
-        return {"spec": self.spec, "preset": self.preset, "overrides": list(self.overrides)}
-
-
 class _AnalysisCache:
     """Demo-model analyses are immutable and take a second or two to trace: share them
     between browser sessions. User models are never cached (their file may change)."""
@@ -60,24 +39,24 @@ class _AnalysisCache:
     def __init__(self, size: int = 8):
         self.size = size
         self._lock = threading.Lock()
-        self._items: collections.OrderedDict[ModelChoice, ModelAnalysis] = collections.OrderedDict()
-        self._key_locks: dict[ModelChoice, threading.Lock] = collections.defaultdict(threading.Lock)
+        self._items: collections.OrderedDict[ModelSpec, ModelAnalysis] = collections.OrderedDict()
+        self._key_locks: dict[ModelSpec, threading.Lock] = collections.defaultdict(threading.Lock)
         self._derived: dict[tuple[int, str], Any] = {}  # (id of a cached analysis, what) -> value
 
-    def get(self, choice: ModelChoice) -> ModelAnalysis:
-        if choice.spec not in demo_models.MODELS:
-            return _analyze(choice)
+    def get(self, spec: ModelSpec) -> ModelAnalysis:
+        if spec.spec not in demo_models.MODELS:
+            return _analyze(spec)
         with self._lock:
-            key_lock = self._key_locks[choice]
+            key_lock = self._key_locks[spec]
         with key_lock:  # two sessions asking for one model trace it once
             with self._lock:
-                if choice in self._items:
-                    self._items.move_to_end(choice)
-                    return self._items[choice]
-            res = _analyze(choice)
+                if spec in self._items:
+                    self._items.move_to_end(spec)
+                    return self._items[spec]
+            res = _analyze(spec)
             settle_heap()
             with self._lock:
-                self._items[choice] = res
+                self._items[spec] = res
                 while len(self._items) > self.size:
                     _, old = self._items.popitem(last=False)
                     self._derived = {k: v for k, v in self._derived.items() if k[0] != id(old)}
@@ -106,9 +85,8 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def _analyze(choice: ModelChoice) -> ModelAnalysis:
-    overrides = list(choice.overrides) if choice.spec in demo_models.MODELS else None
-    return analyze_model(choice.spec, preset=choice.preset, overrides=overrides)
+def _analyze(spec: ModelSpec) -> ModelAnalysis:
+    return analyze_model(spec.spec, preset=spec.preset, overrides=list(spec.overrides))
 
 
 ANALYSES = _AnalysisCache()
@@ -127,11 +105,9 @@ class Config:
 
 def parse_config(mesh_text: str, hardware: str, budget_text: str) -> Config:
     """The mesh / hardware / budget form -> Config; PartexError with a one-line message."""
-    mesh = MeshSpec.parse(mesh_text)
-    budget = parse_bytes(budget_text) if (budget_text or "").strip() else None
     if hardware not in HARDWARE:
         raise PartexError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}")
-    return Config(mesh, get_hardware(hardware, memory_budget=budget))
+    return Config(as_mesh(mesh_text), as_hardware(hardware, (budget_text or "").strip() or None))
 
 
 # --------------------------------------------------------------------------- plan summaries
@@ -152,18 +128,22 @@ class PlanSummary:
 
 
 class Workspace:
-    """One analysed model on one mesh and hardware, with a cost model for the UI's own
-    evaluations (baselines, uploads). The cost model caches as it goes: hold ``lock``."""
+    """The page's Session: one analysed model on one mesh and hardware. Its search is
+    stepped in the runner (a forked copy of this session); here the session scores
+    baselines and uploads and makes plans. The cost model caches as it goes: hold ``lock``."""
 
-    def __init__(self, choice: ModelChoice, res: ModelAnalysis, config: Config):
-        self.choice, self.res, self.config = choice, res, config
-        self.donate = default_donate(res.program)
+    def __init__(self, choice: ModelSpec, session: Session):
+        self.choice, self.session = choice, session
+        self.config = Config(session.mesh, session.hardware)
         self.lock = threading.Lock()
-        self.cm = CostModel(res.analysis, config.mesh, config.hw, donate=self.donate)
 
     @property
     def an(self):
-        return self.res.analysis
+        return self.session.analysis
+
+    @property
+    def res(self) -> ModelAnalysis:
+        return self.session.model
 
     def summarize(self, name: str, decisions: Sequence[Decision], pinned=(), plan: Plan | None = None,
                   simulation: int | None = None, report: CostReport | None = None) -> PlanSummary:
@@ -172,93 +152,26 @@ class Workspace:
         if report is None or plan is None:
             with self.lock:
                 if report is None:
-                    report = self.cm.evaluate(list(decisions), detail=True)
+                    report = self.session.evaluate(decisions)
                 if plan is None:
-                    plan = make_plan(self.res, self.config.mesh, self.config.hw, list(decisions), strategy=name,
-                                     pinned=pinned, donate=self.donate, cost_model=self.cm)
+                    plan = self.session.plan(decisions, strategy=name, pinned=list(pinned))
         return PlanSummary(name, decisions, frozenset(pinned), report, plan, simulation)
 
     def baselines(self) -> dict[str, PlanSummary]:
-        out = {}
-        for name in baseline_names(self.an):
-            out[name] = self.summarize(name, strategy_decisions(name, self.an, self.config.mesh))
-        return out
+        with self.lock:
+            scored = self.session.baselines()
+        return {name: self.summarize(name, c.decisions, report=c.report) for name, c in scored.items()}
 
     def uploaded(self, text: str, filename: str) -> PlanSummary:
         """An uploaded plan, scored on its own mesh and hardware against this model."""
         plan = Plan.loads(text, where=filename)
-        check_signature(plan, self.res.program)
-        decisions = resolve_decisions(plan, self.an)
-        cm = CostModel(self.an, plan.mesh, plan.hardware, donate=plan.donate)
-        pinned = {d for d, pd in zip(decisions, plan.decisions) if pd.pinned}
-        report = cm.evaluate(decisions, detail=True)
-        return PlanSummary("uploaded", tuple(decisions), frozenset(pinned), report, plan)
+        with self.lock:
+            c = self.session.scored(plan)
+        pinned = {d for d, pd in zip(c.decisions, plan.decisions) if pd.pinned}
+        return PlanSummary("uploaded", c.decisions, frozenset(pinned), c.report, plan)
 
-    def new_search(self, seed: int, pins=(), forbidden=()) -> tuple[Search, list[str]]:
-        """A fresh search with the user's pins and forbids re-applied; returns the search and
-        a note per pin that no longer applies (its axis left the mesh)."""
-        s = Search(self.res, self.config.mesh, self.config.hw, seed=seed, donate=self.donate)
-        dropped = []
-        for how, items in (("pin", pins), ("forbid", forbidden)):
-            for g, a in items:
-                try:
-                    getattr(s, how)(int(g), a)
-                except PartexError as e:
-                    dropped.append(f"{how} {self.an.groups[g].label}->{a} dropped: {e}")
-        return s, dropped
-
-
-# --------------------------------------------------------------------------- group details
-
-@dataclasses.dataclass(frozen=True)
-class GroupInfo:
-    """What the graph's hover and click show about one decision group."""
-
-    id: int
-    label: str
-    size: int
-    bytes: int
-    layers: int  # named dims in the group (one per layer for layer-local dims)
-    tensors: tuple[tuple[str, tuple[int, ...], int], ...]  # (input path, shape, dim)
-    sources: tuple[tuple[str, int], ...]  # (source line, ops) of ops producing its tensors
-    conflicts: tuple[dict, ...]  # describe_conflict of its intra conflicts
-
-
-def group_infos(res: ModelAnalysis, max_tensors: int = 64, max_sources: int = 8) -> dict[int, GroupInfo]:
-    an = res.analysis
-    p = res.program
-    shape_of = {path: p.values[vid].shape for vid, path in zip(p.inputs, p.input_paths)}
-    sources: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    gnd = [nd.group for nd in an.named_dims]
-    for v in p.values:
-        if v.producer == NO_PRODUCER:
-            continue
-        src = p.ops[v.producer].source
-        if not src:
-            continue
-        base = int(an.node_base[v.id])
-        for d in range(len(v.shape)):
-            nd = int(an.node_nd[base + d])
-            if nd != NO_DIM:
-                sources[gnd[nd]][src] += 1
-    conflicts: dict[int, list[dict]] = collections.defaultdict(list)
-    for c in an.conflicts:
-        conflicts[c.group].append(an.describe_conflict(c))
-    out = {}
-    for g in an.decision_groups:
-        tensors = []
-        for nd in g.named_dims:
-            for path, dim in an.named_dims[nd].inputs:
-                tensors.append((path, tuple(shape_of.get(path, ())), dim))
-        tensors.sort(key=lambda t: (_depth_key(t[0]), t[0]))
-        out[g.id] = GroupInfo(g.id, g.label, g.size, g.bytes, len(g.named_dims), tuple(tensors[:max_tensors]),
-                              tuple(sources[g.id].most_common(max_sources)), tuple(conflicts[g.id]))
-    return out
-
-
-def _depth_key(path: str) -> int:
-    head = path.split("/", 1)[0]
-    return {"params": 0, "batch": 2}.get(head, 1)
+    def same_model(self, summary: PlanSummary) -> bool:
+        return summary.plan.signature.get("inputs") == self.session.signature["inputs"]
 
 
 def short_source(src: str) -> str:

@@ -5,15 +5,10 @@ from __future__ import annotations
 import html
 import math
 
+from partex import format_bytes
 
-def fmt_bytes(n: float | None) -> str:
-    if n is None or not math.isfinite(n):
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+
+fmt_bytes = format_bytes
 
 
 def fmt_time(s: float | None) -> str:

@@ -15,7 +15,9 @@ from bokeh.models import (
 )
 from bokeh.plotting import figure
 
-from ._engine import GroupInfo, short_source
+from partex import GroupInfo
+
+from ._engine import short_source
 from ._format import esc, fmt_bytes
 from ._widgets import bokeh_update, button, html, select
 

@@ -6,11 +6,13 @@ shares neither the GIL nor the garbage collector with the server's event loop: a
 that keeps a core busy then never holds up a page. (In one process, every socket call of
 the event loop waits to get the GIL back from the search, and a full collection of the
 search's objects stops every thread: measured here, 100-300 ms stalls of the page.) The
-child inherits the analysed model by fork, so nothing is traced or pickled twice. Where
-there is no fork, ``ThreadRunner`` steps the search in a thread instead.
+child inherits the page's ``partex.Session`` by fork (its analysed model, its search), so
+nothing is traced or pickled twice. Where there is no fork, ``ThreadRunner`` steps the
+session in a thread instead.
 
-The Search is not thread-safe; each runner calls it from one place only (the child's loop,
-or the thread under ``lock``).
+A Session is not thread-safe; each runner calls it from one place only (the child's loop,
+or the thread under ``lock``). A failure in the child is reported on the page in one line
+and logged whole, with its traceback, in the server's log.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from typing import Any
 
@@ -33,7 +36,7 @@ from ._engine import PlanSummary, Workspace
 
 log = logging.getLogger("partex.explorer")
 
-COMMANDS = ("pin", "forbid", "unpin", "save")  # what ``call`` may ask of the search
+COMMANDS = ("pin", "forbid", "unpin", "save", "mark_infeasible")  # what ``call`` may ask of the session
 UNCHANGED = "unchanged"  # a snapshot's best when it is the one sent before
 # Where cores are few, the page (server loop, browser) comes before the search: the child
 # runs at a lower priority. With a core to itself it runs at full speed all the same.
@@ -49,14 +52,15 @@ class SearchSnapshot:
     pins: tuple
     forbidden: tuple
     error: str | None = None
+    traceback: str | None = None  # of the error, for the server's log
 
 
 class _Stepper:
-    """The search side of a runner: steps in chunks sized to ``chunk_seconds`` and builds
-    snapshots (the best plan is looked at only when it may have changed)."""
+    """The search side of a runner: steps the session in chunks sized to ``chunk_seconds``
+    and builds snapshots (the best plan is looked at only when it may have changed)."""
 
-    def __init__(self, search, workspace: Workspace, chunk_seconds: float):
-        self.search = search
+    def __init__(self, session, workspace: Workspace, chunk_seconds: float):
+        self.session = session
         self.workspace = workspace
         self.chunk_seconds = chunk_seconds
         self.chunk = 4  # simulations per chunk, adapted
@@ -67,7 +71,7 @@ class _Stepper:
     def step(self, limit: int | None = None) -> int:
         n = self.chunk if limit is None else max(1, min(limit, self.chunk))
         t0 = time.perf_counter()
-        self.search.step(n)
+        self.session.step(n)
         dt = time.perf_counter() - t0
         # aim at chunk_seconds per chunk; grow slowly, shrink at once
         self.chunk = max(1, min(int(n * self.chunk_seconds / max(dt, 1e-5)), self.chunk * 2, 5000))
@@ -76,17 +80,18 @@ class _Stepper:
     def command(self, name: str, *args) -> Any:
         if name not in COMMANDS:
             raise PartexError(f"unknown search command {name!r}")
-        s = self.search
+        s = self.session
         getattr(s, name)(*args)
-        return list(s.pins), sorted(s.forbidden)
+        return s.pins, s.forbidden
 
-    def snapshot(self, running: bool, error: str | None = None, *, changes_only: bool = False) -> SearchSnapshot:
+    def snapshot(self, running: bool, error: str | None = None, *, changes_only: bool = False,
+                 tb: str | None = None) -> SearchSnapshot:
         """The search's state now. changes_only: ``best`` is UNCHANGED when it is the one
         sent before (a pipe need not carry the plan again)."""
-        s = self.search
+        s = self.session
         stats = s.stats()
         pins = tuple(s.pins)
-        forbidden = tuple(sorted(s.forbidden))
+        forbidden = tuple(s.forbidden)
         key = (len(stats.get("best_history", ())), stats.get("best_step_time"), pins, forbidden)
         changed = key != self._best_key
         if changed:
@@ -97,13 +102,14 @@ class _Stepper:
                 report=best.report)
         self.version += 1
         best = self._best if changed or not changes_only else UNCHANGED
-        return SearchSnapshot(self.version, running, stats, best, pins, forbidden, error)
+        return SearchSnapshot(self.version, running, stats, best, pins, forbidden, error, tb)
 
 
-def make_runner(search, workspace: Workspace, session: str = ""):
+def make_runner(search_session, workspace: Workspace, session: str = ""):
+    """A runner stepping ``search_session`` (a partex.Session); ``session`` names the tab."""
     if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin":
-        return ProcessRunner(search, workspace, session=session)
-    return ThreadRunner(search, workspace, session=session)
+        return ProcessRunner(search_session, workspace, session=session)
+    return ThreadRunner(search_session, workspace, session=session)
 
 
 # --------------------------------------------------------------------------- in a child process
@@ -117,7 +123,7 @@ class ProcessRunner:
     publish_seconds: least time between two snapshots while running.
     """
 
-    def __init__(self, search, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.05,
+    def __init__(self, search_session, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.05,
                  publish_seconds: float = 0.25):
         self.session = session
         self.snapshot: SearchSnapshot | None = None
@@ -127,7 +133,7 @@ class ProcessRunner:
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, name=f"partex-search-{session}", daemon=True,
-                                 args=(child, self._conn, _Stepper(search, workspace, chunk_seconds),
+                                 args=(child, self._conn, _Stepper(search_session, workspace, chunk_seconds),
                                        publish_seconds))
         with warnings.catch_warnings():
             # JAX warns on every fork once its runtime is up. The child runs the search alone
@@ -186,6 +192,8 @@ class ProcessRunner:
                 ok, value = msg[2], msg[3]
                 if ok:
                     return value
+                if len(msg) > 4 and msg[4]:  # not bad input: the child's own failure, logged whole
+                    log.error("partex: %s failed in the search process (session %s):\n%s", name, self.session, msg[4])
                 raise PartexError(value)
         raise PartexError(f"the search did not answer {name} within {timeout:.0f} s")
 
@@ -209,6 +217,8 @@ class ProcessRunner:
             self.snapshot = snap
             if snap.error:
                 self._running = False
+                if snap.traceback:
+                    log.error("partex: the search process failed (session %s):\n%s", self.session, snap.traceback)
         return msg
 
     def close(self, wait: float = 2.0) -> None:
@@ -241,9 +251,9 @@ def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float) -> 
     gc.freeze()  # what it inherited is never garbage here: keep collections short
     running, pending, last = False, 0, 0.0
 
-    def publish(error=None):
+    def publish(error=None, tb=None):
         nonlocal last
-        conn.send(("snapshot", stepper.snapshot(running or pending > 0, error, changes_only=True)))
+        conn.send(("snapshot", stepper.snapshot(running or pending > 0, error, changes_only=True, tb=tb)))
         last = time.perf_counter()
 
     try:
@@ -270,13 +280,16 @@ def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float) -> 
                         conn.send(("reply", ident, False, str(e)))
                     except OSError as e:
                         conn.send(("reply", ident, False, f"{type(e).__name__}: {e}"))
+                    except Exception as e:  # the process's boundary: one line on the page, the traceback logged
+                        conn.send(("reply", ident, False, f"internal error: {type(e).__name__}: {e}",
+                                   traceback.format_exc()))
                     publish()
                 continue
             try:
                 n = stepper.step(None if running else pending)
-            except Exception as e:  # the process's boundary: report it on the page
+            except Exception as e:  # the process's boundary: one line on the page, the traceback logged
                 running, pending = False, 0
-                publish(f"the search failed: {type(e).__name__}: {e}")
+                publish(f"the search failed: {type(e).__name__}: {e}", traceback.format_exc())
                 continue
             if not running:
                 pending = max(0, pending - n)
@@ -299,13 +312,13 @@ class ThreadRunner:
     call into the search holds ``lock``; the thread sleeps ``yield_seconds`` between chunks
     and stays off the GIL while the page renders a snapshot (``quiet``)."""
 
-    def __init__(self, search, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.02,
+    def __init__(self, search_session, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.02,
                  yield_seconds: float = 0.02, publish_seconds: float = 0.25):
         self.session = session
         self.yield_seconds = yield_seconds
         self.publish_seconds = publish_seconds
         self.lock = threading.Lock()
-        self._stepper = _Stepper(search, workspace, chunk_seconds)
+        self._stepper = _Stepper(search_session, workspace, chunk_seconds)
         self._cmd_lock = threading.Lock()  # guards _pending
         self._wake = threading.Event()
         self._running = False

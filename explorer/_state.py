@@ -18,20 +18,16 @@ import logging
 import os
 import pathlib
 import re
-import tempfile
 import threading
 import time
 from typing import Any, Callable
 
 import param
 
-from partex import demo_models
-from partex import PartexError
-from partex._mesh import HARDWARE
+from partex import HARDWARE, GroupInfo, ModelSpec, PartexError, Session, demo_models
 
 from ._engine import (
-    ANALYSES, CUSTOM, Config, GroupInfo, ModelChoice, PlanSummary, Search, Workspace,
-    demo_presets, group_infos, parse_config, settle_heap, split_overrides,
+    ANALYSES, CUSTOM, Config, PlanSummary, Workspace, demo_presets, parse_config, settle_heap, split_overrides,
 )
 from ._format import fmt_bytes, fmt_time
 from ._layout import GraphLayout, graph_layout
@@ -45,7 +41,6 @@ DEFAULT_HARDWARE = "tpu-v4"
 # The tiny demo models need a few MiB per device: a budget in that range makes the
 # trade-offs visible (replicating the tiny transformer does not fit, sharding does).
 DEFAULT_BUDGET = "3MiB"
-SESSION_FORMAT = "partex-explorer-session"
 # After picking up a snapshot the page renders it and Bokeh serialises the changes; a search
 # in a thread (ThreadRunner) keeps off the GIL that long, so that it never holds the page up.
 QUIET_SECONDS = 0.1
@@ -62,7 +57,7 @@ class Loaded:
     infos: dict[int, GroupInfo]
     graph: GraphLayout
     baselines: dict[str, PlanSummary]
-    search: Any
+    session: Session  # the one the runner steps (a fork of it, in a child process)
     notes: tuple[str, ...] = ()
     form: dict | None = None  # form values to show (a loaded session)
     origin: str = ""  # "loaded session NAME" for a saved session
@@ -131,9 +126,10 @@ class ExplorerState(param.Parameterized):
 
     # ------------------------------------------------------------------ messages
     def notify(self, text: str, level: str = "info") -> None:
-        """Show a one-line message on the page."""
-        self.message_level = level
-        self.message = " ".join(str(text).split())
+        """Show a one-line message on the page (the text and its level change together)."""
+        with param.parameterized.batch_call_watchers(self):
+            self.message_level = level
+            self.message = " ".join(str(text).split())
 
     # ------------------------------------------------------------------ jobs
     def _submit(self, kind: str, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
@@ -172,14 +168,14 @@ class ExplorerState(param.Parameterized):
                 self.notify(value, "danger")
 
     # ------------------------------------------------------------------ model / config
-    def model_choice(self) -> ModelChoice:
+    def model_choice(self) -> ModelSpec:
         if self.model_name == CUSTOM:
             spec = self.custom_model.strip()
             if not spec:
                 raise PartexError("name your model as module:attr or path/file.py:attr (a callable that "
                                   "returns (fn, example_args))")
-            return ModelChoice(spec, "custom", ())
-        return ModelChoice(self.model_name, self.preset, tuple(split_overrides(self.overrides)))
+            return ModelSpec(spec, "custom", ())
+        return ModelSpec(self.model_name, self.preset, tuple(split_overrides(self.overrides)))
 
     def _on_model_name(self, event) -> None:
         presets = demo_presets(event.new)
@@ -234,7 +230,7 @@ class ExplorerState(param.Parameterized):
             self.baselines = loaded.baselines
             self.best = None
             self.stats = {}
-            self.uploaded = None if self.uploaded is None or not _same_model(self.uploaded, ws) else self.uploaded
+            self.uploaded = None if self.uploaded is None or not ws.same_model(self.uploaded) else self.uploaded
             self.verify_result = None
             self.verify_status = ""
             if self.selected_group not in loaded.infos:
@@ -244,9 +240,9 @@ class ExplorerState(param.Parameterized):
         self._seen_version = -1
         self._warned_budget = False
         settle_heap()  # the new page and model are long-lived: keep them out of later collections
-        self.runner = make_runner(loaded.search, ws, session=self.session_id)
-        self.pins = list(loaded.search.pins)
-        self.forbidden = sorted(loaded.search.forbidden)
+        self.runner = make_runner(loaded.session, ws, session=self.session_id)
+        self.pins = loaded.session.pins
+        self.forbidden = loaded.session.forbidden
         an = ws.an
         c = ws.config
         text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
@@ -406,23 +402,14 @@ class ExplorerState(param.Parameterized):
         if "verify" in self.busy:
             self.notify("a verification is already running", "info")
             return
-        choice = self.workspace.choice
+        ws = self.workspace
         self.verify_status = f"running: compiling the {summary.name} plan on {summary.plan.mesh.size} simulated devices"
         self.verify_result = None
 
         def work():
-            from partex._verify import verify
-
-            fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
-            os.close(fd)
-            try:
-                summary.plan.save(path)
-                custom = choice.spec not in demo_models.MODELS
-                out = verify(choice.spec, path, preset="tiny" if custom else choice.preset,
-                             overrides=None if custom else list(choice.overrides), timeout=600)
-            finally:
-                with contextlib.suppress(OSError):
-                    os.remove(path)
+            # the page's copy of the session compiles; the search's own copy (in the runner)
+            # learns the verdict in _verified, as Session.verify(mark=True) would
+            out = ws.session.verify(summary.plan, mark=False, timeout=600)
             out["plan"] = summary.name
             return out
 
@@ -431,6 +418,18 @@ class ExplorerState(param.Parameterized):
     def _verified(self, out: dict) -> None:
         self.verify_result = out
         self.verify_status = f"done: the {out.get('plan')} plan compiled in {out.get('compile_seconds')} s"
+        if not out["fits"]:
+            text = (f"XLA puts the {out['plan']} plan at {fmt_bytes(out['memory']['xla'])} per device, over the "
+                    f"budget of {fmt_bytes(out['budget'])} (predicted {fmt_bytes(out['memory']['predicted'])})")
+            summary = self.plan_summary(out["plan"])
+            r = self.runner
+            if out["plan"] == "search" and summary is not None and r is not None and r.alive:
+                try:
+                    r.call("mark_infeasible", list(summary.decisions), out["memory"]["xla"])
+                    text += ": marked infeasible, the search's best moves to the next plan that fits"
+                except PartexError as e:
+                    text += f"; could not mark it infeasible: {e}"
+            self.notify(text, "warning")
         self._update_probe()
 
     # ------------------------------------------------------------------ sessions
@@ -438,66 +437,47 @@ class ExplorerState(param.Parameterized):
         d = self.sessions_dir
         self.sessions = sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
 
+    def session_path(self, name: str) -> pathlib.Path:
+        """The file of session ``name`` in the sessions folder; a name that is not a plain
+        file name (a path, '..') is refused, so nothing outside the folder is read or written."""
+        if not _SESSION_NAME.match(name or ""):
+            raise PartexError(f"session name {name!r}: use letters, digits, '-', '_' or '.' (up to 64)")
+        return self.sessions_dir / f"{name}.json"
+
     def save_session(self) -> None:
+        """Save the search (the same file ``partex search --resume`` continues)."""
         name = self.session_name.strip()
-        if not _SESSION_NAME.match(name):
-            self.notify(f"session name {name!r}: use letters, digits, '-', '_' or '.' (up to 64)", "danger")
+        try:
+            path = self.session_path(name)
+        except PartexError as e:
+            self.notify(e, "danger")
             return
         r = self._need_runner()
         if r is None:
             return
-        ws = self.workspace
-        an = ws.an
         try:
             self.sessions_dir.mkdir(parents=True, exist_ok=True)
-            search_path = self.sessions_dir / f"{name}.search"
-            pins, forbidden = r.call("save", str(search_path))
-            meta = {
-                "format": SESSION_FORMAT, "version": 1, "saved": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "model": ws.choice.to_json(),
-                "form": {"mesh_text": self.mesh_text, "hardware": self.hardware, "budget_text": self.budget_text,
-                         "seed": self.seed},
-                "pins": [[an.groups[g].label, a] for g, a in pins],
-                "forbidden": [[an.groups[g].label, a] for g, a in forbidden],
-                "search": search_path.name,
-                "simulations": self.stats.get("simulations", 0),
-            }
-            tmp = self.sessions_dir / f".{name}.json.tmp"
-            tmp.write_text(json.dumps(meta, indent=1))
-            os.replace(tmp, self.sessions_dir / f"{name}.json")
+            r.call("save", str(path))
         except (OSError, PartexError) as e:
             self.notify(f"could not save session {name}: {e}", "danger")
             return
         self.refresh_sessions()
-        self.notify(f"saved session {name} ({meta['simulations']} simulations) to {self.sessions_dir}", "success")
+        self.notify(f"saved session {name} ({self.stats.get('simulations', 0)} simulations) to {path}; "
+                    f"resume it here or with `partex search {self.workspace.choice.spec} --resume {path} --out plan.json`",
+                    "success")
 
     def load_session(self, name: str | None) -> None:
         if not name:
             self.notify("choose a saved session to load", "warning")
             return
-        path = self.sessions_dir / f"{name}.json"
         try:
-            meta = json.loads(path.read_text())
-            if not isinstance(meta, dict) or meta.get("format") != SESSION_FORMAT:
-                raise PartexError(f"{path.name} is not a partex explorer session")
-            m = meta["model"]
-            choice = ModelChoice(m["spec"], m["preset"], tuple(m.get("overrides", ())))
-            form = dict(meta["form"])
-            config = parse_config(form["mesh_text"], form["hardware"], form["budget_text"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            self.notify(f"could not load session {name}: {type(e).__name__}: {e}", "danger")
-            return
+            path = self.session_path(name)
         except PartexError as e:
-            self.notify(f"could not load session {name}: {e}", "danger")
+            self.notify(e, "danger")
             return
-        if choice.spec in demo_models.MODELS:
-            form.update(model_name=choice.spec, preset=choice.preset, overrides=",".join(choice.overrides))
-        else:
-            form.update(model_name=CUSTOM, custom_model=choice.spec)
-        search_path = self.sessions_dir / str(meta.get("search", f"{name}.search"))
         self.pause()
         self.phase = "loading"
-        self._submit("load", lambda: _restore(name, choice, config, form, meta, search_path), self._install)
+        self._submit("load", lambda: _restore(name, path), self._install)
 
     # ------------------------------------------------------------------ the page's clock
     def poll(self) -> None:
@@ -607,53 +587,43 @@ class ExplorerState(param.Parameterized):
 
 # --------------------------------------------------------------------------- jobs' bodies
 
-def _build(choice: ModelChoice, config: Config, seed: int, res=None, pins=(), forbidden=()) -> Loaded:
+def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forbidden=()) -> Loaded:
     if res is None:
         res = ANALYSES.get(choice)
-    ws = Workspace(choice, res, config)
-    baselines = ws.baselines()
-    search, notes = ws.new_search(seed, pins, forbidden)
-    return Loaded(ws, *_details(res), baselines, search, tuple(notes))
+    session = Session.from_analysis(res, mesh=config.mesh, hardware=config.hw, seed=seed, spec=choice)
+    notes = session.apply_pins(pins, forbidden)
+    ws = Workspace(choice, session)
+    return Loaded(ws, *_details(res), ws.baselines(), session, tuple(notes))
 
 
-def _restore(name: str, choice: ModelChoice, config: Config, form: dict, meta: dict, search_path) -> Loaded:
-    res = ANALYSES.get(choice)
-    ws = Workspace(choice, res, config)
-    an = ws.an
-    notes = []
-    search = None
-    try:
-        search = Search.load(str(search_path), model=res)
-    except (OSError, EOFError, PartexError, ValueError, TypeError, AttributeError, ImportError) as e:
-        notes.append(f"the saved search could not be resumed ({type(e).__name__}: {e}); "
-                     "started a new one with the saved pins")
-    if search is None:
-        def ids(pairs):
-            out = []
-            for lab, axis in pairs:
-                g = an.group_by_label(lab)
-                if g is None:
-                    notes.append(f"saved decision {lab}->{axis} names a group this model lacks")
-                else:
-                    out.append((g.id, axis))
-            return out
+def _restore(name: str, path: pathlib.Path) -> Loaded:
+    """A saved session (from the explorer or `partex search`), its search resumed."""
+    session = Session.load(path, analyses=ANALYSES.get)
+    choice = session.spec
+    ws = Workspace(choice, session)
+    form = {"mesh_text": session.mesh.text(), "hardware": session.hardware.name,
+            "budget_text": _budget_text(session.hardware.memory_budget), "seed": session.seed}
+    if choice.spec in demo_models.MODELS:
+        form.update(model_name=choice.spec, preset=choice.preset, overrides=",".join(choice.overrides))
+    else:
+        form.update(model_name=CUSTOM, custom_model=choice.spec)
+    return Loaded(ws, *_details(session.model), ws.baselines(), session, (), form, f"loaded session {name}")
 
-        search, dropped = ws.new_search(int(form.get("seed", 0)), ids(meta.get("pins", [])),
-                                        ids(meta.get("forbidden", [])))
-        notes += dropped
-    return Loaded(ws, *_details(res), ws.baselines(), search, tuple(notes), form, f"loaded session {name}")
+
+def _budget_text(budget: float | None) -> str:
+    """A budget as the form shows it ('3MiB'); empty for the chip's HBM."""
+    if budget is None:
+        return ""
+    for unit, n in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if budget >= n and budget % n == 0:
+            return f"{int(budget // n)}{unit}"
+    return f"{budget:g}"
 
 
 def _details(res) -> tuple:
     """Group details and the graph's layout (shared by the sessions on one demo model)."""
-    return (ANALYSES.derived(res, "infos", lambda: group_infos(res)),
+    return (ANALYSES.derived(res, "infos", lambda: res.analysis.group_infos()),
             ANALYSES.derived(res, "layout", lambda: graph_layout(res.analysis)))
-
-
-def _same_model(summary: PlanSummary, ws: Workspace) -> bool:
-    from partex._plan import signature_of
-
-    return summary.plan.signature.get("inputs") == signature_of(ws.res.program)["inputs"]
 
 
 def _slug(text: str) -> str:

@@ -10,19 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from partex import analyze_model  # noqa: E402
-from partex._cost import CostModel  # noqa: E402
-from partex._mesh import MeshSpec, get_hardware  # noqa: E402
-from partex._plan import default_donate, make_plan  # noqa: E402
-from partex._strategies import strategy_decisions  # noqa: E402
-from partex._verify import KINDS, verify  # noqa: E402
+from partex import COLLECTIVE_KINDS as KINDS
+from partex import ModelSpec, Session, analyze_model
 
 
 def main() -> None:
@@ -37,24 +28,18 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    tmp = tempfile.mkdtemp()
     print("| model | mesh | strategy | args | memory | " + " | ".join(KINDS) + " | numerics | compile s |")
     print("|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|")
     for model in args.models.split(","):
         res = analyze_model(model, args.preset, args.config)
+        spec = ModelSpec(model, args.preset, tuple(args.config))
         for mtext in args.meshes.split(";"):
-            mesh = MeshSpec.parse(mtext)
-            hw = get_hardware(args.hardware)
-            donate = default_donate(res.program)
-            cm = CostModel(res.analysis, mesh, hw, donate=donate)
+            s = Session.from_analysis(res, mesh=mtext, hardware=args.hardware, spec=spec)
             for strat in args.strategies.split(","):
-                dec = strategy_decisions(strat, res.analysis, mesh)
-                plan = make_plan(res, mesh, hw, dec, strategy=strat, donate=donate, cost_model=cm)
-                path = os.path.join(tmp, f"{model}_{strat}_{mesh.size}_{len(mesh.axes)}.json")
-                plan.save(path)
+                plan = s.plan(strategy=strat)
                 t = time.time()
                 try:
-                    out = verify(model, path, preset=args.preset, overrides=args.config, run=args.run)
+                    out = s.verify(plan, run=args.run, mark=False)
                 except Exception as e:  # keep the table going; report the failure in its row
                     print(f"| {model} | {mtext} | {strat} | FAILED: {e} |")
                     rows.append({"model": model, "mesh": mtext, "strategy": strat, "error": str(e)})

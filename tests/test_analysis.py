@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 from partex import demo_models
-from partex import analyze, analyze_model, trace
+from partex import analyze_model, trace
+from partex._analysis import analyze
 from partex._analysis import NO_DIM
 
 

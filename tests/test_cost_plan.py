@@ -11,8 +11,8 @@ import pytest
 
 from partex import PartexError, analyze_model
 from partex._cost import CostModel
-from partex._mesh import MeshSpec, get_hardware, parse_bytes
-from partex._plan import Plan, default_donate, make_plan
+from partex import MeshSpec, Plan, get_hardware, parse_bytes
+from partex._plan import default_donate, make_plan
 from partex._strategies import strategy_decisions
 from partex.cli import main
 

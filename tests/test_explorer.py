@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from partex._plan import Plan
+from partex import Plan
 from partex.explorer import serve_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -328,6 +328,42 @@ def test_a_saved_session_loads_in_a_restarted_server(chromium, server, tab, tmp_
             assert "ffn->model" in s["pins"], s
         finally:
             page.context.close()
+
+
+def _cli(*argv: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "partex", *argv, "--json"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_one_session_file_between_the_cli_and_the_explorer(chromium, server, tmp_path):
+    """A search saved by `partex search` opens in the explorer and continues there; the
+    session the explorer then saves resumes with `partex search --resume`."""
+    server.sessions.mkdir(parents=True, exist_ok=True)
+    cli_state = server.sessions / "from-cli.json"
+    d = _cli("search", "transformer", "--mesh", "data=4,model=2", "--memory", "3MiB", "--simulations", "40",
+             "--pin", "ffn=model", "--state", str(cli_state), "--out", str(tmp_path / "cli.json"))
+    assert d["simulations"] == 40
+    page = open_page(chromium, server)  # a fresh page lists the sessions folder as it is now
+    try:
+        choose(page, "partex-sessions", "from-cli")
+        click(page, "Load")
+        s = wait_until(lambda: (lambda s: "loaded session from-cli" in s["message"] and s["simulations"] >= 40
+                                and s)(state(page)), what="the CLI's session to load")
+        assert s["pins"] == ["ffn->model"] and s["config"]["budget"] == 3 * 1024**2, s
+        click(page, "Step")  # it continues: 50 more simulations on the tree the CLI grew
+        wait_until(lambda: state(page)["simulations"] >= 90, what="the loaded search to go on")
+        set_model_value(page, "partex-session-name", "from-explorer")
+        click(page, "Save")
+        wait_until(lambda: "saved session from-explorer" in state(page)["message"], what="the explorer's save")
+    finally:
+        page.context.close()
+    d = _cli("search", "transformer", "--resume", str(server.sessions / "from-explorer.json"), "--simulations",
+             "10", "--out", str(tmp_path / "resumed.json"))
+    assert d["simulations"] >= 100  # 40 by the CLI, 50+ in the explorer, 10 more here
+    plan = Plan.load(tmp_path / "resumed.json")
+    assert any(x.group == "ffn" and x.axis == "model" and x.pinned for x in plan.decisions)
 
 
 def test_verify_puts_xla_beside_the_prediction(tab):

@@ -34,9 +34,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from partex import FactorKind, ModelAnalysis, analyze, trace
-from partex._loader import LoadedModel
-from partex._mesh import MeshSpec, get_hardware
+from partex import FactorKind, ModelAnalysis, trace
+from partex._analysis import analyze
+from partex import LoadedModel, MeshSpec, get_hardware
 from partex._plan import make_plan
 from partex._search import Search
 

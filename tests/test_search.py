@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from partex import PartexError, analyze_model
-from partex._mesh import MeshSpec, get_hardware, parse_bytes
-from partex._plan import Plan
+import partex
+from partex import MeshSpec, PartexError, Plan, Session, analyze_model, get_hardware, parse_bytes
 from partex._search import Search
 from partex._strategies import strategy_decisions
 from partex.cli import main
@@ -81,16 +80,43 @@ def test_bad_pins_are_clear_errors(tiny, call, needle):
 
 
 def test_save_and_resume_continues_the_same_search(tmp_path, tiny):
-    straight = _search(tiny, memory="2MiB", seed=3)
-    straight.step(80)
-    part = _search(tiny, memory="2MiB", seed=3)
-    part.step(40)
-    part.save(tmp_path / "s.search")
-    resumed = Search.load(tmp_path / "s.search", model=tiny)
+    def session():
+        return Session.from_analysis(tiny, mesh="data=4,model=2", memory="2MiB", seed=3,
+                                     spec=partex.ModelSpec("transformer"))
+
+    straight = session().step(80)
+    part = session().step(40)
+    part.pin("ffn", "model")
+    part.unpin("ffn", "model")  # the tree keeps its statistics through a pin and its release
+    part.save(tmp_path / "s.session.json")
+    resumed = Session.load(tmp_path / "s.session.json", analyses=lambda spec: tiny)
     resumed.step(40)
-    assert resumed.simulations == 80
+    assert resumed.stats()["simulations"] == 80
     assert resumed.best().decisions == straight.best().decisions
     assert resumed.stats()["nodes"] == straight.stats()["nodes"]
+
+
+def test_a_tampered_or_foreign_session_file_is_one_clear_error(tmp_path, tiny):
+    s = Session.from_analysis(tiny, mesh="data=4,model=2", memory="2MiB", spec=partex.ModelSpec("transformer"))
+    s.step(20)
+    path = tmp_path / "s.json"
+    s.save(path)
+    good = json.loads(path.read_text())
+    cases = {
+        "not json": "{",
+        "foreign": json.dumps({"format": "something-else"}),
+        "old pickle": "\x80\x05}q\x00.",
+        "group out of range": json.dumps({**good, "search": {**good["search"], "pins": [[10_000, "data"]]}}),
+        "axis unknown": json.dumps({**good, "search": {**good["search"], "forbidden": [[0, "nope"]]}}),
+        "tree key": json.dumps({**good, "search": {**good["search"], "nodes": [["data:x", 1, 0.5, [], None]]}}),
+        "another model": json.dumps({**good, "signature": {"inputs": [["x", [1], "float32"]]}}),
+        "missing field": json.dumps({k: v for k, v in good.items() if k != "mesh"}),
+    }
+    for what, text in cases.items():
+        path.write_text(text)
+        with pytest.raises(PartexError) as e:
+            Session.load(path, analyses=lambda spec: tiny)
+        assert "\n" not in str(e.value) and str(path) in str(e.value), (what, str(e.value))
 
 
 def test_megatron_recovery():
@@ -135,12 +161,30 @@ def test_cli_search_writes_plan_and_state_and_resumes(tmp_path, capsys):
     assert d["fits"] and d["simulations"] > 0
     plan = Plan.load(out)
     assert plan.strategy == "mcts" and any(x.pinned for x in plan.decisions)
-    state = tmp_path / "plan.json.search"
+    state = tmp_path / "plan.session.json"
     assert state.exists()
     assert main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "2MiB", "--budget", "1",
                  "--resume", str(state), "--out", str(out), "--json"]) == 0
     d2 = json.loads(capsys.readouterr().out)
     assert d2["simulations"] > d["simulations"]
+    assert Session.load(state).pins == Session.load(state).decisions([("ffn", "model")])
+
+
+def test_cli_resume_with_another_budget_or_hardware_uses_it(tmp_path, capsys):
+    """--memory / --hardware given on --resume reconfigure the session (they used to be
+    ignored: the old cost model and budget stayed)."""
+    out, state = tmp_path / "plan.json", tmp_path / "plan.session.json"
+    assert main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "2MiB", "--simulations", "30",
+                 "--pin", "ffn=model", "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["search", "transformer", "--resume", str(state), "--memory", "3MiB", "--hardware", "tpu-v5e",
+                 "--simulations", "30", "--out", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    s = Session.load(state)
+    assert s.hardware.name == "tpu-v5e" and s.hardware.budget == parse_bytes("3MiB")
+    assert d["memory_bytes"] <= parse_bytes("3MiB") and d["simulations"] == 30  # a new search, pins kept
+    assert s.pins == s.decisions([("ffn", "model")])
+    assert Plan.load(out).hardware.name == "tpu-v5e"
 
 
 def test_cli_search_impossible_budget_exit_2(tmp_path, capsys):
@@ -181,7 +225,7 @@ def test_sigterm_during_search_keeps_the_plan_and_the_state(tmp_path):
     from conftest import ROOT
 
     out = tmp_path / "plan.json"
-    state = tmp_path / "plan.json.search"
+    state = tmp_path / "plan.session.json"
     proc = subprocess.Popen([sys.executable, "-m", "partex", "search", "transformer", "--mesh", "data=4,model=2",
                              "--memory", "2MiB", "--budget", "120", "--out", str(out), "--json"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -195,6 +239,21 @@ def test_sigterm_during_search_keeps_the_plan_and_the_state(tmp_path):
     d = json.loads(stdout)
     assert d["interrupted"] and d["fits"]
     assert Plan.load(out).strategy == "mcts"
-    resumed = Search.load(state)
-    assert resumed.simulations == d["simulations"]
+    resumed = Session.load(state)
+    assert resumed.stats()["simulations"] == d["simulations"]
     assert os.path.getsize(state) > 0
+
+
+def test_cli_search_state_in_a_missing_folder_is_one_line_before_searching(tmp_path, capsys):
+    code = main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "3MiB", "--budget", "60",
+                 "--state", str(tmp_path / "nope" / "s.json"), "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cannot write session" in err and "No such file" in err, err
+
+
+def test_cli_resume_of_a_foreign_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"format": "partex-explorer-session", "search": "../../etc/passwd"}))
+    code = main(["search", "transformer", "--resume", str(bad), "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a partex session" in err and err.count("\n") == 1, err

@@ -13,10 +13,11 @@ import pytest
 from partex import demo_models
 from partex import analyze_model
 from partex._cost import CostModel
-from partex._mesh import MeshSpec, get_hardware
+from partex import MeshSpec, get_hardware
 from partex._plan import default_donate, make_plan
 from partex._strategies import strategy_decisions
-from partex._verify import KINDS, verify_many
+from partex import COLLECTIVE_KINDS as KINDS
+from partex._verify import verify_many
 
 STRATEGIES = ("replicated", "dp", "megatron", "zero3")
 

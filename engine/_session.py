@@ -1,0 +1,569 @@
+"""``partex.Session``: one analysed model on one mesh and hardware, with its baselines, its
+search, its pins, its plans and XLA's checks of them.
+
+The CLI and the explorer are two thin faces on this object, and a training script or a
+notebook uses it directly::
+
+    s = partex.Session(train_step, (params, opt_state, batch), mesh="data=4,model=2",
+                       hardware="tpu-v4", memory="16GiB")
+    s.pin("heads", "model")
+    s.run(30)                      # or s.step(200), as often as you like
+    plan = s.best_plan()
+    s.verify(plan)                 # XLA's figures beside the prediction
+    s.save("my.session.json")      # partex.Session.load(...) resumes it; so does
+                                   # `partex search --resume` and the explorer
+
+A session file is one JSON document (format ``partex-session``, documented in the README):
+the model (its MODEL spec, or only its name and signature for a function given in Python),
+the mesh, the hardware, the pins and forbids, and the whole search (tree, evaluations, best
+plan, statistics, RNG). It names no other file and holds no pickle: loading it executes
+nothing from it, and a tampered or foreign file gets one clear line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from ._analysis import Group
+from ._cost import CostModel, CostReport
+from ._errors import PartexError
+from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
+from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
+from ._plan import Plan, _hardware_from_json, check_signature, make_plan, resolve_decisions, signature_of
+from ._search import Search, SearchResult
+from ._strategies import baseline_names, strategy_decisions
+
+FORMAT = "partex-session"
+VERSION = 1
+DEFAULT_HARDWARE = "tpu-v4"
+
+Decision = tuple[int, str]
+GroupRef = int | str  # a group id, its label, or an anchor "input/path:dim"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """How to build the model again: a demo name or ``module:attr`` / ``path/file.py:attr``,
+    with the demo preset and config overrides (``["layers=4"]``)."""
+
+    spec: str
+    preset: str = "tiny"
+    overrides: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"spec": self.spec, "preset": self.preset, "overrides": list(self.overrides)}
+
+    @property
+    def signature(self) -> dict:
+        """The paths, shapes and dtypes of the inputs and outputs (a plan's ``signature``)."""
+        return signature_of(self.program)
+
+    @property
+    def title(self) -> str:
+        extra = f" [{', '.join(self.overrides)}]" if self.overrides else ""
+        return f"{self.spec} ({self.preset}){extra}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A plan candidate scored by the cost model: a baseline, the search's best, an upload."""
+
+    name: str
+    decisions: tuple[Decision, ...]
+    report: CostReport  # detailed (collectives listed)
+
+
+def as_mesh(mesh: str | MeshSpec | Mapping[str, int]) -> MeshSpec:
+    """'data=4,model=2', {'data': 4, 'model': 2} or a MeshSpec -> MeshSpec."""
+    if isinstance(mesh, MeshSpec):
+        return mesh
+    if isinstance(mesh, str):
+        return MeshSpec.parse(mesh)
+    if isinstance(mesh, Mapping):
+        return MeshSpec.create(tuple(mesh), tuple(int(n) for n in mesh.values()))
+    raise PartexError(f"mesh must be text like 'data=4,model=2', a dict of axis sizes or a MeshSpec, "
+                      f"got {type(mesh).__name__}")
+
+
+def as_hardware(hardware: str | Hardware | None, memory: str | float | None = None) -> Hardware:
+    """A preset name ('tpu-v4') or a Hardware, with an optional per-device budget ('16GiB')."""
+    if hardware is None:
+        hardware = DEFAULT_HARDWARE
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    if not isinstance(hw, Hardware):
+        raise PartexError(f"hardware must be a preset name or a Hardware, got {type(hardware).__name__}")
+    if memory is not None and memory != "":
+        hw = hw.replace(memory_budget=parse_bytes(memory))
+    return hw
+
+
+def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
+    return analyze_model(spec.spec, spec.preset, list(spec.overrides))
+
+
+class Session:
+    """One model (a function and example args, or a MODEL spec) on one mesh and hardware:
+    its analysis, baselines, search, pins, plans and XLA checks.
+
+    mesh: 'data=4,model=2' (optionally ``name=size@GB/s``), a dict or a MeshSpec.
+    hardware: a preset (tpu-v4, tpu-v5e, tpu-v5p, a100-40gb, h100-80gb, cpu) or a Hardware.
+    memory: per-device budget ('16GiB', bytes); default: the hardware's HBM.
+    seed: the search's RNG seed: the same seed and simulations give the same plan.
+    axis_names: optional logical axis names mirroring ``args`` (labels only).
+    warm_start: score the hand strategies first, as PartIR composes tactics with search.
+    """
+
+    def __init__(self, fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware = DEFAULT_HARDWARE,
+                 memory: str | float | None = None, seed: int = 0, axis_names=None, warm_start: bool = True,
+                 name: str | None = None):
+        if not callable(fn):
+            raise PartexError(f"Session needs a callable training step, got {type(fn).__name__}")
+        if not isinstance(args, (tuple, list)):
+            raise PartexError("Session(fn, args, ...): args must be a tuple of fn's example arguments")
+        model = LoadedModel(name or getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names, "custom", None)
+        self._setup(analyze_loaded(model), None, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start)
+
+    @classmethod
+    def from_spec(cls, spec: str, *, preset: str = "tiny", overrides: Sequence[str] | Mapping | None = None,
+                  mesh, hardware: str | Hardware = DEFAULT_HARDWARE, memory: str | float | None = None,
+                  seed: int = 0, warm_start: bool = True) -> "Session":
+        """A session on a MODEL spec: a demo name (``transformer``) or ``module:attr`` /
+        ``path/file.py:attr`` naming a callable that returns ``(fn, example_args)``."""
+        ms = _model_spec(spec, preset, overrides)
+        return cls.from_analysis(analyze_spec(ms), mesh=mesh, hardware=hardware, memory=memory, seed=seed,
+                                 warm_start=warm_start, spec=ms)
+
+    @classmethod
+    def from_analysis(cls, model, *, mesh, hardware: str | Hardware = DEFAULT_HARDWARE,
+                      memory: str | float | None = None, seed: int = 0, warm_start: bool = True,
+                      spec: ModelSpec | None = None) -> "Session":
+        """A session on an already analysed model (a ModelAnalysis, e.g. from ``partex.analyze``)."""
+        self = cls.__new__(cls)
+        self._setup(model, spec, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start)
+        return self
+
+    def _setup(self, model, spec: ModelSpec | None, mesh: MeshSpec, hw: Hardware, seed: int, warm_start: bool,
+               search: Search | None = None) -> None:
+        self.model = model  # ModelAnalysis: .model (LoadedModel), .program, .analysis
+        self.spec = spec
+        self.mesh = mesh
+        self.hardware = hw
+        self.seed = int(seed)
+        self.warm_start = bool(warm_start)
+        self._search = search or Search(model, mesh, hw, seed=self.seed, warm_start=self.warm_start)
+        self._baselines: dict[str, Candidate] | None = None
+
+    # ------------------------------------------------------------------ the analysis
+    @property
+    def analysis(self):
+        return self.model.analysis
+
+    @property
+    def program(self):
+        return self.model.program
+
+    @property
+    def groups(self) -> list[Group]:
+        """The decision groups (named dimensions with one role, one decision each)."""
+        return self.analysis.decision_groups
+
+    @property
+    def conflicts(self):
+        return self.analysis.conflicts
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self._search.cm
+
+    @property
+    def donate(self) -> tuple[int, ...]:
+        return self._search.donate
+
+    @property
+    def title(self) -> str:
+        return self.spec.title if self.spec else f"{self.model.model.name} (custom)"
+
+    def group(self, ref: GroupRef) -> Group:
+        """A group by id, label, or anchor ``input/path:dim`` (an input leaf and dim in it)."""
+        an = self.analysis
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            if 0 <= ref < len(an.groups):
+                return an.groups[ref]
+            raise PartexError(f"no decision group {ref}; there are {len(an.groups)}")
+        if isinstance(ref, str):
+            g = an.group_by_label(ref)
+            if g is not None:
+                return g
+            if ":" in ref:
+                path, _, dim = ref.rpartition(":")
+                by_path = dict(zip(self.program.input_paths, self.program.inputs))
+                vid = by_path.get(path)
+                if vid is not None and dim.isdigit() and int(dim) < len(self.program.values[vid].shape):
+                    gid = an.group_of(vid, int(dim))
+                    if gid >= 0:
+                        return an.groups[gid]
+            raise PartexError(f"unknown dimension {ref!r}; known: {', '.join(g.label for g in self.groups)} "
+                              "(or name an input leaf and dim, e.g. params/w1:1)")
+        raise PartexError(f"a dimension is a group id, a label or 'path:dim', got {type(ref).__name__}")
+
+    def label(self, decision: Decision) -> str:
+        return self._search.label(decision)
+
+    def decisions(self, items: Sequence[tuple[GroupRef, str]]) -> list[Decision]:
+        """[(group id / label / anchor, axis)] -> [(group id, axis)]."""
+        out = []
+        for ref, axis in items:
+            self.mesh.index(axis)
+            out.append((self.group(ref).id, axis))
+        return out
+
+    # ------------------------------------------------------------------ plans and baselines
+    def evaluate(self, decisions: Sequence[tuple[GroupRef, str]], detail: bool = True) -> CostReport:
+        """The cost model's figures for these decisions (step time, memory, collectives)."""
+        return self.cost_model.evaluate(self.decisions(decisions), detail=detail)
+
+    def strategy(self, name: str) -> list[Decision]:
+        """A hand strategy's decisions: replicated, dp, megatron, zero3, expert (MoE)."""
+        return strategy_decisions(name, self.analysis, self.mesh)
+
+    def plan(self, decisions: Sequence[tuple[GroupRef, str]] | None = None, *, strategy: str | None = None,
+             pinned: Sequence[Decision] = ()) -> Plan:
+        """A Plan from decisions, or from a hand strategy (``plan(strategy="megatron")``)."""
+        if decisions is None:
+            if strategy is None:
+                raise PartexError("give decisions or a strategy name")
+            decisions = self.strategy(strategy)
+        dec = self.decisions(decisions)
+        plan = make_plan(self.model, self.mesh, self.hardware, dec, strategy=strategy, pinned=pinned,
+                         donate=self.donate, cost_model=self.cost_model)
+        if self.spec is not None:
+            plan = dataclasses.replace(plan, model=self.spec.to_json())
+        return plan
+
+    def baselines(self) -> dict[str, Candidate]:
+        """The hand strategies scored on this cost model (replicated, dp, megatron, zero3,
+        and expert for a mixture of experts)."""
+        if self._baselines is None:
+            self._baselines = {name: Candidate(name, tuple(dec), self.cost_model.evaluate(dec, detail=True))
+                               for name in baseline_names(self.analysis) for dec in [self.strategy(name)]}
+        return dict(self._baselines)
+
+    def scored(self, plan: Plan, name: str = "uploaded") -> Candidate:
+        """A plan (e.g. uploaded) for this model, scored on its own mesh and hardware."""
+        check_signature(plan, self.program)
+        decisions = resolve_decisions(plan, self.analysis)
+        cm = CostModel(self.analysis, plan.mesh, plan.hardware, donate=plan.donate)
+        return Candidate(name, tuple(decisions), cm.evaluate(decisions, detail=True))
+
+    # ------------------------------------------------------------------ the search
+    def step(self, n: int = 1) -> "Session":
+        """Run n simulations of the search."""
+        self._search.step(int(n))
+        return self
+
+    def run(self, seconds: float, callback: Callable[["Session"], None] | None = None) -> "Session":
+        """Search for about ``seconds``; ``callback(session)`` after each chunk. Returns
+        early when ``request_stop`` is called (e.g. from a signal handler)."""
+        self._search.stop_requested = False
+        self._search.run(seconds, callback=None if callback is None else (lambda _s: callback(self)))
+        return self
+
+    def request_stop(self) -> None:
+        """Ask a running ``run`` to return after the simulation in hand (signal-safe)."""
+        self._search.request_stop()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._search.stop_requested
+
+    def stats(self) -> dict:
+        """Simulations, nodes, depth, speed, best step time over time, root actions."""
+        return self._search.stats()
+
+    def best(self) -> SearchResult | None:
+        """The fastest plan found that fits (None until one does)."""
+        return self._search.best()
+
+    def best_plan(self) -> Plan | None:
+        b = self.best()
+        if b is None:
+            return None
+        return self.plan(list(b.decisions), strategy="mcts", pinned=self._search.pins)
+
+    @property
+    def smallest_memory(self) -> float:
+        """The smallest predicted peak memory met so far (when nothing fits)."""
+        return self._search.smallest_memory[0]
+
+    # ------------------------------------------------------------------ pins
+    @property
+    def pins(self) -> list[Decision]:
+        return list(self._search.pins)
+
+    @property
+    def forbidden(self) -> list[Decision]:
+        return sorted(self._search.forbidden)
+
+    def pin(self, group: GroupRef, axis: str) -> Decision:
+        """Fix a decision: the search keeps it, first, and never undoes it."""
+        return self._search.pin(self.group(group).id, axis)
+
+    def forbid(self, group: GroupRef, axis: str) -> Decision:
+        """Never take this decision."""
+        return self._search.forbid(self.group(group).id, axis)
+
+    def unpin(self, group: GroupRef, axis: str) -> Decision:
+        """Remove a pin or a forbid."""
+        return self._search.unpin(self.group(group).id, axis)
+
+    def mark_infeasible(self, decisions: Sequence[Decision], measured_bytes: float) -> None:
+        """XLA measured this plan over the budget: it no longer counts as fitting, and the
+        best plan becomes the next best that fits."""
+        self._search.mark_infeasible([(int(g), a) for g, a in decisions], float(measured_bytes))
+
+    # ------------------------------------------------------------------ XLA's check
+    def verify(self, plan: Plan | None = None, *, run: bool = False, constrain: bool = True,
+               mark: bool = True, timeout: float = 1800) -> dict:
+        """Compile ``plan`` (default: the best plan) with XLA and compare with the prediction:
+        per-device memory, argument bytes and collective bytes by kind (``verify --json``'s
+        dict). With ``run``, also run it (real example arrays) and compare the outputs with
+        the unsharded function. A MODEL-spec session compiles in a fresh process on
+        simulated CPU devices; a function session compiles here, on this process's devices.
+        With ``mark`` (default), a plan XLA puts over the budget is marked infeasible and
+        the search's best moves to the next plan that fits (``out["marked_infeasible"]``)."""
+        if plan is None:
+            plan = self.best_plan()
+            if plan is None:
+                raise PartexError("nothing to verify: the search has found no plan that fits yet")
+        out = verify_plan(plan, spec=self.spec, model=self.model.model, run=run, constrain=constrain,
+                          timeout=timeout)
+        out["marked_infeasible"] = False
+        if mark and not out["fits"]:
+            self.mark_infeasible(resolve_decisions(plan, self.analysis), out["memory"]["xla"])
+            out["marked_infeasible"] = True
+        return out
+
+    def verified_best(self, tries: int = 5, on_reject: Callable[[SearchResult, dict], None] | None = None
+                      ) -> tuple[SearchResult, dict]:
+        """The best plan checked by XLA: while XLA puts it over the budget, it is marked
+        infeasible and the next best is checked (up to ``tries`` plans)."""
+        for _ in range(tries):
+            best = self.best()
+            if best is None:
+                break
+            out = self.verify(self.plan(list(best.decisions), strategy="mcts", pinned=self._search.pins))
+            if not out["marked_infeasible"]:
+                return best, out
+            if on_reject is not None:
+                on_reject(best, out)
+        raise PartexError(f"no plan checked by XLA fits the {format_bytes(self.hardware.budget)} budget after "
+                          f"{tries} tries; search longer, raise the memory budget or use a larger mesh")
+
+    # ------------------------------------------------------------------ configuration
+    def reconfigure(self, *, mesh=None, hardware: str | Hardware | None = None,
+                    memory: str | float | None = None, seed: int | None = None) -> list[str]:
+        """Another mesh, hardware or budget: a new cost model and a new search (statistics
+        from the old cost model would mislead it), keeping the pins and forbids that still
+        apply. Returns a note per pin or forbid dropped (its axis left the mesh, or no
+        longer divides its dimension)."""
+        new_mesh = self.mesh if mesh is None else as_mesh(mesh)
+        hw = self.hardware if hardware is None else as_hardware(hardware)
+        if memory is not None:
+            hw = as_hardware(hw, memory)
+        new_seed = self.seed if seed is None else int(seed)
+        if (new_mesh, hw, new_seed) == (self.mesh, self.hardware, self.seed):
+            return []
+        pins, forbidden = self.pins, self.forbidden
+        self._setup(self.model, self.spec, new_mesh, hw, new_seed, self.warm_start)
+        return self.apply_pins(pins, forbidden)
+
+    def apply_pins(self, pins: Sequence[tuple[GroupRef, str]] = (),
+                   forbidden: Sequence[tuple[GroupRef, str]] = ()) -> list[str]:
+        """Pin and forbid what still applies; a note for each that does not (its group or
+        axis is gone, or the axis does not divide the group)."""
+        notes = []
+        for how, items in (("pin", pins), ("forbid", forbidden)):
+            for g, a in items:
+                try:
+                    getattr(self, how)(g, a)
+                except PartexError as e:
+                    notes.append(f"{how} {self.group(g).label if isinstance(g, int) else g}->{a} dropped: {e}")
+        return notes
+
+    # ------------------------------------------------------------------ the bench
+    def bench(self, seconds: float = 60.0, *, ilp_time: float = 30.0, simulations: int | None = None,
+              callback: Callable[["Session"], None] | None = None, verify: bool = False) -> list[dict]:
+        """Hand plans, the Alpa-style ILP and the MCTS search side by side, on this cost
+        model: one row per strategy (step time, MFU, memory, fits, search seconds). The
+        search runs ``simulations`` simulations if given (reproducible), else ``seconds``."""
+        from ._ilp import solve_ilp
+
+        rows = []
+
+        def row(name, decisions, report, search_s, **extra):
+            rows.append({"strategy": name, "decisions": [list(d) for d in decisions],
+                         "step_time_s": report.step_time if report else None,
+                         "mfu": report.mfu if report else None,
+                         "memory_bytes": report.memory.peak if report else None,
+                         "fits": bool(report.fits) if report else False, "search_s": search_s, **extra})
+
+        for name, c in self.baselines().items():
+            row(name, c.decisions, c.report, 0.0)
+        ilp = solve_ilp(self.cost_model, time_limit=ilp_time)
+        row("ilp", ilp.decisions, ilp.report, ilp.solve_seconds, status=ilp.status, build_s=ilp.build_seconds)
+        if simulations is not None:
+            self.step(simulations)
+        else:
+            self.run(seconds, callback=callback)
+        xla = None
+        if verify and self.best() is not None:
+            _, out = self.verified_best()
+            xla = out["memory"]["xla"]
+        best = self.best()
+        st = self.stats()
+        row("mcts", best.decisions if best else (), best.report if best else None,
+            best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
+            smallest_memory=st["smallest_memory"], xla_memory_bytes=xla)
+        return rows
+
+    # ------------------------------------------------------------------ files
+    def to_json(self) -> dict:
+        """The session as JSON data (see the module docstring and the README)."""
+        an = self.analysis
+        m = self.model.model
+
+        def named(decs):
+            return [{"group": an.groups[g].label, "axis": a} for g, a in decs]
+
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "saved": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "model": self.spec.to_json() if self.spec else {"spec": None, "name": m.name},
+            "signature": signature_of(self.program),
+            "mesh": self.mesh.to_json(),
+            "hardware": dataclasses.asdict(self.hardware),
+            "seed": self.seed,
+            "warm_start": self.warm_start,
+            "pins": named(self._search.pins),
+            "forbidden": named(sorted(self._search.forbidden)),
+            "search": self._search.state(),
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the session (one JSON file, written atomically)."""
+        text = json.dumps(self.to_json(), separators=(",", ":"))
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".partex-", suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise PartexError(f"cannot write session {path}: {e.strerror} ({folder})") from None
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)  # never a half-written session
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, fn: Callable | None = None, args: Sequence[Any] | None = None,
+             axis_names=None, analyses: Callable[[ModelSpec], ModelAnalysis] | None = None) -> "Session":
+        """Resume a saved session (from ``save``, ``partex search`` or the explorer). A
+        MODEL-spec session re-builds its model from the spec (``analyses(spec)`` if given,
+        e.g. a cache); a session of a function given in Python needs ``fn`` and ``args``."""
+        where = os.fspath(path)
+        try:
+            with open(where) as f:
+                text = f.read()
+        except OSError as e:
+            raise PartexError(f"cannot read session {where}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise PartexError(f"{where} is not a partex session (not a text file)") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PartexError(f"{where} is not a partex session: not valid JSON (line {e.lineno}: {e.msg})") from None
+        return cls.from_json(d, where=where, fn=fn, args=args, axis_names=axis_names, analyses=analyses)
+
+    @classmethod
+    def from_json(cls, d: Any, *, where: str = "session", fn=None, args=None, axis_names=None,
+                  analyses: Callable[[ModelSpec], ModelAnalysis] | None = None) -> "Session":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise PartexError(f"{where} is not a partex session: expected \"format\": \"{FORMAT}\"")
+        if d.get("version") != VERSION:
+            raise PartexError(f"{where} is a partex session of version {d.get('version')!r}; this partex "
+                              f"reads version {VERSION}")
+        try:
+            m = d["model"]
+            spec = None
+            if m.get("spec") is not None:
+                spec = _model_spec(str(m["spec"]), str(m["preset"]), [str(x) for x in m["overrides"]])
+            mesh = MeshSpec.from_json(d["mesh"])
+            hw = _hardware_from_json(d["hardware"])
+            seed = int(d["seed"])
+            warm = bool(d.get("warm_start", True))
+            state = d["search"]
+            if not isinstance(state, dict):
+                raise TypeError("its search is not an object")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PartexError(f"{where} is not a valid partex session ({type(e).__name__}: {e})") from None
+        if fn is not None:
+            if args is None:
+                raise PartexError("Session.load(path, fn=..., args=...): give the example args too")
+            model = analyze_loaded(LoadedModel(m.get("name") or getattr(fn, "__name__", "fn"), fn, tuple(args),
+                                               axis_names, "custom", None))
+            spec = None
+        elif spec is None:
+            raise PartexError(f"{where} was saved from a function ({m.get('name')!r}), not a MODEL spec: "
+                              "load it with Session.load(path, fn=..., args=...)")
+        else:
+            model = (analyses or analyze_spec)(spec)
+        sig = d.get("signature")
+        if not isinstance(sig, dict) or sig.get("inputs") != signature_of(model.program)["inputs"]:
+            raise PartexError(f"{where} was saved for another model (its inputs' shapes differ from "
+                              f"{spec.title if spec else 'this function'}'s): start a new session")
+        try:
+            search = Search.from_state(model, mesh, hw, state)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise PartexError(f"{where}: its search cannot be resumed ({type(e).__name__}: {e})") from None
+        self = cls.__new__(cls)
+        self._setup(model, spec, mesh, hw, seed, warm, search)
+        return self
+
+
+def _model_spec(spec: str, preset: str, overrides) -> ModelSpec:
+    if isinstance(overrides, Mapping):
+        overrides = [f"{k}={v}" for k, v in overrides.items()]
+    return ModelSpec(spec, preset, tuple(str(o) for o in (overrides or ())))
+
+
+def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None = None, run: bool = False,
+                constrain: bool = True, timeout: float = 1800) -> dict:
+    """XLA's figures for a plan: in a fresh process for a MODEL spec, else in this one."""
+    from ._verify import verify, verify_loaded
+
+    if spec is not None:
+        fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
+        os.close(fd)
+        try:
+            plan.save(path)
+            return verify(spec.spec, path, preset=spec.preset, overrides=list(spec.overrides) or None, run=run,
+                          timeout=timeout, constrain=constrain)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+    if model is None:
+        raise PartexError("verify needs the function the plan was made for")
+    return verify_loaded(model, plan, run=run, constrain=constrain)

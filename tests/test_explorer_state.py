@@ -1,0 +1,53 @@
+"""The explorer's state and search runner without a browser: session files stay in their
+folder, and a failure in the search process reaches the server's log with its traceback."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+import partex
+from partex.explorer._engine import Workspace
+from partex.explorer._runner import ProcessRunner
+from partex.explorer._state import ExplorerState
+
+
+def wait_for(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_failure_in_the_search_process_is_logged_with_its_traceback(caplog):
+    session = partex.Session.from_spec("mlp", mesh="data=4,model=2", memory="3MiB")
+
+    def broken_step(n=1):
+        raise ValueError("a bug deep in the search")
+
+    session.step = broken_step  # what the forked child will call
+    runner = ProcessRunner(session, Workspace(session.spec, session), session="t")
+    try:
+        with caplog.at_level(logging.ERROR, logger="partex.explorer"):
+            runner.step(5)
+            snap = wait_for(lambda: (lambda s: s is not None and s.error and s)(runner.receive()),
+                            what="the child's error")
+        assert snap.error == "the search failed: ValueError: a bug deep in the search"  # one line on the page
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "Traceback (most recent call last)" in logged and "broken_step" in logged, logged
+    finally:
+        runner.close()
+
+
+def test_session_names_never_leave_the_sessions_folder(tmp_path):
+    st = ExplorerState.__new__(ExplorerState)  # only the path rule, no model loaded
+    st.sessions_dir = tmp_path
+    assert st.session_path("my-run.2") == tmp_path / "my-run.2.json"
+    for bad in ("../x", "/etc/passwd", "a/b", "..", ".hidden", ""):
+        with pytest.raises(partex.PartexError, match="session name"):
+            st.session_path(bad)
