@@ -544,8 +544,12 @@ class Session:
 
 
 def _model_spec(spec: str, preset: str, overrides) -> ModelSpec:
+    from . import demo_models
+
     if isinstance(overrides, Mapping):
         overrides = [f"{k}={v}" for k, v in overrides.items()]
+    if spec not in demo_models.MODELS:  # presets are the demo models'; a module:attr has none
+        preset = "custom"
     return ModelSpec(spec, preset, tuple(str(o) for o in (overrides or ())))
 
 

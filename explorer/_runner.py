@@ -1,4 +1,4 @@
-"""The background search: each browser session steps its own Search in short chunks and
+"""The background search: each browser session steps its own Session in short chunks and
 publishes snapshots that the page picks up on its clock.
 
 The search runs in a child process forked from the server (``ProcessRunner``), so that it
