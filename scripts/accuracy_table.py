@@ -13,12 +13,12 @@ import json
 import time
 
 from partex import COLLECTIVE_KINDS as KINDS
-from partex import ModelSpec, Session, analyze_model
+from partex import ModelSpec, Session, analyze_model, demo_models
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="mlp,transformer,transformer-scan,unet,gns,moe")
+    ap.add_argument("--models", default=",".join(demo_models.MODELS))
     ap.add_argument("--strategies", default="replicated,dp,megatron,zero3")
     ap.add_argument("--meshes", default="data=4,model=2;data=8")
     ap.add_argument("--preset", default="tiny")
