@@ -74,13 +74,20 @@ def _hardware(args, base=None):
     return get_hardware(args.hardware or "tpu-v4", **overrides)
 
 
+def _model_output():
+    """While a user's model is imported, built and traced, its own prints go to stderr:
+    stdout is partex's (``--json`` must parse)."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def _session(args):
     """A Session on the command line's model, mesh and hardware."""
     from . import Session
 
-    return Session.from_spec(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config),
-                             mesh=args.mesh, hardware=_hardware(args), seed=getattr(args, "seed", 0),
-                             warm_start=not getattr(args, "cold", False))
+    with _model_output():
+        return Session.from_spec(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config),
+                                 mesh=args.mesh, hardware=_hardware(args), seed=getattr(args, "seed", 0),
+                                 warm_start=not getattr(args, "cold", False))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_analyze(args) -> int:
     from . import analyze_model
 
-    res = analyze_model(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config))
+    with _model_output():
+        res = analyze_model(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config))
     an = res.analysis
     if args.json:
         out = an.to_json()
@@ -295,7 +303,8 @@ def cmd_search(args) -> int:
     state_path = args.state or (args.resume if args.resume else _default_state(args.out))
     notes: list[str] = []
     if args.resume:
-        s = Session.load(args.resume)
+        with _model_output():
+            s = Session.load(args.resume)
         ms = s.spec
         if (args.model != ms.spec or (args.preset and args.preset != ms.preset)
                 or (args.config and sorted(_overrides(args.config)) != sorted(ms.overrides))):

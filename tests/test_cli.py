@@ -103,3 +103,29 @@ def test_console_entry_point_runs_as_module():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "partex: error:" in r.stderr
+
+
+def test_a_models_own_prints_do_not_corrupt_json(tmp_path):
+    """A user model that prints while it is imported, built and traced (MaxText does) leaves
+    stdout to partex: `--json` parses, and the prints appear on stderr."""
+    f = tmp_path / "noisy.py"
+    f.write_text(textwrap.dedent('''
+        import jax.numpy as jnp
+        print("[import] hello")
+
+        def step(w, x):
+            print("[trace] tracing step")
+            return w - 0.1 * (x.T @ jnp.tanh(x @ w)), jnp.sum(x @ w)
+
+        def make():
+            print("[factory] building")
+            return step, (jnp.ones((8, 8)), jnp.ones((16, 8)))
+    '''))
+    for argv in (["analyze", f"{f}:make", "--json"],
+                 ["search", f"{f}:make", "--mesh", "data=4,model=2", "--simulations", "5",
+                  "--out", str(tmp_path / "p.json"), "--json"]):
+        r = subprocess.run([sys.executable, "-m", "partex", *argv], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        json.loads(r.stdout)
+        assert "[import] hello" in r.stderr and "[trace] tracing step" in r.stderr, r.stderr
