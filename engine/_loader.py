@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -136,12 +137,29 @@ def _import(target: str):
 
 
 def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
-    """Flatten an axis_names pytree (leaves: tuples of names) onto the program's input ids."""
+    """Match an axis_names pytree to the program's input leaves: it mirrors the args, with a
+    tuple of names (str or None, one per dim) where the args have an array. The args'
+    own structure says where its leaves are, so containers with no leaves (optax's
+    ``EmptyState()``, an empty NamedTuple) match as they are. Names only label: a tree that
+    does not mirror the args, or a leaf whose names do not fit its rank, is left out with a
+    warning naming it, and the rest is kept."""
     if axis_names is None:
         return {}
-    leaves = jax.tree_util.tree_leaves(
-        axis_names, is_leaf=lambda x: isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
-    )
-    if len(leaves) != len(program.inputs):
-        return {}  # names are a nicety: ignore a mismatched tree rather than fail
-    return {vid: tuple(n) for vid, n in zip(program.inputs, leaves) if isinstance(n, tuple)}
+    names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
+    try:
+        per_leaf = program.in_tree.flatten_up_to(names if isinstance(names, tuple) else (names,))
+    except (ValueError, TypeError) as e:
+        warnings.warn(f"partex: axis_names do not mirror the example args, so no logical names are used "
+                      f"({' '.join(str(e).split())[:200]})", stacklevel=2)
+        return {}
+    out = {}
+    for vid, path, n in zip(program.inputs, program.input_paths, per_leaf):
+        rank = len(program.values[vid].shape)
+        if n is None:
+            continue
+        if not (isinstance(n, tuple) and len(n) == rank and all(x is None or isinstance(x, str) for x in n)):
+            warnings.warn(f"partex: axis_names for {path} (rank {rank}) are {n!r}: expected a tuple of {rank} "
+                          "names (str or None); that leaf is left unnamed", stacklevel=2)
+            continue
+        out[vid] = tuple(n)
+    return out

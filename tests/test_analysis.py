@@ -157,3 +157,30 @@ def test_nested_calls_are_inlined_and_loops_kept():
     assert {"cond_exit", "while_exit"} <= prims
     an = analyze(p)
     assert an.unknown_primitives == {}
+
+
+def test_axis_names_match_the_args_structure_with_empty_containers():
+    """optax.adamw's state holds EmptyState(), an empty NamedTuple: names mirroring it
+    label the arrays around it (they used to be dropped silently), and a leaf whose names do
+    not fit is left out with a warning naming it."""
+    from typing import NamedTuple
+
+    import jax.numpy as jnp
+
+    from partex import analyze
+
+    class EmptyState(NamedTuple):
+        pass
+
+    def step(params, opt_state, x):
+        h = x @ params["w"]
+        return {"w": params["w"] - 0.1 * x.T @ h}, opt_state, jnp.sum(h)
+
+    args = ({"w": jnp.ones((8, 32))}, (EmptyState(), {"mu": jnp.ones((8, 32))}), jnp.ones((16, 8)))
+    names = ({"w": ("embed", "hidden")}, (EmptyState(), {"mu": ("embed", "hidden")}), ("batch", "embed"))
+    labels = {g.label for g in analyze(step, *args, axis_names=names).analysis.groups}
+    assert {"hidden", "batch"} <= labels, labels
+    bad = ({"w": ("embed",)}, (EmptyState(), {"mu": ("embed", "hidden")}), ("batch", "embed"))
+    with pytest.warns(UserWarning, match=r"params/w \(rank 2\)"):
+        labels = {g.label for g in analyze(step, *args, axis_names=bad).analysis.groups}
+    assert "batch" in labels
