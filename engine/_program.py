@@ -152,10 +152,10 @@ def flatten_args(fn: Callable, args: Sequence[Any]) -> tuple[list[Any], list[str
     for name, arg in zip(names, args):
         for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
             p = path_str(name, path)
-            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not _is_scalar(leaf):
                 raise PartexError(
                     f"example arg {p} is a {type(leaf).__name__} ({leaf!r:.40}), not an array: "
-                    "pass jax arrays, numpy arrays or jax.ShapeDtypeStruct leaves "
+                    "pass jax arrays, numpy arrays, Python numbers or jax.ShapeDtypeStruct leaves "
                     "(close over static settings instead of passing them)"
                 )
             leaves.append(leaf)
@@ -165,13 +165,23 @@ def flatten_args(fn: Callable, args: Sequence[Any]) -> tuple[list[Any], list[str
 
 # --------------------------------------------------------------------------- tracing
 
+def _is_scalar(x) -> bool:
+    return isinstance(x, (bool, int, float, complex))
+
+
+def abstract(x) -> jax.ShapeDtypeStruct:
+    """An example leaf as JAX's jit sees it: an array's shape and dtype; a Python number (a
+    step counter in a train state) a weakly typed scalar, as ``jax.jit`` passes it."""
+    if _is_scalar(x):
+        return jax.ShapeDtypeStruct((), jax.numpy.result_type(x), weak_type=True)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
 def make_jaxpr(fn: Callable, args: Sequence[Any]):
     """``jax.make_jaxpr`` with JAX's own message turned into a PartexError."""
-    abstract = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tuple(args)
-    )
+    abstract_args = jax.tree_util.tree_map(abstract, tuple(args))
     try:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract_args)
     except PartexError:
         raise
     except Exception as e:  # JAX raises many types; report its message verbatim.

@@ -114,8 +114,9 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     t0 = time.perf_counter()
     planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=spec.get("constrain", True))
     mesh = planned.mesh
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.args)
-    lowered = planned.lower(*abstract)
+    from ._program import abstract
+
+    lowered = planned.lower(*jax.tree_util.tree_map(abstract, model.args))
     t1 = time.perf_counter()
     compiled = lowered.compile()
     t2 = time.perf_counter()

@@ -167,3 +167,23 @@ def test_a_plan_xla_puts_over_the_budget_is_marked_and_the_best_moves_on():
     after = s.best()
     assert after is None or (after.decisions != best.decisions and after.report.fits)
     assert s._search._evals[s._search._key(best.decisions)][2] is False  # scored as not fitting from now on
+
+
+def test_a_python_int_step_counter_is_a_scalar_as_jit_sees_it():
+    """flax's TrainState.step is a Python int: partex traces it as jax.jit does (a weakly
+    typed scalar) instead of refusing the state, and the applied plan counts as jit does."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(state, batch):
+        w = state["w"]
+        return {"w": w - 0.01 * batch.T @ (batch @ w), "count": state["count"] + 1}, jnp.sum(batch @ w)
+
+    args = ({"w": jnp.ones((64, 64)), "count": 0}, jnp.ones((32, 64)))
+    an = partex.analyze(step, *args)
+    assert an.program.input_paths == ["state/count", "state/w", "batch"]
+    plan = partex.search(step, args, mesh="data=4,model=2", simulations=20)
+    assert plan.inputs["state/count"] == []
+    expected = jax.jit(step)(*args)
+    got = plan.apply(step)(*args)
+    assert int(got[0]["count"]) == int(expected[0]["count"]) == 1

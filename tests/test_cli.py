@@ -49,7 +49,7 @@ def user_models(tmp_path):
         def fails_to_trace():
             return (lambda x: x @ x), (jnp.ones((3, 4)),)
         def non_array_leaf():
-            return (lambda p, lr: p["w"] * lr), ({"w": jnp.ones(4)}, 0.1)
+            return (lambda p, opt: p["w"] * 2), ({"w": jnp.ones(4)}, "adam")
         def returns_junk():
             return 42
     """))
@@ -69,7 +69,7 @@ def test_user_model_file(capsys, user_models):
     ("{f}:NOT_CALLABLE", "not a callable"),
     ("{f}:missing", "has no attribute 'missing'"),
     ("{f}:fails_to_trace", "failed to trace: TypeError: dot_general requires contracting dimensions to have the same shape"),
-    ("{f}:non_array_leaf", "example arg lr is a float"),
+    ("{f}:non_array_leaf", "example arg opt is a str"),
     ("{f}:returns_junk", "must return (fn, example_args)"),
     ("{bad}:anything", "importing"),
     ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
