@@ -28,7 +28,39 @@ NamedDimId = int
 GroupId = int
 NO_DIM = -1  # node of a size-1 dim: never sharded, in no named dimension
 
-_LAYER_INDEX = re.compile(r"(?<=/)\d+(?=/|$)")
+_DIGITS = re.compile(r"\d+")
+
+
+def layer_paths(paths: Sequence[str], shapes: Sequence[tuple], dtypes: Sequence[str]) -> dict[str, str]:
+    """Input paths with their layer indices replaced by ``*``, found by structure: siblings
+    in the input pytree whose names differ only in a number (``3``, ``layer_3``,
+    ``layers_3``, ``transformer_layer_3``, ``h.3``, ``blocks[3]``) and whose subtrees are
+    identical (the same relative paths, shapes and dtypes) are one layer stack. A leaf is
+    never an index (``w1`` and ``w2`` are two weights, not two layers), nor are siblings
+    that differ in anything but the number."""
+    split = [p.split("/") for p in paths]
+    # subtree signature of every internal node: (relative path, shape, dtype) of its leaves
+    subtree: dict[tuple[str, ...], list] = collections.defaultdict(list)
+    for parts, shape, dtype in zip(split, shapes, dtypes):
+        for k in range(1, len(parts)):
+            subtree[tuple(parts[:k])].append(("/".join(parts[k:]), tuple(shape), dtype))
+    siblings: dict[tuple, list[tuple[str, ...]]] = collections.defaultdict(list)
+    for node in subtree:
+        if _DIGITS.search(node[-1]):
+            siblings[(node[:-1], _DIGITS.sub("#", node[-1]))].append(node)
+    index: dict[tuple[str, ...], str] = {}
+    for (_, template), nodes in siblings.items():
+        if len(nodes) < 2:
+            continue
+        by_sig: dict[tuple, list] = collections.defaultdict(list)
+        for n in nodes:
+            by_sig[tuple(sorted(subtree[n]))].append(n)
+        for same in by_sig.values():
+            if len(same) >= 2:
+                for n in same:
+                    index[n] = template.replace("#", "*")
+    return {path: "/".join(index.get(tuple(parts[:k + 1]), seg) for k, seg in enumerate(parts))
+            for path, parts in zip(paths, split)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -332,12 +364,14 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     prod = np.fromiter((v.producer for v in values), dtype=np.int64, count=len(values))
 
     # ---- layer groups: same role = same sizes, same input paths modulo layer index
+    layered = layer_paths([values[v].name for v in program.inputs], [values[v].shape for v in program.inputs],
+                          [str(values[v].dtype) for v in program.inputs])
     sigs: dict[Any, list[int]] = collections.defaultdict(list)
     nd_prims: dict[int, collections.Counter] = {}
     for nd in range(num_nd):
         if input_members[nd]:
             key = ("in", tuple(sorted(nd_sizes[nd])),
-                   tuple(sorted({(_LAYER_INDEX.sub("*", p), d) for p, d, _ in input_members[nd]})))
+                   tuple(sorted({(layered[p], d) for p, d, _ in input_members[nd]})))
             sigs[key].append(nd)
         else:
             nd_prims[nd] = collections.Counter()
@@ -357,7 +391,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     live_idx = np.flatnonzero(live)
     first_node[node_nd[live_idx][::-1]] = live_idx[::-1]
     labels = [_label(label_votes[nd], input_members[nd], int(first_node[nd]), values, prod,
-                     program, value_of_node, dim_of_node) for nd in range(num_nd)]
+                     program, value_of_node, dim_of_node, layered) for nd in range(num_nd)]
     max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
     groups: list[Group] = []
     seen_labels: collections.Counter[str] = collections.Counter()
@@ -457,14 +491,14 @@ def _path(edges, node_nd, nd: int, src: int, dst: int) -> tuple[int, ...]:
     return tuple(sorted(set(ops)))
 
 
-def _label(votes, inputs, first_node, values, prod, program, value_of_node, dim_of_node) -> str:
+def _label(votes, inputs, first_node, values, prod, program, value_of_node, dim_of_node, layered) -> str:
     """A readable label: the logical axis name most of its input bytes carry; else the
     largest input leaf and dim (``w1[1]``); else the primitive that first makes it."""
     if votes:
         return votes.most_common(1)[0][0]
     if inputs:
         path, d, _ = max(inputs, key=lambda t: t[2])
-        leaf = _LAYER_INDEX.sub("*", path).split("/")
+        leaf = layered[path].split("/")
         return f"{'/'.join(leaf[-2:])}[{d}]"
     vid = int(value_of_node[first_node])
     p = int(prod[vid])

@@ -184,3 +184,43 @@ def test_axis_names_match_the_args_structure_with_empty_containers():
     with pytest.warns(UserWarning, match=r"params/w \(rank 2\)"):
         labels = {g.label for g in analyze(step, *args, axis_names=bad).analysis.groups}
     assert "batch" in labels
+
+
+def _keyed_layers(tree, spell):
+    """Every list held under "layers" as a dict keyed by spell(i) (layer_3, h.3, blocks[3])."""
+    if isinstance(tree, dict):
+        return {k: ({spell(i): _keyed_layers(x, spell) for i, x in enumerate(v)} if k == "layers" and
+                    isinstance(v, list) else _keyed_layers(v, spell)) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_keyed_layers(x, spell) for x in tree)
+    return tree
+
+
+def _listed_layers(tree):
+    if isinstance(tree, dict):
+        return {k: ([_listed_layers(x) for x in v.values()] if k == "layers" and isinstance(v, dict)
+                    else _listed_layers(v)) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_listed_layers(x) for x in tree)
+    return tree
+
+
+@pytest.mark.parametrize("spell", [lambda i: f"layer_{i}", lambda i: f"layers_{i}",
+                                   lambda i: f"transformer_layer_{i}", lambda i: f"h.{i}",
+                                   lambda i: f"blocks[{i}]"],
+                         ids=["layer_3", "layers_3", "transformer_layer_3", "h.3", "blocks[3]"])
+def test_layer_stacks_group_however_their_index_is_spelled(spell):
+    """Layers keyed layer_0, h.0, blocks[0], ... (gemma, keras-hub, haiku spellings) form
+    one stack as a list does: the decision groups do not grow with depth."""
+    from partex import analyze, demo_models
+
+    groups = []
+    for layers in (2, 4):
+        m = demo_models.build("transformer", "tiny", {"layers": layers})
+        fn = m.fn
+        args = _keyed_layers(tuple(m.args), spell)
+        assert any(spell(1) in k for k in args[0]["layers"])
+        step = lambda *a, fn=fn: _keyed_layers(fn(*_listed_layers(a)), spell)  # noqa: E731
+        groups.append(len(analyze(step, *args).analysis.decision_groups))
+    listed = len(analyze_model("transformer").analysis.decision_groups)
+    assert groups == [listed, listed] == [9, 9]
