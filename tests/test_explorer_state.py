@@ -51,3 +51,39 @@ def test_session_names_never_leave_the_sessions_folder(tmp_path):
     for bad in ("../x", "/etc/passwd", "a/b", "..", ".hidden", ""):
         with pytest.raises(partex.PartexError, match="session name"):
             st.session_path(bad)
+
+
+def _settle(st: ExplorerState, until, what: str, timeout: float = 120.0):
+    def check():
+        st.poll()
+        return until()
+    return wait_for(check, timeout=timeout, what=what)
+
+
+def test_verify_in_the_explorer_marks_a_plan_over_budget_and_the_best_moves_on(tmp_path):
+    """The explorer's Verify does what Session.verify and the CLI's --verify do: the
+    search's best plan, which XLA puts over the budget, is marked infeasible in the search
+    (in its own process) and the page's best becomes another plan."""
+    import math
+
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.step_size = 100
+        st.step()
+        _settle(st, lambda: st.best is not None and st.stats.get("simulations", 0) >= 100, "a plan")
+        budget = math.ceil(st.best.report.memory.peak)  # that plan, exactly at the budget
+        st.budget_text = str(budget)
+        _settle(st, lambda: st.phase == "ready" and st.config.hw.budget == budget and not st.busy, "the new budget")
+        st.step()
+        _settle(st, lambda: st.best is not None and st.stats.get("simulations", 0) >= 100, "a plan under it")
+        best = st.best
+        st.shown_plan = "search"
+        st.verify()
+        _settle(st, lambda: st.verify_status.startswith(("done", "failed")), "XLA's verdict")
+        out = st.verify_result
+        assert out is not None and out["memory"]["xla"] > budget and not out["fits"], (st.message, out)
+        assert "marked infeasible" in st.message, st.message
+        _settle(st, lambda: st.best is None or st.best.decisions != best.decisions, "the best to move on")
+    finally:
+        st.close()
