@@ -58,3 +58,55 @@ def test_predictions_match_xla(tmp_path, model, mesh_text):
     assert [r["strategy"] for r in rows] == list(STRATEGIES)
     problems = [p for r in rows for p in _check(r)]
     assert problems == []
+
+
+def _key_bias_attention():
+    """Attention with a key bias, trained with Adam: the bias's gradient is exactly zero
+    (softmax ignores a shift), so its Adam moments hold rounding noise (~1e-13, ~1e-26)."""
+    import jax
+    import jax.numpy as jnp
+
+    from partex.demo_models._common import adam_init, adam_update
+
+    def loss_fn(p, batch):
+        x = batch["x"]
+        q, k, v = x @ p["wq"], x @ p["wk"] + p["bk"], x @ p["wv"]
+        h = jax.nn.softmax(jnp.einsum("btd,bsd->bts", q, k) / 4.0, axis=-1) @ v
+        return jnp.mean((jnp.tanh(h @ p["wo"]) - batch["y"]) ** 2)
+
+    def step(params, opt, batch):
+        loss, g = jax.value_and_grad(loss_fn)(params, batch)
+        params, opt = adam_update(params, g, opt, 1e-3)
+        return params, opt, loss
+
+    ks = jax.random.split(jax.random.key(0), 7)
+    params = {n: jax.random.normal(ks[i], (64, 64)) / 8 for i, n in enumerate(["wq", "wk", "wv", "wo"])}
+    params["bk"] = jax.random.normal(ks[4], (64,)) / 8
+    batch = {"x": jax.random.normal(ks[5], (16, 32, 64)), "y": jax.random.normal(ks[6], (16, 32, 64))}
+    return step, (params, adam_init(params), batch)
+
+
+def test_numerics_do_not_cry_wolf_on_noise_and_still_catch_a_misplaced_shard():
+    import jax
+    import numpy as np
+
+    import partex
+    from partex._verify import compare_outputs
+
+    step, args = _key_bias_attention()
+    plan = partex.Session(step, args, mesh="data=4,model=2").plan(strategy="megatron")
+    out = partex.verify(plan, step, args, run=True)
+    assert out["numerics"]["ok"], out["numerics"]  # a correct plan passes ...
+    expected = jax.jit(step)(*args)
+    got = plan.apply(step)(*jax.tree.map(np.array, args))
+    paths = [f"out/{i}/{'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)}"
+             for i, tree in enumerate(expected) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    ref_l, got_l = jax.tree.leaves(expected), [np.asarray(x) for x in jax.tree.leaves(got)]
+    # ... though relative to themselves its bias's Adam moments differ wholesale (the false alarm)
+    assert not compare_outputs(paths, ref_l, got_l, floor=0.0)["ok"]
+    # a shard in the wrong place: the two halves of the new wq's columns swapped
+    wrong = list(got_l)
+    i = paths.index("out/0/wq")
+    wrong[i] = np.concatenate([got_l[i][:, 32:], got_l[i][:, :32]], axis=1)
+    caught = compare_outputs(paths, ref_l, wrong)
+    assert not caught["ok"] and caught["worst_output"] == "out/0/wq", caught
