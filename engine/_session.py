@@ -429,7 +429,8 @@ class Session:
         st = self.stats()
         row("mcts", best.decisions if best else (), best.report if best else None,
             best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
-            smallest_memory=st["smallest_memory"], xla_memory_bytes=xla)
+            smallest_memory=st["smallest_memory"], xla_memory_bytes=xla,
+            memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
         return rows
 
     # ------------------------------------------------------------------ files

@@ -369,7 +369,8 @@ def cmd_search(args) -> int:
         print(json.dumps({"out": args.out, "state": state_path, "interrupted": interrupted,
                           "step_time_s": r.step_time, "mfu": r.mfu, "memory_bytes": r.memory.peak,
                           "fits": r.fits, "search_s": best.seconds, "simulations": st["simulations"],
-                          "xla_memory_bytes": xla, "decisions": [d.to_json() for d in plan.decisions]}))
+                          "xla_memory_bytes": xla, "memory_ratio": r.memory.peak / xla if xla else None,
+                          "decisions": [d.to_json() for d in plan.decisions]}))
         return 0
     print(f"{'interrupted: ' if interrupted else ''}best plan after {st['simulations']} simulations "
           f"({st['seconds']:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
@@ -377,7 +378,8 @@ def cmd_search(args) -> int:
     print("decisions: " + (", ".join(f"{d.group}->{d.axis}{' (pinned)' if d.pinned else ''}"
                                       for d in plan.decisions) or "none (replicated)"))
     if xla is not None:
-        print(f"XLA (compile-only, {s.mesh.size} simulated devices): {format_bytes(xla)} per device")
+        print(f"XLA (compile-only, {s.mesh.size} simulated devices): {format_bytes(xla)} per device "
+              f"(predicted / XLA {r.memory.peak / xla:.2f})")
     print(f"wrote {args.out} and the resumable session {state_path}")
     return 0
 
@@ -415,6 +417,9 @@ def cmd_bench(args) -> int:
     mc = rows[-1]
     if mc["fits"] and hand:
         print(f"mcts / best hand plan: {mc['step_time_s'] / min(hand):.3f}x")
+    if mc.get("xla_memory_bytes"):
+        print(f"mcts plan per XLA (compile-only): {format_bytes(mc['xla_memory_bytes'])} per device, "
+              f"predicted / XLA {mc['memory_ratio']:.2f}")
     return 0
 
 

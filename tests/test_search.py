@@ -257,3 +257,12 @@ def test_cli_resume_of_a_foreign_file_is_one_line(tmp_path, capsys):
     code = main(["search", "transformer", "--resume", str(bad), "--out", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert code == 2 and "is not a partex session" in err and err.count("\n") == 1, err
+
+
+def test_cli_bench_verify_reports_the_mcts_plans_memory_per_xla(capsys):
+    assert main(["bench", "transformer", "--mesh", "data=4,model=2", "--memory", "3MiB", "--simulations", "50",
+                 "--ilp-time", "5", "--verify", "--json"]) == 0
+    mcts = json.loads(capsys.readouterr().out)["rows"][-1]
+    assert mcts["strategy"] == "mcts" and mcts["xla_memory_bytes"] <= parse_bytes("3MiB")
+    assert mcts["memory_ratio"] == pytest.approx(mcts["memory_bytes"] / mcts["xla_memory_bytes"])
+    assert 0.7 < mcts["memory_ratio"] < 1.3
