@@ -322,16 +322,9 @@ def constraint_specs(cm, decisions):
 
 def resolve_decisions(plan: Plan, an) -> list[tuple[int, str]]:
     """Plan decisions -> (group id, axis), found by anchor first, then by label."""
-    by_path = dict(zip(an.program.input_paths, an.program.inputs))
     out = []
     for d in plan.decisions:
-        gid = None
-        if d.anchor and ":" in d.anchor:
-            path, dim = d.anchor.rsplit(":", 1)
-            vid = by_path.get(path)
-            if vid is not None and dim.isdigit() and int(dim) < len(an.program.values[vid].shape):
-                g = an.group_of(vid, int(dim))
-                gid = g if g >= 0 else None
+        gid = group_at(an, d.anchor) if d.anchor else None
         if gid is None:
             g = an.group_by_label(d.group)
             if g is None:
@@ -340,6 +333,16 @@ def resolve_decisions(plan: Plan, an) -> list[tuple[int, str]]:
             gid = g.id
         out.append((gid, d.axis))
     return out
+
+
+def group_at(an, anchor: str) -> int | None:
+    """The group of an anchor "input/path:dim" (an input leaf and a dim of it), or None."""
+    path, sep, dim = anchor.rpartition(":")
+    vid = dict(zip(an.program.input_paths, an.program.inputs)).get(path) if sep else None
+    if vid is None or not dim.isdigit() or int(dim) >= len(an.program.values[vid].shape):
+        return None
+    g = an.group_of(vid, int(dim))
+    return g if g >= 0 else None
 
 
 def group_anchor(an, gid: int) -> str | None:

@@ -35,7 +35,9 @@ from ._cost import CostModel, CostReport
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._plan import Plan, _hardware_from_json, check_signature, make_plan, resolve_decisions, signature_of
+from ._plan import (
+    Plan, _hardware_from_json, check_signature, group_at, make_plan, resolve_decisions, signature_of,
+)
 from ._search import Search, SearchResult
 from ._strategies import baseline_names, strategy_decisions
 
@@ -200,14 +202,9 @@ class Session:
             g = an.group_by_label(ref)
             if g is not None:
                 return g
-            if ":" in ref:
-                path, _, dim = ref.rpartition(":")
-                by_path = dict(zip(self.program.input_paths, self.program.inputs))
-                vid = by_path.get(path)
-                if vid is not None and dim.isdigit() and int(dim) < len(self.program.values[vid].shape):
-                    gid = an.group_of(vid, int(dim))
-                    if gid >= 0:
-                        return an.groups[gid]
+            gid = group_at(an, ref)
+            if gid is not None:
+                return an.groups[gid]
             raise PartexError(f"unknown dimension {ref!r}; known: {', '.join(g.label for g in self.groups)} "
                               "(or name an input leaf and dim, e.g. params/w1:1)")
         raise PartexError(f"a dimension is a group id, a label or 'path:dim', got {type(ref).__name__}")
