@@ -1,5 +1,10 @@
 # partex — two commands on a fresh machine: `make serve` and `make test`.
-PYTHON ?= python3
+# JAX >= 0.11 needs Python >= 3.12: take the first such interpreter on the machine
+# (PATH first, then pyenv's versions); `make PYTHON=...` overrides.
+PYTHON ?= $(firstword $(foreach p,python3.12 python3.13 python3 \
+            $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3) \
+            $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3),\
+            $(if $(shell $(p) -c 'import sys; print(sys.version_info >= (3, 12))' 2>/dev/null | grep True),$(p))))
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
@@ -7,6 +12,8 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: install serve test chromium analyze clean
 
 $(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "make: partex's tests need Python >= 3.12 (JAX >= 0.11); none found on PATH or in ~/.pyenv/versions; pass PYTHON=/path/to/python3.12" >&2; exit 2; }
+	@$(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -28,3 +35,6 @@ test: install chromium
 
 clean:
 	rm -rf $(VENV) .jax_cache
+
+which-python:
+	@echo $(PYTHON)

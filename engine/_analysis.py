@@ -131,6 +131,23 @@ class Analysis:
     seconds: float
     edges: tuple[np.ndarray, np.ndarray, np.ndarray] = dataclasses.field(repr=False, default=None)
     _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
+    _user: Any = dataclasses.field(repr=False, compare=False, default=None)
+
+    def user_shardings(self):
+        """The step's own shardings (``_constraints.UserSharding``: with_sharding_constraint,
+        reshard, a called jit's in/out shardings), in program order, read once."""
+        if self._user is None:
+            from ._constraints import user_shardings
+
+            self._user = user_shardings(self.program)
+        return self._user
+
+    def fixed(self, mesh):
+        """What the user's shardings fix on ``mesh`` (``_constraints.Fixed``); PartexError
+        if one names a mesh axis the plan's mesh lacks."""
+        from ._constraints import fixed_decisions
+
+        return fixed_decisions(self.user_shardings(), self.group_of, mesh)
 
     def roles(self):
         """The inputs' and groups' roles from the program's structure (``_roles.Roles``),
@@ -178,6 +195,7 @@ class Analysis:
             "named_dims": len(self.named_dims),
             "groups": len(self.decision_groups),
             "conflicts": len(self.conflicts),
+            "user_shardings": len(self.user_shardings()),
             "unknown_primitives": dict(sorted(self.unknown_primitives.items())),
             "seconds": round(self.seconds, 3),
         }
@@ -196,6 +214,12 @@ class Analysis:
             for g in self.groups
         ]
         out["conflict_list"] = [self.describe_conflict(c) for c in self.conflicts]
+        out["user_sharding_list"] = [
+            {**us.to_json(), "groups": [None if self.group_of(us.value, d) == NO_DIM
+                                        else self.groups[self.group_of(us.value, d)].label
+                                        for d in range(len(us.spec))]}
+            for us in self.user_shardings()
+        ]
         out["cooccur"] = [
             {"groups": [self.groups[a].label, self.groups[b].label], "bytes": n}
             for (a, b), n in sorted(self.cooccur.items(), key=lambda kv: -kv[1])

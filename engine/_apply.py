@@ -26,7 +26,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._errors import PartexError
-from ._program import Program
+from ._program import ClosedJaxpr, Program, scan_counts
 
 __all__ = ["constrained_function"]
 
@@ -49,6 +49,7 @@ def constrained_function(
     mesh: jax.sharding.Mesh,
     value_specs: Mapping[int, PartitionSpec],
     operand_specs: Mapping[tuple[int, int], PartitionSpec] = {},
+    user_specs: Mapping[int, PartitionSpec | None] | None = None,
 ) -> Callable:
     """A function equivalent to the traced one, with sharding constraints inserted.
 
@@ -59,18 +60,27 @@ def constrained_function(
     branch body, ``(<kind>_enter, i)`` constrains the operand entering the loop and
     ``(<kind>_exit, i)`` the body output ``i`` before it is carried / stacked / returned.
 
+    The step's own ``with_sharding_constraint`` / ``reshard`` ops are rebound on ``mesh``:
+    ``user_specs[op]`` is the spec each gets (None: dropped, the plan places the value); by
+    default the user's spec as it is (its mesh must then be ``mesh``'s).
+
     The result takes and returns the same pytrees as the traced function. It is not jitted:
     wrap it in ``jax.jit(..., in_shardings=..., out_shardings=..., donate_argnums=...)``.
     """
-    return _Interpreter(program, mesh, value_specs, operand_specs).function()
+    return _Interpreter(program, mesh, value_specs, operand_specs, user_specs).function()
+
+
+# The step's own sharding ops (see _constraints): rebound on the plan's mesh, or dropped.
+_USER_SHARDING = {"sharding_constraint", "reshard"}
 
 
 class _Interpreter:
-    def __init__(self, program, mesh, value_specs, operand_specs):
+    def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None):
         self.program = program
         self.mesh = mesh
         self.value_specs = dict(value_specs)
         self.operand_specs = dict(operand_specs)
+        self.user_specs = None if user_specs is None else dict(user_specs)
         self.var_ids = program.var_ids
         self.eqn_ops = program.eqn_ops
         self._shardings: dict[Any, NamedSharding] = {}
@@ -110,6 +120,13 @@ class _Interpreter:
         except Exception as e:  # a constraint partex made and JAX refused: partex's bug, keep it whole
             e.add_note(f"partex: while constraining {what} (shape {tuple(jax.numpy.shape(x))}) to {spec}")
             raise
+
+    def _user_constrain(self, x, spec: PartitionSpec, op_id: int):
+        try:
+            return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+        except Exception as e:
+            raise PartexError(f"{self.program.ops[op_id].source}: the step's own sharding {spec} cannot be "
+                              f"applied on the plan's mesh: {type(e).__name__}: {e}") from e
 
     def constrain_var(self, var, x):
         vid = self.var_ids.get(id(var))
@@ -176,6 +193,11 @@ class _Interpreter:
     def bind(self, eqn, op_id, invals) -> list:
         if op_id is not None:
             invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
+        if self.user_specs is not None and eqn.primitive.name in _USER_SHARDING and op_id in self.user_specs:
+            spec = self.user_specs[op_id]
+            if spec is None:
+                return list(invals)
+            return [self._user_constrain(invals[0], spec, op_id)]
         params = eqn.primitive.get_bind_params(eqn.params)
         if isinstance(params, tuple):  # older JAX: (subfuns, params)
             subfuns, params = params
@@ -186,14 +208,14 @@ class _Interpreter:
 
     def inline(self, eqn, invals) -> list:
         inner = _called_jaxpr(eqn)
-        if isinstance(inner, jcore.ClosedJaxpr):
+        if isinstance(inner, ClosedJaxpr):
             return self.eval(inner.jaxpr, inner.consts, invals, constrain_invars=False)
         return self.eval(inner, (), invals, constrain_invars=False)
 
     def remat(self, eqn, invals) -> list:
         """Re-trace the checkpointed body with its constraints; bind ``checkpoint`` again."""
         inner = eqn.params["jaxpr"]
-        if isinstance(inner, jcore.ClosedJaxpr):
+        if isinstance(inner, ClosedJaxpr):
             inner, inner_consts = inner.jaxpr, inner.consts
         else:
             inner_consts = ()
@@ -216,7 +238,7 @@ class _Interpreter:
 
     def scan(self, eqn, enter_id, invals) -> list:
         p = eqn.params
-        nc, ncarry = p["num_consts"], p["num_carry"]
+        nc, ncarry = scan_counts(p)
         body = p["jaxpr"]
         consts = invals[:nc]
         # scan_enter's operands are carry + xs (the consts alias the outer values)
@@ -287,7 +309,7 @@ def _called_jaxpr(eqn):
         return eqn.params.get(key)
     for k in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         j = eqn.params.get(k)
-        if isinstance(j, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+        if isinstance(j, (ClosedJaxpr, jcore.Jaxpr)):
             return j
     return None
 

@@ -28,6 +28,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ._analysis import NO_DIM, Analysis
+from ._constraints import NONE as NO_FIXED
+from ._constraints import check_mode
 from ._mesh import Hardware, MeshSpec
 from ._program import NO_PRODUCER
 from ._rules import FactorKind, PSEUDO_OPS, factor_rules, op_flops, pointwise_rule
@@ -189,12 +191,16 @@ class CostModel:
     """Scores plans for one analysed program on one mesh and hardware."""
 
     def __init__(self, analysis: Analysis, mesh: MeshSpec, hardware: Hardware,
-                 donate: Iterable[int] | None = None, lowering: str = "tpu"):
+                 donate: Iterable[int] | None = None, lowering: str = "tpu", user_shardings: str = "keep"):
         """lowering: "tpu" (TPU and GPU: real reduce-scatters) or "cpu" (XLA:CPU lowers a
         reduce-scatter to an all-reduce of the whole partial result and a local slice, which
-        takes a second full-size buffer; used to compare with XLA on simulated devices)."""
+        takes a second full-size buffer; used to compare with XLA on simulated devices).
+        user_shardings: "keep" (the step's own sharding constraints are fixed decisions ahead
+        of every plan's, as XLA honours them; see _constraints) or "replace"."""
         if lowering not in ("tpu", "cpu"):
             raise ValueError(f"lowering must be 'tpu' or 'cpu', got {lowering!r}")
+        self.user_shardings = check_mode(user_shardings)
+        self.fixed = analysis.fixed(mesh) if user_shardings == "keep" else NO_FIXED
         self.lowering = lowering
         self.analysis = analysis
         self.mesh = mesh
@@ -407,6 +413,9 @@ class CostModel:
 
     # ------------------------------------------------------------------ shardings
     def _decisions(self, decisions: Sequence[Decision]) -> list[tuple[int, str, int]]:
+        fixed = self.fixed
+        if fixed.groups:  # the user's shardings first; a plan cannot move a group they fix
+            decisions = [*fixed.decisions, *(d for d in decisions if int(d[0]) not in fixed.groups)]
         return [(int(g), a, self.axis_size[a]) for g, a in decisions]
 
     def sig_spec(self, sig: int, dec: Sequence[tuple[int, str, int]]) -> list[list[str]]:

@@ -50,6 +50,10 @@ class Plan:
     predicted: dict = dataclasses.field(default_factory=dict)
     model: dict = dataclasses.field(default_factory=dict)
     strategy: str | None = None
+    # the step's own sharding constraints: "keep" (fixed decisions ahead of the plan's) or
+    # "replace" (the plan places those values); ``fixed`` lists what they fix, for reading
+    user_shardings: str = "keep"
+    fixed: tuple[dict, ...] = ()
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
@@ -67,6 +71,7 @@ class Plan:
             "outputs": self.outputs,
             "signature": self.signature,
             "predicted": self.predicted,
+            "user_shardings": {"mode": self.user_shardings, "fixed": list(self.fixed)},
         }
 
     def dumps(self) -> str:
@@ -125,8 +130,12 @@ class Plan:
         donate = d.get("donate", [])
         if not isinstance(donate, list) or not all(isinstance(i, int) and i >= 0 for i in donate):
             raise PartexError(f"{where}: donate must be a list of argument indices")
+        us = d.get("user_shardings") or {}
+        if not isinstance(us, dict) or us.get("mode", "keep") not in ("keep", "replace"):
+            raise PartexError(f"{where}: user_shardings must be {{\"mode\": \"keep\" or \"replace\", ...}}")
         return cls(mesh, hw, tuple(decisions), dict(d["inputs"]), dict(d["outputs"]), sig,
-                   tuple(donate), d.get("predicted") or {}, d.get("model") or {}, d.get("strategy"))
+                   tuple(donate), d.get("predicted") or {}, d.get("model") or {}, d.get("strategy"),
+                   us.get("mode", "keep"), tuple(us.get("fixed") or ()))
 
     # ------------------------------------------------------------------ apply
     def apply(self, fn: Callable, mesh=None, axis_names=None, constrain: bool = True) -> "PlannedFunction":
@@ -262,12 +271,13 @@ class PlannedFunction:
         check_divisible(self.plan, program)
         an = analyze(program, axis_names_by_value(program, self.axis_names))
         decisions = resolve_decisions(self.plan, an)
-        cm = CostModel(an, self.plan.mesh, self.plan.hardware, donate=self.plan.donate)
+        cm = CostModel(an, self.plan.mesh, self.plan.hardware, donate=self.plan.donate,
+                       user_shardings=self.plan.user_shardings)
         check_consistent(self.plan, program, cm, decisions)
         value_specs, operand_specs = constraint_specs(cm, decisions) if self.constrain else ({}, {})
         self.num_constraints = (len(value_specs), len(operand_specs))
         self.program = program
-        body = constrained_function(program, mesh, value_specs, operand_specs)
+        body = constrained_function(program, mesh, value_specs, operand_specs, user_specs(cm))
         in_sh = [NamedSharding(mesh, spec_from_json(self.plan.inputs.get(p, []))) for p in program.input_paths]
         out_sh = [NamedSharding(mesh, spec_from_json(self.plan.outputs.get(p, []))) for p in program.output_paths]
         in_tree = jax.tree_util.tree_unflatten(program.in_tree, in_sh)
@@ -374,8 +384,27 @@ def default_donate(program) -> tuple[int, ...]:
     return tuple(donate)
 
 
+def user_specs(cm) -> dict:
+    """The PartitionSpec apply gives each of the step's own sharding constraints (by op):
+    the user's on the plan's mesh when kept, the plan's sharding of that value when replaced."""
+    from ._constraints import plan_spec
+
+    keep = cm.user_shardings == "keep"
+    # replaced: no constraint of the user's; the plan's own constraint on the value places it
+    return {us.op: plan_spec(us) if keep else None for us in cm.analysis.user_shardings() if us.op >= 0}
+
+
+def fixed_json(cm) -> tuple[dict, ...]:
+    """The decisions the step's own shardings fix, for the plan file and the views."""
+    an = cm.analysis
+    return tuple({"group": an.groups[g].label, "axis": a, "source": cm.fixed.by_group[g].source,
+                  "kind": cm.fixed.by_group[g].kind} for g, a in cm.fixed.decisions) + tuple(
+        {"group": an.groups[g].label, "axis": None, "source": us.source, "kind": us.kind}
+        for g, us in cm.fixed.by_group.items() if not any(d[0] == g for d in cm.fixed.decisions))
+
+
 def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, strategy=None,
-              pinned=(), donate=None, cost_model=None) -> Plan:
+              pinned=(), donate=None, cost_model=None, user_shardings: str = "keep") -> Plan:
     """Build a Plan from decisions [(group id, axis)] on an analysed model."""
     from ._cost import CostModel
 
@@ -383,7 +412,8 @@ def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, 
     an = model_analysis.analysis
     if donate is None:
         donate = default_donate(program)
-    cm = cost_model or CostModel(an, mesh, hardware, donate=donate)
+    cm = cost_model or CostModel(an, mesh, hardware, donate=donate, user_shardings=user_shardings)
+    decisions = [d for d in decisions if int(d[0]) not in cm.fixed.groups]
     specs = cm.value_specs(decisions)
     report = cm.evaluate(decisions, detail=True)
     pinned = set(pinned)
@@ -400,4 +430,6 @@ def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, 
         predicted=report.to_json(),
         model={"name": m.name, "preset": m.preset},
         strategy=strategy,
+        user_shardings=cm.user_shardings,
+        fixed=fixed_json(cm),
     )

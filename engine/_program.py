@@ -33,6 +33,20 @@ NO_PRODUCER = -1
 # The top-level region: ops not inside any loop or branch.
 TOP_REGION = 0
 
+# JAX 0.11 merged ``ClosedJaxpr`` into ``Jaxpr`` (a Jaxpr carries its consts, ``.jaxpr`` is
+# itself, and ``Jaxpr(jaxpr, consts)`` still builds one): one name for both releases.
+ClosedJaxpr = getattr(jcore, "ClosedJaxpr", jcore.Jaxpr)
+
+
+def scan_counts(params: dict) -> tuple[int, int]:
+    """(number of consts, number of carries) of a ``scan`` eqn: JAX <= 0.10 gives them as
+    ``num_consts``/``num_carry``; 0.11+ as the groups (consts, carry, xs) of ``ft_in``."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))
+
+
 # Primitives whose called jaxpr is inlined (outer operands <-> inner invars).
 _INLINE_PARAM = {
     "jit": "jaxpr",
@@ -108,6 +122,10 @@ class Program:
     # id(jaxpr eqn) -> the op it became (for scan/while/cond: the ``_enter`` pseudo-op;
     # the region's ``exit`` gives the other end). Inlined call eqns have no entry.
     eqn_ops: dict[int, OpId] = dataclasses.field(default_factory=dict)
+    # The user's own shardings inside the step, in program order: (value, sharding, source,
+    # kind, op) for ``with_sharding_constraint`` / ``reshard`` (op: the constraint op) and
+    # the ``in_shardings`` / ``out_shardings`` of a ``jit`` called inside (op: -1).
+    user_shardings: list[tuple[ValueId, Any, str, str, OpId]] = dataclasses.field(default_factory=list)
 
     @property
     def num_ops(self) -> int:
@@ -211,14 +229,14 @@ def unshare(closed):
     seen: set[int] = set()
 
     def fresh_closed(cj):
-        return jcore.ClosedJaxpr(fresh(cj.jaxpr), cj.consts)
+        return ClosedJaxpr(fresh(cj.jaxpr), cj.consts)
 
     def param(p):
-        if isinstance(p, jcore.ClosedJaxpr):
+        if isinstance(p, ClosedJaxpr):
             return fresh_closed(p)
         if isinstance(p, jcore.Jaxpr):
             return fresh(p)
-        if isinstance(p, tuple) and any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in p):
+        if isinstance(p, tuple) and any(isinstance(x, (ClosedJaxpr, jcore.Jaxpr)) for x in p):
             return tuple(param(x) for x in p)
         return p
 
@@ -257,7 +275,7 @@ def dce(closed):
     jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     if len(jaxpr.constvars) != len(closed.jaxpr.constvars):
         return closed
-    return jcore.ClosedJaxpr(jaxpr, closed.consts)
+    return ClosedJaxpr(jaxpr, closed.consts)
 
 
 class _Tracer:
@@ -270,6 +288,7 @@ class _Tracer:
         self.constants: dict[ValueId, Any] = {}
         self._summaries: dict[Any, str] = {}
         self.eqn_ops: dict[int, OpId] = {}
+        self.user_shardings: list[tuple[ValueId, Any, str, str, OpId]] = []
 
     # ---- values
     def new_value(self, aval, producer: OpId = NO_PRODUCER, name: str | None = None) -> ValueId:
@@ -343,7 +362,7 @@ class _Tracer:
         return Program(
             self.values, self.ops, self.regions, inputs, outputs, list(in_paths),
             list(out_paths), in_tree, out_tree, self.closed, self.var_ids, self.constants,
-            self.eqn_ops,
+            self.eqn_ops, self.user_shardings,
         )
 
     def walk(self, jaxpr, region: int, trip: int) -> None:
@@ -361,10 +380,13 @@ class _Tracer:
                     self.source(eqn), region, trip, eqn.outvars,
                 )
                 self.eqn_ops[id(eqn)] = op.id
+                sharding = eqn.params.get(_USER_SHARDING_PARAM.get(name, ""))
+                if sharding is not None:
+                    self.user_shardings.append((op.outputs[0], sharding, op.source, name, op.id))
 
     def inline(self, eqn, region: int, trip: int) -> None:
         inner = _called_jaxpr(eqn)
-        if isinstance(inner, jcore.ClosedJaxpr):
+        if isinstance(inner, ClosedJaxpr):
             self.bind_consts(inner)
             inner = inner.jaxpr
         for var, atom in zip(inner.invars, eqn.invars):
@@ -372,6 +394,11 @@ class _Tracer:
         self.walk(inner, region, trip)
         for outer, atom in zip(eqn.outvars, inner.outvars):
             self.bind(outer, self.read(atom))
+        # a jit called inside the step: its in/out shardings are the user's own too
+        for key, atoms in (("in_shardings", eqn.invars), ("out_shardings", eqn.outvars)):
+            for sharding, atom in zip(eqn.params.get(key, ()) or (), atoms):
+                if _is_sharding(sharding) and not isinstance(atom, (jcore.Literal, jcore.DropVar)):
+                    self.user_shardings.append((self.read(atom), sharding, self.source(eqn), f"jit {key}", -1))
 
     def new_region(self, kind: str, parent: int, trip: int) -> int:
         rid = len(self.regions)
@@ -380,6 +407,15 @@ class _Tracer:
 
     def close_region(self, rid: int, enter: OpId, exit_: OpId) -> None:
         self.regions[rid] = dataclasses.replace(self.regions[rid], enter=enter, exit=exit_)
+
+
+# Primitives that fix their result's sharding, and the param that holds it.
+_USER_SHARDING_PARAM = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
+
+
+def _is_sharding(x) -> bool:
+    """A real sharding (not jit's UNSPECIFIED / None / AUTO placeholders)."""
+    return isinstance(x, jax.sharding.Sharding)
 
 
 def _called_jaxpr(eqn):
@@ -397,7 +433,7 @@ def _called_jaxpr(eqn):
 def _scan(t: _Tracer, eqn, region: int, trip: int) -> None:
     p = eqn.params
     body = p["jaxpr"]
-    nc, ncarry, length = p["num_consts"], p["num_carry"], int(p["length"])
+    (nc, ncarry), length = scan_counts(p), int(p["length"])
     operands = [t.read(a) for a in eqn.invars]
     src = t.source(eqn)
     rid = t.new_region("scan", region, trip * length)

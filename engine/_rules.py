@@ -84,7 +84,8 @@ CONSERVATIVE = frozenset({
     "preduced", "psum", "psum_done", "psum_invariant", "psum_invariant_start", "psum_start",
     "ragged_all_to_all", "reduce_scatter", "reduce_scatter_done", "reduce_scatter_start",
     "unreduced_psum", "unreduced_psum_start", "unreduced_reduce_scatter",
-    "unreduced_reduce_scatter_start", "vary_unreduced_cast_p",
+    "unreduced_reduce_scatter_start", "vary_unreduced_cast_p", "vary_unreduced_cast",
+    "pbroadcast_dynamic", "unreduced_pmax", "unreduced_pmin",
     # tokens, effects, platform queries: scalars or no data
     "after_all", "create_token", "platform_index", "unreachable", "dce_sink",
     # data-dependent or irregular
@@ -127,15 +128,15 @@ defpointwise(
     "eq", "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "nextafter", "add_any",
     "shift_left", "shift_right_arithmetic", "shift_right_logical", "complex", "mulhi",
     "igamma", "igammac", "igamma_grad_a", "random_gamma_grad", "polygamma", "zeta",
-    "regularized_incomplete_beta", "eq_to", "le_to", "lt_to",
+    "regularized_incomplete_beta", "eq_to", "le_to", "lt_to", "polynomial",
     # unary
-    "neg", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
+    "neg", "exp", "exp2", "log", "log1p", "log2", "one_minus_square", "expm1", "tanh", "logistic", "sin", "cos", "tan",
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
     "cbrt", "abs", "sign", "floor", "ceil", "round", "is_finite", "not", "erf", "erfc",
     "erf_inv", "lgamma", "digamma", "bessel_i0e", "bessel_i1e", "integer_pow", "square",
     "convert_element_type", "reduce_precision", "copy", "copy_p", "stop_gradient", "real",
     "imag", "conj", "population_count", "clz", "sharding_constraint", "reshard",
-    "layout_constraint", "random_clone", "name", "tie", "device_put_single",
+    "layout_constraint", "relayout", "random_clone", "name", "tie", "device_put_single",
 )
 
 

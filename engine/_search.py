@@ -64,7 +64,7 @@ class Search:
     def __init__(self, model, mesh: MeshSpec, hardware: Hardware, *, seed: int = 0,
                  exploration: float = 0.5, rollout_width: int = 4, polish_every: int = 32,
                  warm_start: bool = True, donate=None,
-                 cost_model: CostModel | None = None):
+                 cost_model: CostModel | None = None, user_shardings: str = "keep"):
         from ._plan import default_donate
 
         self.model = model
@@ -79,11 +79,14 @@ class Search:
         self._deadline: float | None = None  # run(): polishing stops at the budget
         self.stop_requested = False  # set by request_stop() (a signal handler): run() returns
         self.donate = tuple(default_donate(model.program) if donate is None else donate)
-        self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate)
+        self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate,
+                                          user_shardings=user_shardings)
         self.rng = np.random.default_rng(seed)
         # candidate actions: decidable groups x axes that divide some size of the group
         self.actions: list[Decision] = []
         for g in self.an.decision_groups:
+            if g.id in self.cm.fixed.groups:  # the user's own sharding fixes it
+                continue
             sizes = {s for nd in g.named_dims for s in self.an.named_dims[nd].sizes}
             for a, n in zip(mesh.axes, mesh.sizes):
                 if n > 1 and any(s % n == 0 for s in sizes):
@@ -305,7 +308,8 @@ class Search:
         if b is None:
             return None
         return make_plan(self.model, self.mesh, self.hw, list(b.decisions), strategy=strategy,
-                         pinned=self.pins, donate=self.donate, cost_model=self.cm)
+                         pinned=self.pins, donate=self.donate, cost_model=self.cm,
+                         user_shardings=self.cm.user_shardings)
 
     def label(self, decision: Decision) -> str:
         g, a = decision
@@ -351,6 +355,10 @@ class Search:
             if g is None:
                 raise PartexError(f"unknown dimension {group!r}; known: "
                                   f"{', '.join(x.label for x in self.an.decision_groups)}")
+        if g.id in self.cm.fixed.groups:
+            us = self.cm.fixed.by_group[g.id]
+            raise PartexError(f"dimension {g.label!r} is fixed by the step's own {us.kind} at {us.source}; "
+                              "use user_shardings='replace' (CLI: --user-shardings replace) to let partex place it")
         if not g.decidable:
             raise PartexError(f"dimension {g.label!r} is not shardable (a loop axis or too small)")
         d = (g.id, axis)

@@ -118,47 +118,54 @@ class Session:
     memory: per-device budget ('16GiB', bytes); default: the hardware's HBM.
     seed: the search's RNG seed: the same seed and simulations give the same plan.
     axis_names: optional logical axis names mirroring ``args`` (labels only).
+    user_shardings: "keep" (default): the step's own sharding constraints (with_sharding_
+      constraint, flax's logical constraints, reshard, a called jit's shardings) are fixed
+      decisions, as XLA honours them, shown as the user's own pins (``fixed``); "replace":
+      the plan places those values too, and apply re-places the constraints.
     warm_start: score the hand strategies first, as PartIR composes tactics with search.
     """
 
     def __init__(self, fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware = DEFAULT_HARDWARE,
                  memory: str | float | None = None, seed: int = 0, axis_names=None, warm_start: bool = True,
-                 name: str | None = None):
+                 name: str | None = None, user_shardings: str = "keep"):
         if not callable(fn):
             raise PartexError(f"Session needs a callable training step, got {type(fn).__name__}")
         if not isinstance(args, (tuple, list)):
             raise PartexError("Session(fn, args, ...): args must be a tuple of fn's example arguments")
         model = LoadedModel(name or getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names, "custom", None)
-        self._setup(analyze_loaded(model), None, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start)
+        self._setup(analyze_loaded(model), None, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start,
+                    user_shardings=user_shardings)
 
     @classmethod
     def from_spec(cls, spec: str, *, preset: str = "tiny", overrides: Sequence[str] | Mapping | None = None,
                   mesh, hardware: str | Hardware = DEFAULT_HARDWARE, memory: str | float | None = None,
-                  seed: int = 0, warm_start: bool = True) -> "Session":
+                  seed: int = 0, warm_start: bool = True, user_shardings: str = "keep") -> "Session":
         """A session on a MODEL spec: a demo name (``transformer``) or ``module:attr`` /
         ``path/file.py:attr`` naming a callable that returns ``(fn, example_args)``."""
         ms = _model_spec(spec, preset, overrides)
         return cls.from_analysis(analyze_spec(ms), mesh=mesh, hardware=hardware, memory=memory, seed=seed,
-                                 warm_start=warm_start, spec=ms)
+                                 warm_start=warm_start, spec=ms, user_shardings=user_shardings)
 
     @classmethod
     def from_analysis(cls, model, *, mesh, hardware: str | Hardware = DEFAULT_HARDWARE,
                       memory: str | float | None = None, seed: int = 0, warm_start: bool = True,
-                      spec: ModelSpec | None = None) -> "Session":
+                      spec: ModelSpec | None = None, user_shardings: str = "keep") -> "Session":
         """A session on an already analysed model (a ModelAnalysis, e.g. from ``partex.analyze``)."""
         self = cls.__new__(cls)
-        self._setup(model, spec, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start)
+        self._setup(model, spec, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start,
+                    user_shardings=user_shardings)
         return self
 
     def _setup(self, model, spec: ModelSpec | None, mesh: MeshSpec, hw: Hardware, seed: int, warm_start: bool,
-               search: Search | None = None) -> None:
+               search: Search | None = None, user_shardings: str = "keep") -> None:
         self.model = model  # ModelAnalysis: .model (LoadedModel), .program, .analysis
         self.spec = spec
         self.mesh = mesh
         self.hardware = hw
         self.seed = int(seed)
         self.warm_start = bool(warm_start)
-        self._search = search or Search(model, mesh, hw, seed=self.seed, warm_start=self.warm_start)
+        self._search = search or Search(model, mesh, hw, seed=self.seed, warm_start=self.warm_start,
+                                        user_shardings=user_shardings)
         self._baselines: dict[str, Candidate] | None = None
 
     # ------------------------------------------------------------------ the analysis
@@ -178,6 +185,19 @@ class Session:
     @property
     def conflicts(self):
         return self.analysis.conflicts
+
+    @property
+    def user_shardings(self) -> str:
+        """"keep" or "replace" (see the class docstring)."""
+        return self.cost_model.user_shardings
+
+    @property
+    def fixed(self) -> list[dict]:
+        """The user's own pins: what the step's sharding constraints fix on this mesh
+        ({group, axis (None: unsharded), source, kind}); empty under "replace"."""
+        from ._plan import fixed_json
+
+        return list(fixed_json(self.cost_model))
 
     @property
     def cost_model(self) -> CostModel:
@@ -255,7 +275,8 @@ class Session:
         """A plan (e.g. uploaded) for this model, scored on its own mesh and hardware."""
         check_signature(plan, self.program)
         decisions = resolve_decisions(plan, self.analysis)
-        cm = CostModel(self.analysis, plan.mesh, plan.hardware, donate=plan.donate)
+        cm = CostModel(self.analysis, plan.mesh, plan.hardware, donate=plan.donate,
+                       user_shardings=plan.user_shardings)
         return Candidate(name, tuple(decisions), cm.evaluate(decisions, detail=True))
 
     # ------------------------------------------------------------------ the search
@@ -377,7 +398,8 @@ class Session:
         if (new_mesh, hw, new_seed) == (self.mesh, self.hardware, self.seed):
             return []
         pins, forbidden = self.pins, self.forbidden
-        self._setup(self.model, self.spec, new_mesh, hw, new_seed, self.warm_start)
+        self._setup(self.model, self.spec, new_mesh, hw, new_seed, self.warm_start,
+                    user_shardings=self.user_shardings)
         return self.apply_pins(pins, forbidden)
 
     def apply_pins(self, pins: Sequence[tuple[GroupRef, str]] = (),
@@ -449,6 +471,7 @@ class Session:
             "hardware": dataclasses.asdict(self.hardware),
             "seed": self.seed,
             "warm_start": self.warm_start,
+            "user_shardings": self.user_shardings,
             "pins": named(self._search.pins),
             "forbidden": named(sorted(self._search.forbidden)),
             "search": self._search.state(),
@@ -512,6 +535,7 @@ class Session:
             hw = _hardware_from_json(d["hardware"])
             seed = int(d["seed"])
             warm = bool(d.get("warm_start", True))
+            user = str(d.get("user_shardings", "keep"))
             state = d["search"]
             if not isinstance(state, dict):
                 raise TypeError("its search is not an object")
@@ -533,11 +557,11 @@ class Session:
             raise PartexError(f"{where} was saved for another model (its inputs' shapes differ from "
                               f"{spec.title if spec else 'this function'}'s): start a new session")
         try:
-            search = Search.from_state(model, mesh, hw, state)
+            search = Search.from_state(model, mesh, hw, state, user_shardings=user)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise PartexError(f"{where}: its search cannot be resumed ({type(e).__name__}: {e})") from None
         self = cls.__new__(cls)
-        self._setup(model, spec, mesh, hw, seed, warm, search)
+        self._setup(model, spec, mesh, hw, seed, warm, search, user_shardings=user)
         return self
 
 

@@ -129,7 +129,8 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     an = analyze(program, axis_names_by_value(program, model.axis_names))
     cpu = jax.devices()[0].platform == "cpu"
     # predicted as XLA lowers it here (XLA:CPU: reduce-scatter = all-reduce + slice)
-    cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, lowering="cpu" if cpu else "tpu")
+    cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, lowering="cpu" if cpu else "tpu",
+                   user_shardings=plan.user_shardings)
     report = cm.evaluate(resolve_decisions(plan, an), detail=True)
     pred_bytes = dict.fromkeys(KINDS, 0.0)
     for k, v in report.collective_bytes.items():

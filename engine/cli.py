@@ -39,6 +39,9 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--hardware",
                    help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, a100-40gb, h100-80gb, cpu")
     p.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the preset's HBM)")
+    p.add_argument("--user-shardings", choices=("keep", "replace"), default=None,
+                   help="the step's own sharding constraints: keep them as fixed decisions (default), or "
+                        "replace them with the plan's")
     for flag, what in (("--peak-flops", "peak FLOP/s per device"), ("--hbm-bandwidth", "HBM bytes/s"),
                        ("--link-bandwidth", "link bytes/s per mesh axis"), ("--link-latency", "seconds per collective step"),
                        ("--hbm", "HBM bytes per device")):
@@ -87,7 +90,8 @@ def _session(args):
     with _model_output():
         return Session.from_spec(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config),
                                  mesh=args.mesh, hardware=_hardware(args), seed=getattr(args, "seed", 0),
-                                 warm_start=not getattr(args, "cold", False))
+                                 warm_start=not getattr(args, "cold", False),
+                                 user_shardings=getattr(args, "user_shardings", None) or "keep")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,6 +188,10 @@ def cmd_analyze(args) -> int:
             d = an.describe_conflict(c)
             print(f"  [{d['group']}] {d['value']} {tuple(d['shape'])} dims {d['dims'][0]} and {d['dims'][1]}"
                   f" ({d['values']} tensors), made by {d['producer']} at {d['source']}")
+    if an.user_shardings():
+        print(f"\nthe step's own shardings ({len(an.user_shardings())}; kept as fixed decisions by default):")
+        for us in an.user_shardings()[: args.top]:
+            print(f"  {us.kind} {us.spec_text()} over mesh {us.mesh_text() or '-'} at {us.source}")
     if an.unknown_primitives:
         print("\nprimitives with no factor rule (treated conservatively): "
               + ", ".join(f"{k} x{v}" for k, v in sorted(an.unknown_primitives.items())))
@@ -310,6 +318,9 @@ def cmd_search(args) -> int:
                 or (args.config and sorted(_overrides(args.config)) != sorted(ms.overrides))):
             raise PartexError(f"{args.resume} is a session of {ms.title}, not of the model given here: "
                               f"run `partex search {ms.spec} --resume {args.resume}` without other model options")
+        if args.user_shardings and args.user_shardings != s.user_shardings:
+            raise PartexError(f"{args.resume} was searched with --user-shardings {s.user_shardings}: "
+                              "start a new search to change it")
         before = (s.mesh, s.hardware, s.seed)
         notes = s.reconfigure(mesh=args.mesh, hardware=_hardware(args, base=s.hardware), seed=args.seed)
         if (s.mesh, s.hardware, s.seed) != before:

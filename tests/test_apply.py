@@ -29,9 +29,17 @@ def assert_same(ref, got, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=rtol, atol=atol)
 
 
-# Sharded runs reduce in another order; Adam's first step (lr * g / (|g| + eps)) turns that
-# float noise on near-zero gradients into absolute noise far below lr (3e-3) on the params.
-SHARDED_ATOL = 3e-5
+def assert_same_sharded(ref, got):
+    """Sharded runs reduce in another order, and Adam's first step (lr * g / (|g| + eps))
+    turns that float noise on near-zero gradients into noise of up to ~lr on single params:
+    compare as ``verify --run`` does (each leaf at its output's scale, partex's numerics)."""
+    from partex._program import path_str
+    from partex._verify import compare_outputs
+
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(ref)
+    paths = [path_str("out", k) for k, _ in jax.tree_util.tree_leaves_with_path(ref)]
+    res = compare_outputs(paths, jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got))
+    assert res["ok"], res
 
 
 def sub_jaxprs(eqn):
@@ -101,7 +109,7 @@ def test_batch_constraints_reach_scan_bodies():
         if "while/body" in line and "sharding_constraint" in line
     ]
     assert body_constraints, "no sharding constraint reached the compiled while body"
-    assert_same(jax.jit(m.fn)(*m.args), jitted(*m.args), atol=SHARDED_ATOL)
+    assert_same_sharded(jax.jit(m.fn)(*m.args), jitted(*m.args))
 
 
 def gathered_shapes(hlo):
@@ -135,7 +143,7 @@ def test_zero3_weight_gathered_before_matmul():
     jitted = jax.jit(f)
     hlo = jitted.lower(*m.args).compile().as_text()
     assert full in gathered_shapes(hlo), "the ZeRO-3 weight was not all-gathered"
-    assert_same(jax.jit(m.fn)(*m.args), jitted(*m.args), atol=SHARDED_ATOL)
+    assert_same_sharded(jax.jit(m.fn)(*m.args), jitted(*m.args))
 
 
 def _cond_while_fn(x, w, flag):

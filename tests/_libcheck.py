@@ -1,0 +1,94 @@
+"""The checks every library model goes through (issue 10, item 8), shared by the
+``tests/test_lib_*.py`` files and ``scripts/library_table.py``.
+
+A library model module (``scripts/libmodels/<lib>.py``) gives ``make(layers=2, size="tiny")``
+returning ``(fn, args)`` or ``(fn, args, axis_names)``: the library's own modules at a tiny
+config with random init (``size="full"``: the real size as ShapeDtypeStructs).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import partex
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBMODELS = os.path.join(ROOT, "scripts", "libmodels")
+MESH = "data=4,model=2"
+
+
+def load(lib: str):
+    """scripts/libmodels/<lib>.py as a module."""
+    path = os.path.join(LIBMODELS, f"{lib}.py")
+    spec = importlib.util.spec_from_file_location(f"partex_libmodel_{lib}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def unpack(made) -> tuple[Any, tuple, Any]:
+    fn, args, *rest = made
+    return fn, tuple(args), (rest[0] if rest else None)
+
+
+def session(made, *, mesh: str = MESH, memory=None, hardware: str = "tpu-v4", seed: int = 0) -> partex.Session:
+    fn, args, names = unpack(made)
+    return partex.Session(fn, args, mesh=mesh, hardware=hardware, memory=memory, seed=seed, axis_names=names)
+
+
+def decision_groups(made) -> int:
+    fn, args, names = unpack(made)
+    return len(partex.analyze(fn, *args, axis_names=names).analysis.decision_groups())
+
+
+def sharded_groups(s: partex.Session, strategy: str) -> dict[str, str]:
+    """{group label: mesh axis} of the groups a hand strategy shards."""
+    return {s.groups[gid].label: axis for gid, axis in s.strategy(strategy)}
+
+
+def replicated_bytes(s: partex.Session) -> float:
+    """Per-device memory of the plan that shards nothing."""
+    return s.evaluate([]).memory.peak
+
+
+# --------------------------------------------------------------------------- the checks
+
+def check_depth_independent(mod, depths=(2, 4)) -> list[int]:
+    """Decision groups do not grow with depth: the layers are found as one stack."""
+    counts = [decision_groups(mod.make(layers=n)) for n in depths]
+    assert len(set(counts)) == 1, f"decision groups by depth {dict(zip(depths, counts))}"
+    return counts
+
+
+def check_hand_plans(mod) -> dict[str, dict[str, str]]:
+    """dp shards the batch over `data`; megatron also shards weights over `model` (found by
+    structure, with or without axis names); zero3 shards the state over `data`."""
+    s = session(mod.make())
+    plans = {name: sharded_groups(s, name) for name in ("dp", "megatron", "zero3")}
+    assert "data" in plans["dp"].values(), plans["dp"]
+    assert "model" in plans["megatron"].values(), plans["megatron"]
+    assert plans["megatron"] != plans["dp"]
+    assert len(plans["zero3"]) > len(plans["dp"]), plans["zero3"]
+    for name in plans:
+        assert s.evaluate(s.strategy(name)).memory.peak < replicated_bytes(s)
+    return plans
+
+
+def check_search_fits(mod, fraction: float = 0.5, simulations: int = 300) -> dict:
+    """A search under a budget that forces sharding (``fraction`` of the replicated plan's
+    memory) returns a plan that fits per the cost model and per XLA, and runs sharded with
+    the same numerics as unsharded."""
+    made = mod.make()
+    budget = fraction * replicated_bytes(session(made))
+    s = session(made, memory=budget)
+    s.step(simulations)
+    plan = s.best_plan()
+    assert plan is not None, f"no plan under {partex.format_bytes(budget)} (smallest {partex.format_bytes(s.smallest_memory)})"
+    assert plan.decisions, "the searched plan shards nothing under a budget that forces sharding"
+    out = s.verify(plan, run=True, mark=False)
+    assert out["fits"], (f"XLA puts the searched plan at {partex.format_bytes(out['memory']['xla'])} over the "
+                         f"{partex.format_bytes(budget)} budget (predicted {partex.format_bytes(out['memory']['predicted'])})")
+    assert out["numerics"]["ok"], out["numerics"]
+    return out
