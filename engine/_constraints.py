@@ -70,6 +70,8 @@ def user_shardings(program) -> list[UserSharding]:
     out = []
     for vid, sharding, source, kind, op in program.user_shardings:
         ndim = len(program.values[vid].shape)
+        if ndim == 0:  # a scalar's sharding fixes nothing (JAX reshards a grad's loss seed)
+            continue
         unconstrained = program.ops[op].params.get("unconstrained_dims", ()) if op >= 0 else ()
         spec, mesh = _read(sharding, ndim, source, kind)
         spec = tuple(None if d in unconstrained else e for d, e in enumerate(spec))

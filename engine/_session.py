@@ -367,6 +367,29 @@ class Session:
             out["marked_infeasible"] = True
         return out
 
+    def verify_all(self, plans: Sequence[Plan], *, timeout: float = 1800) -> list[dict]:
+        """Compile several plans with XLA (compile-only; a MODEL-spec session in one fresh
+        process) and return ``verify``'s dict for each. Marks nothing."""
+        if not plans:
+            return []
+        if self.spec is None:
+            return [self.verify(p, mark=False, timeout=timeout) for p in plans]
+        from ._verify import verify_many
+
+        paths = []
+        try:
+            for p in plans:
+                fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
+                os.close(fd)
+                paths.append(path)
+                p.save(path)
+            return verify_many(self.spec.spec, paths, preset=self.spec.preset,
+                               overrides=list(self.spec.overrides) or None, timeout=timeout)
+        finally:
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+
     def verified_best(self, tries: int = 5, on_reject: Callable[[SearchResult, dict], None] | None = None
                       ) -> tuple[SearchResult, dict]:
         """The best plan checked by XLA: while XLA puts it over the budget, it is marked
@@ -450,6 +473,13 @@ class Session:
             best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
             smallest_memory=st["smallest_memory"], xla_memory_bytes=xla,
             memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
+        if verify:  # every other row's plan too, compile-only, in one process
+            others = [r for r in rows if r["strategy"] != "mcts" and r["memory_bytes"] is not None]
+            outs = self.verify_all([self.plan(r["decisions"], strategy=r["strategy"]) for r in others])
+            for r, out in zip(others, outs):
+                r["xla_memory_bytes"] = out["memory"]["xla"]
+                r["memory_ratio"] = out["memory"]["ratio"]
+                r["xla_fits"] = out["fits"]
         return rows
 
     # ------------------------------------------------------------------ files

@@ -198,6 +198,14 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def _print_decisions(plan) -> None:
+    if plan.fixed:
+        print("the step's own shardings (kept): " + ", ".join(
+            f"{f['group']}->{f['axis'] or 'unsharded'}" for f in plan.fixed))
+    print("decisions: " + (", ".join(f"{d.group}->{d.axis}{' (pinned)' if d.pinned else ''}"
+                                      for d in plan.decisions) or "none" + ("" if plan.fixed else " (replicated)")))
+
+
 def cmd_plan(args) -> int:
     from ._plan import check_divisible
 
@@ -213,7 +221,7 @@ def cmd_plan(args) -> int:
     print(f"{args.strategy} on {s.mesh.text()} ({s.hardware.name}): step {pr['step_time_s'] * 1e3:.3f} ms, "
           f"MFU {pr['mfu']:.1%}, peak memory {format_bytes(pr['memory']['peak'])} per device "
           f"(budget {format_bytes(s.hardware.budget)}: {'fits' if pr['fits'] else 'DOES NOT FIT'})")
-    print("decisions: " + (", ".join(f"{d.group}->{d.axis}" for d in plan.decisions) or "none (replicated)"))
+    _print_decisions(plan)
     print(f"wrote {args.out}")
     return 0
 
@@ -386,8 +394,7 @@ def cmd_search(args) -> int:
     print(f"{'interrupted: ' if interrupted else ''}best plan after {st['simulations']} simulations "
           f"({st['seconds']:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
           f"MFU {r.mfu:.1%}, peak memory {format_bytes(r.memory.peak)} (budget {format_bytes(hw.budget)})")
-    print("decisions: " + (", ".join(f"{d.group}->{d.axis}{' (pinned)' if d.pinned else ''}"
-                                      for d in plan.decisions) or "none (replicated)"))
+    _print_decisions(plan)
     if xla is not None:
         print(f"XLA (compile-only, {s.mesh.size} simulated devices): {format_bytes(xla)} per device "
               f"(predicted / XLA {r.memory.peak / xla:.2f})")
@@ -417,13 +424,18 @@ def cmd_bench(args) -> int:
                           "rows": [{k: v for k, v in r.items() if k != "decisions"} for r in rows]}))
         return 0
     print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}")
-    print(f"  {'strategy':<11} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}")
+    xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""
+    print(f"  {'strategy':<11} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}{xla_cols}")
     for r in rows:
         t = f"{r['step_time_s'] * 1e3:.3f} ms" if r["step_time_s"] is not None else "-"
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         mem = format_bytes(r["memory_bytes"])
         ss = f"{r['search_s']:.1f}" if r["search_s"] is not None else "-"
-        print(f"  {r['strategy']:<11} {t:>12} {mfu:>7} {mem:>11} {('yes' if r['fits'] else 'NO'):>5} {ss:>9}")
+        xla = ""
+        if args.verify:
+            ratio = f"{r['memory_ratio']:.2f}" if r.get("memory_ratio") else "-"
+            xla = f" {format_bytes(r.get('xla_memory_bytes')):>11} {ratio:>8}"
+        print(f"  {r['strategy']:<11} {t:>12} {mfu:>7} {mem:>11} {('yes' if r['fits'] else 'NO'):>5} {ss:>9}{xla}")
     hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "replicated")]
     mc = rows[-1]
     if mc["fits"] and hand:

@@ -32,10 +32,13 @@ def axis_colors(axes) -> dict[str, str]:
 
 
 def assignment(state) -> dict[int, list[str]]:
-    """Group id -> mesh axes in the current plan (the search's best, else the pins)."""
+    """Group id -> mesh axes in the current plan (the step's own fixed shardings, then the
+    search's best, else the pins)."""
     decisions = state.best.decisions if state.best is not None else state.pins
+    ws = getattr(state, "workspace", None)
+    fixed = ws.session.cost_model.fixed.decisions if ws is not None else ()
     out: dict[int, list[str]] = {}
-    for g, a in decisions:
+    for g, a in [*fixed, *decisions]:
         out.setdefault(g, []).append(a)
     return out
 
@@ -285,7 +288,10 @@ class DecisionView(pn.viewable.Viewer):
             return
         an = ws.an
         label = lambda d: f"{an.groups[d[0]].label}→{d[1]}"  # noqa: E731
-        chips = "".join(f"<span class='chip pin'>pinned {esc(label(d))}</span>" for d in s.pins)
+        chips = "".join(
+            f"<span class='chip user' title='{esc(f['kind'])} at {esc(f['source'])}'>yours: "
+            f"{esc(f['group'])}→{esc(f['axis'] or 'unsharded')}</span>" for f in ws.session.fixed)
+        chips += "".join(f"<span class='chip pin'>pinned {esc(label(d))}</span>" for d in s.pins)
         chips += "".join(f"<span class='chip forbid'>forbidden {esc(label(d))}</span>" for d in s.forbidden)
         self.chips.object = f"<div class='chips'>{chips or '<span class=muted>No pins: the search decides everything.</span>'}</div>"
         g = s.selected_group

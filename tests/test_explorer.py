@@ -436,6 +436,24 @@ def test_closing_a_tab_stops_its_search(chromium, server):
                what="the closed tab's search to stop")
 
 
+def test_the_steps_own_shardings_show_as_the_users_pins(tab):
+    choose(tab, "partex-model", "your own model: module:attr")
+    custom = tab.locator("input[placeholder='my_models.py:make_step or pkg.mod:attr']")
+    custom.fill(str(ROOT / "scripts" / "constrained_mlp.py") + ":make")
+    custom.press("Enter")
+    click(tab, "Analyze")
+    wait_until(lambda: "constrained_mlp.py:make" in str(state(tab)["model"]["spec"]) and state(tab)["phase"] == "ready",
+               what="the constrained model to load")
+    chips = tab.locator(".chip.user")
+    wait_until(lambda: chips.count() == 2, what="the user's pins")
+    texts = sorted(chips.all_inner_texts())
+    assert texts == ["yours: params/w1[1]→model", "yours: x[0]→data"], texts
+    assert "constrained_mlp.py:21" in chips.first.get_attribute("title")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    chips.first.scroll_into_view_if_needed()
+    tab.screenshot(path=SHOTS / "user_shardings.png")
+
+
 def test_screenshots_of_the_main_views(tab):
     SHOTS.mkdir(parents=True, exist_ok=True)
     pin(tab, "ffn", "model")
