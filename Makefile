@@ -9,15 +9,25 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install serve test chromium analyze clean
+.PHONY: install libs serve test chromium analyze clean which-python
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(wildcard scripts/libmodels/*.txt)
 	@test -n "$(PYTHON)" || { echo "make: partex's tests need Python >= 3.12 (JAX >= 0.11); none found on PATH or in ~/.pyenv/versions; pass PYTHON=/path/to/python3.12" >&2; exit 2; }
 	@$(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(MAKE) --no-print-directory libs
 	touch $(STAMP)
+
+# The JAX libraries whose models the tests build (scripts/libmodels/<lib>.py): the pinned
+# requirements, then (without their heavy dependency trees: tensorflow, google-cloud-...)
+# the packages listed in *.nodeps.txt. jax stays at the version partex was installed with.
+LIB_REQS   := $(wildcard scripts/libmodels/*.requirements.txt)
+LIB_NODEPS := $(wildcard scripts/libmodels/*.nodeps.txt)
+libs:
+	$(PY) -m pip install -q $(foreach f,$(LIB_REQS),-r $(f)) "jax==$$($(PY) -c 'import jax; print(jax.__version__)')"
+	$(if $(LIB_NODEPS),$(PY) -m pip install -q --no-deps $(foreach f,$(LIB_NODEPS),-r $(f)))
 
 install: $(STAMP)
 

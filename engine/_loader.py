@@ -138,7 +138,8 @@ def _import(target: str):
 
 def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
     """Match an axis_names pytree to the program's input leaves: it mirrors the args, with a
-    tuple of names (str or None, one per dim) where the args have an array. The args'
+    tuple of names (str or None, one per dim) or a PartitionSpec of logical names (flax's
+    ``nn.get_partition_spec``) where the args have an array. The args'
     own structure says where its leaves are, so containers with no leaves (optax's
     ``EmptyState()``, an empty NamedTuple) match as they are. Names only label: a tree that
     does not mirror the args, or a leaf whose names do not fit its rank, is left out with a
@@ -152,11 +153,16 @@ def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
         warnings.warn(f"partex: axis_names do not mirror the example args, so no logical names are used "
                       f"({' '.join(str(e).split())[:200]})", stacklevel=2)
         return {}
+    from jax.sharding import PartitionSpec
+
     out = {}
     for vid, path, n in zip(program.inputs, program.input_paths, per_leaf):
         rank = len(program.values[vid].shape)
         if n is None:
             continue
+        if isinstance(n, PartitionSpec):  # flax's nn.get_partition_spec / logical specs
+            n = tuple(e if e is None or isinstance(e, str) else "+".join(map(str, e)) for e in n)
+            n = n + (None,) * (rank - len(n))
         if not (isinstance(n, tuple) and len(n) == rank and all(x is None or isinstance(x, str) for x in n)):
             warnings.warn(f"partex: axis_names for {path} (rank {rank}) are {n!r}: expected a tuple of {rank} "
                           "names (str or None); that leaf is left unnamed", stacklevel=2)

@@ -40,7 +40,7 @@ def session(made, *, mesh: str = MESH, memory=None, hardware: str = "tpu-v4", se
 
 def decision_groups(made) -> int:
     fn, args, names = unpack(made)
-    return len(partex.analyze(fn, *args, axis_names=names).analysis.decision_groups())
+    return len(partex.analyze(fn, *args, axis_names=names).analysis.decision_groups)
 
 
 def sharded_groups(s: partex.Session, strategy: str) -> dict[str, str]:
