@@ -23,6 +23,9 @@ import jax
 from jax._src import core as jcore
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
+# JAX's own, whatever a library has put at jax.lax.with_sharding_constraint (MaxText's tunix
+# adapter swaps in a shim that swallows errors and retries with reshard)
+from jax._src.pjit import with_sharding_constraint as _with_sharding_constraint
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._errors import PartexError
@@ -116,14 +119,14 @@ class _Interpreter:
             sh = self._shardings.get(spec)
             if sh is None:
                 sh = self._shardings[spec] = NamedSharding(self.mesh, spec)
-            return jax.lax.with_sharding_constraint(x, sh)
+            return _with_sharding_constraint(x, sh)
         except Exception as e:  # a constraint partex made and JAX refused: partex's bug, keep it whole
             e.add_note(f"partex: while constraining {what} (shape {tuple(jax.numpy.shape(x))}) to {spec}")
             raise
 
     def _user_constrain(self, x, spec: PartitionSpec, op_id: int):
         try:
-            return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+            return _with_sharding_constraint(x, NamedSharding(self.mesh, spec))
         except Exception as e:
             raise PartexError(f"{self.program.ops[op_id].source}: the step's own sharding {spec} cannot be "
                               f"applied on the plan's mesh: {type(e).__name__}: {e}") from e

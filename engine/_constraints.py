@@ -111,6 +111,14 @@ def fixed_decisions(items: Sequence[UserSharding], group_of, mesh) -> Fixed:
     notes = []
     for us in items:
         sizes = dict(us.mesh)
+        devices = 1
+        for s in sizes.values():
+            devices *= s
+        if us.mesh and devices != mesh.size:
+            raise PartexError(
+                f"{us.source}: {us.kind} is over a mesh of {devices} device(s) ({us.mesh_text()}), the plan's "
+                f"mesh {mesh.text()} has {mesh.size}: build the step's mesh with the plan's axes and sizes, or "
+                "pass user_shardings='replace' (CLI: --user-shardings replace) to let partex re-place it")
         for entry in us.spec:
             for a in entry or ():
                 if sizes.get(a, 1) > 1 and plan_axes.get(a) != sizes[a]:

@@ -183,6 +183,10 @@ class _Pattern:
     slot_tensors: tuple[tuple[int, ...], ...] = ()  # per factor: the tensors it spans
     cheap: tuple[bool, ...] = ()  # per operand: made locally at any sharding for free
     shift: tuple[str, int] | None = None  # ("concatenate" | "split", dim)
+    # per operand / result: bytes a collective of it moves per byte held (2 for 16-bit floats
+    # under lowering="cpu": XLA:CPU all-reduces and gathers bf16/f16 in f32)
+    operand_wire: tuple[float, ...] = ()
+    result_wire: tuple[float, ...] = ()
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
 
@@ -248,6 +252,7 @@ class CostModel:
             p.ops[v.producer].primitive == "iota"
             or (p.ops[v.producer].primitive == "broadcast_in_dim"
                 and not values[p.ops[v.producer].inputs[0]].shape)) for v in values]
+        wire = [2.0 if lowering == "cpu" and str(v.dtype) in ("bfloat16", "float16") else 1.0 for v in values]
         pat_index: dict[tuple, int] = {}
         self.patterns: list[_Pattern] = []
         self.op_pattern = np.zeros(len(p.ops), dtype=np.int64)
@@ -282,7 +287,8 @@ class CostModel:
                    tuple((int(vsig[i]), tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),
                    tuple((int(vsig[o]), tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),
                    op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
-                   _shift(op, values))
+                   _shift(op, values), tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
+                   tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs))
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -290,7 +296,7 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3], key[5], key[6], key[7]))
+                    flops, key[3], key[5], key[6], key[7], key[8], key[9]))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
@@ -466,7 +472,7 @@ class CostModel:
             local_bytes += nb / self._shard(ospec)
             n0 = len(colls)
             if not pat.cheap[i]:
-                self._reshard(vspec, ospec, nb, self.sigs[sig], colls)
+                self._reshard(vspec, ospec, nb * pat.operand_wire[i], self.sigs[sig], colls)
             key = tuple(tuple(a) for a in ospec)
             view = nb / self._shard(ospec)  # the resharded buffer the op reads
             colls[n0:] = [c + (i, key, view) for c in colls[n0:]]
@@ -477,6 +483,7 @@ class CostModel:
             vspec = self.sig_spec(sig, dec)
             ospec = out_view.get(j) or [fax[k] if k >= 0 else [] for k in fmap]
             lb = nb / self._shard(ospec)
+            n0 = len(colls)
             local_bytes += lb
             # The op writes its result at its own (larger) sharding before the reshard; a
             # partial result is a buffer of its own beside the reduced one. XLA combines the
@@ -503,6 +510,8 @@ class CostModel:
                         if a in axes:
                             ospec[d].append(a)
             self._reshard(ospec, vspec, nb, self.sigs[sig], colls)
+            if pat.result_wire[j] != 1.0:
+                colls[n0:] = [(k, ax, b * pat.result_wire[j], *rest) for k, ax, b, *rest in colls[n0:]]
         if pat.free:
             compute = 0.0
         else:

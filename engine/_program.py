@@ -382,7 +382,7 @@ class _Tracer:
                 self.eqn_ops[id(eqn)] = op.id
                 sharding = eqn.params.get(_USER_SHARDING_PARAM.get(name, ""))
                 if sharding is not None:
-                    self.user_shardings.append((op.outputs[0], sharding, op.source, name, op.id))
+                    self.user_shardings.append((op.outputs[0], sharding, _call_site(eqn), name, op.id))
 
     def inline(self, eqn, region: int, trip: int) -> None:
         inner = _called_jaxpr(eqn)
@@ -398,7 +398,7 @@ class _Tracer:
         for key, atoms in (("in_shardings", eqn.invars), ("out_shardings", eqn.outvars)):
             for sharding, atom in zip(eqn.params.get(key, ()) or (), atoms):
                 if _is_sharding(sharding) and not isinstance(atom, (jcore.Literal, jcore.DropVar)):
-                    self.user_shardings.append((self.read(atom), sharding, self.source(eqn), f"jit {key}", -1))
+                    self.user_shardings.append((self.read(atom), sharding, _call_site(eqn), f"jit {key}", -1))
 
     def new_region(self, kind: str, parent: int, trip: int) -> int:
         rid = len(self.regions)
@@ -411,6 +411,21 @@ class _Tracer:
 
 # Primitives that fix their result's sharding, and the param that holds it.
 _USER_SHARDING_PARAM = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
+
+
+def _call_site(eqn) -> str:
+    """Where the user asked for a sharding: the innermost user frame, and the first frame
+    of another file that called it (a library's wrapper, e.g. flax's logical constraint or
+    MaxText's compat shim, is not the line the user wrote)."""
+    try:
+        frames = list(source_info_util.user_frames(eqn.source_info.traceback))
+    except Exception:  # source info is best-effort provenance only
+        frames = []
+    if not frames:
+        return f"<{eqn.primitive.name}>"
+    out = source_info_util._summarize_frame(frames[0])
+    caller = next((f for f in frames[1:] if f.file_name != frames[0].file_name), None)
+    return out if caller is None else f"{out} <- {source_info_util._summarize_frame(caller)}"
 
 
 def _is_sharding(x) -> bool:

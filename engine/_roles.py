@@ -198,6 +198,20 @@ def state_inputs(program: Program) -> frozenset[ValueId]:
     return frozenset(mirror_map(program).values())
 
 
+def _forward_ops(program: Program, free_outputs: list[ValueId], deps, data_mask: int) -> frozenset[OpId]:
+    """The forward pass: the ops the step's free outputs (loss, metrics) depend on. A metric
+    of the gradients (a global norm, optax's clipping) depends on the whole backward pass
+    too, so only the outputs made by the fewest ops count (the loss, and metrics of the
+    forward pass: within 1.5x of the smallest); outputs that do not read the data (a norm of
+    the params) never make a forward pass."""
+    if not free_outputs:
+        return frozenset(op.id for op in program.ops)
+    roots = [o for o in free_outputs if deps[o] & data_mask] or free_outputs
+    sets = [_ancestor_ops(program, {o}) for o in roots]
+    smallest = min(len(s) for s in sets)
+    return frozenset().union(*(s for s in sets if len(s) <= 1.5 * smallest))
+
+
 def _ancestor_ops(program: Program, roots: set[ValueId]) -> frozenset[OpId]:
     needed = [False] * len(program.values)
     for v in roots:
@@ -259,8 +273,7 @@ def infer_roles(an: Analysis) -> Roles:
     parameters = {v for v in state if free_deps & bit[v]} or set(state)
     optimizer = state - parameters
     data = [v for v in p.inputs if v not in state]
-    forward = (_ancestor_ops(p, set(free_outputs)) if free_outputs
-               else frozenset(op.id for op in p.ops))
+    forward = _forward_ops(p, free_outputs, deps, sum(bit[v] for v in set(data)))
     param_mask = sum(bit[v] for v in parameters)
     data_mask = sum(bit[v] for v in set(data))
     con = _contractions(an, forward,
@@ -318,7 +331,9 @@ def _contractions(an: Analysis, forward: frozenset[OpId], is_weight, on_data) ->
             continue
         factors = an.factors[op.id]
         w = _weight_operand(op, is_weight, on_data)
-        if op.primitive in MATMUL_PRIMITIVES and w is not None:
+        # a matmul that contracts nothing (``einsum("...k,k->...k")``: a scale) is elementwise
+        if (op.primitive in MATMUL_PRIMITIVES and w is not None
+                and any(f.kind == FactorKind.REDUCTION for f in factors)):
             con.matmuls.append(op.id)
             mine = con.contracts[op.id] = set()
             for f in factors:

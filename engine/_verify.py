@@ -202,9 +202,19 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
     leaves = jax.tree_util.tree_leaves(model.args)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
         raise PartexError("--run needs real example arrays: use a small preset (e.g. --preset tiny)")
-    host = jax.tree_util.tree_map(np.asarray, model.args)
-    ref = jax.tree_util.tree_map(np.asarray, jax.jit(model.fn)(*host))
-    got = jax.tree_util.tree_map(np.asarray, planned(*jax.tree_util.tree_map(jax.numpy.asarray, host)))
+    def is_key(x) -> bool:  # typed PRNG keys (jax.random.key) have no numpy form
+        return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
+
+    def to_host(x):
+        return x if is_key(x) else np.asarray(x)
+
+    def to_numbers(x):
+        return np.asarray(jax.random.key_data(x) if is_key(x) else x)
+
+    host = jax.tree_util.tree_map(to_host, model.args)
+    ref = jax.tree_util.tree_map(to_numbers, jax.jit(model.fn)(*host))
+    got = jax.tree_util.tree_map(to_numbers, planned(*jax.tree_util.tree_map(
+        lambda x: x if is_key(x) else jax.numpy.asarray(x), host)))
     return compare_outputs(list(planned.program.output_paths), jax.tree_util.tree_leaves(ref),
                            jax.tree_util.tree_leaves(got))
 

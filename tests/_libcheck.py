@@ -44,12 +44,18 @@ def decision_groups(made) -> int:
 
 
 def sharded_groups(s: partex.Session, strategy: str) -> dict[str, str]:
-    """{group label: mesh axis} of the groups a hand strategy shards."""
-    return {s.groups[gid].label: axis for gid, axis in s.strategy(strategy)}
+    """{group label: mesh axis} of the groups a hand strategy shards, with those the step's
+    own sharding constraints fix (kept: they are part of every plan)."""
+    fixed = {f["group"]: f["axis"] for f in s.fixed if f["axis"]}
+    return {**fixed, **{s.group(gid).label: axis for gid, axis in s.strategy(strategy)
+                        if s.group(gid).label not in fixed}}
 
 
 def replicated_bytes(s: partex.Session) -> float:
-    """Per-device memory of the plan that shards nothing."""
+    """Per-device memory of the plan that shards nothing (the step's own sharding
+    constraints replaced too)."""
+    if s.user_shardings == "keep" and s.fixed:
+        s = partex.Session.from_analysis(s.model, mesh=s.mesh, hardware=s.hardware, user_shardings="replace")
     return s.evaluate([]).memory.peak
 
 
@@ -69,7 +75,8 @@ def check_hand_plans(mod) -> dict[str, dict[str, str]]:
     plans = {name: sharded_groups(s, name) for name in ("dp", "megatron", "zero3")}
     assert "data" in plans["dp"].values(), plans["dp"]
     assert "model" in plans["megatron"].values(), plans["megatron"]
-    assert plans["megatron"] != plans["dp"]
+    if not any(f["axis"] == "model" for f in s.fixed):  # else the user's own constraints are the Megatron part
+        assert plans["megatron"] != plans["dp"]
     assert len(plans["zero3"]) > len(plans["dp"]), plans["zero3"]
     for name in plans:
         assert s.evaluate(s.strategy(name)).memory.peak < replicated_bytes(s)
@@ -86,7 +93,7 @@ def check_search_fits(mod, fraction: float = 0.5, simulations: int = 300) -> dic
     s.step(simulations)
     plan = s.best_plan()
     assert plan is not None, f"no plan under {partex.format_bytes(budget)} (smallest {partex.format_bytes(s.smallest_memory)})"
-    assert plan.decisions, "the searched plan shards nothing under a budget that forces sharding"
+    assert plan.decisions or any(f["axis"] for f in plan.fixed), "the searched plan shards nothing"
     out = s.verify(plan, run=True, mark=False)
     assert out["fits"], (f"XLA puts the searched plan at {partex.format_bytes(out['memory']['xla'])} over the "
                          f"{partex.format_bytes(budget)} budget (predicted {partex.format_bytes(out['memory']['predicted'])})")

@@ -171,3 +171,28 @@ def test_megatron_finds_llama_heads_and_ffn_without_axis_names():
     specs = cm.value_specs(megatron)
     wq = res.program.inputs[res.program.input_paths.index("params/layers/wq")]
     assert tuple(map(tuple, specs[wq])) == ((), (), ("model",), ())
+
+
+def test_gradient_metrics_and_a_scale_einsum_leave_the_roles_alone():
+    """A step that also returns the global norms of its gradients and params (MaxText's
+    metrics, optax's clipping) still has its forward pass and Megatron pair; a norm's scale
+    written as ``einsum("bd,d->bd")`` (a dot_general that contracts nothing) is no expert."""
+    import optax
+
+    tx = optax.adamw(1e-3)
+
+    def step(params, opt, x, y):
+        def loss(p):
+            h = jax.nn.relu(jnp.einsum("bd,d->bd", x, p["scale"]) @ p["w1"])
+            return jnp.mean((h @ p["w2"] - y) ** 2)
+        l, g = jax.value_and_grad(loss)(params)
+        u, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, u), opt, l, optax.global_norm(g), optax.global_norm(params)
+
+    params = {"w1": jnp.ones((64, 256)), "w2": jnp.ones((256, 32)), "scale": jnp.ones((64,))}
+    an = analyze_loaded(LoadedModel("gn", step, (params, tx.init(params), jnp.ones((32, 64)), jnp.ones((32, 32)))))
+    roles = an.analysis.roles()
+    labels = lambda gs: [an.analysis.groups[g].label for g in gs]  # noqa: E731
+    assert labels(roles.pair_groups) == ["params/w1[1]"]
+    assert roles.expert_groups == ()
+    assert "expert" not in baseline_names(an.analysis)

@@ -138,3 +138,17 @@ def test_cli_names_the_constraint_and_takes_user_shardings_replace(tmp_path):
             "--user-shardings", "replace")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p.json").read_text())["user_shardings"]["mode"] == "replace"
+
+
+def test_a_constraint_over_a_one_device_mesh_is_another_mesh():
+    """MaxText on one device drops its size-1 axes: P(None, None) over a 1-device mesh is not
+    'replicated on the plan's mesh' but another mesh: one line, not silent pins."""
+    one = jax.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1],
+                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def step(w, x):
+        h = jax.lax.with_sharding_constraint(x @ w, NamedSharding(one, P(None, None)))
+        return w - 0.1 * jax.grad(lambda w: (jnp.tanh(x @ w) ** 2).mean())(w), h.sum()
+
+    with pytest.raises(partex.PartexError, match=r"mesh of 1 device\(s\).*has 8"):
+        partex.Session(step, (jnp.ones((16, 32)), jnp.ones((8, 16))), mesh="data=4,model=2")

@@ -110,3 +110,21 @@ def test_numerics_do_not_cry_wolf_on_noise_and_still_catch_a_misplaced_shard():
     wrong[i] = np.concatenate([got_l[i][:, 32:], got_l[i][:, :32]], axis=1)
     caught = compare_outputs(paths, ref_l, wrong)
     assert not caught["ok"] and caught["worst_output"] == "out/0/wq", caught
+
+
+def test_run_numerics_with_prng_key_arguments():
+    """Typed PRNG keys (an RNG in the train state) run and compare by their key data."""
+    import jax
+    import jax.numpy as jnp
+
+    import partex
+
+    def step(w, x, key):
+        k1, k2 = jax.random.split(key)
+        mask = jax.random.bernoulli(k1, 0.9, (x.shape[0], w.shape[1]))
+        g = jax.grad(lambda w: jnp.mean((x @ w) * mask))(w)
+        return w - 0.1 * g, k2
+
+    s = partex.Session(step, (jnp.ones((16, 32)), jnp.ones((8, 16)), jax.random.key(1)), mesh="data=4,model=2")
+    out = s.verify(s.plan(strategy="dp"), run=True)
+    assert out["numerics"]["ok"], out["numerics"]
