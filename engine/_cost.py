@@ -674,11 +674,12 @@ class CostModel:
         ideal = self.total_flops / (self.mesh.size * self.hw.peak_flops)
         mem = self._memory(local, detail, buffers)
         budget = self.hw.budget
+        fits = mem.peak <= self.hw.limit
         report_colls = ()
         if detail:
             report_colls = tuple(self._collective_rows(colls, dup_count))
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
-                          budget, mem.peak <= budget, report_colls)
+                          budget, fits, report_colls)
 
     def _aggregate(self, pis, rel):
         """Costs of a set of patterns that depend on the same groups, under decisions rel."""

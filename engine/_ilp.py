@@ -266,7 +266,8 @@ def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float 
     cost model, of their solutions and the replicated plan), "time_limit" (a solve stopped at
     the limit; the best plan so far, if any), "infeasible" (no plan found that fits).
     """
-    budget = float(cost_model.hw.budget if budget is None else budget)
+    explicit = budget is not None
+    budget = float(cost_model.hw.limit if budget is None else budget)
     ilp = _ILP(cost_model, budget, max_pairs)
     st = dict(build=0.0, solve=0.0, nvars=0, ncons=0, solves=0, timed_out=False, deadline=None,
               statuses=[], messages=[])
@@ -367,7 +368,7 @@ def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float 
                    f"reached {lowest[0] / 2**30:.4g} GiB); last solve: {msg}")
         return ILPResult((), None, status, predicted_time=None, **common)
     _, plan, rep, pred = best
-    if rep.budget != budget:
+    if explicit and rep.budget != budget:
         rep = dataclasses.replace(rep, budget=budget, fits=rep.memory.peak <= budget)
     return ILPResult(ilp.decisions(plan), rep, "time_limit" if st["timed_out"] else "optimal",
                      predicted_time=pred, **common)

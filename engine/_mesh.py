@@ -21,10 +21,18 @@ class Hardware:
     link_bandwidth: float  # bytes/s per mesh axis (intra-node / ICI), one direction
     link_latency: float  # seconds per collective step
     memory_budget: float | None = None  # per-device budget; defaults to hbm_bytes
+    # the share of the budget a plan keeps free by the cost model's count: the memory model
+    # is an estimate (within ~15% of XLA's on the library models), the budget is a promise
+    memory_margin: float = 0.0
 
     @property
     def budget(self) -> float:
         return self.memory_budget if self.memory_budget is not None else self.hbm_bytes
+
+    @property
+    def limit(self) -> float:
+        """What a plan may use by the cost model's count: the budget less the margin."""
+        return self.budget * (1.0 - self.memory_margin)
 
     def replace(self, **kw) -> "Hardware":
         unknown = set(kw) - {f.name for f in dataclasses.fields(self)}
@@ -43,6 +51,8 @@ class Hardware:
                               f"got {self.link_latency}")
         if self.memory_budget is not None:
             _positive("memory budget", self.memory_budget)
+        if not (isinstance(self.memory_margin, (int, float)) and 0 <= self.memory_margin < 1):
+            raise PartexError(f"memory margin must be a fraction in [0, 1), e.g. 0.1, got {self.memory_margin!r}")
 
 
 def _positive(what: str, x) -> None:

@@ -140,7 +140,7 @@ class Search:
         t, peak, fits = e
         if fits:
             return 0.2 + 0.8 * self.t_ref / (self.t_ref + t)
-        return 0.2 * min(1.0, self.hw.budget / peak)
+        return 0.2 * min(1.0, self.hw.limit / peak)
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._t0 if getattr(self, "_t0", None) else 0.0

@@ -93,8 +93,13 @@ def as_mesh(mesh: str | MeshSpec | Mapping[str, int]) -> MeshSpec:
                       f"got {type(mesh).__name__}")
 
 
-def as_hardware(hardware: str | Hardware | None, memory: str | float | None = None) -> Hardware:
-    """A preset name ('tpu-v4') or a Hardware, with an optional per-device budget ('16GiB')."""
+DEFAULT_MARGIN = 0.1  # see Hardware.memory_margin and the README ("The memory promise")
+
+
+def as_hardware(hardware: str | Hardware | None, memory: str | float | None = None,
+                margin: float | None = None) -> Hardware:
+    """A preset name ('tpu-v4') or a Hardware, with an optional per-device budget ('16GiB')
+    and memory margin (a preset name gets DEFAULT_MARGIN unless one is given)."""
     if hardware is None:
         hardware = DEFAULT_HARDWARE
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -102,6 +107,10 @@ def as_hardware(hardware: str | Hardware | None, memory: str | float | None = No
         raise PartexError(f"hardware must be a preset name or a Hardware, got {type(hardware).__name__}")
     if memory is not None and memory != "":
         hw = hw.replace(memory_budget=parse_bytes(memory))
+    if margin is not None:
+        hw = hw.replace(memory_margin=float(margin))
+    elif isinstance(hardware, str):
+        hw = hw.replace(memory_margin=DEFAULT_MARGIN)
     return hw
 
 

@@ -39,6 +39,9 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--hardware",
                    help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, a100-40gb, h100-80gb, cpu")
     p.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the preset's HBM)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="share of the budget a plan keeps free by the cost model's count "
+                        "(default 0.1: the memory model is an estimate, the budget a promise)")
     p.add_argument("--user-shardings", choices=("keep", "replace"), default=None,
                    help="the step's own sharding constraints: keep them as fixed decisions (default), or "
                         "replace them with the plan's")
@@ -62,6 +65,7 @@ def _hardware(args, base=None):
     line. Resuming (``base``: the session's hardware), flags not given change nothing:
     None when no hardware flag is given at all."""
     from ._mesh import get_hardware, parse_bytes
+    from ._session import DEFAULT_MARGIN
 
     overrides = dict(
         peak_flops=_number("--peak-flops", args.peak_flops),
@@ -70,10 +74,12 @@ def _hardware(args, base=None):
         link_latency=_number("--link-latency", args.link_latency),
         hbm_bytes=parse_bytes(args.hbm) if args.hbm else None,
         memory_budget=parse_bytes(args.memory) if args.memory else None,
+        memory_margin=args.margin,
     )
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if base is not None and args.hardware is None:
         return base.replace(**overrides) if overrides else None
+    overrides.setdefault("memory_margin", DEFAULT_MARGIN)
     return get_hardware(args.hardware or "tpu-v4", **overrides)
 
 

@@ -83,11 +83,11 @@ def check_hand_plans(mod) -> dict[str, dict[str, str]]:
     return plans
 
 
-def check_search_fits(mod, fraction: float = 0.5, simulations: int = 300) -> dict:
+def check_search_fits(mod, fraction: float = 0.5, simulations: int = 300, **make_kwargs) -> dict:
     """A search under a budget that forces sharding (``fraction`` of the replicated plan's
     memory) returns a plan that fits per the cost model and per XLA, and runs sharded with
     the same numerics as unsharded."""
-    made = mod.make()
+    made = mod.make(**make_kwargs)
     budget = fraction * replicated_bytes(session(made))
     s = session(made, memory=budget)
     s.step(simulations)

@@ -154,7 +154,8 @@ def test_a_plan_xla_puts_over_the_budget_is_marked_and_the_best_moves_on():
     """Session.verify (the CLI's --verify and the explorer's Verify alike): with the budget
     at the best plan's predicted peak, XLA (which needs a little more for this model) puts it
     over; it is marked infeasible and the search's best becomes another plan that fits."""
-    s = partex.Session.from_spec("transformer", mesh="data=4,model=2", memory="3MiB", seed=0)
+    s = partex.Session.from_spec("transformer", mesh="data=4,model=2", memory="3MiB", seed=0,
+                                     hardware=partex.get_hardware("tpu-v4"))  # no margin: a plan at the budget
     s.step(100)
     first = s.best()
     s.reconfigure(memory=first.report.memory.peak)  # the same plan, now exactly at the budget
