@@ -204,6 +204,10 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def _margin_text(hw) -> str:
+    return f", {hw.memory_margin:.0%} kept free" if hw.memory_margin else ""
+
+
 def _print_decisions(plan) -> None:
     if plan.fixed:
         print("the step's own shardings (kept): " + ", ".join(
@@ -226,7 +230,8 @@ def cmd_plan(args) -> int:
         return 0
     print(f"{args.strategy} on {s.mesh.text()} ({s.hardware.name}): step {pr['step_time_s'] * 1e3:.3f} ms, "
           f"MFU {pr['mfu']:.1%}, peak memory {format_bytes(pr['memory']['peak'])} per device "
-          f"(budget {format_bytes(s.hardware.budget)}: {'fits' if pr['fits'] else 'DOES NOT FIT'})")
+          f"(budget {format_bytes(s.hardware.budget)}{_margin_text(s.hardware)}: "
+          f"{'fits' if pr['fits'] else 'DOES NOT FIT'})")
     _print_decisions(plan)
     print(f"wrote {args.out}")
     return 0
@@ -429,7 +434,7 @@ def cmd_bench(args) -> int:
                           "hardware": hw.name, "budget_bytes": hw.budget,
                           "rows": [{k: v for k, v in r.items() if k != "decisions"} for r in rows]}))
         return 0
-    print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}")
+    print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""
     print(f"  {'strategy':<11} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}{xla_cols}")
     for r in rows:
