@@ -2,6 +2,7 @@
 jit's in/out shardings are fixed decisions, as XLA honours them; a constraint over another
 mesh is one clear line naming its source; "replace" lets the plan re-place them."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,32 +23,19 @@ def _mesh(shape=(4, 2)):
     return jax.make_mesh(shape, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
-def make_step(mesh):
-    """A two-layer MLP whose hidden activation the user constrains Megatron-style (batch
-    over data, hidden over model), and whose output layer is a jit with in_shardings."""
-    hidden = NamedSharding(mesh, P("data", "model"))
-
-    @jax.jit
-    def head(h, w2):
-        return h @ w2
-
-    head_sharded = jax.jit(head.__wrapped__, in_shardings=(hidden, NamedSharding(mesh, P("model", None))))
-
-    def loss(params, x, y):
-        h = jax.nn.relu(x @ params["w1"])
-        h = jax.lax.with_sharding_constraint(h, hidden)  # the line the tests name
-        return jnp.mean((head_sharded(h, params["w2"]) - y) ** 2)
-
-    def step(params, x, y):
-        l, g = jax.value_and_grad(loss)(params, x, y)
-        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, g), l
-
-    k = jax.random.split(jax.random.key(0), 4)
-    params = {"w1": jax.random.normal(k[0], (64, 256)) / 8, "w2": jax.random.normal(k[1], (256, 32)) / 16}
-    return step, (params, jax.random.normal(k[2], (32, 64)), jax.random.normal(k[3], (32, 32)))
+def _load_example():
+    spec = importlib.util.spec_from_file_location("constrained_mlp", os.path.join(ROOT, "scripts", "constrained_mlp.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-CONSTRAINT_LINE = "test_user_shardings.py:38"
+EXAMPLE = _load_example()
+make_step = EXAMPLE.make_step
+with open(EXAMPLE.__file__) as f:
+    CONSTRAINT_LINE = "constrained_mlp.py:%d" % next(i for i, line in enumerate(f, 1) if "# CONSTRAINT_LINE" in line)
+
+
 
 
 def test_user_shardings_are_read_with_their_source_lines():
