@@ -414,8 +414,9 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     first_node = np.full(num_nd, -1, dtype=np.int64)
     live_idx = np.flatnonzero(live)
     first_node[node_nd[live_idx][::-1]] = live_idx[::-1]
+    named = _unwrapped(layered)
     labels = [_label(label_votes[nd], input_members[nd], int(first_node[nd]), values, prod,
-                     program, value_of_node, dim_of_node, layered) for nd in range(num_nd)]
+                     program, value_of_node, dim_of_node, named) for nd in range(num_nd)]
     max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
     groups: list[Group] = []
     seen_labels: collections.Counter[str] = collections.Counter()
@@ -513,6 +514,23 @@ def _path(edges, node_nd, nd: int, src: int, dst: int) -> tuple[int, ...]:
         ops.append(o)
     # keep each op once, in program order
     return tuple(sorted(set(ops)))
+
+
+def _unwrapped(layered: dict[str, str]) -> dict[str, str]:
+    """Input paths without the leaf segment of single-leaf containers: a wrapper's only
+    child (an nnx Variable's ``value``, a box's ``unbox``) names nothing; its container does."""
+    children: dict[str, set[str]] = collections.defaultdict(set)
+    for path in layered.values():
+        parts = path.split("/")
+        for k in range(1, len(parts)):
+            children["/".join(parts[:k])].add(parts[k])
+    out = {}
+    for orig, path in layered.items():
+        parts = path.split("/")
+        if len(parts) > 2 and len(children["/".join(parts[:-1])]) == 1:
+            parts = parts[:-1]
+        out[orig] = "/".join(parts)
+    return out
 
 
 def _label(votes, inputs, first_node, values, prod, program, value_of_node, dim_of_node, layered) -> str:

@@ -93,6 +93,7 @@ class Search:
                     self.actions.append((g.id, a))
         self.pins: list[Decision] = []
         self.forbidden: set[Decision] = set()
+        self.xla_scale = 1.0  # XLA's / the model's memory, the most seen (mark_infeasible)
         self.nodes: dict[Any, _Node] = {}
         self._evals: dict[Any, tuple[float, float, bool]] = {}
         self.simulations = 0
@@ -131,10 +132,10 @@ class Search:
         e = self._evals.get(key)
         if e is None:
             r = self.cm.evaluate(decisions)
-            e = self._evals[key] = (r.step_time, r.memory.peak, r.fits)
+            e = self._evals[key] = (r.step_time, r.memory.peak, self._fits(r.memory.peak))
             if r.memory.peak < self.smallest_memory[0]:
                 self.smallest_memory = (r.memory.peak, decisions)
-            if r.fits and (self._best is None or r.step_time < self._best[0] * (1 - 1e-9)):
+            if e[2] and (self._best is None or r.step_time < self._best[0] * (1 - 1e-9)):
                 self._best = (r.step_time, decisions, self.simulations, self.seconds + self._elapsed())
                 self.history.append((self.simulations, self._best[3], r.step_time))
         t, peak, fits = e
@@ -398,12 +399,22 @@ class Search:
         self._invalidate_best()
         return d
 
+    def _fits(self, peak: float) -> bool:
+        """Within the budget less its margin, and within the budget once scaled by how far
+        XLA has measured this model's plans above their prediction (``mark_infeasible``)."""
+        return peak <= self.hw.limit and peak * self.xla_scale <= self.hw.budget
+
     def mark_infeasible(self, decisions: Sequence[Decision], measured_peak: float) -> None:
         """XLA measured this plan over the budget (``verify``): from now on it scores as not
-        fitting, and the best plan becomes the next best that fits."""
+        fitting, and the best plan becomes the next best that fits. The memory model is
+        calibrated on the way: every plan predicted within ``measured / predicted`` of the
+        budget no longer fits either (XLA would put it over too)."""
         key = self._key(tuple(decisions))
-        t = self._evals.get(key, (math.inf, 0.0, False))[0]
+        t, predicted, _ = self._evals.get(key, (math.inf, 0.0, False))
+        if predicted > 0:
+            self.xla_scale = max(self.xla_scale, float(measured_peak) / predicted)
         self._evals[key] = (t, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
+        self._evals = {k: (t, p, f and self._fits(p)) for k, (t, p, f) in self._evals.items()}
         self._invalidate_best()
 
     def _invalidate_best(self) -> None:
@@ -442,6 +453,7 @@ class Search:
                        [[a, _key_text(c)] for a, c in n.children.items()], n.untried]
                       for k, n in self.nodes.items()],
             "evals": [[_key_text(k), t, peak, fits] for k, (t, peak, fits) in self._evals.items()],
+            "xla_scale": self.xla_scale,
             "simulations": self.simulations, "seconds": self.seconds,
             "history": [list(h) for h in self.history],
             "best": None if self._best is None else
@@ -496,6 +508,7 @@ class Search:
                     raise ValueError("a child of the tree is missing")
         s.nodes = nodes
         s._evals = {key(k): (float(t), float(peak), bool(fits)) for k, t, peak, fits in state["evals"]}
+        s.xla_scale = float(state.get("xla_scale", 1.0))
         s.simulations, s.seconds = int(state["simulations"]), float(state["seconds"])
         s.history = [(int(a), float(b), float(c)) for a, b, c in state["history"]]
         b = state["best"]

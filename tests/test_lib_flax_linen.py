@@ -1,0 +1,64 @@
+"""flax.linen's decoder-only LM (scripts/libmodels/flax_linen.py) through partex: linen's
+own modules, ``layers_0``, ``layers_1``, ... as linen names a list of submodules, logical
+axis names from ``nn.get_partition_spec``, and a ``TrainState`` whose step is the Python
+``0`` that ``TrainState.create`` gives."""
+
+import warnings
+
+import jax
+import numpy as np
+
+import partex
+
+import _libcheck as lc
+
+MOD = lc.load("flax_linen")
+
+
+def test_flax_linen_layers_are_one_stack_whatever_the_depth():
+    lc.check_depth_independent(MOD)
+
+
+def test_flax_linen_hand_plans_shard_batch_megatron_pairs_and_state():
+    plans = lc.check_hand_plans(MOD)
+    # the Megatron pairs are found by structure: the MLP hidden and the attention heads
+    s = lc.session(MOD.make())
+    on_model = {label for label, axis in plans["megatron"].items() if axis == "model"}
+    for anchor in ("state/params/layers_0/mlp/wi_0/kernel:1", "state/params/layers_1/attention/query/kernel:1",
+                   "state/params/layers_0/attention/out/kernel:0"):
+        assert s.group(anchor).label in on_model, (anchor, plans["megatron"])
+
+
+def test_flax_linen_search_fits_under_a_budget_that_forces_sharding():
+    lc.check_search_fits(MOD, simulations=200)
+
+
+def test_flax_linen_logical_names_from_get_partition_spec_label_the_groups():
+    """The axis names are what linen users have: ``nn.get_partition_spec`` of the abstract
+    train state (``jax.sharding.PartitionSpec`` leaves), taken as they are, with no warning."""
+    fn, args, names = MOD.make()
+    assert isinstance(names[0].params["layers_0"]["mlp"]["wi_0"]["kernel"], jax.sharding.PartitionSpec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        analysis = partex.analyze(fn, *args, axis_names=names).analysis
+    labels = {g.label for g in analysis.decision_groups}
+    assert {"batch", "length", "embed", "mlp", "heads", "vocab"} <= labels, labels
+
+
+def test_flax_linen_python_int_step_traces_and_the_plan_runs_with_it():
+    fn, (state, batch), names = MOD.make()
+    assert type(state.step) is int  # TrainState.create's step, as users pass it
+    s = lc.session((fn, (state, batch), names))
+    assert "state/step" in s.program.input_paths
+    expected_state, expected_loss = jax.jit(fn)(state, batch)
+    new_state, loss = s.plan(strategy="zero3").apply(fn)(state, batch)
+    assert int(new_state.step) == int(expected_state.step) == 1
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    # the gradients, read from Adam's first moment after one step (mu = 0.1 * grad), at the
+    # scale of the largest one; the params are not compared: Adam's first step is lr * g / |g|,
+    # which rounding flips where g ~ 0
+    new_mu, expected_mu = new_state.opt_state[0].mu, expected_state.opt_state[0].mu
+    got_mu, want_mu = jax.tree.leaves(new_mu), jax.tree.leaves(expected_mu)
+    floor = 1e-4 * max(float(np.abs(w).max()) for w in want_mu)
+    for got, want in zip(got_mu, want_mu):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=floor)
