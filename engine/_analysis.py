@@ -517,17 +517,28 @@ def _path(edges, node_nd, nd: int, src: int, dst: int) -> tuple[int, ...]:
 
 
 def _unwrapped(layered: dict[str, str]) -> dict[str, str]:
-    """Input paths without the leaf segment of single-leaf containers: a wrapper's only
-    child (an nnx Variable's ``value``, a box's ``unbox``) names nothing; its container does."""
+    """Input paths without a wrapper's leaf segment: a leaf name that is the only child of
+    containers of several names and never has a sibling (an nnx Variable's ``value``, an
+    einsum module's ``w``) names nothing; its container does."""
     children: dict[str, set[str]] = collections.defaultdict(set)
     for path in layered.values():
         parts = path.split("/")
         for k in range(1, len(parts)):
             children["/".join(parts[:k])].add(parts[k])
+    only: dict[str, set[str]] = collections.defaultdict(set)  # leaf name -> its parents' names
+    with_siblings: set[str] = set()
+    for path in layered.values():
+        parts = path.split("/")
+        if len(parts) > 2:
+            if len(children["/".join(parts[:-1])]) == 1:
+                only[parts[-1]].add(parts[-2])
+            else:
+                with_siblings.add(parts[-1])
+    wrapper = {name for name, parents in only.items() if len(parents) >= 2 and name not in with_siblings}
     out = {}
     for orig, path in layered.items():
         parts = path.split("/")
-        if len(parts) > 2 and len(children["/".join(parts[:-1])]) == 1:
+        if len(parts) > 2 and parts[-1] in wrapper:
             parts = parts[:-1]
         out[orig] = "/".join(parts)
     return out

@@ -125,9 +125,13 @@ class MeshControls(pn.viewable.Viewer):
                                  sizing_mode="stretch_width")
         bind(self.mesh, s, "mesh_text")
         bind(self.hardware, s, "hardware")
+        self.margin = text_input("partex-margin", "Margin", placeholder="0.1", sizing_mode="stretch_width",
+                                 description="Share of the budget a plan keeps free by the cost model's count")
         bind(self.budget, s, "budget_text")
+        bind(self.margin, s, "margin_text")
         self._panel = _section(
             "Mesh & hardware", self.mesh, pn.Row(self.hardware, self.budget, sizing_mode="stretch_width"),
+            self.margin,
             html("<div class='hint'>Press Enter to apply: the search restarts on the new mesh, pins kept.</div>",
                  margin=(0, 10)))
 

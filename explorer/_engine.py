@@ -100,14 +100,21 @@ class Config:
     hw: Hardware
 
     def to_json(self) -> dict:
-        return {"mesh": self.mesh.text(), "hardware": self.hw.name, "budget": self.hw.budget}
+        return {"mesh": self.mesh.text(), "hardware": self.hw.name, "budget": self.hw.budget,
+                "margin": self.hw.memory_margin}
 
 
-def parse_config(mesh_text: str, hardware: str, budget_text: str) -> Config:
-    """The mesh / hardware / budget form -> Config; PartexError with a one-line message."""
+def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: str = "") -> Config:
+    """The mesh / hardware / budget / margin form -> Config; PartexError with a one-line message."""
     if hardware not in HARDWARE:
         raise PartexError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}")
-    return Config(as_mesh(mesh_text), as_hardware(hardware, (budget_text or "").strip() or None))
+    margin = None
+    if (margin_text or "").strip():
+        try:
+            margin = float(margin_text)
+        except ValueError:
+            raise PartexError(f"margin must be a fraction of the budget such as 0.1, got {margin_text!r}") from None
+    return Config(as_mesh(mesh_text), as_hardware(hardware, (budget_text or "").strip() or None, margin))
 
 
 # --------------------------------------------------------------------------- plan summaries

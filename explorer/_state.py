@@ -75,6 +75,7 @@ class ExplorerState(param.Parameterized):
     mesh_text = param.String(default=DEFAULT_MESH, doc="Mesh axes as name=size pairs.")
     hardware = param.Selector(default=DEFAULT_HARDWARE, objects=list(HARDWARE))
     budget_text = param.String(default=DEFAULT_BUDGET, doc="Per-device memory budget; empty: the chip's HBM.")
+    margin_text = param.String(default="0.1", doc="Share of the budget plans keep free (the cost model's count).")
     seed = param.Integer(default=0, bounds=(0, None), doc="Seed of the search's RNG.")
     step_size = param.Integer(default=50, bounds=(1, 100_000), doc="Simulations per Step click.")
     session_name = param.String(default="my-session", doc="Name to save the session under.")
@@ -117,7 +118,7 @@ class ExplorerState(param.Parameterized):
         self._last_tick: float | None = None
         self._warned_budget = False
         self.param.watch(self._on_model_name, ["model_name"])
-        self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text"])
+        self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text"])
         self.param.watch(self._on_probed, ["ping", "message", "message_level", "phase", "busy", "running", "best",
                                            "pins", "forbidden", "uploaded", "verify_status", "sessions",
                                            "selected_group", "workspace", "baselines", "stats"])
@@ -187,7 +188,7 @@ class ExplorerState(param.Parameterized):
         """Analyse the model in the forms on the mesh in the forms (Analyze button)."""
         try:
             choice = self.model_choice()
-            config = parse_config(self.mesh_text, self.hardware, self.budget_text)
+            config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
         except PartexError as e:
             self.notify(e, "danger")
             return
@@ -203,7 +204,7 @@ class ExplorerState(param.Parameterized):
     def apply_config(self) -> None:
         """The mesh / hardware / budget form changed: a new search on the same model."""
         try:
-            config = parse_config(self.mesh_text, self.hardware, self.budget_text)
+            config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
         except PartexError as e:
             self.notify(e, "danger")  # the old mesh stays in effect
             return
@@ -602,7 +603,8 @@ def _restore(name: str, path: pathlib.Path) -> Loaded:
     choice = session.spec
     ws = Workspace(choice, session)
     form = {"mesh_text": session.mesh.text(), "hardware": session.hardware.name,
-            "budget_text": _budget_text(session.hardware.memory_budget), "seed": session.seed}
+            "budget_text": _budget_text(session.hardware.memory_budget),
+            "margin_text": f"{session.hardware.memory_margin:g}", "seed": session.seed}
     if choice.spec in demo_models.MODELS:
         form.update(model_name=choice.spec, preset=choice.preset, overrides=",".join(choice.overrides))
     else:

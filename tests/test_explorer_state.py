@@ -73,6 +73,7 @@ def test_verify_in_the_explorer_marks_a_plan_over_budget_and_the_best_moves_on(t
         st.step()
         _settle(st, lambda: st.best is not None and st.stats.get("simulations", 0) >= 100, "a plan")
         budget = math.ceil(st.best.report.memory.peak)  # that plan, exactly at the budget
+        st.margin_text = "0"  # (with no margin kept free: XLA needs ~3-13% more than predicted here)
         st.budget_text = str(budget)
         _settle(st, lambda: st.phase == "ready" and st.config.hw.budget == budget and not st.busy, "the new budget")
         st.step()
