@@ -139,21 +139,35 @@ def _import(target: str):
 def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
     """Match an axis_names pytree to the program's input leaves: it mirrors the args, with a
     tuple of names (str or None, one per dim) or a PartitionSpec of logical names (flax's
-    ``nn.get_partition_spec``) where the args have an array. The args'
+    ``nn.get_partition_spec``) where the args have an array, or a prefix of them (one spec
+    where the args have a box around the array, as jit's ``in_shardings`` allows). The args'
     own structure says where its leaves are, so containers with no leaves (optax's
     ``EmptyState()``, an empty NamedTuple) match as they are. Names only label: a tree that
     does not mirror the args, or a leaf whose names do not fit its rank, is left out with a
     warning naming it, and the rest is kept."""
     if axis_names is None:
         return {}
-    names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
-    try:
-        per_leaf = program.in_tree.flatten_up_to(names if isinstance(names, tuple) else (names,))
-    except (ValueError, TypeError) as e:
-        warnings.warn(f"partex: axis_names do not mirror the example args, so no logical names are used "
-                      f"({' '.join(str(e).split())[:200]})", stacklevel=2)
-        return {}
     from jax.sharding import PartitionSpec
+
+    names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
+    names = names if isinstance(names, tuple) else (names,)
+    try:
+        per_leaf = program.in_tree.flatten_up_to(names)
+    except (ValueError, TypeError) as e:
+        # a prefix of the args, as jit's in_shardings may be: flax's nn.get_partition_spec of a
+        # boxed (LogicallyPartitioned) state puts one spec where the args have a box
+        def is_names(x) -> bool:
+            return x is None or isinstance(x, PartitionSpec) or (
+                isinstance(x, tuple) and len(x) > 0 and all(n is None or isinstance(n, str) for n in x)
+                and any(isinstance(n, str) for n in x))
+
+        try:
+            like = jax.tree_util.tree_unflatten(program.in_tree, [0] * program.in_tree.num_leaves)
+            per_leaf = program.in_tree.flatten_up_to(jax.tree.broadcast(names, like, is_leaf=is_names))
+        except (ValueError, TypeError):
+            warnings.warn(f"partex: axis_names do not mirror the example args, so no logical names are used "
+                          f"({' '.join(str(e).split())[:200]})", stacklevel=2)
+            return {}
 
     out = {}
     for vid, path, n in zip(program.inputs, program.input_paths, per_leaf):

@@ -62,3 +62,33 @@ def test_flax_linen_python_int_step_traces_and_the_plan_runs_with_it():
     floor = 1e-4 * max(float(np.abs(w).max()) for w in want_mu)
     for got, want in zip(got_mu, want_mu):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=floor)
+
+
+def test_names_of_a_boxed_linen_state_are_a_prefix_of_the_args():
+    """The flax partitioning guide's way: the step takes the *boxed* state
+    (LogicallyPartitioned nodes) and nn.get_partition_spec gives one spec per box, a prefix of
+    the args as jit's in_shardings allow; partex broadcasts it into the boxes, no warning."""
+    import warnings
+
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class Mlp(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            init = nn.initializers.lecun_normal()
+            h = nn.Dense(64, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")))(x)
+            return nn.Dense(16, kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")))(jax.nn.relu(h))
+
+    model, x = Mlp(), jnp.ones((8, 16))
+    boxed = model.init(jax.random.key(0), x)
+
+    def step(v, x):
+        g = jax.grad(lambda v: jnp.mean(model.apply(v, x) ** 2))(v)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, v, g)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        an = partex.analyze(step, boxed, x, axis_names=(nn.get_partition_spec(boxed), ("batch", None)))
+    assert {"batch", "embed", "mlp"} <= {g.label for g in an.analysis.decision_groups}
