@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._program import NO_PRODUCER, Program
-from ._rules import Factor, FactorKind, PSEUDO_OPS, rule_for
+from ._rules import Factor, PSEUDO_OPS, rule_for
 
 NamedDimId = int
 GroupId = int
