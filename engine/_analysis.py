@@ -23,6 +23,7 @@ import numpy as np
 
 from ._program import NO_PRODUCER, Program
 from ._rules import Factor, PSEUDO_OPS, rule_for
+from ._stacks import scope_name, stack_roles
 
 NamedDimId = int
 GroupId = int
@@ -133,6 +134,11 @@ class Analysis:
     _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
     _user: Any = dataclasses.field(repr=False, compare=False, default=None)
 
+    def static_inputs(self) -> list[tuple[str, str]]:
+        """The args' static (non-array) leaves, closed over and left out of every plan:
+        (path, what it is)."""
+        return [(path, f"{type(v).__name__} {v!r:.40}") for _, path, v in self.program.static_inputs]
+
     def user_shardings(self):
         """The step's own shardings (``_constraints.UserSharding``: with_sharding_constraint,
         reshard, a called jit's in/out shardings), in program order, read once."""
@@ -214,6 +220,7 @@ class Analysis:
             for g in self.groups
         ]
         out["conflict_list"] = [self.describe_conflict(c) for c in self.conflicts]
+        out["static_inputs"] = [{"path": p, "value": v} for p, v in self.static_inputs()]
         out["user_sharding_list"] = [
             {**us.to_json(), "groups": [None if self.group_of(us.value, d) == NO_DIM
                                         else self.groups[self.group_of(us.value, d)].label
@@ -390,12 +397,20 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     # ---- layer groups: same role = same sizes, same input paths modulo layer index
     layered = layer_paths([values[v].name for v in program.inputs], [values[v].shape for v in program.inputs],
                           [str(values[v].dtype) for v in program.inputs])
+    # A leaf's place in a layer stack: its path with the index starred where the names show
+    # the stack; else its role in a stack found in the op graph (a list, a leaf-name index).
+    roles = stack_roles(program)
+    stacked = {values[v].name: (layered[values[v].name] if "*" in layered[values[v].name] else roles.get(v))
+               for v in program.inputs}
     sigs: dict[Any, list[int]] = collections.defaultdict(list)
     nd_prims: dict[int, collections.Counter] = {}
     for nd in range(num_nd):
         if input_members[nd]:
-            key = ("in", tuple(sorted(nd_sizes[nd])),
-                   tuple(sorted({(layered[p], d) for p, d, _ in input_members[nd]})))
+            # A named dim holding any layer's leaf is that layer's: its other members (the
+            # optimizer's moments of those leaves) are the same in every layer.
+            where = {(stacked[p], d) for p, d, _ in input_members[nd] if stacked[p]}
+            where = where or {(layered[p], d) for p, d, _ in input_members[nd]}
+            key = ("in", tuple(sorted(nd_sizes[nd])), tuple(sorted(where)))
             sigs[key].append(nd)
         else:
             nd_prims[nd] = collections.Counter()
@@ -414,7 +429,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     first_node = np.full(num_nd, -1, dtype=np.int64)
     live_idx = np.flatnonzero(live)
     first_node[node_nd[live_idx][::-1]] = live_idx[::-1]
-    named = _unwrapped(layered)
+    named = _scoped(program, _unwrapped(layered))
     labels = [_label(label_votes[nd], input_members[nd], int(first_node[nd]), values, prod,
                      program, value_of_node, dim_of_node, named) for nd in range(num_nd)]
     max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
@@ -541,6 +556,31 @@ def _unwrapped(layered: dict[str, str]) -> dict[str, str]:
         if len(parts) > 2 and parts[-1] in wrapper:
             parts = parts[:-1]
         out[orig] = "/".join(parts)
+    return out
+
+
+def _scoped(program: Program, named: dict[str, str]) -> dict[str, str]:
+    """Names for leaves whose path has none (a list position, ``trainable_variables/2``): the
+    scope JAX traced the first op that reads it in (keras' layer names), layer index starred."""
+    unnamed = {}
+    for vid in program.inputs:
+        path = program.values[vid].name
+        parts = named[path].split("/")
+        if len(parts) > 1 and all(_DIGITS.fullmatch(q) for q in parts[1:]):
+            unnamed[vid] = path
+    if not unnamed:
+        return named
+    out = dict(named)
+    for op in program.ops:
+        for vid in op.inputs:
+            path = unnamed.pop(vid, None)
+            scope = scope_name(op.scope) if path is not None else ""
+            if scope:
+                parts = [_DIGITS.sub("*", q) if _DIGITS.search(q) and not q.isdigit() else q
+                         for q in scope.split("/")]
+                out[path] = "/".join([named[path].split("/")[0]] + parts)
+        if not unnamed:
+            break
     return out
 
 

@@ -151,8 +151,10 @@ def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
 
     names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
     names = names if isinstance(names, tuple) else (names,)
+    # names mirror the whole args, static (non-array) leaves included
+    tree = program.full_tree if program.static_inputs else program.in_tree
     try:
-        per_leaf = program.in_tree.flatten_up_to(names)
+        per_leaf = tree.flatten_up_to(names)
     except (ValueError, TypeError) as e:
         # a prefix of the args, as jit's in_shardings may be: flax's nn.get_partition_spec of a
         # boxed (LogicallyPartitioned) state puts one spec where the args have a box
@@ -162,13 +164,15 @@ def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
                 and any(isinstance(n, str) for n in x))
 
         try:
-            like = jax.tree_util.tree_unflatten(program.in_tree, [0] * program.in_tree.num_leaves)
-            per_leaf = program.in_tree.flatten_up_to(jax.tree.broadcast(names, like, is_leaf=is_names))
+            like = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
+            per_leaf = tree.flatten_up_to(jax.tree.broadcast(names, like, is_leaf=is_names))
         except (ValueError, TypeError):
             warnings.warn(f"partex: axis_names do not mirror the example args, so no logical names are used "
                           f"({' '.join(str(e).split())[:200]})", stacklevel=2)
             return {}
 
+    if program.static_inputs:
+        per_leaf = program.dynamic_leaves(per_leaf)
     out = {}
     for vid, path, n in zip(program.inputs, program.input_paths, per_leaf):
         rank = len(program.values[vid].shape)

@@ -251,7 +251,7 @@ class PlannedFunction:
         return self._mesh
 
     def build(self, args: Sequence[Any]):
-        if self._jitted is not None:
+        if self._jitted is not None and self.program.static_mismatch(args) is None:
             return self._jitted
         import jax
         from jax.sharding import NamedSharding
@@ -282,16 +282,23 @@ class PlannedFunction:
         out_sh = [NamedSharding(mesh, spec_from_json(self.plan.outputs.get(p, []))) for p in program.output_paths]
         in_tree = jax.tree_util.tree_unflatten(program.in_tree, in_sh)
         out_tree = jax.tree_util.tree_unflatten(program.out_tree, out_sh)
+        # static (non-array) leaves are closed over: the jitted body takes the array leaves
         donate = tuple(i for i in self.plan.donate if i < len(args))
         self._jitted = jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
                                donate_argnums=donate)
         return self._jitted
 
     def __call__(self, *args):
-        return self.build(args)(*args)
+        from ._program import dynamic_args
+
+        jitted = self.build(args)
+        return self.program.full_outputs(jitted(*dynamic_args(args)))
 
     def lower(self, *args):
-        return self.build(args).lower(*args)
+        from ._program import dynamic_args
+
+        jitted = self.build(args)
+        return jitted.lower(*dynamic_args(args))
 
 
 def check_consistent(plan: Plan, program, cm, decisions) -> None:

@@ -88,6 +88,7 @@ class Op:
     source: str
     region: int = TOP_REGION
     trip: int = 1  # how many times the op runs per step (enclosing loop lengths)
+    scope: str = ""  # JAX's name stack where it was traced (``jvp(model)/layer_0/attn``)
 
     def replace(self, **kw) -> "Op":
         return dataclasses.replace(self, **kw)
@@ -126,10 +127,44 @@ class Program:
     # kind, op) for ``with_sharding_constraint`` / ``reshard`` (op: the constraint op) and
     # the ``in_shardings`` / ``out_shardings`` of a ``jit`` called inside (op: -1).
     user_shardings: list[tuple[ValueId, Any, str, str, OpId]] = dataclasses.field(default_factory=list)
+    # The args' static (non-array) leaves, closed over when traced: (flat index in the whole
+    # args' tree, path, value); ``full_tree`` is that whole tree (``in_tree`` lacks them).
+    static_inputs: tuple[tuple[int, str, Any], ...] = ()
+    full_tree: Any = None
+    static_outputs: tuple[tuple[int, str, Any], ...] = ()  # likewise of the results
+    full_out_tree: Any = None
 
     @property
     def num_ops(self) -> int:
         return len(self.ops)
+
+    def dynamic_leaves(self, full_leaves: Sequence[Any]) -> list:
+        """Per-leaf values over the whole args' tree, the static leaves' left out."""
+        static = {k for k, _, _ in self.static_inputs}
+        return [x for k, x in enumerate(full_leaves) if k not in static]
+
+    def static_mismatch(self, args: Sequence[Any]) -> str | None:
+        """Why ``args``' static leaves are not those it was traced with (None: they are)."""
+        if not self.static_inputs:
+            return None
+        try:
+            leaves = self.full_tree.flatten_up_to(tuple(args))
+        except (ValueError, TypeError) as e:
+            return f"arguments do not match the traced function's: {e}"
+        for k, path, value in self.static_inputs:
+            if not _same(leaves[k], value):
+                return f"static argument {path} is {leaves[k]!r:.60}, traced with {value!r:.60}"
+        return None
+
+    def full_outputs(self, out):
+        """The traced results (``out_tree``) with the static leaves the function returned
+        put back: what the function itself returns."""
+        if not self.static_outputs:
+            return out
+        fixed = {k: v for k, _, v in self.static_outputs}
+        leaves = iter(jax.tree_util.tree_leaves(out))
+        full = [fixed[k] if k in fixed else next(leaves) for k in range(self.full_out_tree.num_leaves)]
+        return jax.tree_util.tree_unflatten(self.full_out_tree, full)
 
     def value(self, vid: ValueId) -> Value:
         return self.values[vid]
@@ -163,22 +198,64 @@ def arg_names(fn: Callable, n: int) -> list[str]:
     return [params[i] if i < len(params) else f"arg{i}" for i in range(n)]
 
 
-def flatten_args(fn: Callable, args: Sequence[Any]) -> tuple[list[Any], list[str], Any]:
-    """Flatten example args to leaves with pytree paths; reject non-array leaves."""
+def _same(a, b) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # a value without a truthy ==: compare as jit's static args hash
+        return False
+
+
+def is_array_leaf(x) -> bool:
+    """A leaf jit passes as an array: an array (or ShapeDtypeStruct) or a Python number."""
+    return (hasattr(x, "shape") and hasattr(x, "dtype")) or _is_scalar(x)
+
+
+def flatten_args(fn: Callable, args: Sequence[Any]) -> tuple[list[Any], list[str], Any, list[tuple[int, str, Any]]]:
+    """Flatten example args to leaves with pytree paths. Leaves that are not arrays (a
+    string, an enum, a config object inside the state) are *static*: returned apart as
+    (flat index, path, value) and left out of the leaves, as jit's static arguments are."""
     names = arg_names(fn, len(args))
-    leaves, paths = [], []
+    leaves, paths, static = [], [], []
+    k = 0
     for name, arg in zip(names, args):
         for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
             p = path_str(name, path)
-            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not _is_scalar(leaf):
-                raise PartexError(
-                    f"example arg {p} is a {type(leaf).__name__} ({leaf!r:.40}), not an array: "
-                    "pass jax arrays, numpy arrays, Python numbers or jax.ShapeDtypeStruct leaves "
-                    "(close over static settings instead of passing them)"
-                )
-            leaves.append(leaf)
-            paths.append(p)
-    return leaves, paths, jax.tree_util.tree_structure(tuple(args))
+            if is_array_leaf(leaf):
+                leaves.append(leaf)
+                paths.append(p)
+            else:
+                static.append((k, p, leaf))
+            k += 1
+    return leaves, paths, jax.tree_util.tree_structure(tuple(args)), static
+
+
+def dynamic_args(args: Sequence[Any]) -> tuple:
+    """``args`` with their static (non-array) leaves taken out: the pytree the traced
+    program's inputs mirror (``Program.in_tree``)."""
+    return tuple(jax.tree_util.tree_map(lambda x: x if is_array_leaf(x) else None, tuple(args)))
+
+
+class StaticSplit:
+    """``fn`` as a function of the array leaves of its args and results only: the static
+    (non-array) leaves of ``args`` are put back before it runs, and those of its results
+    taken out (``outputs``: (flat index, path, value), ``out_tree``: the whole results'
+    tree, known once it has been traced)."""
+
+    def __init__(self, fn: Callable, args: Sequence[Any]):
+        self.fn = fn
+        _, _, self.in_tree, self.inputs = flatten_args(fn, args)
+        self.args = dynamic_args(args)
+        self.outputs: list[tuple[int, str, Any]] = []
+        self.out_tree = None
+
+    def __call__(self, *args):
+        fixed = {k: v for k, _, v in self.inputs}
+        leaves = iter(jax.tree_util.tree_leaves(args))
+        full = [fixed[k] if k in fixed else next(leaves) for k in range(self.in_tree.num_leaves)]
+        out = self.fn(*jax.tree_util.tree_unflatten(self.in_tree, full))
+        flat, self.out_tree = jax.tree_util.tree_flatten_with_path(out)
+        self.outputs = [(k, path_str("out", p), x) for k, (p, x) in enumerate(flat) if not is_array_leaf(x)]
+        return jax.tree_util.tree_map(lambda x: x if is_array_leaf(x) else None, out) if self.outputs else out
 
 
 # --------------------------------------------------------------------------- tracing
@@ -189,7 +266,10 @@ def _is_scalar(x) -> bool:
 
 def abstract(x) -> jax.ShapeDtypeStruct:
     """An example leaf as JAX's jit sees it: an array's shape and dtype; a Python number (a
-    step counter in a train state) a weakly typed scalar, as ``jax.jit`` passes it."""
+    step counter in a train state) a weakly typed scalar, as ``jax.jit`` passes it; a static
+    leaf as it is."""
+    if not is_array_leaf(x):
+        return x
     if _is_scalar(x):
         return jax.ShapeDtypeStruct((), jax.numpy.result_type(x), weak_type=True)
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
@@ -197,7 +277,7 @@ def abstract(x) -> jax.ShapeDtypeStruct:
 
 def make_jaxpr(fn: Callable, args: Sequence[Any]):
     """``jax.make_jaxpr`` with JAX's own message turned into a PartexError."""
-    abstract_args = jax.tree_util.tree_map(abstract, tuple(args))
+    abstract_args = jax.tree_util.tree_map(abstract, tuple(args))  # the dynamic args only
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract_args)
     except PartexError:
@@ -212,14 +292,21 @@ def make_jaxpr(fn: Callable, args: Sequence[Any]):
 
 
 def trace(fn: Callable, args: Sequence[Any]) -> Program:
-    """Trace ``fn(*args)`` into a flat Program."""
+    """Trace ``fn(*args)`` into a flat Program. Static (non-array) leaves of ``args`` and of
+    the results are closed over, not traced: the program's inputs and outputs are the array
+    leaves (``in_tree``/``out_tree`` are the trees without the static leaves;
+    ``static_inputs``/``static_outputs`` list them)."""
     args = tuple(args)
-    leaves, in_paths, in_tree = flatten_args(fn, args)
-    closed, out_shape = make_jaxpr(fn, args)
+    _, in_paths, _, _ = flatten_args(fn, args)
+    split = StaticSplit(fn, args)
+    closed, out_shape = make_jaxpr(split, split.args)
     closed = unshare(dce(closed))
     out_leaves_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     out_paths = [path_str("out", p) for p, _ in out_leaves_paths]
-    return _Tracer(closed).run(in_paths, out_paths, in_tree, out_tree)
+    program = _Tracer(closed).run(in_paths, out_paths, jax.tree_util.tree_structure(split.args), out_tree)
+    program.static_inputs, program.full_tree = tuple(split.inputs), split.in_tree
+    program.static_outputs, program.full_out_tree = tuple(split.outputs), split.out_tree
+    return program
 
 
 def unshare(closed):
@@ -289,6 +376,7 @@ class _Tracer:
         self._summaries: dict[Any, str] = {}
         self.eqn_ops: dict[int, OpId] = {}
         self.user_shardings: list[tuple[ValueId, Any, str, str, OpId]] = []
+        self.scope = ""  # the name stack of the eqn being walked, through inlined calls
 
     # ---- values
     def new_value(self, aval, producer: OpId = NO_PRODUCER, name: str | None = None) -> ValueId:
@@ -341,7 +429,7 @@ class _Tracer:
             if i < len(out_vars):
                 self.bind(out_vars[i], vid)
             outs.append(vid)
-        op = Op(oid, primitive, params, tuple(inputs), tuple(outs), source, region, trip)
+        op = Op(oid, primitive, params, tuple(inputs), tuple(outs), source, region, trip, self.scope)
         self.ops.append(op)
         return op
 
@@ -366,9 +454,11 @@ class _Tracer:
         )
 
     def walk(self, jaxpr, region: int, trip: int) -> None:
+        outer = self.scope
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             handler = _STRUCTURED.get(name)
+            self.scope = _join_scope(outer, str(eqn.source_info.name_stack))
             if handler is not None:
                 handler(self, eqn, region, trip)
             elif name in _INLINE_PARAM and _called_jaxpr(eqn) is not None:
@@ -383,6 +473,7 @@ class _Tracer:
                 sharding = eqn.params.get(_USER_SHARDING_PARAM.get(name, ""))
                 if sharding is not None:
                     self.user_shardings.append((op.outputs[0], sharding, _call_site(eqn), name, op.id))
+        self.scope = outer
 
     def inline(self, eqn, region: int, trip: int) -> None:
         inner = _called_jaxpr(eqn)
@@ -391,7 +482,10 @@ class _Tracer:
             inner = inner.jaxpr
         for var, atom in zip(inner.invars, eqn.invars):
             self.bind(var, self.read(atom))
+        scope = self.scope
+        self.scope = _join_scope(scope, eqn.params.get("name", "") if _names_scope(eqn) else "")
         self.walk(inner, region, trip)
+        self.scope = scope
         for outer, atom in zip(eqn.outvars, inner.outvars):
             self.bind(outer, self.read(atom))
         # a jit called inside the step: its in/out shardings are the user's own too
@@ -407,6 +501,15 @@ class _Tracer:
 
     def close_region(self, rid: int, enter: OpId, exit_: OpId) -> None:
         self.regions[rid] = dataclasses.replace(self.regions[rid], enter=enter, exit=exit_)
+
+
+def _names_scope(eqn) -> bool:
+    """A ``jit`` call names a scope (its function's name) as JAX's name stack does."""
+    return eqn.primitive.name in ("jit", "pjit") and isinstance(eqn.params.get("name"), str)
+
+
+def _join_scope(outer: str, inner: str) -> str:
+    return f"{outer}/{inner}" if outer and inner else outer or inner
 
 
 # Primitives that fix their result's sharding, and the param that holds it.

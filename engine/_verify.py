@@ -199,6 +199,8 @@ def compare_outputs(paths: list[str], ref: list, got: list, rtol: float = NUMERI
 
 
 def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
+    from ._program import StaticSplit
+
     leaves = jax.tree_util.tree_leaves(model.args)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
         raise PartexError("--run needs real example arrays: use a small preset (e.g. --preset tiny)")
@@ -211,9 +213,12 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
     def to_numbers(x):
         return np.asarray(jax.random.key_data(x) if is_key(x) else x)
 
-    host = jax.tree_util.tree_map(to_host, model.args)
-    ref = jax.tree_util.tree_map(to_numbers, jax.jit(model.fn)(*host))
-    got = jax.tree_util.tree_map(to_numbers, planned(*jax.tree_util.tree_map(
+    # the array leaves only, in and out: static leaves (a name, an enum) are closed over
+    split = StaticSplit(model.fn, model.args)
+    host = jax.tree_util.tree_map(to_host, split.args)
+    ref = jax.tree_util.tree_map(to_numbers, jax.jit(split)(*host))
+    jitted = planned.build(model.args)
+    got = jax.tree_util.tree_map(to_numbers, jitted(*jax.tree_util.tree_map(
         lambda x: x if is_key(x) else jax.numpy.asarray(x), host)))
     return compare_outputs(list(planned.program.output_paths), jax.tree_util.tree_leaves(ref),
                            jax.tree_util.tree_leaves(got))

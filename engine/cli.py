@@ -198,6 +198,9 @@ def cmd_analyze(args) -> int:
         print(f"\nthe step's own shardings ({len(an.user_shardings())}; kept as fixed decisions by default):")
         for us in an.user_shardings()[: args.top]:
             print(f"  {us.kind} {us.spec_text()} over mesh {us.mesh_text() or '-'} at {us.source}")
+    if an.static_inputs():
+        print("\nstatic arguments (not arrays: closed over when traced, left out of the plan): "
+              + ", ".join(f"{p} ({v})" for p, v in an.static_inputs()))
     if an.unknown_primitives:
         print("\nprimitives with no factor rule (treated conservatively): "
               + ", ".join(f"{k} x{v}" for k, v in sorted(an.unknown_primitives.items())))

@@ -188,3 +188,49 @@ def test_a_python_int_step_counter_is_a_scalar_as_jit_sees_it():
     expected = jax.jit(step)(*args)
     got = plan.apply(step)(*args)
     assert int(got[0]["count"]) == int(expected[0]["count"]) == 1
+
+
+def test_static_leaves_are_closed_over_and_left_out_of_the_plan(tmp_path):
+    """A state holding non-array leaves (a model's name, an activation enum) traces as jit
+    would with them static: they are no inputs of the plan, analyze lists them, the applied
+    plan takes and returns them as the function does, verify --run compares the arrays, and
+    another value of a static leaf re-applies the plan (it picks another branch)."""
+    import enum
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    class Act(enum.Enum):
+        RELU = "relu"
+        TANH = "tanh"
+
+    def step(state, batch):
+        act = jax.nn.relu if state["cfg"]["act"] is Act.RELU else jnp.tanh
+
+        def loss(p):
+            return jnp.mean((act(batch @ p["w1"]) @ p["w2"]) ** 2)
+
+        l, g = jax.value_and_grad(loss)(state["params"])
+        params = jax.tree.map(lambda p, g: p - 0.1 * g, state["params"], g)
+        return {"params": params, "cfg": state["cfg"]}, l
+
+    key = jax.random.key(0)
+    params = {"w1": jax.random.normal(key, (64, 128)) * 0.1, "w2": jax.random.normal(key, (128, 64)) * 0.1}
+    state = {"params": params, "cfg": {"act": Act.RELU, "name": "mlp"}}
+    batch = jax.random.normal(key, (32, 64))
+    s = partex.Session(step, (state, batch), mesh="data=4,model=2")
+    assert s.analysis.static_inputs() == [("state/cfg/act", "Act <Act.RELU: 'relu'>"), ("state/cfg/name", "str 'mlp'")]
+    assert s.analysis.to_json()["static_inputs"][1] == {"path": "state/cfg/name", "value": "str 'mlp'"}
+    assert "state/cfg/name" not in s.program.input_paths and "state/params/w1" in s.program.input_paths
+    plan = s.plan(strategy="megatron")
+    assert set(plan.inputs) == {"state/params/w1", "state/params/w2", "batch"}
+    planned = plan.apply(step)
+    got_state, got_loss = planned(state, batch)
+    want_state, want_loss = step(state, batch)
+    assert got_state["cfg"] == {"act": Act.RELU, "name": "mlp"}
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    assert s.verify(plan, run=True)["numerics"]["ok"]
+    tanh = {"params": params, "cfg": {"act": Act.TANH, "name": "mlp"}}
+    np.testing.assert_allclose(planned(tanh, batch)[1], step(tanh, batch)[1], rtol=1e-5)
+    assert planned(state, batch)[1] == got_loss

@@ -7,8 +7,6 @@ variable path)."""
 import jax
 import numpy as np
 
-import pytest
-
 import partex
 
 import _libcheck as lc
@@ -30,24 +28,14 @@ GPT2 = _Variant(arch="gpt2")
 BY_PATH = _Variant(variables="paths")
 
 
-# issue 10 item 3, not done: strict, so these flip to failures once the stack is found
-NOT_ONE_STACK_YET = pytest.mark.xfail(
-    strict=True, reason="layers held in a flat list (keras' trainable_variables) or indexed inside leaf names "
-    "(keras' optimizer variables by path) are not found as one stack; partex groups layers by path only, "
-    "not yet by repeated subgraphs")
-
-
-@NOT_ONE_STACK_YET
 def test_keras_hub_llama_layers_are_one_stack_whatever_the_depth():
     lc.check_depth_independent(MOD)
 
 
-@NOT_ONE_STACK_YET
 def test_keras_hub_gpt2_layers_are_one_stack_whatever_the_depth():
     lc.check_depth_independent(GPT2)
 
 
-@NOT_ONE_STACK_YET
 def test_keras_hub_state_by_variable_path_layers_are_one_stack_whatever_the_depth():
     """Keyed by path, the params are ``transformer_layer_0/...`` subtrees, and AdamW's
     moments are leaves ``adam_w/transformer_layer_0_self_attention_query_kernel_momentum``."""
