@@ -5,10 +5,13 @@ MaxText's logical constraints), ``jax.sharding.reshard`` and the ``in_shardings`
 ``out_shardings`` of a ``jit`` called inside the step fix the sharding of a value, and XLA
 honours them: its propagation starts from them, and it inserts the collectives that reach
 them. partex models them as XLA does (DESIGN.md, "User shardings"): each dim a user sharding
-names is a *fixed decision* of that dim's group, ahead of every plan's own decisions; a dim it
-leaves replicated fixes its group unsharded; an ``UNCONSTRAINED`` dim leaves its group free.
-Fixed groups are taken out of the search (the plan cannot move them) and shown as the user's
-own pins. ``user_shardings="replace"`` drops them instead: the plan places those values like
+shards over a mesh axis is a *fixed decision* of that dim's group, ahead of every plan's own
+decisions (XLA propagates it to the tensors that share the dim); a dim it leaves replicated
+is replicated *in that value only*: its group stays free, and where the plan shards the group
+the value is gathered at the constraint and its consumers read it whole (a weight sharded
+over data for ZeRO-3 meets a constrained activation as XLA's FSDP does, by an all-gather);
+an ``UNCONSTRAINED`` dim leaves its group free. Fixed groups are taken out of the search (the
+plan cannot move them) and shown as the user's own pins. ``user_shardings="replace"`` drops them instead: the plan places those values like
 any other, and apply re-places the user's constraints at the plan's shardings.
 
 A user sharding over another mesh than the plan's (an axis the plan's mesh lacks, or of another
@@ -57,9 +60,10 @@ class Fixed:
     """What the user's shardings fix on one mesh."""
 
     decisions: tuple[tuple[int, str], ...] = ()  # (group, axis), in program order
-    groups: frozenset[int] = frozenset()  # groups whose sharding is fixed (sharded or not)
+    groups: frozenset[int] = frozenset()  # groups whose sharding is fixed
     by_group: dict = dataclasses.field(default_factory=dict)  # group -> the UserSharding that fixed it
     notes: tuple[str, ...] = ()  # user shardings that disagree on one group (the first wins)
+    replicated: dict = dataclasses.field(default_factory=dict)  # value -> dims it holds whole
 
 
 NONE = Fixed()
@@ -108,6 +112,7 @@ def fixed_decisions(items: Sequence[UserSharding], group_of, mesh) -> Fixed:
     plan_axes = dict(zip(mesh.axes, mesh.sizes))
     decisions: list[tuple[int, str]] = []
     chosen: dict[int, tuple[tuple[str, ...], UserSharding]] = {}
+    replicated: dict[int, set[int]] = {}
     notes = []
     for us in items:
         sizes = dict(us.mesh)
@@ -135,6 +140,9 @@ def fixed_decisions(items: Sequence[UserSharding], group_of, mesh) -> Fixed:
             if g < 0:
                 continue
             axes = tuple(a for a in entry if sizes.get(a, 1) > 1)
+            if not axes:  # replicated here: this value only
+                replicated.setdefault(us.value, set()).add(d)
+                continue
             if g in chosen:
                 if chosen[g][0] != axes:
                     first = chosen[g][1]
@@ -143,7 +151,8 @@ def fixed_decisions(items: Sequence[UserSharding], group_of, mesh) -> Fixed:
                 continue
             chosen[g] = (axes, us)
             decisions += [(g, a) for a in axes]
-    return Fixed(tuple(decisions), frozenset(chosen), {g: us for g, (_, us) in chosen.items()}, tuple(notes))
+    return Fixed(tuple(decisions), frozenset(chosen), {g: us for g, (_, us) in chosen.items()}, tuple(notes),
+                 {v: frozenset(ds) for v, ds in replicated.items()})
 
 
 def plan_spec(us: UserSharding) -> Any:

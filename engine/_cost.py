@@ -227,12 +227,12 @@ class CostModel:
         # XLA's SPMD partitioner gets a pad with interior padding wrong when its result is
         # sharded along the padded dim (wrong values or a failed HLO verification, seen on
         # jax 0.10.2): such dims are never sharded (the pad writes them whole).
-        unshardable = {}
+        unshardable = {v: set(ds) for v, ds in self.fixed.replicated.items()}  # the user's, value by value
         for op in p.ops:
             if op.primitive == "pad":
                 dims = {d for d, (_, _, interior) in enumerate(op.params["padding_config"]) if interior}
                 if dims:
-                    unshardable[op.outputs[0]] = dims
+                    unshardable.setdefault(op.outputs[0], set()).update(dims)
         for v in values:
             b = base[v.id]
             blocked = unshardable.get(v.id, ())

@@ -405,9 +405,7 @@ def fixed_json(cm) -> tuple[dict, ...]:
     """The decisions the step's own shardings fix, for the plan file and the views."""
     an = cm.analysis
     return tuple({"group": an.groups[g].label, "axis": a, "source": cm.fixed.by_group[g].source,
-                  "kind": cm.fixed.by_group[g].kind} for g, a in cm.fixed.decisions) + tuple(
-        {"group": an.groups[g].label, "axis": None, "source": us.source, "kind": us.kind}
-        for g, us in cm.fixed.by_group.items() if not any(d[0] == g for d in cm.fixed.decisions))
+                  "kind": cm.fixed.by_group[g].kind} for g, a in cm.fixed.decisions)
 
 
 def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, strategy=None,
