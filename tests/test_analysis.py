@@ -224,3 +224,29 @@ def test_layer_stacks_group_however_their_index_is_spelled(spell):
         groups.append(len(analyze(step, *args).analysis.decision_groups))
     listed = len(analyze_model("transformer").analysis.decision_groups)
     assert groups == [listed, listed] == [9, 9]
+
+
+@pytest.mark.parametrize("name", ["transformer", "moe"])  # the demos with unrolled layers
+def test_layer_stacks_are_found_in_the_op_graph_without_any_name(name):
+    """Every leaf of every argument passed as one flat list (keras' trainable_variables, an
+    optimizer's state by position): no path says where a layer starts, yet the layers are
+    one stack -- the same decision groups as the named model, at every depth -- because the
+    traced ops repeat, block after chained block (engine/_stacks.py)."""
+    from partex import analyze
+    from partex._stacks import layer_blocks
+
+    counts = []
+    for layers in (2, 4):
+        m = demo_models.build(name, "tiny", {"layers": layers})
+        leaves, tree = jax.tree_util.tree_flatten(tuple(m.args))
+
+        def flat_step(leaves, fn=m.fn, tree=tree):
+            return fn(*jax.tree_util.tree_unflatten(tree, leaves))
+
+        an = analyze(flat_step, leaves).analysis
+        assert all(p.split("/")[1].isdigit() for p in an.program.input_paths)
+        blocks = layer_blocks(an.program)
+        assert [b.count for b in blocks if b.count == layers], blocks  # forward and backward stacks
+        named = analyze(m.fn, *m.args).analysis
+        counts.append((len(an.decision_groups), len(named.decision_groups)))
+    assert counts[0] == counts[1] and counts[0][0] == counts[0][1], counts

@@ -65,11 +65,20 @@ def test_user_model_file(capsys, user_models):
     assert json.loads(out)["ops"] > 0
 
 
+def test_a_non_array_argument_is_static_and_analyze_says_so(capsys, user_models):
+    """A string among the args is closed over as jit's static arguments are, not refused."""
+    f, _ = user_models
+    code, out, err = _run(capsys, "analyze", f"{f}:non_array_leaf")
+    assert code == 0, err
+    assert "static arguments (not arrays: closed over when traced, left out of the plan): opt (str 'adam')" in out
+    code, out, err = _run(capsys, "analyze", f"{f}:non_array_leaf", "--json")
+    assert json.loads(out)["static_inputs"] == [{"path": "opt", "value": "str 'adam'"}]
+
+
 @pytest.mark.parametrize("spec,needle", [
     ("{f}:NOT_CALLABLE", "not a callable"),
     ("{f}:missing", "has no attribute 'missing'"),
     ("{f}:fails_to_trace", "failed to trace: TypeError: dot_general requires contracting dimensions to have the same shape"),
-    ("{f}:non_array_leaf", "example arg opt is a str"),
     ("{f}:returns_junk", "must return (fn, example_args)"),
     ("{bad}:anything", "importing"),
     ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),

@@ -70,6 +70,17 @@ def test_keras_hub_state_by_variable_path_gives_readable_labels():
             "token_embedding/embeddings[1]"} <= labels, labels
 
 
+def test_keras_hub_list_held_variables_are_labelled_by_the_layer_that_reads_them():
+    """In a list, a variable's path is its position: the label comes from the Keras layer
+    scope JAX traced its first reader in, layer index starred, as the by-path labels read."""
+    fn, args = MOD.make()
+    an = partex.analyze(fn, *args).analysis
+    labels = {g.label for g in an.decision_groups}
+    assert {"self_attention/query[2]", "transformer_layer_*/feedforward_intermediate_dense[1]"} <= labels, labels
+    assert not any(label.startswith("trainable_variables/") and label.split("/")[1][0].isdigit()
+                   for label in labels), labels
+
+
 def test_keras_hub_optimizer_iteration_and_state_come_out_of_the_sharded_step():
     """Keras's AdamW state is a list whose first leaves are the int ``iteration`` and the
     learning rate; a zero3 plan runs the step and its updated state matches the unsharded one."""

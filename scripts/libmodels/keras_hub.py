@@ -15,9 +15,11 @@ not optax). The arguments are what such users hold: ``trainable_variables``,
 ``non_trainable_variables`` and ``optimizer_variables`` as *lists* of arrays
 (``[v.value for v in model.trainable_variables]``, in Keras's variable order), and the batch
 ``x = {"token_ids", "padding_mask"}``, ``y``. It returns ``(trainable, non_trainable,
-optimizer_variables, loss)``. Keras has no logical axis names; none are passed, so partex's
-labels are list positions (``trainable_variables/2[1]``: the query kernel's heads); the Keras
-path of each position is ``variable_paths(arch)``. ``make(variables="paths")`` holds the three
+optimizer_variables, loss)``. Keras has no logical axis names; none are passed, and a list
+position names nothing, so partex labels a list-held variable by the Keras layer scope its
+first reader was traced in (``self_attention/query[1]``: the query kernel's heads) and finds
+the layer stack from the repeated ops; the Keras path of each position is
+``variable_paths(arch)``. ``make(variables="paths")`` holds the three
 states as dicts keyed by Keras variable path instead (``transformer_layer_0/self_attention/
 query/kernel``; AdamW's ``adam_w/transformer_layer_0_self_attention_query_kernel_momentum``),
 converted to Keras's lists inside the step.
