@@ -167,12 +167,50 @@ def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
             like = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
             per_leaf = tree.flatten_up_to(jax.tree.broadcast(names, like, is_leaf=is_names))
         except (ValueError, TypeError):
-            warnings.warn(f"partex: axis_names do not mirror the example args, so no logical names are used "
-                          f"({' '.join(str(e).split())[:200]})", stacklevel=2)
-            return {}
-
+            per_leaf = None
+        if per_leaf is None:
+            return _names_by_path(program, names, is_names)
     if program.static_inputs:
         per_leaf = program.dynamic_leaves(per_leaf)
+    return _checked_names(program, per_leaf)
+
+
+def _names_by_path(program, names, is_names) -> dict[int, tuple]:
+    """axis_names that do not mirror the args: each leaf takes the names at its own path, or
+    at the longest prefix of it that has names; a warning names the first leaf left without
+    and the first names that match no leaf."""
+    from ._program import path_str
+
+    given: dict[str, Any] = {}
+    stray = []
+    for kp, n in jax.tree_util.tree_flatten_with_path(names, is_leaf=is_names)[0]:
+        k = getattr(kp[0], "idx", None) if kp else None
+        if k is None or k >= len(program.arg_names):
+            stray.append(path_str("axis_names", kp))
+            continue
+        given[path_str(program.arg_names[k], kp[1:])] = n
+    per_leaf, missing, used = [], [], set()
+    for vid, path in zip(program.inputs, program.input_paths):
+        q = path
+        while q and q not in given:
+            q = q.rpartition("/")[0]
+        per_leaf.append(given.get(q))
+        used.add(q)
+        if not q and program.values[vid].shape:
+            missing.append(path)
+    stray += [q for q in given if q not in used]
+    problems = ([f"no names for {missing[0]}" + (f" (and {len(missing) - 1} more leaves)" if len(missing) > 1 else "")]
+                if missing else []) + ([f"names for {stray[0]} match no argument" + (
+                    f" (and {len(stray) - 1} more)" if len(stray) > 1 else "")] if stray else [])
+    if problems:
+        warnings.warn(f"partex: axis_names do not mirror the example args: {'; '.join(problems)}; the names "
+                      "that match a leaf's path are used", stacklevel=3)
+    return _checked_names(program, per_leaf)
+
+
+def _checked_names(program, per_leaf) -> dict[int, tuple]:
+    from jax.sharding import PartitionSpec
+
     out = {}
     for vid, path, n in zip(program.inputs, program.input_paths, per_leaf):
         rank = len(program.values[vid].shape)

@@ -132,6 +132,7 @@ class Program:
     static_inputs: tuple[tuple[int, str, Any], ...] = ()
     full_tree: Any = None
     static_outputs: tuple[tuple[int, str, Any], ...] = ()  # likewise of the results
+    arg_names: tuple[str, ...] = ()  # the first segment of the input paths, per argument
     full_out_tree: Any = None
 
     @property
@@ -306,6 +307,7 @@ def trace(fn: Callable, args: Sequence[Any]) -> Program:
     program = _Tracer(closed).run(in_paths, out_paths, jax.tree_util.tree_structure(split.args), out_tree)
     program.static_inputs, program.full_tree = tuple(split.inputs), split.in_tree
     program.static_outputs, program.full_out_tree = tuple(split.outputs), split.out_tree
+    program.arg_names = tuple(arg_names(fn, len(args)))
     return program
 
 

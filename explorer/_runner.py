@@ -139,6 +139,8 @@ class ProcessRunner:
             # JAX warns on every fork once its runtime is up. The child runs the search alone
             # (the cost model is numpy) and never calls into JAX, whose threads it lacks.
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            # Python 3.12 likewise on a fork of any multi-threaded process (the server's)
+            warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
             self._proc.start()
         child.close()
 

@@ -186,6 +186,31 @@ def test_axis_names_match_the_args_structure_with_empty_containers():
     assert "batch" in labels
 
 
+def test_axis_names_that_do_not_mirror_the_args_are_matched_by_path_with_a_warning():
+    """Names missing a leaf, or with one the args lack, still label every leaf they reach by
+    path (a prefix labels the leaves under it); the warning names the first leaf left
+    unnamed and the first names that match nothing, instead of dropping them all."""
+    import jax.numpy as jnp
+
+    from partex import analyze
+
+    def step(params, opt, x):
+        h = x @ params["w1"]
+        return jnp.sum(h @ params["w2"]) + jnp.sum(opt["mu"]["w1"])
+
+    args = ({"w1": jnp.ones((8, 32)), "w2": jnp.ones((32, 4))}, {"mu": {"w1": jnp.ones((8, 32))}},
+            jnp.ones((16, 8)))
+    partial = ({"w1": ("embed", "hidden")}, None, ("batch", "embed"))
+    with pytest.warns(UserWarning, match=r"no names for params/w2;"):
+        labels = {g.label for g in analyze(step, *args, axis_names=partial).analysis.groups}
+    assert {"hidden", "embed", "batch"} <= labels, labels
+    extra = ({"w1": ("embed", "hidden"), "w2": ("hidden", "out"), "b": ("out",)},
+             {"mu": ("embed", "hidden")}, ("batch", "embed"))  # "mu": a prefix of mu/w1
+    with pytest.warns(UserWarning, match=r"names for params/b match no argument"):
+        an = analyze(step, *args, axis_names=extra).analysis
+    assert {"hidden", "out", "batch"} <= {g.label for g in an.groups}
+
+
 def _keyed_layers(tree, spell):
     """Every list held under "layers" as a dict keyed by spell(i) (layer_3, h.3, blocks[3])."""
     if isinstance(tree, dict):
