@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax._src import core as jcore
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
@@ -53,6 +55,7 @@ def constrained_function(
     value_specs: Mapping[int, PartitionSpec],
     operand_specs: Mapping[tuple[int, int], PartitionSpec] = {},
     user_specs: Mapping[int, PartitionSpec | None] | None = None,
+    promote: bool = False,
 ) -> Callable:
     """A function equivalent to the traced one, with sharding constraints inserted.
 
@@ -67,10 +70,32 @@ def constrained_function(
     ``user_specs[op]`` is the spec each gets (None: dropped, the plan places the value); by
     default the user's spec as it is (its mesh must then be ``mesh``'s).
 
+    ``promote``: compute in float32 what the step computes in bfloat16 or float16 (inputs,
+    constants, casts, matmul accumulators; ``reduce_precision`` is skipped), the same ops in
+    the same shardings: verify compares a plan's numerics so, where 16-bit rounding would
+    hide a misplaced shard in noise.
+
     The result takes and returns the same pytrees as the traced function. It is not jitted:
     wrap it in ``jax.jit(..., in_shardings=..., out_shardings=..., donate_argnums=...)``.
     """
-    return _Interpreter(program, mesh, value_specs, operand_specs, user_specs).function()
+    return _Interpreter(program, mesh, value_specs, operand_specs, user_specs, promote).function()
+
+
+_LOW = frozenset({np.dtype(jnp.bfloat16), np.dtype(np.float16)})
+_DTYPE_PARAMS = ("new_dtype", "dtype", "preferred_element_type")
+
+
+def _is_low(dtype) -> bool:
+    try:
+        return np.dtype(dtype) in _LOW
+    except TypeError:  # not a numpy dtype (a PRNG key type)
+        return False
+
+
+def _widen(x):
+    """x in float32 if it is a 16-bit float, else as it is."""
+    dtype = getattr(x, "dtype", None)
+    return x.astype(np.float32) if dtype is not None and _is_low(dtype) else x
 
 
 # The step's own sharding ops (see _constraints): rebound on the plan's mesh, or dropped.
@@ -78,8 +103,9 @@ _USER_SHARDING = {"sharding_constraint", "reshard"}
 
 
 class _Interpreter:
-    def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None):
+    def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None, promote=False):
         self.program = program
+        self.promote = promote
         self.mesh = mesh
         self.value_specs = dict(value_specs)
         self.operand_specs = dict(operand_specs)
@@ -155,11 +181,13 @@ class _Interpreter:
         operands, loop consts)."""
         env: dict[Any, Any] = {}
 
+        widen = _widen if self.promote else (lambda x: x)
+
         def read(atom):
-            return atom.val if isinstance(atom, jcore.Literal) else env[atom]
+            return widen(atom.val) if isinstance(atom, jcore.Literal) else env[atom]
 
         for var, c in zip(jaxpr.constvars, consts):
-            env[var] = self.constrain_var(var, c)
+            env[var] = self.constrain_var(var, widen(c))
         if isinstance(constrain_invars, bool):
             constrain_invars = [constrain_invars] * len(jaxpr.invars)
         if len(args) != len(jaxpr.invars):
@@ -167,6 +195,7 @@ class _Interpreter:
                 f"expected {len(jaxpr.invars)} array arguments, got {len(args)}"
             )
         for var, x, c in zip(jaxpr.invars, args, constrain_invars):
+            x = widen(x)
             env[var] = self.constrain_var(var, x) if c else x
 
         for eqn in jaxpr.eqns:
@@ -202,12 +231,43 @@ class _Interpreter:
                 return list(invals)
             return [self._user_constrain(invals[0], spec, op_id)]
         params = eqn.primitive.get_bind_params(eqn.params)
+        if self.promote:
+            promoted = self._promoted(eqn, params[1] if isinstance(params, tuple) else params)
+            if promoted is None:  # rounding to 16 bits, skipped
+                return list(invals[:1])
+            params = (params[0], promoted) if isinstance(params, tuple) else promoted
         if isinstance(params, tuple):  # older JAX: (subfuns, params)
             subfuns, params = params
             out = eqn.primitive.bind(*subfuns, *invals, **params)
         else:
             out = eqn.primitive.bind(*invals, **params)
         return list(out) if eqn.primitive.multiple_results else [out]
+
+    def _promoted(self, eqn, params: dict) -> dict | None:
+        """The eqn's params computing in float32 where they name a 16-bit float."""
+        name = eqn.primitive.name
+        if name == "reduce_precision":
+            return None
+        if name == "bitcast_convert_type" and any(_is_low(v.aval.dtype) for v in (*eqn.invars, *eqn.outvars)):
+            raise PartexError(f"{self.program.ops[self.eqn_ops[id(eqn)]].source if id(eqn) in self.eqn_ops else name}: "
+                              "the step bitcasts a 16-bit float, which cannot be computed in float32")
+        out = {}
+        for k, v in params.items():
+            if k in _DTYPE_PARAMS and v is not None and _is_low(v):
+                v = np.dtype(np.float32)
+            elif isinstance(v, (ClosedJaxpr, jcore.Jaxpr)):  # a reduction's computation (scatter-add)
+                v = self._promoted_jaxpr(v)
+            out[k] = v
+        return out
+
+    def _promoted_jaxpr(self, j):
+        inner = j.jaxpr if isinstance(j, ClosedJaxpr) else j
+        consts = getattr(j, "consts", ())
+        if not any(_is_low(v.aval.dtype) for v in (*inner.invars, *inner.outvars)):
+            return j
+        closed = jax.make_jaxpr(lambda *xs: self.eval(inner, consts, list(xs), constrain_invars=False))(
+            *[_sds(v.aval, promote=True) for v in inner.invars])
+        return closed if isinstance(j, ClosedJaxpr) else closed.jaxpr
 
     def inline(self, eqn, invals) -> list:
         inner = _called_jaxpr(eqn)
@@ -226,7 +286,7 @@ class _Interpreter:
         def body(*xs):
             return self.eval(inner, inner_consts, list(xs), constrain_invars=False)
 
-        closed = jax.make_jaxpr(body)(*[_sds(v.aval) for v in inner.invars])
+        closed = jax.make_jaxpr(body)(*[_sds(v.aval, self.promote) for v in inner.invars])
         new_jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
         params = dict(eqn.params, jaxpr=new_jaxpr)
         prevent_cse = params.get("prevent_cse")
@@ -317,8 +377,9 @@ def _called_jaxpr(eqn):
     return None
 
 
-def _sds(aval):
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+def _sds(aval, promote: bool = False):
+    dtype = np.float32 if promote and _is_low(aval.dtype) else aval.dtype
+    return jax.ShapeDtypeStruct(aval.shape, dtype, weak_type=getattr(aval, "weak_type", False))
 
 
 class _eqn_context:

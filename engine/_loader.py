@@ -155,7 +155,7 @@ def axis_names_by_value(program, axis_names) -> dict[int, tuple]:
     tree = program.full_tree if program.static_inputs else program.in_tree
     try:
         per_leaf = tree.flatten_up_to(names)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError):
         # a prefix of the args, as jit's in_shardings may be: flax's nn.get_partition_spec of a
         # boxed (LogicallyPartitioned) state puts one spec where the args have a box
         def is_names(x) -> bool:

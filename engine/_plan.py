@@ -277,16 +277,27 @@ class PlannedFunction:
         value_specs, operand_specs = constraint_specs(cm, decisions) if self.constrain else ({}, {})
         self.num_constraints = (len(value_specs), len(operand_specs))
         self.program = program
-        body = constrained_function(program, mesh, value_specs, operand_specs, user_specs(cm))
         in_sh = [NamedSharding(mesh, spec_from_json(self.plan.inputs.get(p, []))) for p in program.input_paths]
         out_sh = [NamedSharding(mesh, spec_from_json(self.plan.outputs.get(p, []))) for p in program.output_paths]
         in_tree = jax.tree_util.tree_unflatten(program.in_tree, in_sh)
         out_tree = jax.tree_util.tree_unflatten(program.out_tree, out_sh)
         # static (non-array) leaves are closed over: the jitted body takes the array leaves
         donate = tuple(i for i in self.plan.donate if i < len(args))
-        self._jitted = jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
-                               donate_argnums=donate)
+        specs = (value_specs, operand_specs, user_specs(cm))
+
+        def jitted(promote: bool = False):
+            body = constrained_function(program, mesh, *specs, promote=promote)
+            return jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
+                           donate_argnums=() if promote else donate)
+
+        self._jitted, self._promoted = jitted(), lambda: jitted(promote=True)
         return self._jitted
+
+    def float32(self, args: Sequence[Any]):
+        """The planned step computing in float32 what it computes in bfloat16 / float16 (the
+        same ops at the same shardings; see ``constrained_function``): verify's numerics."""
+        self.build(args)
+        return self._promoted()
 
     def __call__(self, *args):
         from ._program import dynamic_args

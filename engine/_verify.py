@@ -199,6 +199,7 @@ def compare_outputs(paths: list[str], ref: list, got: list, rtol: float = NUMERI
 
 
 def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
+    from ._apply import constrained_function
     from ._program import StaticSplit
 
     leaves = jax.tree_util.tree_leaves(model.args)
@@ -216,12 +217,29 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
     # the array leaves only, in and out: static leaves (a name, an enum) are closed over
     split = StaticSplit(model.fn, model.args)
     host = jax.tree_util.tree_map(to_host, split.args)
-    ref = jax.tree_util.tree_map(to_numbers, jax.jit(split)(*host))
-    jitted = planned.build(model.args)
+    program = planned.build(model.args) and planned.program
+    # A step computing in bfloat16/float16 is compared in float32: the same ops at the same
+    # shardings, without the 16-bit rounding whose noise (signs of ~0 gradients flipped, Adam
+    # turning them into whole updates) would be as large as a misplaced shard's error.
+    low = sorted({str(v.dtype) for v in program.values if str(v.dtype) in ("bfloat16", "float16")})
+    if low:
+        reference = jax.jit(constrained_function(program, planned.mesh, {}, {}, _dropped(program), promote=True))
+        jitted = planned.float32(model.args)
+    else:
+        reference, jitted = jax.jit(split), planned.build(model.args)
+    ref = jax.tree_util.tree_map(to_numbers, reference(*host))
     got = jax.tree_util.tree_map(to_numbers, jitted(*jax.tree_util.tree_map(
         lambda x: x if is_key(x) else jax.numpy.asarray(x), host)))
-    return compare_outputs(list(planned.program.output_paths), jax.tree_util.tree_leaves(ref),
-                           jax.tree_util.tree_leaves(got))
+    out = compare_outputs(list(program.output_paths), jax.tree_util.tree_leaves(ref),
+                          jax.tree_util.tree_leaves(got))
+    if low:
+        out["computed_in"] = f"float32 (the step's {', '.join(low)} promoted)"
+    return out
+
+
+def _dropped(program) -> dict:
+    """Every one of the step's own sharding ops dropped: the unsharded reference."""
+    return {op.id: None for op in program.ops if op.primitive in ("sharding_constraint", "reshard")}
 
 
 def main() -> None:

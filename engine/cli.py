@@ -264,7 +264,8 @@ def cmd_verify(args) -> int:
                   f"(ratio {r})")
     if "numerics" in out:
         n = out["numerics"]
-        print(f"  numerics: max relative error {n['max_rel_err']:.2e} ({'ok' if n['ok'] else 'MISMATCH'})")
+        print(f"  numerics: max relative error {n['max_rel_err']:.2e} ({'ok' if n['ok'] else 'MISMATCH'})"
+              + (f", computed in {n['computed_in']}" if n.get("computed_in") else ""))
     return 0
 
 
