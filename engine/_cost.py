@@ -187,6 +187,9 @@ class _Pattern:
     # under lowering="cpu": XLA:CPU all-reduces and gathers bf16/f16 in f32)
     operand_wire: tuple[float, ...] = ()
     result_wire: tuple[float, ...] = ()
+    # argmax/argmin over a sharded axis: XLA all-gathers each device's partial (value, index)
+    # pairs and reduces them locally; the bytes gathered per result byte (value + index)
+    gather_partials: float = 0.0
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
 
@@ -283,12 +286,15 @@ class CostModel:
             outs = [values[o].shape for o in op.outputs]
             flops = op_flops(op.primitive, op.params, ins, outs)
             self.total_flops += flops * op.trip
+            pairs = 0.0
+            if any(f.kind == FactorKind.REDUCTION and f.reduce == "index" for f in fs):
+                pairs = 1.0 + values[op.inputs[0]].dtype.itemsize / values[op.outputs[0]].dtype.itemsize
             key = (tuple(fkeys),
                    tuple((int(vsig[i]), tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),
                    tuple((int(vsig[o]), tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),
                    op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
                    _shift(op, values), tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
-                   tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs))
+                   tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs), pairs)
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -296,7 +302,7 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3], key[5], key[6], key[7], key[8], key[9]))
+                    flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
@@ -492,7 +498,11 @@ class CostModel:
             extra = lb if partial else lb - nb / self._shard(vspec)
             if extra > 0:
                 transient.append((j, extra))
-            if partial:
+            if partial and pat.gather_partials:
+                gathered = lb * self._prod(partial) * pat.gather_partials
+                colls.append(("all-gather", tuple(partial), gathered, pgroup))
+                transient.append((j, gathered))
+            elif partial:
                 vaxes = {a for axes in vspec for a in axes}
                 rs = tuple(a for a in partial if a in vaxes)
                 ar = tuple(a for a in partial if a not in vaxes)

@@ -39,7 +39,8 @@ class Factor:
     kind: FactorKind
     operands: tuple[DimRef, ...] = ()
     results: tuple[DimRef, ...] = ()
-    # For REDUCTION factors: the all-reduce operator ("sum", "max", "min", "prod", ...).
+    # For REDUCTION factors: the all-reduce operator ("sum", "max", "min", "prod", ...);
+    # "index" for argmax/argmin, whose partial (value, index) pairs XLA all-gathers.
     reduce: str = "sum"
 
     @property
@@ -207,8 +208,8 @@ def _conv(params, ins, outs):
         fs += [_f(lhs[lf], N, [(0, lf)]), _f(rhs[ri], N, [(1, ri)]),
                _f(rhs[ro], N, [(1, ro)]), _f(out[of], N, results=[(0, of)])]
     for a, k, o in zip(lsp, rsp, osp):
-        # spatial dims need a halo exchange; kernel spatial dims are replicated
-        fs += [_f(lhs[a], M, [(0, a)]), _f(out[o], M, results=[(0, o)]), _f(rhs[k], N, [(1, k)])]
+        # spatial dims need a halo exchange; kernel spatial dims are windows (Shardy: permutation)
+        fs += [_f(lhs[a], M, [(0, a)]), _f(out[o], M, results=[(0, o)]), _f(rhs[k], M, [(1, k)])]
     return _keep(fs)
 
 
@@ -346,7 +347,9 @@ def _argminmax(params, ins, outs):
     fs, o = [], 0
     for d, s in enumerate(ins[0]):
         if d in axes:
-            fs.append(_f(s, N, [(0, d)]))
+            # a reduction (Shardy's rule): each device finds its slice's (value, index) and XLA
+            # combines the partial pairs (an all-gather of them, then a local arg-reduce)
+            fs.append(_f(s, R, [(0, d)], reduce="index"))
         else:
             fs.append(_f(s, P, [(0, d)], [(0, o)]))
             o += 1
@@ -373,9 +376,9 @@ def _concatenate(params, ins, outs):
     out = outs[0]
     fs = []
     for d, s in enumerate(out):
-        if d == axis:
-            fs += [_f(sh[d], M, [(i, d)]) for i, sh in enumerate(ins)]
-            fs.append(_f(s, M, results=[(0, d)]))
+        if d == axis:  # need-replication, as Shardy's rule
+            fs += [_f(sh[d], N, [(i, d)]) for i, sh in enumerate(ins)]
+            fs.append(_f(s, N, results=[(0, d)]))
         else:
             fs.append(_f(s, P, [(i, d) for i in range(len(ins))], [(0, d)]))
     return _keep(fs)
@@ -420,9 +423,13 @@ def _dynamic_update_slice(params, ins, outs):
     for d, s in enumerate(x):
         if upd[d] == s:
             fs.append(_f(s, P, [(0, d), (1, d)], [(0, d)]))
-        else:
+        elif upd[d] == 1:
+            # a one-element write (a decode step's cache row): each device writes it only
+            # if it falls in its rows -- XLA emits no collective (Shardy: permutation)
             fs.append(_f(s, P, [(0, d)], [(0, d)]))
-            fs.append(_f(upd[d], N, [(1, d)]))
+        else:
+            # a wider window may straddle two devices' rows: XLA gathers the operand
+            fs += [_f(s, N, [(0, d)]), _f(s, N, results=[(0, d)]), _f(upd[d], N, [(1, d)])]
     return _keep(fs)
 
 
@@ -519,9 +526,12 @@ def _scatter(primitive, params, ins, outs):
     skipped = set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
     op_window = [d for d in range(len(x)) if d not in skipped]
     tied_op = {}
+    wide = set()  # indexed operand dims an update window spans more than one element of
     for u, d in zip(window, op_window):
         if upd[u] == x[d] and d not in indexed:
             tied_op[d] = u
+        elif d in indexed and upd[u] > 1:
+            wide.add(d)
     scatter_dims = [u for u in range(len(upd)) if u not in window]
     upd_of_idx = dict(zip(range(len(idx) - 1), scatter_dims))  # index batch dim -> update dim
     fs = []
@@ -539,6 +549,10 @@ def _scatter(primitive, params, ins, outs):
                 ops.append((2, upd_of_idx[i]))
                 merged.add(i)
             fs.append(_f(s, P, ops, [(0, d)]))
+        elif d in indexed and d in wide:
+            # a window wider than one element may straddle two devices' rows: XLA gathers
+            # the operand along it (Shardy: need-replication)
+            fs += [_f(s, N, [(0, d)]), _f(s, N, results=[(0, d)])]
         elif d in indexed:
             # The operand and result are one buffer: sharding an indexed dim is fine when
             # each device applies only the updates that land in its rows (masked).
@@ -569,8 +583,15 @@ for _name in ("scatter", *_SCATTER_REDUCE):
 
 # --------------------------------------------------------------------------- windows
 
-@register("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
-          "select_and_scatter_add")
+@register("select_and_scatter_add")
+def _select_and_scatter_add(params, ins, outs):
+    """As a window op; its source (operand 0) holds one value per window: need-replication
+    there (Shardy's rule), where the windowed operand and the result permute."""
+    return [dataclasses.replace(f, kind=N) if f.kind == M and all(i == 0 for i, _ in f.operands) and f.operands
+            else f for f in _window(params, ins, outs)]
+
+
+@register("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
 def _window(params, ins, outs):
     wd = params["window_dimensions"]
     st = params["window_strides"]
@@ -624,8 +645,18 @@ def _fft(params, ins, outs):
 
 # --------------------------------------------------------------------------- creation, rng
 
+@register("rng_bit_generator")
+def _rng_bit_generator(params, ins, outs):
+    """The generator's state is one value (need-replication, in and out); the bits are built
+    on each device."""
+    fs = [_f(s, N, [(0, d)]) for d, s in enumerate(ins[0])]
+    fs += [_f(s, N, results=[(0, d)]) for d, s in enumerate(outs[0])]
+    fs += [_f(s, P, results=[(j, d)]) for j, sh in enumerate(outs) if j for d, s in enumerate(sh)]
+    return _keep(fs)
+
+
 @register("iota", "rng_uniform", "random_bits", "random_seed", "random_split", "random_fold_in",
-          "empty", "empty2", "rng_bit_generator")
+          "empty", "empty2")
 def _result_only(params, ins, outs):
     """Results are built on each device: every result dim a free, result-only factor."""
     return _keep(_f(s, P, results=[(j, d)]) for j, sh in enumerate(outs) for d, s in enumerate(sh))

@@ -273,6 +273,33 @@ class _Builder:
         return self.emit(f"jnp.concatenate([{a.name}, {b.name}], axis={ax})", new,
                          exact=a.exact and b.exact, uses=(a, b))
 
+    def op_argreduce(self):
+        """argmax / argmin (as floats, for the loss) of an exactly computed value: a sharded
+        arg-reduction reduces partial (value, index) pairs, and near-ties of an inexact
+        value could flip it."""
+        a = self.pick()
+        if not a.shape or not a.exact:
+            return None
+        ax = self.draw(st.integers(0, len(a.shape) - 1))
+        fn = self.draw(st.sampled_from(["argmax", "argmin"]))
+        new = [s for d, s in enumerate(a.shape) if d != ax]
+        return self.emit(f"jnp.{fn}({a.name}, axis={ax}).astype(jnp.float32)", new, exact=True, uses=(a,))
+
+    def op_window_update(self):
+        """``a.at[..., i:i+w, ...].add(...)``: a scatter-add whose window spans part of a dim."""
+        a = self.pick()
+        dims = [d for d, s in enumerate(a.shape) if s >= 3]
+        if not dims:
+            return None
+        ax = self.draw(st.sampled_from(dims))
+        s = a.shape[ax]
+        w = self.draw(st.integers(2, s - 1))
+        start = self.draw(st.integers(0, s - w))
+        src = self.draw(st.integers(0, s - w))
+        dst = ", ".join([":"] * ax + [f"{start}:{start + w}"])
+        frm = ", ".join([":"] * ax + [f"{src}:{src + w}"])
+        return self.emit(f"{a.name}.at[{dst}].add(jnp.tanh({a.name}[{frm}]))", a.shape, uses=(a,))
+
     def op_slice(self):
         a = self.pick()
         dims = [d for d, s in enumerate(a.shape) if s >= 2]
@@ -346,7 +373,7 @@ class _Builder:
         return self.nodes[-1]
 
     OPS = ("dot", "dot", "elementwise", "elementwise", "reshape", "transpose", "broadcast",
-           "reduce", "concat", "slice", "gather", "scan")
+           "reduce", "concat", "slice", "gather", "scan", "argreduce", "window_update")
 
 
 def _broadcasts(small, big) -> bool:

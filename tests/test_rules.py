@@ -132,6 +132,8 @@ def test_factor_kinds_match_xla_collectives(case):
         found = {m.group(1) for m in _COLLECTIVE.finditer(text)}
         if f.kind == FactorKind.PASS:
             assert not found, (case, f, found)
+        elif f.reduce == "index":  # argmax/argmin: the partial (value, index) pairs are gathered
+            assert found == {"all-gather"}, (case, f, found)
         else:
             assert found and found <= {"all-reduce", "reduce-scatter"}, (case, f, found)
         checked += 1

@@ -1,0 +1,133 @@
+"""partex's factor rules against Shardy's, the rule registry of OpenXLA's own partitioner
+(bundled with jaxlib), case by case (tests/shardy_cases.py; helpers in tests/_shardy.py).
+
+Every case either agrees factor by factor with Shardy or is listed in ``DIFFERENCES`` with
+partex's and Shardy's rule as they stand and the verdict, backed by what XLA compiles (the
+collectives of the README's "Factor rules against Shardy" table; ``XLA_EVIDENCE`` checks
+them). A new disagreement, a listed one whose rules changed, or a listed one that now agrees
+fails: the table stays the truth."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from _shardy import compare
+from shardy_cases import CASES
+
+# case -> (partex's rule, Shardy's rule, verdict). "finer": Shardy's rule shards what partex
+# gathers (issue 11's fixes to come); "per XLA": XLA compiles what partex's rule says.
+DIFFERENCES = {
+    "reshape_merge": ("in #0[P,N]; out #0[P]; ties P:in0.0=out0.0",
+                      "in #0[P,P]; out #0[PP]; ties P:in0.0=out0.0 P:in0.1=out0.0'1", "finer"),
+    "reshape_split": ("in #0[P,P]; out #0[P,P,N]; ties P:in0.0=out0.0 P:in0.1=out0.1",
+                      "in #0[P,PP]; out #0[P,P,P]; ties P:in0.0=out0.0 P:in0.1'1=out0.2 P:in0.1=out0.1", "finer"),
+    "reshape_gcd": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0",
+                    "in #0[PP,P]; out #0[P,PP]; ties P:in0.0'1=out0.1 P:in0.0=out0.0 P:in0.1=out0.1'1", "finer"),
+    "reshape_flatten_batch_seq": ("in #0[P,N,P]; out #0[P,P]; ties P:in0.0=out0.0 P:in0.2=out0.1",
+                                  "in #0[P,P,P]; out #0[PP,P]; ties P:in0.0=out0.0 P:in0.1=out0.0'1 P:in0.2=out0.1",
+                                  "finer"),
+    "cumsum": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0",
+               "per XLA"),
+    "slice": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0", "finer"),
+    "slice_strided": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0",
+                      "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0", "finer"),
+    "dynamic_update_slice": ("in #0[P,N] #1[P,N]; out #0[P,N]; ties P:in0.0=in1.0=out0.0",
+                             "in #0[P,M] #1[P,M]; out #0[P,M]; ties P:in0.0=in1.0=out0.0", "per XLA"),
+    "dynamic_update_slice_whole_row": (
+        "in #0[P,P] #1[P]; out #0[P,P]; ties P:in0.0=out0.0 P:in0.1=in1.1=out0.1",
+        "in #0[M,P] #1[P]; out #0[M,P]; ties P:in0.1=in1.1=out0.1", "per XLA"),
+    "conv_strided": (
+        "in #0[P,M,M,R] #1[M,M,R,P]; out #0[P,M,M,P]; ties P:in0.0=out0.0 P:in1.3=out0.3 R:in0.3=in1.2",
+        "in #0[P,MR,MR,R] #1[R,R,R,P]; out #0[P,M,M,P]; ties P:in0.0=out0.0 P:in1.3=out0.3 R:in0.1'1=in1.0 "
+        "R:in0.2'1=in1.1 R:in0.3=in1.2", "finer"),
+    "conv_grouped": (
+        "in #0[P,M,M,N] #1[M,M,N,N]; out #0[P,M,M,N]; ties P:in0.0=out0.0",
+        "in #0[P,M,M,PR] #1[M,M,R,PP]; out #0[P,M,M,PP]; ties P:in0.0=out0.0 P:in0.3=in1.3=out0.3 "
+        "P:in1.3'1=out0.3'1 R:in0.3'1=in1.2", "finer"),
+    "conv_depthwise_weight_grad": (
+        "in #0[N,M,M,N] #1[N,M,M,N]; out #0[M,M,N]",
+        "in #0[R,R,R,P] #1[R,R,R,P]; out #0[M,M,P]; ties P:in0.3=in1.3=out0.3 R:in0.0=in1.0 R:in0.1=in1.1 "
+        "R:in0.2=in1.2", "finer"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_factor_rule_agrees_with_shardy_or_is_listed(name):
+    mine, theirs = compare(CASES[name])
+    if name not in DIFFERENCES:
+        assert mine == theirs, (f"{name}: partex and Shardy disagree (new: fix the rule, or list it in DIFFERENCES "
+                                f"and the README's table with XLA's evidence)\n  partex: {mine.describe()}\n"
+                                f"  shardy: {theirs.describe()}")
+        return
+    want_mine, want_theirs, _ = DIFFERENCES[name]
+    assert mine != theirs, f"{name} now agrees with Shardy: take it out of DIFFERENCES and the README's table"
+    assert (mine.describe(), theirs.describe()) == (want_mine, want_theirs), (
+        f"{name}: the rules changed since they were listed\n  partex: {mine.describe()}\n  shardy: {theirs.describe()}")
+
+
+def test_the_comparison_sees_factors_kinds_and_compound_dims():
+    """The canonical forms themselves: a matmul's reduction, a reshape's compound dim."""
+    mine, theirs = compare(CASES["dot_general"])
+    assert mine == theirs and ("R", frozenset({("in", 0, 1, 0), ("in", 1, 0, 0)})) in theirs.ties
+    _, theirs = compare(CASES["reshape_split"])
+    assert dict(theirs.kinds)[("in", 0, 1)] == ("P", "P")
+
+
+_COLLECTIVE = re.compile(r"(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)[\w.-]*\(")
+
+
+def _collectives(fn, shapes, in_specs, out_spec, dtypes=None) -> set[str]:
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",), axis_types=(AxisType.Auto,))
+    args = [jax.ShapeDtypeStruct(s, dt) for s, dt in zip(shapes, dtypes or [jnp.float32] * len(shapes))]
+    sh = lambda spec: NamedSharding(mesh, P(*spec))  # noqa: E731
+    text = jax.jit(fn, in_shardings=tuple(sh(s) for s in in_specs), out_shardings=sh(out_spec)).lower(
+        *args).compile().as_text()
+    return {m.group(1) for m in _COLLECTIVE.finditer(text)}
+
+
+# The README table's XLA column: a dim sharded on 2 simulated devices, the collectives XLA emits.
+XLA_EVIDENCE = {
+    "reshape_split": (lambda a: a.reshape(16, 4, 64), [(16, 256)], [(None, "x")], (None, "x", None), set()),
+    "argmax": (lambda a: jnp.argmax(a, 1), [(16, 4096)], [(None, "x")], (), {"all-gather"}),
+    "cumsum": (lambda a: jnp.cumsum(a, 1), [(4, 64)], [(None, "x")], (None, "x"), {"all-gather"}),
+    "slice": (lambda a: a[:, 1:33], [(4, 64)], [(None, "x")], (None, "x"), {"collective-permute"}),
+    "dynamic_update_slice": (lambda a, u, i: lax.dynamic_update_slice(a, u, (0, i)), [(4, 6), (4, 3), ()],
+                             [(None, "x"), (), ()], (None, "x"), {"all-gather"}, [jnp.float32, jnp.float32, jnp.int32]),
+    "dynamic_update_slice_whole_row": (lambda a, u, i: lax.dynamic_update_slice(a, u, (i, 0)),
+                                       [(1024, 512), (1, 512), ()], [("x", None), (), ()], ("x", None), set(),
+                                       [jnp.float32, jnp.float32, jnp.int32]),
+    "scatter_add_window": (lambda x, i, u: x.at[i, 0:16].add(u), [(8, 32), (), (16,)], [(None, "x"), (), ()],
+                           (None, "x"), {"all-gather"}, [jnp.float32, jnp.int32, jnp.float32]),
+    "scatter_add_row": (lambda x, i, u: x.at[i].add(u), [(8, 32), (), (32,)], [("x", None), (), ()], ("x", None),
+                        set(), [jnp.float32, jnp.int32, jnp.float32]),
+}
+
+
+@pytest.mark.parametrize("name", list(XLA_EVIDENCE))
+def test_the_tables_xla_evidence(name):
+    fn, shapes, in_specs, out_spec, want, *dtypes = XLA_EVIDENCE[name]
+    assert _collectives(fn, shapes, in_specs, out_spec, dtypes[0] if dtypes else None) == want
+
+
+def test_argmax_over_a_sharded_vocabulary_is_a_reduction_priced_as_xla_does():
+    """argmax of vocabulary-sharded logits: each device's (value, index) pairs are gathered
+    (16 rows x 4 devices x 8 bytes), not the logits (16 x 4096 x 4 bytes)."""
+    import partex
+
+    def step(w, x):
+        logits = x @ w
+        return jnp.argmax(logits, -1), jnp.sum(logits)
+
+    s = partex.Session(step, (jnp.ones((64, 4096)), jnp.ones((16, 64))), mesh="data=2,model=4")
+    vocab = s.group("w:1").label
+    assert s.evaluate([(vocab, "model")]).collective_bytes["all-gather"] == 16 * 4 * (4 + 4)
+    out = s.verify(s.plan([(vocab, "model")]), run=True)
+    assert out["collectives"]["all-gather"]["ratio"] == 1.0 and out["numerics"]["ok"], out
