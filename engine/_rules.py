@@ -194,11 +194,19 @@ def _conv(params, ins, outs):
     lb, lf, *lsp = lhs_spec
     ro, ri, *rsp = rhs_spec
     ob, of, *osp = out_spec
+    # A depthwise conv's weight gradient (jax's transpose rule): batch_group_count = the
+    # channels, the lhs "batch" dim is the channel dim and the lhs "feature" dim the batch
+    wgrad = bgc > 1 and lhs[lb] == bgc and rhs[ro] == out[of] == bgc and out[ob] == 1
     if bgc == 1:
         fs.append(_f(lhs[lb], P, [(0, lb)], [(0, ob)]))
-    else:
+    elif not wgrad:
         fs += [_f(lhs[lb], N, [(0, lb)]), _f(out[ob], N, results=[(0, ob)])]
-    if fgc == 1 and bgc == 1:
+    if wgrad:
+        # each channel its own group (Shardy: pass-through); the batch is contracted
+        # (reduction: a batch-sharded step all-reduces the small filter gradient)
+        fs.append(_f(bgc, P, [(0, lb), (1, ro)], [(0, of)]))
+        fs.append(_f(lhs[lf], R, [(0, lf), (1, ri)]))
+    elif fgc == 1 and bgc == 1:
         fs.append(_f(lhs[lf], R, [(0, lf), (1, ri)]))
         fs.append(_f(rhs[ro], P, [(1, ro)], [(0, of)]))
     elif fgc == lhs[lf] and rhs[ri] == 1 and rhs[ro] == out[of] == lhs[lf]:
@@ -616,12 +624,13 @@ def _window(params, ins, outs):
 @register("cholesky", "cholesky_update", "triangular_solve", "qr", "eigh", "svd", "lu",
           "householder_product", "geqrf", "ormqr", "symmetric_product")
 def _batched_matrix(params, ins, outs):
-    """Leading (batch) dims shared by all operands and results PASS; the matrix dims N."""
-    shapes = [s for s in list(ins) + list(outs) if len(s) >= 2]
-    nb = min((len(s) - 2 for s in shapes), default=0)
+    """Leading (batch) dims shared by all operands and results PASS; the matrix dims N. The
+    batch dims are the first operand's (always a matrix) but its last two: a vector operand
+    or result (eigh's eigenvalues, svd's singular values, lu's pivots) has them too."""
+    nb = max(len(ins[0]) - 2, 0) if ins else 0
     fs = []
     for d in range(nb):
-        s = shapes[0][d]
+        s = ins[0][d]
         ops = [(i, d) for i, sh in enumerate(ins) if len(sh) > d and sh[d] == s]
         res = [(j, d) for j, sh in enumerate(outs) if len(sh) > d and sh[d] == s]
         fs.append(_f(s, P, ops, res))

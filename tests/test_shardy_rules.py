@@ -53,7 +53,7 @@ DIFFERENCES = {
         "in #0[P,M,M,PR] #1[M,M,R,PP]; out #0[P,M,M,PP]; ties P:in0.0=out0.0 P:in0.3=in1.3=out0.3 "
         "P:in1.3'1=out0.3'1 R:in0.3'1=in1.2", "finer"),
     "conv_depthwise_weight_grad": (
-        "in #0[N,M,M,N] #1[N,M,M,N]; out #0[M,M,N]",
+        "in #0[R,M,M,P] #1[R,M,M,P]; out #0[M,M,P]; ties P:in0.3=in1.3=out0.3 R:in0.0=in1.0",
         "in #0[R,R,R,P] #1[R,R,R,P]; out #0[M,M,P]; ties P:in0.3=in1.3=out0.3 R:in0.0=in1.0 R:in0.1=in1.1 "
         "R:in0.2=in1.2", "finer"),
 }
@@ -106,6 +106,12 @@ XLA_EVIDENCE = {
                                        [jnp.float32, jnp.float32, jnp.int32]),
     "scatter_add_window": (lambda x, i, u: x.at[i, 0:16].add(u), [(8, 32), (), (16,)], [(None, "x"), (), ()],
                            (None, "x"), {"all-gather"}, [jnp.float32, jnp.int32, jnp.float32]),
+    "conv_depthwise_weight_grad_batch": (CASES["conv_depthwise_weight_grad"].fn, [(2, 8, 8, 8), (2, 8, 8, 8)],
+                                         [("x", None, None, None), ("x", None, None, None)],
+                                         (None, None, None, None), {"all-reduce"}),
+    "conv_depthwise_weight_grad_channels": (CASES["conv_depthwise_weight_grad"].fn, [(2, 8, 8, 8), (2, 8, 8, 8)],
+                                            [(None, None, None, "x"), (None, None, None, "x")],
+                                            (None, None, None, "x"), set()),
     "scatter_add_row": (lambda x, i, u: x.at[i].add(u), [(8, 32), (), (32,)], [("x", None), (), ()], ("x", None),
                         set(), [jnp.float32, jnp.int32, jnp.float32]),
 }
@@ -131,3 +137,21 @@ def test_argmax_over_a_sharded_vocabulary_is_a_reduction_priced_as_xla_does():
     assert s.evaluate([(vocab, "model")]).collective_bytes["all-gather"] == 16 * 4 * (4 + 4)
     out = s.verify(s.plan([(vocab, "model")]), run=True)
     assert out["collectives"]["all-gather"]["ratio"] == 1.0 and out["numerics"]["ok"], out
+
+
+def test_batched_linear_algebra_shards_its_batch_dims_with_vector_results_too():
+    """eigh's eigenvalues are a vector per matrix: the batch dim still ties the matrices, the
+    eigenvectors and the eigenvalues (the rule used to take the minimum rank over all
+    tensors and leave no batch dim); XLA shards it with no collective (CPU lowers linalg to
+    LAPACK custom calls, which Shardy has no rule for: XLA is the reference here)."""
+    from partex import analyze
+
+    def f(a):
+        w, v = jnp.linalg.eigh(a)
+        return w.sum() + v.sum()
+
+    an = analyze(f, jax.ShapeDtypeStruct((4, 8, 8), jnp.float32)).analysis
+    eigh = next(op for op in an.program.ops if op.primitive == "eigh")
+    batch = {an.group_of(v, 0) for v in (*eigh.inputs, *eigh.outputs)}
+    assert len(batch) == 1 and batch != {-1}, batch
+    assert _collectives(lambda a: jnp.linalg.eigh(a)[0], [(4, 8, 8)], [("x", None, None)], ("x", None)) == set()
