@@ -249,6 +249,10 @@ class ExplorerState(param.Parameterized):
         text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
                 f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()} ({c.hw.name}, budget "
                 f"{fmt_bytes(c.hw.budget)})")
+        static = an.static_inputs()
+        if static:  # closed over when traced: no part of any plan
+            text += (f"; static argument{'s' if len(static) > 1 else ''} left out of the plan: "
+                     + ", ".join(p for p, _ in static[:3]) + (f" and {len(static) - 3} more" if len(static) > 3 else ""))
         level = "success"
         if loaded.notes:
             text += "; " + "; ".join(loaded.notes)

@@ -88,3 +88,26 @@ def test_verify_in_the_explorer_marks_a_plan_over_budget_and_the_best_moves_on(t
         _settle(st, lambda: st.best is None or st.best.decisions != best.decisions, "the best to move on")
     finally:
         st.close()
+
+
+def test_the_explorer_says_which_arguments_are_static(tmp_path):
+    """A model whose args hold a non-array leaf loads, and the page's message names it as left
+    out of the plan (as `partex analyze` lists it)."""
+    model = tmp_path / "static_model.py"
+    model.write_text(
+        "import jax.numpy as jnp\n"
+        "def make():\n"
+        "    def step(state, x):\n"
+        "        act = jnp.tanh if state['act'] == 'tanh' else jnp.sin\n"
+        "        return jnp.sum(act(x @ state['w']))\n"
+        "    return step, ({'w': jnp.ones((8, 16)), 'act': 'tanh'}, jnp.ones((4, 8)))\n")
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the demo model to load")
+        st.model_name = "custom"
+        st.custom_model = f"{model}:make"
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and "static_model" in st.message, "the custom model to load")
+        assert "static argument left out of the plan: state/act" in st.message, st.message
+    finally:
+        st.close()
