@@ -51,6 +51,7 @@ CASES: dict[str, Case] = {
                                  "stablehlo.bitcast_convert"),
     "population_count": Case(lax.population_count, [(4, 6)], "stablehlo.popcnt", dtypes=[I32]),
     "shift_left": Case(lax.shift_left, [(4, 6), (4, 6)], "stablehlo.shift_left", dtypes=[I32, I32]),
+    "clamp_arrays": Case(lax.clamp, [(4, 6), (4, 6), (4, 6)], "stablehlo.clamp", "clamp"),
     "eq": Case(lambda a, b: a == b, [(4, 6), (4, 6)], "stablehlo.compare"),
     "not": Case(lambda a: ~a, [(4, 6)], "stablehlo.not", dtypes=[BOOL]),
     # contractions
@@ -60,6 +61,8 @@ CASES: dict[str, Case] = {
     "dot_general_two_contractions": Case(lambda a, b: jnp.einsum("ijk,jkl->il", a, b), [(4, 6, 2), (6, 2, 8)],
                                          "stablehlo.dot_general"),
     "dot_general_vector": Case(lambda a, b: a @ b, [(4, 6), (6,)], "stablehlo.dot_general"),
+    "dot_general_transposed": Case(lambda a, b: jnp.einsum("ij,kj->ki", a, b), [(4, 6), (8, 6)],
+                                   "stablehlo.dot_general", "dot_general"),
     # layout
     "broadcast_in_dim": Case(lambda a: lax.broadcast_in_dim(a, (4, 2, 6), (0, 2)), [(4, 6)],
                              "stablehlo.broadcast_in_dim"),
@@ -69,6 +72,8 @@ CASES: dict[str, Case] = {
     "reshape_split": Case(lambda a: a.reshape(16, 4, 64), [(16, 256)], "stablehlo.reshape"),
     "reshape_gcd": Case(lambda a: a.reshape(4, 12), [(8, 6)], "stablehlo.reshape"),
     "reshape_flatten_batch_seq": Case(lambda a: a.reshape(8 * 16, 32), [(8, 16, 32)], "stablehlo.reshape"),
+    "reshape_flatten": Case(lambda a: a.reshape(24), [(4, 6)], "stablehlo.reshape"),
+    "reshape_unit_dim": Case(lambda a: a.reshape(4, 1, 6), [(4, 6)], "stablehlo.reshape"),
     "squeeze": Case(lambda a: a.squeeze(1), [(4, 1, 6)], "stablehlo.reshape", "squeeze"),
     "expand_dims": Case(lambda a: lax.expand_dims(a, (1,)), [(4, 6)], "stablehlo.broadcast_in_dim",
                         "broadcast_in_dim"),
@@ -83,6 +88,9 @@ CASES: dict[str, Case] = {
     "argmin": Case(lambda a: jnp.argmin(a, 0), [(16, 64)], "stablehlo.reduce", "argmin",
                    [0, None, None, None], [None, 0]),
     "cumsum": Case(lambda a: jnp.cumsum(a, 1), [(4, 6)], "stablehlo.reduce_window", "cumsum", [0, None]),
+    "cummax": Case(lambda a: lax.cummax(a, axis=1), [(4, 6)], "stablehlo.reduce_window", "cummax", [0, None]),
+    "reduce_window_sum": Case(lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+                              [(2, 8, 8, 4)], "stablehlo.reduce_window", "reduce_window_sum", [0, None]),
     "reduce_window_max": Case(_maxpool, [(2, 8, 8, 4)], "stablehlo.reduce_window", "reduce_window_max",
                               [0, None]),
     "select_and_scatter_add": Case(lambda x, g: jax.vjp(_maxpool, x)[1](g)[0], [(2, 8, 8, 4), (2, 4, 4, 4)],
@@ -105,6 +113,7 @@ CASES: dict[str, Case] = {
                                            [(4, 6), (1, 6), ()], "stablehlo.dynamic_update_slice",
                                            "dynamic_update_slice", dtypes=[F32, F32, I32]),
     # gather / scatter
+    "scatter_row_constant_index": Case(lambda a, u: a.at[2].set(u), [(4, 6), (6,)], "stablehlo.scatter", "scatter"),
     "gather_embedding": Case(lambda t, ids: t[ids], [(32, 8), (4, 6)], "stablehlo.gather", "gather",
                              dtypes=[F32, I32]),
     "gather_take_along": Case(lambda a, i: jnp.take_along_axis(a, i, axis=1), [(4, 6), (4, 3)],
