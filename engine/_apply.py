@@ -85,7 +85,8 @@ _LOW = frozenset({np.dtype(jnp.bfloat16), np.dtype(np.float16)})
 _DTYPE_PARAMS = ("new_dtype", "dtype", "preferred_element_type")
 
 
-def _is_low(dtype) -> bool:
+def is_low(dtype) -> bool:
+    """A 16-bit float dtype (bfloat16, float16): what ``promote`` computes in float32."""
     try:
         return np.dtype(dtype) in _LOW
     except TypeError:  # not a numpy dtype (a PRNG key type)
@@ -95,11 +96,11 @@ def _is_low(dtype) -> bool:
 def _widen(x):
     """x in float32 if it is a 16-bit float, else as it is."""
     dtype = getattr(x, "dtype", None)
-    return x.astype(np.float32) if dtype is not None and _is_low(dtype) else x
+    return x.astype(np.float32) if dtype is not None and is_low(dtype) else x
 
 
 # The step's own sharding ops (see _constraints): rebound on the plan's mesh, or dropped.
-_USER_SHARDING = {"sharding_constraint", "reshard"}
+USER_SHARDING = {"sharding_constraint", "reshard"}
 
 
 class _Interpreter:
@@ -225,7 +226,7 @@ class _Interpreter:
     def bind(self, eqn, op_id, invals) -> list:
         if op_id is not None:
             invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
-        if self.user_specs is not None and eqn.primitive.name in _USER_SHARDING and op_id in self.user_specs:
+        if self.user_specs is not None and eqn.primitive.name in USER_SHARDING and op_id in self.user_specs:
             spec = self.user_specs[op_id]
             if spec is None:
                 return list(invals)
@@ -248,12 +249,12 @@ class _Interpreter:
         name = eqn.primitive.name
         if name == "reduce_precision":
             return None
-        if name == "bitcast_convert_type" and any(_is_low(v.aval.dtype) for v in (*eqn.invars, *eqn.outvars)):
+        if name == "bitcast_convert_type" and any(is_low(v.aval.dtype) for v in (*eqn.invars, *eqn.outvars)):
             raise PartexError(f"{self.program.ops[self.eqn_ops[id(eqn)]].source if id(eqn) in self.eqn_ops else name}: "
                               "the step bitcasts a 16-bit float, which cannot be computed in float32")
         out = {}
         for k, v in params.items():
-            if k in _DTYPE_PARAMS and v is not None and _is_low(v):
+            if k in _DTYPE_PARAMS and v is not None and is_low(v):
                 v = np.dtype(np.float32)
             elif isinstance(v, (ClosedJaxpr, jcore.Jaxpr)):  # a reduction's computation (scatter-add)
                 v = self._promoted_jaxpr(v)
@@ -263,7 +264,7 @@ class _Interpreter:
     def _promoted_jaxpr(self, j):
         inner = j.jaxpr if isinstance(j, ClosedJaxpr) else j
         consts = getattr(j, "consts", ())
-        if not any(_is_low(v.aval.dtype) for v in (*inner.invars, *inner.outvars)):
+        if not any(is_low(v.aval.dtype) for v in (*inner.invars, *inner.outvars)):
             return j
         closed = jax.make_jaxpr(lambda *xs: self.eval(inner, consts, list(xs), constrain_invars=False))(
             *[_sds(v.aval, promote=True) for v in inner.invars])
@@ -378,7 +379,7 @@ def _called_jaxpr(eqn):
 
 
 def _sds(aval, promote: bool = False):
-    dtype = np.float32 if promote and _is_low(aval.dtype) else aval.dtype
+    dtype = np.float32 if promote and is_low(aval.dtype) else aval.dtype
     return jax.ShapeDtypeStruct(aval.shape, dtype, weak_type=getattr(aval, "weak_type", False))
 
 

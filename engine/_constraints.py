@@ -11,8 +11,9 @@ is replicated *in that value only*: its group stays free, and where the plan sha
 the value is gathered at the constraint and its consumers read it whole (a weight sharded
 over data for ZeRO-3 meets a constrained activation as XLA's FSDP does, by an all-gather);
 an ``UNCONSTRAINED`` dim leaves its group free. Fixed groups are taken out of the search (the
-plan cannot move them) and shown as the user's own pins. ``user_shardings="replace"`` drops them instead: the plan places those values like
-any other, and apply re-places the user's constraints at the plan's shardings.
+plan cannot move them) and shown as the user's own pins. ``user_shardings="replace"`` drops
+them instead: the plan places those values like any other, and apply re-places the user's
+constraints at the plan's shardings.
 
 A user sharding over another mesh than the plan's (an axis the plan's mesh lacks, or of another
 size) cannot be honoured on the plan's mesh: one clear error naming its source line.

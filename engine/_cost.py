@@ -227,10 +227,11 @@ class CostModel:
         base = analysis.node_base
         nd = analysis.node_nd
         gnd = self.group_of_nd
-        # XLA's SPMD partitioner gets a pad with interior padding wrong when its result is
-        # sharded along the padded dim (wrong values or a failed HLO verification, seen on
-        # jax 0.10.2): such dims are never sharded (the pad writes them whole).
-        unshardable = {v: set(ds) for v, ds in self.fixed.replicated.items()}  # the user's, value by value
+        # Dims held whole in one value: those the user's shardings leave replicated there;
+        # and, as XLA's SPMD partitioner gets a pad with interior padding wrong when its result
+        # is sharded along the padded dim (wrong values or a failed HLO verification, seen on
+        # jax 0.10.2), the dims such a pad writes.
+        unshardable = {v: set(ds) for v, ds in self.fixed.replicated.items()}
         for op in p.ops:
             if op.primitive == "pad":
                 dims = {d for d, (_, _, interior) in enumerate(op.params["padding_config"]) if interior}

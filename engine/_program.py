@@ -162,10 +162,7 @@ class Program:
         put back: what the function itself returns."""
         if not self.static_outputs:
             return out
-        fixed = {k: v for k, _, v in self.static_outputs}
-        leaves = iter(jax.tree_util.tree_leaves(out))
-        full = [fixed[k] if k in fixed else next(leaves) for k in range(self.full_out_tree.num_leaves)]
-        return jax.tree_util.tree_unflatten(self.full_out_tree, full)
+        return _with_static(self.full_out_tree, self.static_outputs, out)
 
     def value(self, vid: ValueId) -> Value:
         return self.values[vid]
@@ -211,29 +208,41 @@ def is_array_leaf(x) -> bool:
     return (hasattr(x, "shape") and hasattr(x, "dtype")) or _is_scalar(x)
 
 
-def flatten_args(fn: Callable, args: Sequence[Any]) -> tuple[list[Any], list[str], Any, list[tuple[int, str, Any]]]:
-    """Flatten example args to leaves with pytree paths. Leaves that are not arrays (a
-    string, an enum, a config object inside the state) are *static*: returned apart as
-    (flat index, path, value) and left out of the leaves, as jit's static arguments are."""
+def flatten_args(fn: Callable, args: Sequence[Any]) -> tuple[list[str], Any, list[tuple[int, str, Any]]]:
+    """The pytree paths of the example args' array leaves, the args' whole tree, and their
+    *static* leaves: those that are not arrays (a string, an enum, a config object inside
+    the state), as (flat index, path, value), left out as jit's static arguments are."""
     names = arg_names(fn, len(args))
-    leaves, paths, static = [], [], []
+    paths, static = [], []
     k = 0
     for name, arg in zip(names, args):
         for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
             p = path_str(name, path)
             if is_array_leaf(leaf):
-                leaves.append(leaf)
                 paths.append(p)
             else:
                 static.append((k, p, leaf))
             k += 1
-    return leaves, paths, jax.tree_util.tree_structure(tuple(args)), static
+    return paths, jax.tree_util.tree_structure(tuple(args)), static
+
+
+def _strip_static(tree):
+    """``tree`` with its static (non-array) leaves taken out (None in their place)."""
+    return jax.tree_util.tree_map(lambda x: x if is_array_leaf(x) else None, tree)
+
+
+def _with_static(full_tree, static: Sequence[tuple[int, str, Any]], dynamic):
+    """The whole tree again from the dynamic leaves of ``dynamic`` and the ``static`` ones."""
+    fixed = {k: v for k, _, v in static}
+    leaves = iter(jax.tree_util.tree_leaves(dynamic))
+    full = [fixed[k] if k in fixed else next(leaves) for k in range(full_tree.num_leaves)]
+    return jax.tree_util.tree_unflatten(full_tree, full)
 
 
 def dynamic_args(args: Sequence[Any]) -> tuple:
     """``args`` with their static (non-array) leaves taken out: the pytree the traced
     program's inputs mirror (``Program.in_tree``)."""
-    return tuple(jax.tree_util.tree_map(lambda x: x if is_array_leaf(x) else None, tuple(args)))
+    return tuple(_strip_static(tuple(args)))
 
 
 class StaticSplit:
@@ -244,19 +253,16 @@ class StaticSplit:
 
     def __init__(self, fn: Callable, args: Sequence[Any]):
         self.fn = fn
-        _, _, self.in_tree, self.inputs = flatten_args(fn, args)
+        self.paths, self.in_tree, self.inputs = flatten_args(fn, args)
         self.args = dynamic_args(args)
         self.outputs: list[tuple[int, str, Any]] = []
         self.out_tree = None
 
     def __call__(self, *args):
-        fixed = {k: v for k, _, v in self.inputs}
-        leaves = iter(jax.tree_util.tree_leaves(args))
-        full = [fixed[k] if k in fixed else next(leaves) for k in range(self.in_tree.num_leaves)]
-        out = self.fn(*jax.tree_util.tree_unflatten(self.in_tree, full))
+        out = self.fn(*_with_static(self.in_tree, self.inputs, args))
         flat, self.out_tree = jax.tree_util.tree_flatten_with_path(out)
         self.outputs = [(k, path_str("out", p), x) for k, (p, x) in enumerate(flat) if not is_array_leaf(x)]
-        return jax.tree_util.tree_map(lambda x: x if is_array_leaf(x) else None, out) if self.outputs else out
+        return _strip_static(out) if self.outputs else out
 
 
 # --------------------------------------------------------------------------- tracing
@@ -278,7 +284,7 @@ def abstract(x) -> jax.ShapeDtypeStruct:
 
 def make_jaxpr(fn: Callable, args: Sequence[Any]):
     """``jax.make_jaxpr`` with JAX's own message turned into a PartexError."""
-    abstract_args = jax.tree_util.tree_map(abstract, tuple(args))  # the dynamic args only
+    abstract_args = jax.tree_util.tree_map(abstract, tuple(args))
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract_args)
     except PartexError:
@@ -298,13 +304,12 @@ def trace(fn: Callable, args: Sequence[Any]) -> Program:
     leaves (``in_tree``/``out_tree`` are the trees without the static leaves;
     ``static_inputs``/``static_outputs`` list them)."""
     args = tuple(args)
-    _, in_paths, _, _ = flatten_args(fn, args)
     split = StaticSplit(fn, args)
     closed, out_shape = make_jaxpr(split, split.args)
     closed = unshare(dce(closed))
     out_leaves_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     out_paths = [path_str("out", p) for p, _ in out_leaves_paths]
-    program = _Tracer(closed).run(in_paths, out_paths, jax.tree_util.tree_structure(split.args), out_tree)
+    program = _Tracer(closed).run(split.paths, out_paths, jax.tree_util.tree_structure(split.args), out_tree)
     program.static_inputs, program.full_tree = tuple(split.inputs), split.in_tree
     program.static_outputs, program.full_out_tree = tuple(split.outputs), split.out_tree
     program.arg_names = tuple(arg_names(fn, len(args)))

@@ -199,7 +199,7 @@ def compare_outputs(paths: list[str], ref: list, got: list, rtol: float = NUMERI
 
 
 def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
-    from ._apply import constrained_function
+    from ._apply import USER_SHARDING, constrained_function, is_low
     from ._program import StaticSplit
 
     leaves = jax.tree_util.tree_leaves(model.args)
@@ -217,13 +217,15 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
     # the array leaves only, in and out: static leaves (a name, an enum) are closed over
     split = StaticSplit(model.fn, model.args)
     host = jax.tree_util.tree_map(to_host, split.args)
-    program = planned.build(model.args) and planned.program
+    planned.build(model.args)
+    program = planned.program
     # A step computing in bfloat16/float16 is compared in float32: the same ops at the same
     # shardings, without the 16-bit rounding whose noise (signs of ~0 gradients flipped, Adam
     # turning them into whole updates) would be as large as a misplaced shard's error.
-    low = sorted({str(v.dtype) for v in program.values if str(v.dtype) in ("bfloat16", "float16")})
+    low = sorted({str(v.dtype) for v in program.values if is_low(v.dtype)})
     if low:
-        reference = jax.jit(constrained_function(program, planned.mesh, {}, {}, _dropped(program), promote=True))
+        dropped = {op.id: None for op in program.ops if op.primitive in USER_SHARDING}  # the unsharded reference
+        reference = jax.jit(constrained_function(program, planned.mesh, {}, {}, dropped, promote=True))
         jitted = planned.float32(model.args)
     else:
         reference, jitted = jax.jit(split), planned.build(model.args)
@@ -236,10 +238,6 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
         out["computed_in"] = f"float32 (the step's {', '.join(low)} promoted)"
     return out
 
-
-def _dropped(program) -> dict:
-    """Every one of the step's own sharding ops dropped: the unsharded reference."""
-    return {op.id: None for op in program.ops if op.primitive in ("sharding_constraint", "reshard")}
 
 
 def main() -> None:
