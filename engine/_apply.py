@@ -62,7 +62,8 @@ def constrained_function(
     ``value_specs[v]`` constrains value ``v`` right after it is produced (an input: at
     entry; a loop body's carry / per-iteration slice: at the start of every iteration).
     ``operand_specs[(op, i)]`` constrains operand ``i`` of op ``op`` as that op consumes it,
-    leaving the value seen by its other consumers alone. For the pseudo-ops around a loop or
+    leaving the value seen by its other consumers alone; ``operand_specs[(op, -1 - j)]``
+    constrains result ``j`` as the op writes it, before its value's own constraint. For the pseudo-ops around a loop or
     branch body, ``(<kind>_enter, i)`` constrains the operand entering the loop and
     ``(<kind>_exit, i)`` the body output ``i`` before it is carried / stacked / returned.
 
@@ -173,7 +174,8 @@ class _Interpreter:
         if spec is None:
             return x
         prim = self.program.ops[op_id].primitive
-        return self._constrain(x, spec, f"operand {i} of op {op_id} ({prim})")
+        what = f"operand {i}" if i >= 0 else f"result {-1 - i}"
+        return self._constrain(x, spec, f"{what} of op {op_id} ({prim})")
 
     # ------------------------------------------------------------------ the interpreter
     def eval(self, jaxpr, consts, args, constrain_invars: bool | Sequence[bool]) -> list:
@@ -242,7 +244,10 @@ class _Interpreter:
             out = eqn.primitive.bind(*subfuns, *invals, **params)
         else:
             out = eqn.primitive.bind(*invals, **params)
-        return list(out) if eqn.primitive.multiple_results else [out]
+        out = list(out) if eqn.primitive.multiple_results else [out]
+        if op_id is not None:  # results the op writes at a coarser sharding than their values'
+            out = [self.constrain_operand(op_id, -1 - j, x) for j, x in enumerate(out)]
+        return out
 
     def _promoted(self, eqn, params: dict) -> dict | None:
         """The eqn's params computing in float32 where they name a 16-bit float."""

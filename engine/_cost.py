@@ -64,6 +64,11 @@ def _misaligned(offset: int, size: int, total: int, n: int) -> float:
     return worst
 
 
+# Ops whose result apply pins at the sharding the plan computes it in before resharding it to
+# its value's: XLA's partitioner, left to shard a grouped conv's output features itself,
+# emits invalid HLO or wrong values (jax 0.12; tests/test_properties.py found it).
+_WRITE_AT_VIEW = frozenset({"conv_general_dilated"})
+
 # Elementwise primitives XLA fuses into their consumers.
 _FUSIBLE = frozenset(name for name, rule in factor_rules.items() if rule is pointwise_rule) | {
     "broadcast_in_dim", "convert_element_type", "reshape", "transpose", "squeeze", "select_n"}
@@ -190,6 +195,7 @@ class _Pattern:
     # argmax/argmin over a sharded axis: XLA all-gathers each device's partial (value, index)
     # pairs and reduces them locally; the bytes gathered per result byte (value + index)
     gather_partials: float = 0.0
+    halos: tuple = ()  # per factor: the conv spatial factor's Halo, or None
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
 
@@ -295,7 +301,8 @@ class CostModel:
                    tuple((int(vsig[o]), tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),
                    op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
                    _shift(op, values), tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
-                   tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs), pairs)
+                   tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs), pairs,
+                   tuple(f.halo for f in fs))
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -303,7 +310,7 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs))
+                    flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13]))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
@@ -460,10 +467,10 @@ class CostModel:
     def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, tuple, tuple]:
         """(compute s, comm s, collectives, transient buffers, operand views) of one
         execution of the pattern's ops under decisions dec."""
-        fslots = [(g if kind in (FactorKind.PASS, FactorKind.REDUCTION) else NO_DIM, size)
-                  for kind, size, g in pat.factors]
+        fslots = [(g, size) for _, size, g in pat.factors]  # g is NO_DIM unless the factor ties
         fax = _assign(fslots, dec, pat.slot_tensors)
         self._scatter_major(pat, dec, fax)
+        self._whole_mesh_partials(pat, fax)
         shard = 1
         for axes in fax:
             for a in axes:
@@ -483,6 +490,8 @@ class CostModel:
             key = tuple(tuple(a) for a in ospec)
             view = nb / self._shard(ospec)  # the resharded buffer the op reads
             colls[n0:] = [c + (i, key, view) for c in colls[n0:]]
+            # not a reshard of the value (no CSE: XLA exchanges halos per conv)
+            self._halo(pat, i, fax, view * pat.operand_wire[i], colls)
         partial = [a for (kind, _, g), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION for a in axes]
         pgroup = next((g for (kind, _, g), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION and axes), NO_DIM)
         transient = []
@@ -492,6 +501,7 @@ class CostModel:
             lb = nb / self._shard(ospec)
             n0 = len(colls)
             local_bytes += lb
+            views.append(None if partial else tuple(tuple(a) for a in ospec))
             # The op writes its result at its own (larger) sharding before the reshard; a
             # partial result is a buffer of its own beside the reduced one. XLA combines the
             # reductions of partial results and issues them late, so such a buffer is taken
@@ -512,8 +522,13 @@ class CostModel:
                     transient.append((j, lb))  # the all-reduced whole, before the slice
                 elif rs:
                     colls.append(("reduce-scatter", rs, lb, pgroup))
-                if ar:
-                    colls.append(("all-reduce", ar, lb / self._prod(rs), pgroup))
+                # XLA sums a conv's partial filter gradients over its sharded spatial dims
+                # with an all-reduce of their own, after the one over the other axes
+                spatial = {a: g for (kind, _, g), axes, h in zip(pat.factors, fax, pat.halos)
+                           if h is not None and kind == FactorKind.REDUCTION for a in axes}
+                for part in (tuple(a for a in ar if a not in spatial), tuple(a for a in ar if a in spatial)):
+                    if part:
+                        colls.append(("all-reduce", part, lb / self._prod(rs), spatial.get(part[0], pgroup)))
                 # after the reduce-scatter the result holds those axes: treat them as present
                 ospec = [list(o) for o in ospec]
                 for a in rs:
@@ -534,6 +549,42 @@ class CostModel:
             comm += t
             out.append((kind, axes, b, t, g) + (tuple(operand) if operand else (-1, None, 0.0)))
         return compute, comm, tuple(out), tuple(transient), tuple(views)
+
+    def _halo(self, pat: _Pattern, i: int, fax, local: float, colls) -> None:
+        """A conv operand sharded along a spatial dim: each device receives the rows next to
+        its block from its neighbours (XLA: a collective-permute each way)."""
+        for k, h in enumerate(pat.halos):
+            if h is None or h.operand != i or not fax[k]:
+                continue
+            n = self._prod(fax[k])
+            left, right = h.rows(n)
+            if left + right:
+                colls.append(("collective-permute", tuple(fax[k]), local * (left + right) * n / h.size,
+                              pat.factors[k][2]))
+
+    def _whole_mesh_partials(self, pat: _Pattern, fax) -> None:
+        """XLA's SPMD partitioner (jax 0.12, Shardy and GSPMD alike) all-reduces the partial
+        filter gradient of a conv whose padded spatial dims are sharded over *every* device,
+        copies included: with a mesh axis left out of the reduction the gradient comes out
+        that many times too large. Such a conv takes the rest of the mesh on its batch (the
+        other reduction; each device then holds a distinct partial sum), or, where the batch
+        cannot take it, leaves its spatial dims unsharded (the operands are gathered)."""
+        spatial = [k for k, h in enumerate(pat.halos)
+                   if h is not None and fax[k] and pat.factors[k][0] == FactorKind.REDUCTION]
+        if not spatial:
+            return
+        reduced = {a for (kind, _, _), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION for a in axes}
+        used = {a for axes in fax for a in axes}
+        rest = [a for a in self.mesh.axes if a not in reduced and self.axis_size[a] > 1]
+        if not rest:
+            return
+        if not any(a in used for a in rest):
+            for k, (kind, size, _) in enumerate(pat.factors):
+                if kind == FactorKind.REDUCTION and pat.halos[k] is None and size % (self._prod(fax[k]) * self._prod(rest)) == 0:
+                    fax[k] = fax[k] + rest
+                    return
+        for k in spatial:
+            fax[k] = []
 
     def _scatter_major(self, pat: _Pattern, dec, fax) -> None:
         """A partial result scattered over an axis that its value puts *major* to the axes the
@@ -812,7 +863,9 @@ class CostModel:
 
     def operand_specs(self, decisions: Sequence[Decision]) -> dict[tuple[int, int], Spec]:
         """(op, operand index) -> the sharding the op consumes the operand in, where it
-        differs from the value's own sharding (the resharding points)."""
+        differs from the value's own sharding (the resharding points); and, for the ops in
+        ``_WRITE_AT_VIEW``, (op, -1 - j) -> the sharding the op writes result j in, where
+        coarser than the value's."""
         dec = self._decisions(decisions)
         out = {}
         for op, pi in zip(self.program.ops, self.op_pattern.tolist()):
@@ -821,4 +874,8 @@ class CostModel:
             for i, ((sig, _), view) in enumerate(zip(pat.operands, views)):
                 if tuple(tuple(a) for a in self.sig_spec(sig, dec)) != view:
                     out[(op.id, i)] = view
+            if op.primitive in _WRITE_AT_VIEW:
+                for j, ((sig, _), view) in enumerate(zip(pat.results, views[len(pat.operands):])):
+                    if view is not None and tuple(tuple(a) for a in self.sig_spec(sig, dec)) != view:
+                        out[(op.id, -1 - j)] = view
         return out

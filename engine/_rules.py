@@ -29,8 +29,44 @@ class FactorKind(enum.IntEnum):
     # operand sharded there is all-gathered first. Dims it spans are not tied together.
     REPLICATE = 2
     # Shardable only with halo exchange / collective-permute (pad, concatenate, conv
-    # spatial dims). partex treats it like REPLICATE for now: coarser, on the safe side.
+    # spatial dims). One with a ``Halo`` ties its dims and is priced as that exchange; one
+    # without is treated like REPLICATE: coarser, on the safe side.
     PERMUTE = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Halo:
+    """The rows of one operand dim that each device reads beyond its own block when a conv's
+    spatial factor is sharded n ways (XLA sends them with a collective-permute each way).
+
+    The sharded iterator i (a block of ``iters`` per device) and a whole window w read operand
+    row ``(i * step + w * wstep - lo) / dilation`` (where integral and in range), for
+    w < ``window``: a forward conv (i the output, w the kernel), a transposed one (dilation
+    the lhs dilation), and a weight gradient (i the cotangent as the kernel, w the output).
+    """
+
+    operand: int
+    dim: int
+    size: int
+    iters: int
+    step: int
+    window: int
+    wstep: int
+    lo: int
+    dilation: int
+
+    def rows(self, n: int) -> tuple[int, int]:
+        """(rows from the left neighbour, rows from the right), the most any device needs."""
+        left = right = 0
+        own, blk = self.size // n, self.iters // n
+        for d in range(n):
+            pmin = d * blk * self.step - self.lo
+            pmax = ((d + 1) * blk - 1) * self.step + (self.window - 1) * self.wstep - self.lo
+            first = max(0, -(-pmin // self.dilation))
+            last = min(self.size - 1, pmax // self.dilation)
+            left = max(left, d * own - first)
+            right = max(right, last - ((d + 1) * own - 1))
+        return left, right
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,11 +78,14 @@ class Factor:
     # For REDUCTION factors: the all-reduce operator ("sum", "max", "min", "prod", ...);
     # "index" for argmax/argmin, whose partial (value, index) pairs XLA all-gathers.
     reduce: str = "sum"
+    # For a conv's spatial factor: the halo its lhs needs when sharded (a PERMUTE factor
+    # with a halo ties its dims; a REDUCTION one, a weight gradient's, also sums over them).
+    halo: Halo | None = None
 
     @property
     def ties(self) -> bool:
         """Whether the dims it spans must be sharded alike (an edge in the graph)."""
-        return self.kind in (FactorKind.PASS, FactorKind.REDUCTION)
+        return self.kind in (FactorKind.PASS, FactorKind.REDUCTION) or self.halo is not None
 
 
 RuleFn = Callable[[dict, Sequence[Shape], Sequence[Shape]], list[Factor]]
@@ -209,16 +248,43 @@ def _conv(params, ins, outs):
     elif fgc == 1 and bgc == 1:
         fs.append(_f(lhs[lf], R, [(0, lf), (1, ri)]))
         fs.append(_f(rhs[ro], P, [(1, ro)], [(0, of)]))
-    elif fgc == lhs[lf] and rhs[ri] == 1 and rhs[ro] == out[of] == lhs[lf]:
-        # depthwise: each group's one feature maps straight through
+    elif fgc == lhs[lf] and rhs[ri] == 1 and rhs[ro] == out[of] == lhs[lf] and any(out[o] > 1 for o in osp):
+        # depthwise: each group's one feature maps straight through. (Not where every window
+        # is the whole image, a 1-wide output: XLA's partitioner crashes on such a conv with
+        # channels sharded over part of the mesh, "free(): invalid pointer", jax 0.12.)
         fs.append(_f(lhs[lf], P, [(0, lf), (1, ro)], [(0, of)]))
     else:
         fs += [_f(lhs[lf], N, [(0, lf)]), _f(rhs[ri], N, [(1, ri)]),
                _f(rhs[ro], N, [(1, ro)]), _f(out[of], N, results=[(0, of)])]
-    for a, k, o in zip(lsp, rsp, osp):
-        # spatial dims need a halo exchange; kernel spatial dims are windows (Shardy: permutation)
-        fs += [_f(lhs[a], M, [(0, a)]), _f(out[o], M, results=[(0, o)]), _f(rhs[k], M, [(1, k)])]
+    fs += _conv_spatial(params, lsp, rsp, osp, lhs, rhs, out)
     return _keep(fs)
+
+
+def _conv_spatial(params, lsp, rsp, osp, lhs, rhs, out) -> list[Factor | None]:
+    """A conv's spatial dims (Shardy: permutation factors), shardable with a halo exchange:
+    - the image's rows map onto the output's at the stride (lhs size x lhs dilation = output
+      size x stride: a "same" conv, strided or transposed): lhs and output dims tie, the
+      kernel's window stays whole;
+    - the kernel's window covers the image (kernel size x rhs dilation = lhs size x lhs
+      dilation: a weight gradient, the cotangent as kernel): lhs and kernel dims tie as a
+      reduction (partial filter gradients are all-reduced), the small output stays whole.
+    Either way each device reads the rows next to its block: the lhs's halo. Other spatial
+    dims (a "valid" conv that shrinks the image) keep Shardy's permutation kinds, unsharded."""
+    fs: list[Factor | None] = []
+    pads, strides = params["padding"], params["window_strides"]
+    ldil, rdil = params["lhs_dilation"], params["rhs_dilation"]
+    for s, (a, k, o) in enumerate(zip(lsp, rsp, osp)):
+        L, K, O = lhs[a], rhs[k], out[o]
+        lo, st, ld, rd = int(pads[s][0]), int(strides[s]), int(ldil[s]), int(rdil[s])
+        if min(L, K, O) > 1 and K * rd == L * ld and O < K:
+            halo = Halo(0, a, L, K, rd, O, st, lo, ld)
+            fs += [Factor(min(L, K), R, ((0, a), (1, k)), halo=halo), _f(O, M, results=[(0, o)])]
+        elif min(L, O) > 1 and L * ld == O * st and K < L:
+            halo = Halo(0, a, L, O, st, K, rd, lo, ld)
+            fs += [Factor(min(L, O), M, ((0, a),), ((0, o),), halo=halo), _f(K, M, [(1, k)])]
+        else:
+            fs += [_f(L, M, [(0, a)]), _f(O, M, results=[(0, o)]), _f(K, M, [(1, k)])]
+    return fs
 
 
 # --------------------------------------------------------------------------- shape ops

@@ -300,6 +300,32 @@ class _Builder:
         frm = ", ".join([":"] * ax + [f"{src}:{src + w}"])
         return self.emit(f"{a.name}.at[{dst}].add(jnp.tanh({a.name}[{frm}]))", a.shape, uses=(a,))
 
+    def op_conv(self):
+        """A 1-D convolution (NHC) of a rank-3 value with a new kernel input: stride 1 or 2,
+        "SAME", "VALID" or explicit padding, kernel 1-3 wide, plain, grouped or depthwise.
+        Sharding its rows costs a halo exchange; its weight gradient reduces over them."""
+        a = self.pick()
+        if len(a.shape) != 3 or a.shape[1] < 2:
+            return None
+        _, h, c = a.shape
+        k = self.draw(st.integers(1, min(3, h)))
+        stride = self.draw(st.sampled_from([1, 2] if h % 2 == 0 else [1]))
+        groups = self.draw(st.sampled_from(sorted({1, c} | ({2} if c % 2 == 0 else set()))))
+        o = groups * self.draw(st.sampled_from([1, 2]))
+        pad = self.draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
+        if pad == "SAME":
+            n, padding = -(-h // stride), '"SAME"'
+        elif pad == "VALID":
+            n, padding = (h - k) // stride + 1, '"VALID"'
+        else:
+            lo, hi = self.draw(st.integers(0, k - 1)), self.draw(st.integers(0, k - 1))
+            n, padding = (h + lo + hi - k) // stride + 1, f"(({lo}, {hi}),)"
+        w = f"w{len(self.floats)}"
+        self.floats.append((w, (k, c // groups, o)))
+        expr = (f"lax.conv_general_dilated({a.name}, {w}, ({stride},), {padding}, dimension_numbers=('NHC', 'HIO', 'NHC'), "
+                f"feature_group_count={groups})")
+        return self.emit(expr, (a.shape[0], n, o), uses=(a,))
+
     def op_slice(self):
         a = self.pick()
         dims = [d for d, s in enumerate(a.shape) if s >= 2]
@@ -373,7 +399,7 @@ class _Builder:
         return self.nodes[-1]
 
     OPS = ("dot", "dot", "elementwise", "elementwise", "reshape", "transpose", "broadcast",
-           "reduce", "concat", "slice", "gather", "scan", "argreduce", "window_update")
+           "reduce", "concat", "slice", "gather", "scan", "argreduce", "window_update", "conv")
 
 
 def _broadcasts(small, big) -> bool:
@@ -434,7 +460,7 @@ def _check_factor_sizes(program, factors):
         outs = [program.values[o].shape for o in op.outputs]
         for f in fs:
             sizes = [ins[i][d] for i, d in f.operands] + [outs[j][d] for j, d in f.results]
-            if op.primitive == "reshape":
+            if op.primitive == "reshape" or f.halo is not None:
                 assert all(s % f.size == 0 for s in sizes), (op.primitive, op.source, f, sizes)
             else:
                 assert all(s == f.size for s in sizes), (op.primitive, op.source, f, sizes)

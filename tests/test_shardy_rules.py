@@ -56,10 +56,6 @@ DIFFERENCES = {
         "in #0[P,M,M,N] #1[M,M,N,N]; out #0[P,M,M,N]; ties P:in0.0=out0.0",
         "in #0[P,M,M,PR] #1[M,M,R,PP]; out #0[P,M,M,PP]; ties P:in0.0=out0.0 P:in0.3=in1.3=out0.3 "
         "P:in1.3'1=out0.3'1 R:in0.3'1=in1.2", "finer"),
-    "conv_depthwise_weight_grad": (
-        "in #0[R,M,M,P] #1[R,M,M,P]; out #0[M,M,P]; ties P:in0.3=in1.3=out0.3 R:in0.0=in1.0",
-        "in #0[R,R,R,P] #1[R,R,R,P]; out #0[M,M,P]; ties P:in0.3=in1.3=out0.3 R:in0.0=in1.0 R:in0.1=in1.1 "
-        "R:in0.2=in1.2", "finer"),
 }
 
 
