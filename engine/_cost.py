@@ -174,6 +174,18 @@ def _assign(slots: Sequence[tuple[int, int]], decisions: Sequence[tuple[int, str
     return out
 
 
+def _view(fax, fmap, minors, side: str, t: int) -> list[list[str]]:
+    """A tensor's sharding as an op computes it: each dim takes its factor's axes, a reshape's
+    merged dim its major factor's and then its minor factors'."""
+    out = []
+    for d, k in enumerate(fmap):
+        axes = list(fax[k]) if k >= 0 else []
+        for m in minors.get((side, t, d), ()):
+            axes += fax[m]
+        out.append(axes)
+    return out
+
+
 @dataclasses.dataclass
 class _Pattern:
     """Ops with the same factors, groups and operand/result signatures."""
@@ -196,6 +208,8 @@ class _Pattern:
     # pairs and reduces them locally; the bytes gathered per result byte (value + index)
     gather_partials: float = 0.0
     halos: tuple = ()  # per factor: the conv spatial factor's Halo, or None
+    # ("in" | "out", tensor, dim) -> the minor factors of a reshape's merged dim, in order
+    minors: dict = dataclasses.field(default_factory=dict)
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
 
@@ -273,10 +287,12 @@ class CostModel:
             n_in = len(op.inputs)
             dim_factor_in = [[-1] * len(values[i].shape) for i in op.inputs]
             dim_factor_out = [[-1] * len(values[o].shape) for o in op.outputs]
+            minors: dict[tuple[str, int, int], list[int]] = {}
             for k, f in enumerate(fs):
                 g = NO_DIM
-                if f.ties:
-                    i, d = (f.operands[0] if f.operands else (None, None))
+                if f.ties or f.minor_of:
+                    # a minor part of a merged dim is sharded as its split-side dim is
+                    i, d = (f.operands[0] if f.operands and f.minor_of != "operand" else (None, None))
                     node = (base[op.inputs[i]] + d) if i is not None else (base[op.outputs[f.results[0][0]]] + f.results[0][1])
                     g = int(gnd[nd[node]]) if nd[node] != NO_DIM else NO_DIM
                 fkeys.append((int(f.kind), f.size, g))
@@ -286,9 +302,15 @@ class CostModel:
                     spans |= {n_in + j for j in range(len(op.outputs))}
                 ftensors.append(tuple(sorted(spans)))
                 for i, d in f.operands:
-                    dim_factor_in[i][d] = k
+                    if f.minor_of == "operand":
+                        minors.setdefault(("in", i, d), []).append(k)
+                    else:
+                        dim_factor_in[i][d] = k
                 for j, d in f.results:
-                    dim_factor_out[j][d] = k
+                    if f.minor_of == "result":
+                        minors.setdefault(("out", j, d), []).append(k)
+                    else:
+                        dim_factor_out[j][d] = k
             ins = [values[i].shape for i in op.inputs]
             outs = [values[o].shape for o in op.outputs]
             flops = op_flops(op.primitive, op.params, ins, outs)
@@ -302,7 +324,7 @@ class CostModel:
                    op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
                    _shift(op, values), tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
                    tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs), pairs,
-                   tuple(f.halo for f in fs))
+                   tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())))
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -310,7 +332,7 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13]))
+                    flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13], dict(key[14])))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
@@ -471,6 +493,7 @@ class CostModel:
         fax = _assign(fslots, dec, pat.slot_tensors)
         self._scatter_major(pat, dec, fax)
         self._whole_mesh_partials(pat, fax)
+        self._unaligned_minors(pat, fax)
         shard = 1
         for axes in fax:
             for a in axes:
@@ -481,7 +504,7 @@ class CostModel:
         views = []
         for i, ((sig, fmap), nb) in enumerate(zip(pat.operands, pat.operand_bytes)):
             vspec = self.sig_spec(sig, dec)
-            ospec = in_view.get(i) or [fax[k] if k >= 0 else [] for k in fmap]
+            ospec = in_view.get(i) or _view(fax, fmap, pat.minors, "in", i)
             views.append(tuple(tuple(a) for a in ospec))
             local_bytes += nb / self._shard(ospec)
             n0 = len(colls)
@@ -497,7 +520,7 @@ class CostModel:
         transient = []
         for j, ((sig, fmap), nb) in enumerate(zip(pat.results, pat.result_bytes)):
             vspec = self.sig_spec(sig, dec)
-            ospec = out_view.get(j) or [fax[k] if k >= 0 else [] for k in fmap]
+            ospec = out_view.get(j) or _view(fax, fmap, pat.minors, "out", j)
             lb = nb / self._shard(ospec)
             n0 = len(colls)
             local_bytes += lb
@@ -561,6 +584,19 @@ class CostModel:
             if left + right:
                 colls.append(("collective-permute", tuple(fax[k]), local * (left + right) * n / h.size,
                               pat.factors[k][2]))
+
+    def _unaligned_minors(self, pat: _Pattern, fax) -> None:
+        """A merged dim's blocks are its minor dims' blocks only where every factor before the
+        minor one is sharded all the way (block size 1): a minor factor after a partly
+        sharded one is not sharded here (its split-side dim is resharded instead)."""
+        for (side, t, d), ms in pat.minors.items():
+            fmap = (pat.operands if side == "in" else pat.results)[t][1]
+            k = fmap[d]
+            full = k < 0 or self._prod(fax[k]) == pat.factors[k][1]
+            for m in ms:
+                if not full:
+                    fax[m] = []
+                full = full and self._prod(fax[m]) == pat.factors[m][1]
 
     def _whole_mesh_partials(self, pat: _Pattern, fax) -> None:
         """XLA's SPMD partitioner (jax 0.12, Shardy and GSPMD alike) all-reduces the partial

@@ -81,10 +81,18 @@ class Factor:
     # For a conv's spatial factor: the halo its lhs needs when sharded (a PERMUTE factor
     # with a halo ties its dims; a REDUCTION one, a weight gradient's, also sums over them).
     halo: Halo | None = None
+    # A minor part of a reshape's merged dim (Shardy's compound factor): "result" for a merge
+    # (the operand dim it spans is a minor dim merged into the result dim), "operand" for a
+    # split. Sharded by its split-side dim's decisions; on the merged dim its axes follow the
+    # major factor's (and any earlier minor's). It ties nothing: the merged dim's named
+    # dimension is the major's.
+    minor_of: str = ""
 
     @property
     def ties(self) -> bool:
         """Whether the dims it spans must be sharded alike (an edge in the graph)."""
+        if self.minor_of:
+            return False
         return self.kind in (FactorKind.PASS, FactorKind.REDUCTION) or self.halo is not None
 
 
@@ -355,11 +363,20 @@ def _reshape(params, ins, outs):
         if len(ri) == 1 and len(rj) == 1:
             fs.append(_f(a[ri[0]], P, [(0, ri[0])], [(0, rj[0])]))
             continue
-        # Compound factor: the two major dims move together (valid when the shard count
-        # divides the smaller major); the minor dims need a reshape-reshard (N for now).
+        # Compound factors (Shardy's): the two major dims move together (valid when the shard
+        # count divides the smaller major). In a plain merge or split each minor dim is a
+        # minor part of the merged dim: sharded alike on both sides, its axes after the
+        # major's on the merged dim. Where both sides have several dims (a gcd block) the
+        # minor dims need a reshape-reshard (need-replication).
         ma, mb = ri[0], rj[0]
         small, big = sorted((a[ma], b[mb]))
-        if big % small == 0:
+        if len(rj) == 1:  # merge
+            fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
+            fs += [Factor(a[d], P, ((0, d),), ((0, mb),), minor_of="result") for d in ri[1:]]
+        elif len(ri) == 1:  # split
+            fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
+            fs += [Factor(b[d], P, ((0, ma),), ((0, d),), minor_of="operand") for d in rj[1:]]
+        elif big % small == 0:
             fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
             fs += [_f(a[d], N, [(0, d)]) for d in ri[1:]]
             fs += [_f(b[d], N, results=[(0, d)]) for d in rj[1:]]

@@ -16,6 +16,12 @@ from partex import COLLECTIVE_KINDS as KINDS
 from partex import ModelSpec, Session, analyze_model, demo_models
 
 
+# Plans beyond the hand strategies, by group label: a U-Net's image rows sharded (halo
+# exchanges: collective-permutes), alone and beside data parallelism.
+EXTRA = {"unet": {"rows": [("height", "model")], "dp+rows": [("batch", "data"), ("height", "model")],
+                  "rows-8": [("height", "data")]}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(demo_models.MODELS))
@@ -35,8 +41,10 @@ def main() -> None:
         spec = ModelSpec(model, args.preset, tuple(args.config))
         for mtext in args.meshes.split(";"):
             s = Session.from_analysis(res, mesh=mtext, hardware=args.hardware, spec=spec)
-            for strat in args.strategies.split(","):
-                plan = s.plan(strategy=strat)
+            extra = {name: decs for name, decs in EXTRA.get(model, {}).items()
+                     if all(axis in s.mesh.axes for _, axis in decs)}
+            for strat in args.strategies.split(",") + list(extra):
+                plan = s.plan(extra[strat], strategy=strat) if strat in extra else s.plan(strategy=strat)
                 t = time.time()
                 try:
                     out = s.verify(plan, run=args.run, mark=False)

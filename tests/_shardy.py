@@ -103,15 +103,21 @@ def canonical_shardy(rule: dict, operand_map: Sequence[int | None], result_map: 
 
 
 def canonical_partex(primitive: str, params: dict, ins, outs) -> Canonical:
+    """A reshape's merged dim holds its major factor and then its minor ones (``minor_of``):
+    its parts, major first, as Shardy's compound dims."""
     kinds: dict[tuple, list[str]] = {}
-    ties = set()
-    for f in factors_of(primitive, params, ins, outs):
-        k = _KIND[f.kind]
+    factors = factors_of(primitive, params, ins, outs)
+    spans = []
+    for f in factors:
         dims = [("in", i, d) for i, d in f.operands] + [("out", j, d) for j, d in f.results]
+        spans.append([(dim, len(kinds.setdefault(dim, []))) for dim in dims])
         for dim in dims:
-            kinds.setdefault(dim, []).append(k)
-        if k in ("P", "R"):
-            ties.add((k, frozenset(dim + (0,) for dim in dims)))
+            kinds[dim].append(_KIND[f.kind])
+    ties = set()
+    for f, dims in zip(factors, spans):
+        k = _KIND[f.kind]
+        if k in ("P", "R") and (f.ties or f.minor_of):
+            ties.add((k, frozenset(dim + (part if len(kinds[dim]) > 1 else 0,) for dim, part in dims)))
     sizes = {("in", i, d): s for i, sh in enumerate(ins) for d, s in enumerate(sh)}
     sizes.update({("out", j, d): s for j, sh in enumerate(outs) for d, s in enumerate(sh)})
     return Canonical(frozenset(ties), tuple(sorted((dim, tuple(k)) for dim, k in kinds.items() if sizes[dim] > 1)))

@@ -25,17 +25,8 @@ from shardy_cases import CASES
 # case -> (partex's rule, Shardy's rule, verdict). "finer": Shardy's rule shards what partex
 # gathers (issue 11's fixes to come); "per XLA": XLA compiles what partex's rule says.
 DIFFERENCES = {
-    "reshape_merge": ("in #0[P,N]; out #0[P]; ties P:in0.0=out0.0",
-                      "in #0[P,P]; out #0[PP]; ties P:in0.0=out0.0 P:in0.1=out0.0'1", "finer"),
-    "reshape_split": ("in #0[P,P]; out #0[P,P,N]; ties P:in0.0=out0.0 P:in0.1=out0.1",
-                      "in #0[P,PP]; out #0[P,P,P]; ties P:in0.0=out0.0 P:in0.1'1=out0.2 P:in0.1=out0.1", "finer"),
     "reshape_gcd": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0",
                     "in #0[PP,P]; out #0[P,PP]; ties P:in0.0'1=out0.1 P:in0.0=out0.0 P:in0.1=out0.1'1", "finer"),
-    "reshape_flatten_batch_seq": ("in #0[P,N,P]; out #0[P,P]; ties P:in0.0=out0.0 P:in0.2=out0.1",
-                                  "in #0[P,P,P]; out #0[PP,P]; ties P:in0.0=out0.0 P:in0.1=out0.0'1 P:in0.2=out0.1",
-                                  "finer"),
-    "reshape_flatten": ("in #0[P,N]; out #0[P]; ties P:in0.0=out0.0",
-                        "in #0[P,P]; out #0[PP]; ties P:in0.0=out0.0 P:in0.1=out0.0'1", "finer"),
     "cumsum": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0",
                "per XLA"),
     "cummax": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0",
@@ -107,6 +98,11 @@ XLA_EVIDENCE = {
                                        [jnp.float32, jnp.float32, jnp.int32]),
     "scatter_add_window": (lambda x, i, u: x.at[i, 0:16].add(u), [(8, 32), (), (16,)], [(None, "x"), (), ()],
                            (None, "x"), {"all-gather"}, [jnp.float32, jnp.int32, jnp.float32]),
+    "conv_rows": (CASES["conv"].fn, [(2, 8, 8, 6), (3, 3, 6, 4)], [(None, "x", None, None), ()],
+                  (None, "x", None, None), {"collective-permute"}),
+    "conv_depthwise_weight_grad_rows": (CASES["conv_depthwise_weight_grad"].fn, [(2, 8, 8, 8), (2, 8, 8, 8)],
+                                        [(None, "x", None, None), (None, "x", None, None)],
+                                        (None, None, None, None), {"collective-permute", "all-reduce"}),
     "conv_depthwise_weight_grad_batch": (CASES["conv_depthwise_weight_grad"].fn, [(2, 8, 8, 8), (2, 8, 8, 8)],
                                          [("x", None, None, None), ("x", None, None, None)],
                                          (None, None, None, None), {"all-reduce"}),
@@ -156,3 +152,26 @@ def test_batched_linear_algebra_shards_its_batch_dims_with_vector_results_too():
     batch = {an.group_of(v, 0) for v in (*eigh.inputs, *eigh.outputs)}
     assert len(batch) == 1 and batch != {-1}, batch
     assert _collectives(lambda a: jnp.linalg.eigh(a)[0], [(4, 8, 8)], [("x", None, None)], ("x", None)) == set()
+
+
+@pytest.mark.parametrize("batch", [4, 8])
+def test_flattening_batch_and_sequence_keeps_both_shardings_where_the_blocks_line_up(batch):
+    """(B, T, D) -> (B*T, D) with B on data (4) and T on model: the merged dim's blocks are
+    the minor dim's only when B is sharded all the way (B = 4): then no collective, as XLA
+    compiles it (the minor dim is a compound factor's minor part). With B = 8 each device
+    holds two batch rows, the blocks do not line up, and the sequence is gathered (XLA too)."""
+    import partex
+
+    def step(x, w):
+        return jnp.sum(jnp.tanh(x.reshape(-1, x.shape[-1]) @ w))
+
+    rng = np.random.default_rng(0)
+    args = (jnp.asarray(rng.standard_normal((batch, 16, 8), dtype=np.float32)),
+            jnp.asarray(rng.standard_normal((8, 8), dtype=np.float32)))
+    s = partex.Session(step, args, mesh="data=4,model=2")
+    b, t = s.group("x:0").label, s.group("x:1").label
+    decisions = [(b, "data"), (t, "model"), (b, "model")]  # the merged dim on (data, model)
+    predicted = s.evaluate(decisions).collective_bytes.get("all-gather", 0.0)
+    assert (predicted == 0) == (batch == 4), predicted
+    out = s.verify(s.plan(decisions), run=True)
+    assert out["numerics"]["ok"] and out["collectives"]["all-gather"]["xla_bytes"] == predicted, out["collectives"]
