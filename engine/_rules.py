@@ -56,7 +56,9 @@ class Halo:
     dilation: int
 
     def rows(self, n: int) -> tuple[int, int]:
-        """(rows from the left neighbour, rows from the right), the most any device needs."""
+        """(rows from the left, rows from the right): the most any device reads before its
+        own block's first row and after its last. XLA sends them as collective-permutes, one
+        per neighbour's worth of rows (a slice shifted by more than a block reaches further)."""
         left = right = 0
         own, blk = self.size // n, self.iters // n
         for d in range(n):
@@ -64,8 +66,9 @@ class Halo:
             pmax = ((d + 1) * blk - 1) * self.step + (self.window - 1) * self.wstep - self.lo
             first = max(0, -(-pmin // self.dilation))
             last = min(self.size - 1, pmax // self.dilation)
-            left = max(left, d * own - first)
-            right = max(right, last - ((d + 1) * own - 1))
+            if first <= last:
+                left = max(left, d * own - first)
+                right = max(right, last - ((d + 1) * own - 1))
         return left, right
 
 
@@ -475,13 +478,24 @@ def _concatenate(params, ins, outs):
     return _keep(fs)
 
 
+def _shifted(x: int, out: int, d: int, step: int, lo: int) -> Factor | None:
+    """A slice's or pad's cut dim (out[i] = x[i * step - lo]): operand and result rows tie, a
+    permutation whose halo is the rows a device's output block reads beyond its own input
+    block (XLA: collective-permutes). Shardable where the shard count divides both sizes."""
+    if min(x, out) <= 1:
+        return None
+    return Factor(math.gcd(x, out), M, ((0, d),), ((0, d),), halo=Halo(0, d, x, out, step, 1, 1, lo, 1))
+
+
 @register("pad")
 def _pad(params, ins, outs):
     fs = []
     for d, (lo, hi, interior) in enumerate(params["padding_config"]):
         if lo == hi == interior == 0:
             fs.append(_f(ins[0][d], P, [(0, d)], [(0, d)]))
-        else:
+        elif interior == 0:
+            fs.append(_shifted(ins[0][d], outs[0][d], d, 1, int(lo)))
+        else:  # XLA's partitioner gets a sharded interior pad wrong (see _cost): unshardable
             fs += [_f(ins[0][d], M, [(0, d)]), _f(outs[0][d], M, results=[(0, d)])]
     return _keep(fs)
 
@@ -499,7 +513,15 @@ def _kept_or_cut(x: Shape, out: Shape, operand: int = 0) -> list[Factor]:
 
 @register("slice")
 def _slice(params, ins, outs):
-    return _keep(_kept_or_cut(ins[0], outs[0]))
+    x, out = ins[0], outs[0]
+    strides = params.get("strides") or (1,) * len(x)
+    fs = []
+    for d, (s, t) in enumerate(zip(x, out)):
+        if s == t:
+            fs.append(_f(s, P, [(0, d)], [(0, d)]))
+        else:
+            fs.append(_shifted(s, t, d, int(strides[d]), -int(params["start_indices"][d])))
+    return _keep(fs)
 
 
 @register("dynamic_slice")

@@ -31,9 +31,6 @@ DIFFERENCES = {
                "per XLA"),
     "cummax": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0",
                "per XLA"),
-    "slice": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0", "finer"),
-    "slice_strided": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0",
-                      "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0", "finer"),
     "dynamic_update_slice": ("in #0[P,N] #1[P,N]; out #0[P,N]; ties P:in0.0=in1.0=out0.0",
                              "in #0[P,M] #1[P,M]; out #0[P,M]; ties P:in0.0=in1.0=out0.0", "per XLA"),
     "dynamic_update_slice_whole_row": (
