@@ -65,8 +65,9 @@ def _misaligned(offset: int, size: int, total: int, n: int) -> float:
 
 
 # Ops whose result apply pins at the sharding the plan computes it in before resharding it to
-# its value's: XLA's partitioner, left to shard a grouped conv's output features itself,
-# emits invalid HLO or wrong values (jax 0.12; tests/test_properties.py found it).
+# its value's: XLA's partitioner, left to shard the output features of a grouped conv with a
+# 1-wide output itself, emits invalid HLO or wrong values (jax 0.12; the property tests found
+# it).
 _WRITE_AT_VIEW = frozenset({"conv_general_dilated"})
 
 # Elementwise primitives XLA fuses into their consumers.
@@ -208,6 +209,7 @@ class _Pattern:
     # pairs and reduces them locally; the bytes gathered per result byte (value + index)
     gather_partials: float = 0.0
     halos: tuple = ()  # per factor: the conv spatial factor's Halo, or None
+    grouped: bool = False  # a conv with batch_group_count > 1 (see _whole_mesh_partials)
     # ("in" | "out", tensor, dim) -> the minor factors of a reshape's merged dim, in order
     minors: dict = dataclasses.field(default_factory=dict)
     weight: float = 0.0  # executions per step: sum of trips
@@ -324,7 +326,8 @@ class CostModel:
                    op.primitive in _FREE, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
                    _shift(op, values), tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
                    tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs), pairs,
-                   tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())))
+                   tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),
+                   op.primitive == "conv_general_dilated" and op.params["batch_group_count"] > 1)
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -332,7 +335,8 @@ class CostModel:
                     key[0], key[1], key[2],
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
-                    flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13], dict(key[14])))
+                    flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13], key[15],
+                    dict(key[14])))
             pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
@@ -599,14 +603,15 @@ class CostModel:
                 full = full and self._prod(fax[m]) == pat.factors[m][1]
 
     def _whole_mesh_partials(self, pat: _Pattern, fax) -> None:
-        """XLA's SPMD partitioner (jax 0.12, Shardy and GSPMD alike) all-reduces the partial
-        filter gradient of a conv whose padded spatial dims are sharded over *every* device,
-        copies included: with a mesh axis left out of the reduction the gradient comes out
-        that many times too large. Such a conv takes the rest of the mesh on its batch (the
-        other reduction; each device then holds a distinct partial sum), or, where the batch
-        cannot take it, leaves its spatial dims unsharded (the operands are gathered)."""
-        spatial = [k for k, h in enumerate(pat.halos)
-                   if h is not None and fax[k] and pat.factors[k][0] == FactorKind.REDUCTION]
+        """XLA's SPMD partitioner (jax 0.12, Shardy and GSPMD alike) all-reduces over *every*
+        device, copies included, the partial filter gradient of a conv whose spatial dims are
+        sharded, and of a grouped conv (``batch_group_count`` > 1: a depthwise conv's weight
+        gradient) whose batch is: with a mesh axis left out of the reduction the gradient
+        comes out that many times too large. Such a conv takes the rest of the mesh on its
+        batch (the other reduction; each device then holds a distinct partial sum), or, where
+        the batch cannot take it, leaves those reductions unsharded (operands gathered)."""
+        spatial = [k for k, ((kind, _, _), h) in enumerate(zip(pat.factors, pat.halos))
+                   if fax[k] and kind == FactorKind.REDUCTION and (h is not None or pat.grouped)]
         if not spatial:
             return
         reduced = {a for (kind, _, _), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION for a in axes}
@@ -616,7 +621,8 @@ class CostModel:
             return
         if not any(a in used for a in rest):
             for k, (kind, size, _) in enumerate(pat.factors):
-                if kind == FactorKind.REDUCTION and pat.halos[k] is None and size % (self._prod(fax[k]) * self._prod(rest)) == 0:
+                if (kind == FactorKind.REDUCTION and pat.halos[k] is None
+                        and size % (self._prod(fax[k]) * self._prod(rest)) == 0):
                     fax[k] = fax[k] + rest
                     return
         for k in spatial:

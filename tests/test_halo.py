@@ -104,6 +104,26 @@ def test_xla_sums_a_padded_weight_gradient_over_every_device():
     np.testing.assert_allclose(np.asarray(got), 4 * np.asarray(ref), rtol=1e-4, atol=1e-4)
 
 
+def test_xla_sums_a_depthwise_weight_gradient_over_every_device():
+    """The same with a depthwise conv's weight gradient (batch_group_count = channels) and
+    only its batch sharded, on data (plain data parallelism on a 2-D mesh): 2x too large
+    (the 2 copies along model). ``tests/test_properties.py`` FOUND holds partex's plans."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16, 16, 8), dtype=np.float32)
+    w = rng.standard_normal((3, 3, 1, 8), dtype=np.float32)
+
+    def grad(w, x):
+        conv = lambda w: lax.conv_general_dilated(  # noqa: E731
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=8)
+        return jax.grad(lambda w: jnp.sum(jnp.sin(conv(w))))(w)
+
+    ref = grad(w, x)
+    got = jax.jit(grad, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))),
+                  out_shardings=NamedSharding(mesh, P()))(w, x)
+    np.testing.assert_allclose(np.asarray(got), 2 * np.asarray(ref), rtol=1e-4, atol=1e-4)
+
+
 def _conv_step(x, w1, w2):
     def loss(w1, w2):
         h = jax.nn.relu(_conv(x, w1))
@@ -135,3 +155,26 @@ def test_a_plan_sharding_the_rows_runs_right_and_its_halos_are_priced_as_xla_sen
     assert colls["collective-permute"]["ratio"] == pytest.approx(1.0), colls
     # the filter gradients exactly; XLA may reduce the 4-byte loss once per mesh axis
     assert abs(colls["all-reduce"]["predicted_bytes"] - colls["all-reduce"]["xla_bytes"]) <= 4, colls
+
+
+@pytest.mark.parametrize("cut", ["1:33", ":32", "2:66"])
+@pytest.mark.parametrize("axis", ["model", "data"])
+def test_a_sharded_slice_reads_its_neighbours_rows_as_xla_sends_them(cut, axis):
+    """x[:, a:b] with the column dim sharded 2 (model) or 4 (data) ways: operand and result
+    columns are one named dimension, and the collective-permute bytes equal XLA's (none for
+    x[:, 2:66] of 68 on 2 devices: each output block lies on its own input block)."""
+    lo, hi = (int(v) if v else None for v in cut.split(":"))
+    width = 68 if cut == "2:66" else 64
+
+    def step(x):
+        return jnp.tanh(x[:, lo:hi])
+
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((4, width), dtype=np.float32))
+    s = partex.Session(step, (x,), mesh="data=4,model=2")
+    an = s.analysis
+    sl = next(op for op in an.program.ops if op.primitive == "slice")
+    assert an.group_of(sl.inputs[0], 1) == an.group_of(sl.outputs[0], 1)
+    out = s.verify(s.plan([(s.group("x:1").label, axis)]), run=True)
+    c = out["collectives"]["collective-permute"]
+    assert out["numerics"]["ok"] and c["predicted_bytes"] == c["xla_bytes"], c
+    assert (c["xla_bytes"] > 0) == ((cut, axis) != ("2:66", "model")), c

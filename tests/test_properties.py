@@ -560,6 +560,21 @@ FOUND = {
     "no_intermediates": GenProgram(
         "def f(x0):\n    return (jnp.concatenate([x0, x0], axis=0),)\n",
         (("x0", (8,), "float32", None),), 0),
+    # a depthwise conv whose windows span the whole image (a 1-wide output), channels sharded
+    # over part of the mesh: XLA's partitioner crashed the process ("free(): invalid pointer")
+    "depthwise_conv_one_wide": GenProgram(
+        "def f(x0, w1):\n    def loss(x0, w1):\n        v = lax.conv_general_dilated(x0, w1, (1,), 'VALID', "
+        "dimension_numbers=('NHC', 'HIO', 'NHC'), feature_group_count=4)\n        return jnp.sum(v * v)\n"
+        "    return jax.value_and_grad(loss, argnums=(0, 1))(x0, w1)\n",
+        (("x0", (4, 3, 4), "float32", None), ("w1", (3, 1, 4), "float32", None)), 0),
+    # the same with 2 outputs per group: a plan sharding the conv's output features after the
+    # conv left XLA to shard the conv itself ("output feature dimension ... divisible by
+    # feature_group_count"); apply now pins the conv's result at the plan's view first
+    "grouped_conv_one_wide": GenProgram(
+        "def f(x0, w1):\n    def loss(x0, w1):\n        v = lax.conv_general_dilated(x0, w1, (1,), 'VALID', "
+        "dimension_numbers=('NHC', 'HIO', 'NHC'), feature_group_count=4)\n        return jnp.sum(v * v)\n"
+        "    return jax.value_and_grad(loss, argnums=(0, 1))(x0, w1)\n",
+        (("x0", (3, 3, 4), "float32", None), ("w1", (3, 1, 8), "float32", None)), 0),
     # no mesh axis divides any dim: the search has no action at all
     "nothing_divides": GenProgram(
         "def f(x0):\n    return (0.5 * x0,)\n", (("x0", (3,), "float32", None),), 0),
