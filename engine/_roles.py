@@ -296,7 +296,8 @@ def infer_roles(an: Analysis) -> Roles:
              if g not in con.contracted and g not in experts and g in decidable
              and any(not (con.contracts[o] & pairs) for o in ops)}
     vocab |= {g for g in con.embedding if g in decidable and g not in experts and g not in pairs}
-    pair_list, vocab_list = _drop_dominated(an, _by_bytes(an, pairs), _by_bytes(an, vocab))
+    pair_list, vocab_list = _drop_dominated(an, _by_bytes(an, pairs), _by_bytes(an, vocab),
+                                            varying=lambda v: deps[v] != 0)
 
     return Roles(
         mirror=mirror,
@@ -388,14 +389,18 @@ def _weight_operand(op, is_weight, on_data) -> int | None:
     return None
 
 
-def _drop_dominated(an: Analysis, pairs: tuple[GroupId, ...],
-                    vocab: tuple[GroupId, ...]) -> tuple[tuple[GroupId, ...], tuple[GroupId, ...]]:
+def _drop_dominated(an: Analysis, pairs: tuple[GroupId, ...], vocab: tuple[GroupId, ...],
+                    varying) -> tuple[tuple[GroupId, ...], tuple[GroupId, ...]]:
     """Drop the groups every tensor of which also holds a bigger kept group: on the one
-    model axis the bigger group keeps the axis there, so the smaller one never shards."""
+    model axis the bigger group keeps the axis there, so the smaller one never shards.
+    Tensors that depend on no input (tables built from iotas, a rotary embedding's cos and
+    sin) are left out: any device makes them at any sharding."""
     cands = sorted(pairs + vocab, key=lambda g: (-an.groups[g].bytes, g))
     rank = {g: r for r, g in enumerate(cands)}
     held_sets: set[tuple[GroupId, ...]] = set()
     for vid, v in enumerate(an.program.values):
+        if not varying(vid):
+            continue
         held = {an.group_of(vid, d) for d in range(len(v.shape))} & rank.keys()
         if held:
             held_sets.add(tuple(sorted(held, key=rank.__getitem__)))
