@@ -817,7 +817,9 @@ def _scan_exit(params, ins, outs):
             fs += [_f(s, P, ops(d), [(j, d)]) for d, s in enumerate(out)]
         else:
             fs += [_f(s, P, [(j, d - 1)], [(j, d)]) for d, s in enumerate(out) if d > 0]
-            fs.append(_f(out[0], N, results=[(j, 0)]))
+            # the stacked loop axis: result-only, free to shard (Shardy's rule; XLA keeps ys
+            # sharded along it with no collective, each device storing its iterations' rows)
+            fs.append(_f(out[0], P, results=[(j, 0)]))
     return _keep(fs)
 
 
