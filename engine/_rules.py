@@ -265,6 +265,9 @@ def _conv(params, ins, outs):
         # channels sharded over part of the mesh, "free(): invalid pointer", jax 0.12.)
         fs.append(_f(lhs[lf], P, [(0, lf), (1, ro)], [(0, of)]))
     else:
+        # grouped (not depthwise): Shardy has the groups as the major part of each feature
+        # dim, but XLA does not partition the conv along them: with the groups sharded it
+        # all-gathers the image and the kernel (tests/test_shardy_rules.py): need-replication
         fs += [_f(lhs[lf], N, [(0, lf)]), _f(rhs[ri], N, [(1, ri)]),
                _f(rhs[ro], N, [(1, ro)]), _f(out[of], N, results=[(0, of)])]
     fs += _conv_spatial(params, lsp, rsp, osp, lhs, rhs, out)

@@ -43,7 +43,7 @@ DIFFERENCES = {
     "conv_grouped": (
         "in #0[P,M,M,N] #1[M,M,N,N]; out #0[P,M,M,N]; ties P:in0.0=out0.0",
         "in #0[P,M,M,PR] #1[M,M,R,PP]; out #0[P,M,M,PP]; ties P:in0.0=out0.0 P:in0.3=in1.3=out0.3 "
-        "P:in1.3'1=out0.3'1 R:in0.3'1=in1.2", "finer"),
+        "P:in1.3'1=out0.3'1 R:in0.3'1=in1.2", "per XLA"),
 }
 
 
@@ -95,6 +95,9 @@ XLA_EVIDENCE = {
                                        [jnp.float32, jnp.float32, jnp.int32]),
     "scatter_add_window": (lambda x, i, u: x.at[i, 0:16].add(u), [(8, 32), (), (16,)], [(None, "x"), (), ()],
                            (None, "x"), {"all-gather"}, [jnp.float32, jnp.int32, jnp.float32]),
+    "conv_grouped_features": (CASES["conv_grouped"].fn, [(2, 8, 8, 6), (3, 3, 3, 4)],
+                              [(None, None, None, "x"), (None, None, None, "x")], (None, None, None, "x"),
+                              {"all-gather"}),
     "conv_rows": (CASES["conv"].fn, [(2, 8, 8, 6), (3, 3, 6, 4)], [(None, "x", None, None), ()],
                   (None, "x", None, None), {"collective-permute"}),
     "conv_depthwise_weight_grad_rows": (CASES["conv_depthwise_weight_grad"].fn, [(2, 8, 8, 8), (2, 8, 8, 8)],
@@ -200,3 +203,4 @@ def test_scan_outputs_stay_sharded_along_the_loop_axis():
     assert out["numerics"]["ok"], out["numerics"]
     assert all(c["xla_bytes"] == 0 for c in out["collectives"].values()), out["collectives"]
     assert out["xla_memory"]["output"] == 16 * 8 * 32 * 4 / 4
+
