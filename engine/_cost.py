@@ -491,8 +491,9 @@ class CostModel:
         return r
 
     def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, tuple, tuple]:
-        """(compute s, comm s, collectives, transient buffers, operand views) of one
-        execution of the pattern's ops under decisions dec."""
+        """(compute s, comm s, collectives, transient buffers, views) of one execution of the
+        pattern's ops under decisions dec; views: each operand's sharding as the op reads it,
+        then each result's as the op writes it (None for a partial result)."""
         fslots = [(g, size) for _, size, g in pat.factors]  # g is NO_DIM unless the factor ties
         fax = _assign(fslots, dec, pat.slot_tensors)
         self._scatter_major(pat, dec, fax)
@@ -578,8 +579,9 @@ class CostModel:
         return compute, comm, tuple(out), tuple(transient), tuple(views)
 
     def _halo(self, pat: _Pattern, i: int, fax, local: float, colls) -> None:
-        """A conv operand sharded along a spatial dim: each device receives the rows next to
-        its block from its neighbours (XLA: a collective-permute each way)."""
+        """An operand sharded along a conv's spatial dim or a slice's or pad's cut dim: each
+        device receives the rows its block reads beyond its own from its neighbours (XLA: a
+        collective-permute each way)."""
         for k, h in enumerate(pat.halos):
             if h is None or h.operand != i or not fax[k]:
                 continue
@@ -610,9 +612,9 @@ class CostModel:
         comes out that many times too large. Such a conv takes the rest of the mesh on its
         batch (the other reduction; each device then holds a distinct partial sum), or, where
         the batch cannot take it, leaves those reductions unsharded (operands gathered)."""
-        spatial = [k for k, ((kind, _, _), h) in enumerate(zip(pat.factors, pat.halos))
-                   if fax[k] and kind == FactorKind.REDUCTION and (h is not None or pat.grouped)]
-        if not spatial:
+        affected = [k for k, ((kind, _, _), h) in enumerate(zip(pat.factors, pat.halos))
+                    if fax[k] and kind == FactorKind.REDUCTION and (h is not None or pat.grouped)]
+        if not affected:
             return
         reduced = {a for (kind, _, _), axes in zip(pat.factors, fax) if kind == FactorKind.REDUCTION for a in axes}
         used = {a for axes in fax for a in axes}
@@ -625,7 +627,7 @@ class CostModel:
                         and size % (self._prod(fax[k]) * self._prod(rest)) == 0):
                     fax[k] = fax[k] + rest
                     return
-        for k in spatial:
+        for k in affected:
             fax[k] = []
 
     def _scatter_major(self, pat: _Pattern, dec, fax) -> None:
