@@ -37,12 +37,14 @@ class FactorKind(enum.IntEnum):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Halo:
     """The rows of one operand dim that each device reads beyond its own block when a conv's
-    spatial factor is sharded n ways (XLA sends them with a collective-permute each way).
+    spatial factor, or a slice's or pad's cut dim, is sharded n ways (XLA sends them with
+    collective-permutes).
 
     The sharded iterator i (a block of ``iters`` per device) and a whole window w read operand
     row ``(i * step + w * wstep - lo) / dilation`` (where integral and in range), for
     w < ``window``: a forward conv (i the output, w the kernel), a transposed one (dilation
-    the lhs dilation), and a weight gradient (i the cotangent as the kernel, w the output).
+    the lhs dilation), a weight gradient (i the cotangent as the kernel, w the output), and a
+    slice or pad (a 1-wide window; lo the pad, or minus the slice's start).
     """
 
     operand: int
@@ -81,8 +83,9 @@ class Factor:
     # For REDUCTION factors: the all-reduce operator ("sum", "max", "min", "prod", ...);
     # "index" for argmax/argmin, whose partial (value, index) pairs XLA all-gathers.
     reduce: str = "sum"
-    # For a conv's spatial factor: the halo its lhs needs when sharded (a PERMUTE factor
-    # with a halo ties its dims; a REDUCTION one, a weight gradient's, also sums over them).
+    # For a conv's spatial factor or a slice's or pad's cut dim: the halo its operand needs
+    # when sharded (a PERMUTE factor with a halo ties its dims; a REDUCTION one, a weight
+    # gradient's, also sums over them).
     halo: Halo | None = None
     # A minor part of a reshape's merged dim (Shardy's compound factor): "result" for a merge
     # (the operand dim it spans is a minor dim merged into the result dim), "operand" for a
@@ -376,14 +379,13 @@ def _reshape(params, ins, outs):
         # minor dims need a reshape-reshard (need-replication).
         ma, mb = ri[0], rj[0]
         small, big = sorted((a[ma], b[mb]))
-        if len(rj) == 1:  # merge
+        if big % small == 0:  # always so for a plain merge or split
             fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
+        if len(rj) == 1:  # merge
             fs += [Factor(a[d], P, ((0, d),), ((0, mb),), minor_of="result") for d in ri[1:]]
         elif len(ri) == 1:  # split
-            fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
             fs += [Factor(b[d], P, ((0, ma),), ((0, d),), minor_of="operand") for d in rj[1:]]
         elif big % small == 0:
-            fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
             fs += [_f(a[d], N, [(0, d)]) for d in ri[1:]]
             fs += [_f(b[d], N, results=[(0, d)]) for d in rj[1:]]
         else:

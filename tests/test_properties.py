@@ -285,13 +285,18 @@ class _Builder:
         new = [s for d, s in enumerate(a.shape) if d != ax]
         return self.emit(f"jnp.{fn}({a.name}, axis={ax}).astype(jnp.float32)", new, exact=True, uses=(a,))
 
+    def pick_axis(self, min_size: int):
+        """A value and one of its dims of at least ``min_size``, or None."""
+        a = self.pick()
+        dims = [d for d, s in enumerate(a.shape) if s >= min_size]
+        return (a, self.draw(st.sampled_from(dims))) if dims else None
+
     def op_window_update(self):
         """``a.at[..., i:i+w, ...].add(...)``: a scatter-add whose window spans part of a dim."""
-        a = self.pick()
-        dims = [d for d, s in enumerate(a.shape) if s >= 3]
-        if not dims:
+        picked = self.pick_axis(3)
+        if picked is None:
             return None
-        ax = self.draw(st.sampled_from(dims))
+        a, ax = picked
         s = a.shape[ax]
         w = self.draw(st.integers(2, s - 1))
         start = self.draw(st.integers(0, s - w))
@@ -327,11 +332,10 @@ class _Builder:
         return self.emit(expr, (a.shape[0], n, o), uses=(a,))
 
     def op_slice(self):
-        a = self.pick()
-        dims = [d for d, s in enumerate(a.shape) if s >= 2]
-        if not dims:
+        picked = self.pick_axis(2)
+        if picked is None:
             return None
-        ax = self.draw(st.sampled_from(dims))
+        a, ax = picked
         s = a.shape[ax]
         start = self.draw(st.integers(0, s - 1))
         stop = self.draw(st.integers(start + 1, s))
