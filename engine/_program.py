@@ -23,6 +23,7 @@ from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from ._errors import PartexError
+from ._rotate import rotations
 
 Shape = tuple[int, ...]
 ValueId = int
@@ -306,7 +307,7 @@ def trace(fn: Callable, args: Sequence[Any]) -> Program:
     args = tuple(args)
     split = StaticSplit(fn, args)
     closed, out_shape = make_jaxpr(split, split.args)
-    closed = unshare(dce(closed))
+    closed = unshare(rotations(dce(closed)))
     out_leaves_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     out_paths = [path_str("out", p) for p, _ in out_leaves_paths]
     program = _Tracer(closed).run(split.paths, out_paths, jax.tree_util.tree_structure(split.args), out_tree)

@@ -44,7 +44,8 @@ class Halo:
     row ``(i * step + w * wstep - lo) / dilation`` (where integral and in range), for
     w < ``window``: a forward conv (i the output, w the kernel), a transposed one (dilation
     the lhs dilation), a weight gradient (i the cotangent as the kernel, w the output), and a
-    slice or pad (a 1-wide window; lo the pad, or minus the slice's start).
+    slice or pad (a 1-wide window; lo the pad, or minus the slice's start). A ``cyclic`` one
+    is a rotation (``roll`` by ``lo``): rows wrap around, so every device reads alike.
     """
 
     operand: int
@@ -56,11 +57,20 @@ class Halo:
     wstep: int
     lo: int
     dilation: int
+    cyclic: bool = False
 
     def rows(self, n: int) -> tuple[int, int]:
         """(rows from the left, rows from the right): the most any device reads before its
         own block's first row and after its last. XLA sends them as collective-permutes, one
-        per neighbour's worth of rows (a slice shifted by more than a block reaches further)."""
+        per neighbour's worth of rows (a slice shifted by more than a block reaches further).
+        A rotation's device receives the rows that rotate into its block, at most a block
+        (from two devices where the shift exceeds a block), from the nearer side."""
+        if self.cyclic:
+            if n <= 1:
+                return 0, 0
+            s = self.lo % self.size
+            own = self.size // n
+            return (min(s, own), 0) if s <= self.size - s else (0, min(self.size - s, own))
         left = right = 0
         own, blk = self.size // n, self.iters // n
         for d in range(n):
@@ -367,31 +377,42 @@ def _reshape(params, ins, outs):
     for bi, bj in reshape_blocks(a, b):
         ri = [d for d in bi if a[d] > 1]
         rj = [d for d in bj if b[d] > 1]
-        if not ri or not rj:
-            continue
-        if len(ri) == 1 and len(rj) == 1:
-            fs.append(_f(a[ri[0]], P, [(0, ri[0])], [(0, rj[0])]))
-            continue
-        # Compound factors (Shardy's): the two major dims move together (valid when the shard
-        # count divides the smaller major). In a plain merge or split each minor dim is a
-        # minor part of the merged dim: sharded alike on both sides, its axes after the
-        # major's on the merged dim. Where both sides have several dims (a gcd block) the
-        # minor dims need a reshape-reshard (need-replication).
-        ma, mb = ri[0], rj[0]
-        small, big = sorted((a[ma], b[mb]))
-        if big % small == 0:  # always so for a plain merge or split
-            fs.append(_f(small, P, [(0, ma)], [(0, mb)]))
-        if len(rj) == 1:  # merge
-            fs += [Factor(a[d], P, ((0, d),), ((0, mb),), minor_of="result") for d in ri[1:]]
-        elif len(ri) == 1:  # split
-            fs += [Factor(b[d], P, ((0, ma),), ((0, d),), minor_of="operand") for d in rj[1:]]
-        elif big % small == 0:
-            fs += [_f(a[d], N, [(0, d)]) for d in ri[1:]]
-            fs += [_f(b[d], N, results=[(0, d)]) for d in rj[1:]]
-        else:
-            fs += [_f(a[d], N, [(0, d)]) for d in ri]
-            fs += [_f(b[d], N, results=[(0, d)]) for d in rj]
+        if ri and rj:
+            fs += _compound(a, b, ri, rj)
     return _keep(fs)
+
+
+def _compound(a: Shape, b: Shape, ri: list[int], rj: list[int]) -> list[Factor]:
+    """Shardy's compound factors of one reshape block: walking both sides major to minor,
+    each factor is the smaller of the two dims' remaining parts while one divides the other.
+    A factor that starts a dim on both sides ties them; one that starts a dim on one side only
+    is a minor part of the other side's dim (``minor_of``), sharded by the dim it starts. Where
+    neither remainder divides the other, a gcd part major on both sides still ties (a block's
+    rows stay its rows); everything after it needs a reshape-reshard (need-replication)."""
+    fs: list[Factor] = []
+    i = j = 0
+    ra, rb = a[ri[0]], b[rj[0]]
+    while i < len(ri) and j < len(rj):
+        da, db = ri[i], rj[j]
+        major_a, major_b = ra == a[da], rb == b[db]
+        if ra % rb and rb % ra:
+            g = math.gcd(ra, rb)
+            if major_a and major_b and g > 1:
+                fs.append(Factor(g, P, ((0, da),), ((0, db),)))
+            fs += [Factor(a[d], N, ((0, d),)) for d in ri[i + (not major_a):]]
+            fs += [Factor(b[d], N, results=((0, d),)) for d in rj[j + (not major_b):]]
+            break
+        s = min(ra, rb)
+        minor = "" if major_a and major_b else ("result" if major_a else "operand")
+        fs.append(Factor(s, P, ((0, da),), ((0, db),), minor_of=minor))
+        ra, rb = ra // s, rb // s
+        if ra == 1:
+            i += 1
+            ra = a[ri[i]] if i < len(ri) else 1
+        if rb == 1:
+            j += 1
+            rb = b[rj[j]] if j < len(rj) else 1
+    return fs
 
 
 def _axis_rule(axis_key: str, kind: FactorKind):
@@ -490,6 +511,17 @@ def _shifted(x: int, out: int, d: int, step: int, lo: int) -> Factor | None:
     if min(x, out) <= 1:
         return None
     return Factor(math.gcd(x, out), M, ((0, d),), ((0, d),), halo=Halo(0, d, x, out, step, 1, 1, lo, 1))
+
+
+@register("roll")
+def _roll(params, ins, outs):
+    """A rotation (partex's ``roll``, recognised from ``jnp.roll``'s slices and concatenate):
+    operand and result rows tie, a permutation whose halo is the rows rotating in."""
+    axis, n = params["axis"], ins[0][params["axis"]]
+    fs = [_f(s, P, [(0, d)], [(0, d)]) for d, s in enumerate(ins[0]) if d != axis]
+    if n > 1:
+        fs.append(Factor(n, M, ((0, axis),), ((0, axis),), halo=Halo(0, axis, n, n, 1, 1, 1, int(params["shift"]), 1, True)))
+    return _keep(fs)
 
 
 @register("pad")

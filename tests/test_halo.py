@@ -178,3 +178,31 @@ def test_a_sharded_slice_reads_its_neighbours_rows_as_xla_sends_them(cut, axis):
     c = out["collectives"]["collective-permute"]
     assert out["numerics"]["ok"] and c["predicted_bytes"] == c["xla_bytes"], c
     assert (c["xla_bytes"] > 0) == ((cut, axis) != ("2:66", "model")), c
+
+
+def _roll_step(shift):
+    def step(x, w):
+        def loss(x, w):
+            return jnp.sum(jnp.tanh(jnp.roll(x, shift, axis=1)) * w)
+        return jax.grad(loss, argnums=(0, 1))(x, w)
+    return step
+
+
+@pytest.mark.parametrize("shift,axis", [(3, "model"), (20, "data"), (-5, "data"), (32, "model")])
+def test_a_sharded_roll_is_one_rotation_priced_as_xla_sends_it(shift, axis):
+    """jnp.roll (two slices and a concatenate) and its VJP (a split, two pads and a sum) are
+    each one ``roll`` op whose rows tie to its operand's: a roll along a sharded dim sends
+    each device the rows rotating into its block (at most a block: a shift of 20 over blocks
+    of 16 takes them from two devices), and the collective-permute bytes equal XLA's."""
+    rng = np.random.default_rng(3)
+    x, w = (jnp.asarray(rng.standard_normal((4, 64, 16), dtype=np.float32)) for _ in range(2))
+    s = partex.Session(_roll_step(shift), (x, w), mesh="data=4,model=2")
+    ops = [op.primitive for op in s.analysis.program.ops]
+    assert ops.count("roll") == 2 and "concatenate" not in ops and "pad" not in ops, ops
+    assert len(s.analysis.decision_groups) == 3  # batch, rows, features: rows rotate together
+    out = s.verify(s.plan([(s.group("x:1").label, axis)]), run=True)
+    c = out["collectives"]
+    assert out["numerics"]["ok"], out["numerics"]
+    assert c["collective-permute"]["xla_bytes"] > 0
+    assert c["collective-permute"]["predicted_bytes"] == c["collective-permute"]["xla_bytes"], c
+    assert all(v["xla_bytes"] == 0 for k, v in c.items() if k != "collective-permute"), c

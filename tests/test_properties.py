@@ -201,7 +201,7 @@ class _Builder:
     def op_reshape(self):
         a = self.pick()
         s = list(a.shape)
-        kind = self.draw(st.sampled_from(["merge", "split", "flatten"]))
+        kind = self.draw(st.sampled_from(["merge", "split", "flatten", "regroup"]))
         if kind == "merge" and len(s) >= 2:
             i = self.draw(st.integers(0, len(s) - 2))
             new = s[:i] + [s[i] * s[i + 1]] + s[i + 2:]
@@ -214,6 +214,16 @@ class _Builder:
             new = s[:i] + [d, s[i] // d] + s[i + 1:]
         elif kind == "flatten" and len(s) >= 2:
             new = [math.prod(s)]
+        elif kind == "regroup" and len(s) >= 2:
+            # two adjacent dims re-split at another divisor of their product: (8, 6) -> (4, 12),
+            # (6, 4) -> (4, 6) (compound factors on both sides, or a gcd part)
+            i = self.draw(st.integers(0, len(s) - 2))
+            n = s[i] * s[i + 1]
+            divs = [d for d in range(2, n) if n % d == 0 and d not in (s[i], s[i + 1])]
+            if not divs:
+                return None
+            d = self.draw(st.sampled_from(divs))
+            new = s[:i] + [d, n // d] + s[i + 2:]
         else:
             return None
         return self.emit(f"{a.name}.reshape({tuple(new)})", new, exact=a.exact, uses=(a,))
@@ -346,6 +356,15 @@ class _Builder:
         new[ax] = n
         return self.emit(f"{a.name}[{idx}]", new, exact=a.exact, uses=(a,))
 
+    def op_roll(self):
+        """jnp.roll by a static shift (a rotation: one op, its rows shardable with a halo)."""
+        picked = self.pick_axis(2)
+        if picked is None:
+            return None
+        a, ax = picked
+        shift = self.draw(st.integers(-a.shape[ax], a.shape[ax]))
+        return self.emit(f"jnp.roll({a.name}, {shift}, axis={ax})", a.shape, exact=a.exact, uses=(a,))
+
     def op_gather(self):
         a = self.pick()
         if not a.shape or len(self.indices) >= 2:
@@ -403,7 +422,7 @@ class _Builder:
         return self.nodes[-1]
 
     OPS = ("dot", "dot", "elementwise", "elementwise", "reshape", "transpose", "broadcast",
-           "reduce", "concat", "slice", "gather", "scan", "argreduce", "window_update", "conv")
+           "reduce", "concat", "slice", "roll", "gather", "scan", "argreduce", "window_update", "conv")
 
 
 def _broadcasts(small, big) -> bool:

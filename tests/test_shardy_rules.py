@@ -23,10 +23,11 @@ from _shardy import compare
 from shardy_cases import CASES
 
 # case -> (partex's rule, Shardy's rule, verdict). "finer": Shardy's rule shards what partex
-# gathers (issue 11's fixes to come); "per XLA": XLA compiles what partex's rule says.
+# gathers; "per XLA": XLA compiles what partex's rule says; "same in effect": Shardy's extra
+# factor can never be sharded (a minor part shards only after a fully sharded major one).
 DIFFERENCES = {
-    "reshape_gcd": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0",
-                    "in #0[PP,P]; out #0[P,PP]; ties P:in0.0'1=out0.1 P:in0.0=out0.0 P:in0.1=out0.1'1", "finer"),
+    "reshape_gcd_uneven": ("in #0[PN,N]; out #0[PN,N]; ties P:in0.0=out0.0",
+                           "in #0[PM,NP]; out #0[PM,NP]; ties P:in0.0=out0.0 P:in0.1'1=out0.1'1", "same in effect"),
     "cumsum": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0",
                "per XLA"),
     "cummax": ("in #0[P,N]; out #0[P,N]; ties P:in0.0=out0.0", "in #0[P,M]; out #0[P,M]; ties P:in0.0=out0.0",
@@ -84,6 +85,10 @@ def _collectives(fn, shapes, in_specs, out_spec, dtypes=None) -> set[str]:
 # The README table's XLA column: a dim sharded on 2 simulated devices, the collectives XLA emits.
 XLA_EVIDENCE = {
     "reshape_split": (lambda a: a.reshape(16, 4, 64), [(16, 256)], [(None, "x")], (None, "x", None), set()),
+    "reshape_gcd": (lambda a: a.reshape(4, 12), [(8, 6)], [("x", None)], ("x", None), set()),
+    "reshape_gcd_uneven_rows": (lambda a: a.reshape(4, 6), [(6, 4)], [("x", None)], ("x", None), set()),
+    "reshape_gcd_uneven_columns": (lambda a: a.reshape(4, 6), [(6, 4)], [(None, "x")], (None, "x"),
+                                   {"all-gather"}),
     "argmax": (lambda a: jnp.argmax(a, 1), [(16, 4096)], [(None, "x")], (), {"all-gather"}),
     "cumsum": (lambda a: jnp.cumsum(a, 1), [(4, 64)], [(None, "x")], (None, "x"), {"all-gather"}),
     "cummax": (lambda a: lax.cummax(a, axis=1), [(4, 64)], [(None, "x")], (None, "x"), {"all-gather"}),
@@ -175,6 +180,51 @@ def test_flattening_batch_and_sequence_keeps_both_shardings_where_the_blocks_lin
     assert (predicted == 0) == (batch == 4), predicted
     out = s.verify(s.plan(decisions), run=True)
     assert out["numerics"]["ok"] and out["collectives"]["all-gather"]["xla_bytes"] == predicted, out["collectives"]
+
+
+def _attention_step(B, T, H, Dh):
+    def step(x, wq, wo):
+        def loss(wq, wo):
+            q = (x @ wq).reshape(B, T, H, Dh)
+            s = jnp.einsum("bthd,bshd->bhts", q, q)
+            o = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s), q).reshape(B, T, H * Dh)
+            return jnp.sum((o @ wo) ** 2)
+        return jax.value_and_grad(loss, argnums=(0, 1))(wq, wo)
+
+    rng = np.random.default_rng(0)
+    args = (jnp.asarray(rng.standard_normal((B, T, 32), dtype=np.float32)),
+            jnp.asarray(rng.standard_normal((32, H * Dh), dtype=np.float32)) / 8,
+            jnp.asarray(rng.standard_normal((H * Dh, 32), dtype=np.float32)) / 8)
+    return step, args
+
+
+@pytest.mark.parametrize("mesh,heads_on,head_dim_on,gathered", [
+    ("model=8", ("model",), (), 16384),  # 4 heads cannot take 8: the split gathers them
+    ("model=4,sub=2", ("model",), (), 0),  # heads on 4, replicated over the other 2
+    ("model=4,sub=2", ("model", "sub"), (), 4096),  # the projection on all 8, heads on 4: gathered over sub
+    ("model=4,sub=2", ("model", "sub"), ("sub",), 0),  # heads on model, head dim on sub: the split is free
+])
+def test_more_devices_than_heads_split_the_axis_in_the_mesh(mesh, heads_on, head_dim_on, gathered):
+    """Four heads and a projection of 64 columns on 8 devices: a plan's decisions are whole
+    mesh axes (as PartitionSpecs are), so where XLA would split one axis of 8 into 4 x 2
+    (Shardy's sub-axes) the mesh says so (``model=4,sub=2``). The projection then takes both
+    axes, the heads ``model`` and the head dim ``sub``: the reshape between them is a compound
+    factor with no collective, priced as XLA compiles it, and the attention scores are summed
+    over ``sub``."""
+    import partex
+
+    step, args = _attention_step(2, 16, 4, 16)
+    s = partex.Session(step, args, mesh=mesh)
+    heads = s.group("wq:1").label
+    rs = next(op for op in s.analysis.program.ops if op.primitive == "reshape"
+              and s.analysis.program.values[op.outputs[0]].shape == (2, 16, 4, 16))
+    head_dim = s.analysis.groups[s.analysis.group_of(rs.outputs[0], 3)].label
+    decisions = [(heads, a) for a in heads_on] + [(head_dim, a) for a in head_dim_on]
+    out = s.verify(s.plan(decisions), run=True)
+    c = out["collectives"]
+    assert out["numerics"]["ok"], out["numerics"]
+    assert c["all-gather"]["xla_bytes"] == c["all-gather"]["predicted_bytes"] == gathered, c
+    assert c["all-reduce"]["xla_bytes"] == c["all-reduce"]["predicted_bytes"], c
 
 
 def test_scan_outputs_stay_sharded_along_the_loop_axis():
