@@ -40,7 +40,7 @@ DIFFERENCES = {
     "conv_strided": (
         "in #0[P,M,M,R] #1[M,M,R,P]; out #0[P,M,M,P]; ties P:in0.0=out0.0 P:in1.3=out0.3 R:in0.3=in1.2",
         "in #0[P,MR,MR,R] #1[R,R,R,P]; out #0[P,M,M,P]; ties P:in0.0=out0.0 P:in1.3=out0.3 R:in0.1'1=in1.0 "
-        "R:in0.2'1=in1.1 R:in0.3=in1.2", "finer"),
+        "R:in0.2'1=in1.1 R:in0.3=in1.2", "per XLA"),
     "conv_grouped": (
         "in #0[P,M,M,N] #1[M,M,N,N]; out #0[P,M,M,N]; ties P:in0.0=out0.0",
         "in #0[P,M,M,PR] #1[M,M,R,PP]; out #0[P,M,M,PP]; ties P:in0.0=out0.0 P:in0.3=in1.3=out0.3 "
@@ -123,6 +123,27 @@ XLA_EVIDENCE = {
 def test_the_tables_xla_evidence(name):
     fn, shapes, in_specs, out_spec, want, *dtypes = XLA_EVIDENCE[name]
     assert _collectives(fn, shapes, in_specs, out_spec, dtypes[0] if dtypes else None) == want
+
+
+def test_xla_gathers_a_strided_convs_rows_where_shardy_would_sum_the_strides_minor_part():
+    """Shardy's strided-conv rule splits the image rows into the output rows and the stride's
+    minor part, a reduction with the kernel window. Sharding that minor part (image rows on
+    (a, b), kernel window on b, output rows on a) XLA does not compute partial sums: it
+    all-gathers. With the rows tied whole (partex's rule) it needs no collective."""
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (2, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (jax.ShapeDtypeStruct((2, 8, 1, 4), jnp.float32), jax.ShapeDtypeStruct((2, 1, 4, 4), jnp.float32))
+
+    def collectives(x, w, out):
+        sh = [NamedSharding(mesh, s) for s in (x, w, out)]
+        text = jax.jit(conv, in_shardings=tuple(sh[:2]), out_shardings=sh[2]).lower(*args).compile().as_text()
+        return {m.group(1) for m in _COLLECTIVE.finditer(text)}
+
+    assert collectives(P(None, ("a", "b")), P("b"), P(None, "a")) == {"all-gather"}
+    assert collectives(P(None, ("a", "b")), P(), P(None, ("a", "b"))) == set()
 
 
 def test_argmax_over_a_sharded_vocabulary_is_a_reduction_priced_as_xla_does():
