@@ -196,10 +196,33 @@ class Search:
             best = cand[0]
             decisions = decisions + (self.actions[cand[1]],)
 
+    def _moves(self, current: tuple[Decision, ...]):
+        """The plans one change away, cheapest kinds first: add an action (in prior order),
+        drop an unpinned decision, swap two decisions on one axis (the earlier keeps the axis
+        where their groups conflict), replace a decision by another action in its place, and
+        insert an action before a decision of its axis."""
+        first = len(self.pins)
+        legal = sorted(self._legal(current), key=lambda a: -self.prior[a])
+        for a in legal:
+            yield current + (self.actions[a],)
+        for i in range(first, len(current)):
+            yield current[:i] + current[i + 1:]
+        for i in range(first, len(current)):
+            for j in range(i + 1, len(current)):
+                if current[i][1] == current[j][1]:
+                    yield current[:i] + (current[j],) + current[i + 1:j] + (current[i],) + current[j + 1:]
+        for i in range(first, len(current)):
+            for a in legal:
+                yield current[:i] + (self.actions[a],) + current[i + 1:]
+        for i in range(first, len(current)):
+            for a in legal:
+                if self.actions[a][1] == current[i][1]:
+                    yield current[:i] + (self.actions[a],) + current[i:]
+
     def _polish(self) -> None:
-        """Local search from the best plan: take the first single change (add an action, in
-        prior order, or drop an unpinned decision) that improves it, until none does. Its
-        evaluations share the cache; a better plan found becomes the best."""
+        """Local search from the best plan: take the first single change (``_moves``) that
+        improves it, until none does. Its evaluations share the cache; a better plan found
+        becomes the best."""
         if self._best is None:
             return
         current = tuple(self._best[1])
@@ -208,10 +231,7 @@ class Search:
             if self._deadline is not None and time.perf_counter() > self._deadline:
                 return
             improved = False
-            legal = sorted(self._legal(current), key=lambda a: -self.prior[a])
-            moves = [current + (self.actions[a],) for a in legal]
-            moves += [current[:i] + current[i + 1:] for i in range(len(self.pins), len(current))]
-            for cand in moves:
+            for cand in self._moves(current):
                 if self._deadline is not None and time.perf_counter() > self._deadline:
                     return
                 sc = self._score(cand)

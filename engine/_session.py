@@ -449,10 +449,17 @@ class Session:
 
     # ------------------------------------------------------------------ the bench
     def bench(self, seconds: float = 60.0, *, ilp_time: float = 30.0, simulations: int | None = None,
-              callback: Callable[["Session"], None] | None = None, verify: bool = False) -> list[dict]:
+              callback: Callable[["Session"], None] | None = None, verify: bool = False,
+              exhaustive: int = 3, exhaustive_limit: int = 200_000,
+              exhaustive_seconds: float | None = None) -> list[dict]:
         """Hand plans, the Alpa-style ILP and the MCTS search side by side, on this cost
         model: one row per strategy (step time, MFU, memory, fits, search seconds). The
-        search runs ``simulations`` simulations if given (reproducible), else ``seconds``."""
+        search runs ``simulations`` simulations if given (reproducible), else ``seconds``.
+        Where the space of plans with at most ``exhaustive`` decisions per mesh axis holds
+        at most ``exhaustive_limit`` plans, an ``exhaustive`` row gives its optimum (0: no
+        such row); a larger space gets the row with its size and no plan. Past
+        ``exhaustive_seconds`` the row gives the best of the plans scored, ``complete`` false."""
+        from ._exhaustive import exhaustive as enumerate_all, space_size
         from ._ilp import solve_ilp
 
         rows = []
@@ -482,6 +489,15 @@ class Session:
             best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
             smallest_memory=st["smallest_memory"], xla_memory_bytes=xla,
             memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
+        if exhaustive > 0:
+            cm, actions = self.cost_model, self._search.actions
+            size = space_size(cm, actions, exhaustive)
+            if size <= exhaustive_limit:
+                ex = enumerate_all(cm, actions, exhaustive, seconds=exhaustive_seconds)
+                row("exhaustive", ex.decisions, ex.report, ex.seconds, plans=ex.plans, space=ex.space,
+                    per_axis=exhaustive, complete=ex.complete)
+            else:
+                row("exhaustive", (), None, None, plans=0, space=size, per_axis=exhaustive, complete=False)
         if verify:  # every other row's plan too, compile-only, in one process
             others = [r for r in rows if r["strategy"] != "mcts" and r["memory_bytes"] is not None]
             outs = self.verify_all([self.plan(r["decisions"], strategy=r["strategy"]) for r in others])

@@ -144,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="RNG seed of the search (default 0)")
     b.add_argument("--cold", action="store_true", help="do not warm-start the search from the hand strategies")
     b.add_argument("--out-dir", help="also write each row's plan JSON here")
+    b.add_argument("--exhaustive", type=int, default=3, metavar="K",
+                   help="also score every plan of at most K decisions per mesh axis, where there are at most "
+                        "--exhaustive-limit of them (default 3; 0: skip)")
+    b.add_argument("--exhaustive-limit", type=int, default=200_000, metavar="N",
+                   help="the most plans the exhaustive row scores (default 200000)")
+    b.add_argument("--exhaustive-time", type=float, default=300.0, metavar="S",
+                   help="stop the exhaustive row after S seconds, with the best of the plans scored "
+                        "(default 300)")
     b.add_argument("--verify", action="store_true",
                    help="check the mcts plan with XLA (compile-only); over the budget, take the next best")
 
@@ -418,12 +426,16 @@ def cmd_search(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.exhaustive < 0 or args.exhaustive_limit < 0 or not args.exhaustive_time > 0:
+        raise PartexError("--exhaustive and --exhaustive-limit must be >= 0 (0 skips the exhaustive row) and "
+                          "--exhaustive-time > 0")
     s = _session(args)
     progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
     try:
         with _stop_on_signals(s):  # Ctrl-C ends the search early, the table still prints
             rows = s.bench(args.budget, ilp_time=args.ilp_time, simulations=args.simulations, callback=progress,
-                           verify=args.verify)
+                           verify=args.verify, exhaustive=args.exhaustive, exhaustive_limit=args.exhaustive_limit,
+                           exhaustive_seconds=args.exhaustive_time)
     finally:
         progress.close()
     if args.out_dir:
@@ -451,8 +463,18 @@ def cmd_bench(args) -> int:
             ratio = f"{r['memory_ratio']:.2f}" if r.get("memory_ratio") else "-"
             xla = f" {format_bytes(r.get('xla_memory_bytes')):>11} {ratio:>8}"
         print(f"  {r['strategy']:<11} {t:>12} {mfu:>7} {mem:>11} {('yes' if r['fits'] else 'NO'):>5} {ss:>9}{xla}")
-    hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "replicated")]
-    mc = rows[-1]
+    hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "exhaustive", "replicated")]
+    mc = next(r for r in rows if r["strategy"] == "mcts")
+    ex = next((r for r in rows if r["strategy"] == "exhaustive"), None)
+    if ex is not None and ex["step_time_s"] is None and ex["space"] > ex["plans"]:
+        print(f"exhaustive: skipped, {ex['space']} plans of at most {ex['per_axis']} decisions per axis "
+              f"(over --exhaustive-limit {args.exhaustive_limit})")
+    elif ex is not None and not ex["complete"]:
+        print(f"exhaustive: stopped after {ex['search_s']:.0f} s, {ex['plans']} of {ex['space']} plans scored "
+              f"(its row is the best of those, not the optimum; see --exhaustive-time)")
+    elif ex is not None and ex["fits"] and mc["fits"]:
+        print(f"mcts / exhaustive optimum ({ex['plans']} plans of at most {ex['per_axis']} decisions per axis): "
+              f"{mc['step_time_s'] / ex['step_time_s']:.3f}x")
     if mc["fits"] and hand:
         print(f"mcts / best hand plan: {mc['step_time_s'] / min(hand):.3f}x")
     if mc.get("xla_memory_bytes"):

@@ -204,15 +204,31 @@ def test_cli_search_pin_that_breaks_the_budget_names_it(tmp_path, capsys):
 
 
 def test_cli_bench_json_rows(capsys):
-    assert main(["bench", "transformer", "--mesh", "data=4,model=2", "--memory", "2MiB", "--budget", "2",
-                 "--ilp-time", "5", "--json"]) == 0
+    """The rows, the search's plan within the budget, and the exhaustive row's optimum over
+    every plan of at most one decision per axis: no hand plan of that size beats it."""
+    assert main(["bench", "transformer", "--mesh", "data=4,model=2", "--memory", "3MiB", "--budget", "2",
+                 "--ilp-time", "5", "--exhaustive", "1", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     names = [r["strategy"] for r in d["rows"]]
-    assert names == ["replicated", "dp", "megatron", "zero3", "ilp", "mcts"]
+    assert names == ["replicated", "dp", "megatron", "zero3", "ilp", "mcts", "exhaustive"]
     for r in d["rows"]:
         assert set(r) >= {"strategy", "step_time_s", "mfu", "memory_bytes", "fits", "search_s"}
-    mcts = d["rows"][-1]
+    rows = {r["strategy"]: r for r in d["rows"]}
+    mcts, ex = rows["mcts"], rows["exhaustive"]
     assert mcts["fits"] and mcts["memory_bytes"] <= d["budget_bytes"]
+    s = Session.from_spec("transformer", mesh="data=4,model=2", memory="3MiB")
+    one = [c for c in s.baselines().values() if c.report.fits and len({a for _, a in c.decisions}) == len(c.decisions)]
+    per_axis = [sum(1 for _, a in s._search.actions if a == axis) for axis in ("data", "model")]
+    assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1])
+    assert one and all(ex["step_time_s"] <= c.report.step_time * (1 + 1e-9) for c in one)
+
+
+def test_cli_bench_exhaustive_skips_a_space_over_its_limit(capsys):
+    assert main(["bench", "mlp", "--mesh", "data=4,model=2", "--simulations", "8", "--ilp-time", "5",
+                 "--exhaustive-limit", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "exhaustive: skipped, 1296 plans of at most 3 decisions per axis (over --exhaustive-limit 10)" in out
+    assert main(["bench", "mlp", "--mesh", "data=4,model=2", "--exhaustive", "-1"]) == 2
 
 
 def test_sigterm_during_search_keeps_the_plan_and_the_state(tmp_path):
@@ -261,8 +277,38 @@ def test_cli_resume_of_a_foreign_file_is_one_line(tmp_path, capsys):
 
 def test_cli_bench_verify_reports_the_mcts_plans_memory_per_xla(capsys):
     assert main(["bench", "transformer", "--mesh", "data=4,model=2", "--memory", "3MiB", "--simulations", "50",
-                 "--ilp-time", "5", "--verify", "--json"]) == 0
+                 "--ilp-time", "5", "--verify", "--exhaustive", "0", "--json"]) == 0
     mcts = json.loads(capsys.readouterr().out)["rows"][-1]
     assert mcts["strategy"] == "mcts" and mcts["xla_memory_bytes"] <= parse_bytes("3MiB")
     assert mcts["memory_ratio"] == pytest.approx(mcts["memory_bytes"] / mcts["xla_memory_bytes"])
     assert 0.7 < mcts["memory_ratio"] < 1.3
+
+
+def test_exhaustive_finds_the_optimum_of_every_ordering_and_the_search_reaches_it():
+    """Every plan of at most 2 decisions per axis, once per ordering of conflicting groups:
+    the same optimum as scoring every ordered sequence (no pruning), and the MCTS reaches it."""
+    import itertools
+    import math
+
+    from partex._exhaustive import axis_sequences, conflicts, exhaustive
+
+    s = Session.from_spec("mlp", mesh="data=4,model=2", memory="160KiB")
+    cm, actions = s.cost_model, s._search.actions
+    ex = exhaustive(cm, actions, 2)
+    assert ex.complete and ex.report is not None and ex.report.fits
+    axes = [a for a in cm.mesh.axes if any(x == a for _, x in actions)]
+    every = [[()] + [p for r in (1, 2) for p in itertools.permutations([g for g, x in actions if x == a], r)]
+             for a in axes]
+    best = math.inf
+    for combo in itertools.product(*every):
+        r = cm.evaluate(tuple((g, a) for a, seq in zip(axes, combo) for g in seq))
+        if r.fits:
+            best = min(best, r.step_time)
+    assert ex.report.step_time == pytest.approx(best, rel=1e-12)
+    assert ex.plans <= math.prod(len(e) for e in every)
+    # without conflicts order does not matter: sequences are the subsets
+    assert len(axis_sequences([0, 1, 2], 2, set())) == 1 + 3 + 3
+    assert len(axis_sequences([0, 1, 2], 2, {frozenset((0, 1))})) == 1 + 3 + 4
+    assert conflicts(cm)  # the MLP's hidden and batch dims share its activations
+    s.step(64)
+    assert s.best().report.step_time <= ex.report.step_time * (1 + 1e-9)

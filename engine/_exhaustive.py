@@ -1,0 +1,119 @@
+"""Exhaustive search of a small decision space: every plan with at most k decisions per mesh
+axis, scored on the same cost model, so that the MCTS and the ILP can be checked against the
+true optimum of that space.
+
+A plan is, per mesh axis, an ordered sequence of decision groups. Order within an axis
+matters only between two groups that *conflict* on it (a tensor holds dims of both, so the
+earlier decision keeps the axis); sequences that order every conflicting pair alike give the
+same shardings and are enumerated once. Different axes commute (the search's transposition
+table makes the same assumption).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from typing import Callable, Sequence
+
+from ._analysis import NO_DIM
+from ._cost import CostModel, CostReport
+
+Decision = tuple[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExhaustiveResult:
+    decisions: tuple[Decision, ...]  # the best plan that fits (empty: replicated or none)
+    report: CostReport | None  # None when no plan fits
+    plans: int  # plans scored
+    space: int  # plans in the space
+    seconds: float
+
+    @property
+    def complete(self) -> bool:
+        return self.plans == self.space
+
+
+def conflicts(cm: CostModel) -> set[frozenset[int]]:
+    """Pairs of groups that some tensor holds dims of both of (a value, or a tensor an op's
+    factors span): on one axis, their order decides which keeps it."""
+    pairs: set[frozenset[int]] = set()
+
+    def add(groups) -> None:
+        gs = sorted({g for g in groups if g != NO_DIM})
+        pairs.update(frozenset(p) for p in itertools.combinations(gs, 2))
+
+    for sig in cm.sigs:
+        add(g for g, _ in sig)
+    for pat in cm.patterns:
+        by_tensor: dict[int, list[int]] = {}
+        for (_, _, g), ts in zip(pat.factors, pat.slot_tensors):
+            for t in ts:
+                by_tensor.setdefault(t, []).append(g)
+        for groups in by_tensor.values():
+            add(groups)
+    return pairs
+
+
+def axis_sequences(groups: Sequence[int], k: int, clash: set[frozenset[int]]) -> list[tuple[int, ...]]:
+    """Every sequence of at most k distinct groups, one per ordering of its conflicting pairs."""
+    out: list[tuple[int, ...]] = [()]
+    for r in range(1, min(k, len(groups)) + 1):
+        for combo in itertools.combinations(groups, r):
+            seen = set()
+            for perm in itertools.permutations(combo):
+                key = frozenset((perm[i], perm[j]) for i in range(r) for j in range(i + 1, r)
+                                if frozenset((perm[i], perm[j])) in clash)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(perm)
+    return out
+
+
+def space(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> tuple[list[str], list[list[tuple[int, ...]]]]:
+    """The mesh axes and, per axis, its decision sequences."""
+    clash = conflicts(cm)
+    axes = [a for a in cm.mesh.axes if any(ax == a for _, ax in actions)]
+    seqs = [axis_sequences([g for g, ax in actions if ax == a], per_axis, clash) for a in axes]
+    return axes, seqs
+
+
+def space_size(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> int:
+    return math.prod(len(s) for s in space(cm, actions, per_axis)[1])
+
+
+def exhaustive(cm: CostModel, actions: Sequence[Decision], per_axis: int = 3, *,
+               seconds: float | None = None, callback: Callable[[int, int], None] | None = None) -> ExhaustiveResult:
+    """Score every plan of at most ``per_axis`` decisions per mesh axis (``actions``: the
+    (group, axis) pairs allowed); the fastest that fits the budget wins. ``seconds`` bounds
+    the time (the result then says how much of the space it covered)."""
+    return exhaustive_limits(cm, actions, [cm.hw.limit], per_axis, seconds=seconds, callback=callback)[0]
+
+
+def exhaustive_limits(cm: CostModel, actions: Sequence[Decision], limits: Sequence[float], per_axis: int = 3, *,
+                      seconds: float | None = None,
+                      callback: Callable[[int, int], None] | None = None) -> list[ExhaustiveResult]:
+    """``exhaustive`` for several memory limits at once (each plan is scored once): the
+    fastest plan whose predicted peak is within each limit."""
+    axes, seqs = space(cm, actions, per_axis)
+    total = math.prod(len(s) for s in seqs)
+    t0 = time.perf_counter()
+    best: list[tuple[float, tuple[Decision, ...], CostReport] | None] = [None] * len(limits)
+    n = 0
+    for combo in itertools.product(*seqs):
+        decisions = tuple((g, a) for a, seq in zip(axes, combo) for g in seq)
+        r = cm.evaluate(decisions)
+        n += 1
+        for k, limit in enumerate(limits):
+            b = best[k]
+            if r.memory.peak <= limit and (b is None or r.step_time < b[0] * (1 - 1e-9)):
+                best[k] = (r.step_time, decisions, r)
+        if n % 512 == 0:
+            if callback is not None:
+                callback(n, total)
+            if seconds is not None and time.perf_counter() - t0 > seconds:
+                break
+    dt = time.perf_counter() - t0
+    return [ExhaustiveResult(b[1] if b else (), b[2] if b else None, n, total, dt) for b in best]
