@@ -30,6 +30,7 @@ class ExhaustiveResult:
     plans: int  # plans scored
     space: int  # plans in the space
     seconds: float
+    projected_s: float = 0.0  # the time the whole space would take, as measured on the first plans
 
     @property
     def complete(self) -> bool:
@@ -88,7 +89,8 @@ def exhaustive(cm: CostModel, actions: Sequence[Decision], per_axis: int = 3, *,
                seconds: float | None = None, callback: Callable[[int, int], None] | None = None) -> ExhaustiveResult:
     """Score every plan of at most ``per_axis`` decisions per mesh axis (``actions``: the
     (group, axis) pairs allowed); the fastest that fits the budget wins. ``seconds`` bounds
-    the time (the result then says how much of the space it covered)."""
+    the time: a space projected to take longer is left after its first plans (the result
+    says how many it scored and ``projected_s``)."""
     return exhaustive_limits(cm, actions, [cm.hw.limit], per_axis, seconds=seconds, callback=callback)[0]
 
 
@@ -96,7 +98,8 @@ def exhaustive_limits(cm: CostModel, actions: Sequence[Decision], limits: Sequen
                       seconds: float | None = None,
                       callback: Callable[[int, int], None] | None = None) -> list[ExhaustiveResult]:
     """``exhaustive`` for several memory limits at once (each plan is scored once): the
-    fastest plan whose predicted peak is within each limit."""
+    fastest plan whose predicted peak is within each limit. With ``seconds``, it stops as
+    soon as the plans scored so far project the whole space past it (checked every 512)."""
     axes, seqs = space(cm, actions, per_axis)
     total = math.prod(len(s) for s in seqs)
     t0 = time.perf_counter()
@@ -113,7 +116,8 @@ def exhaustive_limits(cm: CostModel, actions: Sequence[Decision], limits: Sequen
         if n % 512 == 0:
             if callback is not None:
                 callback(n, total)
-            if seconds is not None and time.perf_counter() - t0 > seconds:
+            if seconds is not None and (time.perf_counter() - t0) * total / n > seconds:
                 break
     dt = time.perf_counter() - t0
-    return [ExhaustiveResult(b[1] if b else (), b[2] if b else None, n, total, dt) for b in best]
+    return [ExhaustiveResult(b[1] if b else (), b[2] if b else None, n, total, dt, dt * total / max(n, 1))
+            for b in best]

@@ -457,8 +457,8 @@ class Session:
         search runs ``simulations`` simulations if given (reproducible), else ``seconds``.
         Where the space of plans with at most ``exhaustive`` decisions per mesh axis holds
         at most ``exhaustive_limit`` plans, an ``exhaustive`` row gives its optimum (0: no
-        such row); a larger space gets the row with its size and no plan. Past
-        ``exhaustive_seconds`` the row gives the best of the plans scored, ``complete`` false."""
+        such row); a larger space gets the row with its size and no plan, and so does a
+        space whose first plans project it past ``exhaustive_seconds`` (``projected_s``)."""
         from ._exhaustive import exhaustive as enumerate_all, space_size
         from ._ilp import solve_ilp
 
@@ -494,8 +494,12 @@ class Session:
             size = space_size(cm, actions, exhaustive)
             if size <= exhaustive_limit:
                 ex = enumerate_all(cm, actions, exhaustive, seconds=exhaustive_seconds)
-                row("exhaustive", ex.decisions, ex.report, ex.seconds, plans=ex.plans, space=ex.space,
-                    per_axis=exhaustive, complete=ex.complete)
+                if ex.complete:
+                    row("exhaustive", ex.decisions, ex.report, ex.seconds, plans=ex.plans, space=ex.space,
+                        per_axis=exhaustive, complete=True)
+                else:
+                    row("exhaustive", (), None, None, plans=ex.plans, space=ex.space, per_axis=exhaustive,
+                        complete=False, projected_s=ex.projected_s)
             else:
                 row("exhaustive", (), None, None, plans=0, space=size, per_axis=exhaustive, complete=False)
         if verify:  # every other row's plan too, compile-only, in one process
