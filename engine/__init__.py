@@ -24,6 +24,8 @@ from typing import Any, Callable, Sequence
 from ._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
 from ._cost import CostReport, MemoryReport
 from ._errors import PartexError
+from ._exhaustive import ExhaustiveResult
+from ._ilp import ILPResult
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._plan import Plan, PlanDecision, PlannedFunction
@@ -80,7 +82,8 @@ __all__ = [
     # the public API
     "Session", "Plan", "PlannedFunction", "PlanDecision", "analyze", "search", "verify", "PartexError",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
-    "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "COLLECTIVE_KINDS",
+    "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
+    "COLLECTIVE_KINDS",
     # the analysis, for those who look inside
     "ModelAnalysis", "LoadedModel", "Analysis", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",
     "Factor", "FactorKind", "CONSERVATIVE", "factor_rules", "trace", "analyze_model", "load_model",

@@ -448,6 +448,34 @@ class Session:
         return notes
 
     # ------------------------------------------------------------------ the bench
+    def ilp(self, time_limit: float = 30.0):
+        """The Alpa-style ILP baseline's plan on this session's cost model (an ``ILPResult``:
+        decisions, report, status, solve seconds)."""
+        from ._ilp import solve_ilp
+
+        return solve_ilp(self.cost_model, time_limit=time_limit)
+
+    def exhaustive_size(self, per_axis: int = 3) -> int:
+        """How many plans of at most ``per_axis`` decisions per mesh axis ``exhaustive``
+        would score."""
+        from ._exhaustive import space_size
+
+        return space_size(self.cost_model, self._search.actions, per_axis)
+
+    def exhaustive(self, per_axis: int = 3, *, seconds: float | None = None,
+                   budgets: Sequence[str | float] | None = None):
+        """The true optimum over every plan of at most ``per_axis`` decisions per mesh axis
+        (the actions the search takes): an ``ExhaustiveResult``. With ``budgets`` (per-device
+        memory budgets, the hardware's margin kept free of each), one result per budget from
+        one pass. ``seconds``: give up once the first plans project the space past it."""
+        from ._exhaustive import exhaustive, exhaustive_limits
+
+        if budgets is None:
+            return exhaustive(self.cost_model, self._search.actions, per_axis, seconds=seconds)
+        hw = self.hardware
+        limits = [as_hardware(hw, b).limit for b in budgets]
+        return exhaustive_limits(self.cost_model, self._search.actions, limits, per_axis, seconds=seconds)
+
     def bench(self, seconds: float = 60.0, *, ilp_time: float = 30.0, simulations: int | None = None,
               callback: Callable[["Session"], None] | None = None, verify: bool = False,
               exhaustive: int = 3, exhaustive_limit: int = 200_000,
@@ -459,9 +487,6 @@ class Session:
         at most ``exhaustive_limit`` plans, an ``exhaustive`` row gives its optimum (0: no
         such row); a larger space gets the row with its size and no plan, and so does a
         space whose first plans project it past ``exhaustive_seconds`` (``projected_s``)."""
-        from ._exhaustive import exhaustive as enumerate_all, space_size
-        from ._ilp import solve_ilp
-
         rows = []
 
         def row(name, decisions, report, search_s, **extra):
@@ -473,7 +498,7 @@ class Session:
 
         for name, c in self.baselines().items():
             row(name, c.decisions, c.report, 0.0)
-        ilp = solve_ilp(self.cost_model, time_limit=ilp_time)
+        ilp = self.ilp(ilp_time)
         row("ilp", ilp.decisions, ilp.report, ilp.solve_seconds, status=ilp.status, build_s=ilp.build_seconds)
         if simulations is not None:
             self.step(simulations)
@@ -490,10 +515,9 @@ class Session:
             smallest_memory=st["smallest_memory"], xla_memory_bytes=xla,
             memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
         if exhaustive > 0:
-            cm, actions = self.cost_model, self._search.actions
-            size = space_size(cm, actions, exhaustive)
+            size = self.exhaustive_size(exhaustive)
             if size <= exhaustive_limit:
-                ex = enumerate_all(cm, actions, exhaustive, seconds=exhaustive_seconds)
+                ex = self.exhaustive(exhaustive, seconds=exhaustive_seconds)
                 if ex.complete:
                     row("exhaustive", ex.decisions, ex.report, ex.seconds, plans=ex.plans, space=ex.space,
                         per_axis=exhaustive, complete=True)

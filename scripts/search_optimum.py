@@ -1,6 +1,6 @@
 """The search against the true optimum of a space small enough to enumerate: for each demo
 model (tiny) on one mesh, under budgets tight enough to need several decisions, every plan of
-at most K decisions per mesh axis is scored (``partex._exhaustive``) beside the ILP and MCTS.
+at most K decisions per mesh axis is scored (``Session.exhaustive``) beside the ILP and MCTS.
 
     python scripts/search_optimum.py [--models a,b@data=8] [--mesh data=4,model=2] [--seconds 30]
                                      [--per-axis 3] [--limit 1000000] [--budgets 1.0,1.2]
@@ -19,8 +19,6 @@ import os
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import partex  # noqa: E402
-from partex._exhaustive import exhaustive_limits, space_size  # noqa: E402
-from partex._ilp import solve_ilp  # noqa: E402
 
 
 DEFAULT_MODELS = "mlp,transformer,transformer-scan,unet@data=8,gns,moe,llama"
@@ -46,18 +44,19 @@ def main() -> None:
         margin = probe.hardware.memory_margin
         factors = [float(x) for x in args.budgets.split(",")]
         budgets = [f * min(hand) / (1 - margin) for f in factors]
-        cm, actions = probe.cost_model, probe._search.actions
-        size = space_size(cm, actions, args.per_axis)
+        size = probe.exhaustive_size(args.per_axis)
         if size > args.limit:
             print(f"| {model} | {mesh} | | {size} (over the limit) | | | | | | | | |", flush=True)
             continue
-        optima = exhaustive_limits(cm, actions, [b * (1 - margin) for b in budgets], args.per_axis)
+        optima = probe.exhaustive(args.per_axis, budgets=budgets)  # one pass: each plan scored once
         for f, budget, ex in zip(factors, budgets, optima):
             s = partex.Session.from_spec(model, mesh=mesh, memory=budget)
-            ilp = solve_ilp(s.cost_model, time_limit=30)
+            ilp = s.ilp(30)
             s.run(args.seconds)
             best = s.best()
-            label = lambda ds: ", ".join(s._search.label(d) for d in ds)  # noqa: E731
+
+            def label(ds, s=s):
+                return ", ".join(s.label(d) for d in ds)
 
             def ms(r):
                 return r.step_time * 1e3 if r is not None and r.fits else float("nan")

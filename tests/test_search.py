@@ -317,3 +317,19 @@ def test_exhaustive_finds_the_optimum_of_every_ordering_and_the_search_reaches_i
     assert conflicts(cm)  # the MLP's hidden and batch dims share its activations
     s.step(64)
     assert s.best().report.step_time <= ex.report.step_time * (1 + 1e-9)
+
+
+def test_session_exhaustive_scores_several_budgets_in_one_pass():
+    """One pass over the plans gives each budget's optimum, as a session on that budget finds
+    it alone; the ILP and the search never beat the optimum of a space they lie in."""
+    s = Session.from_spec("mlp", mesh="data=4,model=2")
+    both = s.exhaustive(2, budgets=["120KiB", "1MiB"])
+    for budget, ex in zip(["120KiB", "1MiB"], both):
+        alone = Session.from_spec("mlp", mesh="data=4,model=2", memory=budget)
+        one = alone.exhaustive(2)
+        assert one.complete and one.plans == alone.exhaustive_size(2)
+        assert (ex.decisions, ex.report.step_time) == (one.decisions, one.report.step_time)
+        ilp = alone.ilp(10)
+        if all(n <= 2 for n in (sum(1 for _, a in ilp.decisions if a == x) for x in ("data", "model"))):
+            assert ilp.report.step_time >= one.report.step_time * (1 - 1e-9)
+    assert both[1].report.step_time <= both[0].report.step_time
