@@ -228,6 +228,8 @@ def test_cli_bench_exhaustive_skips_a_space_over_its_limit(capsys):
                  "--exhaustive-limit", "10"]) == 0
     out = capsys.readouterr().out
     assert "exhaustive: skipped, 1296 plans of at most 3 decisions per axis (over --exhaustive-limit 10)" in out
+    assert [line.split() for line in out.splitlines() if line.strip().startswith("exhaustive ")] == \
+        [["exhaustive", "-", "-", "-", "-", "-"]]  # no plan: not "does not fit"
     assert main(["bench", "mlp", "--mesh", "data=4,model=2", "--simulations", "8", "--ilp-time", "5",
                  "--exhaustive-time", "1e-6", "--json"]) == 0
     ex = json.loads(capsys.readouterr().out)["rows"][-1]
