@@ -23,7 +23,7 @@ from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from ._errors import PartexError
-from ._rotate import rotations
+from ._rotate import map_jaxprs, rotations
 
 Shape = tuple[int, ...]
 ValueId = int
@@ -327,13 +327,7 @@ def unshare(closed):
         return ClosedJaxpr(fresh(cj.jaxpr), cj.consts)
 
     def param(p):
-        if isinstance(p, ClosedJaxpr):
-            return fresh_closed(p)
-        if isinstance(p, jcore.Jaxpr):
-            return fresh(p)
-        if isinstance(p, tuple) and any(isinstance(x, (ClosedJaxpr, jcore.Jaxpr)) for x in p):
-            return tuple(param(x) for x in p)
-        return p
+        return map_jaxprs(p, fresh_closed, fresh)
 
     def fresh(jaxpr):
         first = id(jaxpr) not in seen

@@ -55,20 +55,31 @@ batching.primitive_batchers[roll_p] = _batch
 mlir.register_lowering(roll_p, mlir.lower_fun(_impl, multiple_results=False))
 
 
+def map_jaxprs(p, on_closed, on_jaxpr):
+    """An eqn param with each jaxpr in it (a closed one, an open one, or a tuple of them:
+    cond's branches) mapped by ``on_closed`` / ``on_jaxpr``; any other param as it is."""
+    if isinstance(p, ClosedJaxpr):
+        return on_closed(p)
+    if isinstance(p, jcore.Jaxpr):
+        return on_jaxpr(p)
+    if isinstance(p, tuple) and any(isinstance(x, (ClosedJaxpr, jcore.Jaxpr)) for x in p):
+        return tuple(map_jaxprs(x, on_closed, on_jaxpr) for x in p)
+    return p
+
+
 @dataclasses.dataclass(frozen=True)
 class _Piece:
-    """Rows [start, stop) of ``src`` along ``axis``, made by eqns ``made_by``."""
+    """Rows [start, stop) of ``src`` along the rotation's axis, made by eqns ``made_by``."""
 
     src: object
-    axis: int
     start: int
     stop: int
     made_by: tuple[int, ...]
 
 
-def _full_but(eqn_shape, start, limit, strides, axis) -> bool:
+def _full_but(shape, start, limit, strides, axis) -> bool:
     return (all(s in (None, 1) for s in (strides or ()))
-            and all(start[d] == 0 and limit[d] == n for d, n in enumerate(eqn_shape) if d != axis))
+            and all(start[d] == 0 and limit[d] == n for d, n in enumerate(shape) if d != axis))
 
 
 class _Rewriter:
@@ -80,13 +91,7 @@ class _Rewriter:
         return cj if new is cj.jaxpr else ClosedJaxpr(new, cj.consts)
 
     def param(self, p):
-        if isinstance(p, ClosedJaxpr):
-            return self.closed(p)
-        if isinstance(p, jcore.Jaxpr):
-            return self.jaxpr(p)
-        if isinstance(p, tuple) and any(isinstance(x, (ClosedJaxpr, jcore.Jaxpr)) for x in p):
-            return tuple(self.param(x) for x in p)
-        return p
+        return map_jaxprs(p, self.closed, self.jaxpr)
 
     def jaxpr(self, jaxpr):
         key = id(jaxpr)
@@ -132,13 +137,13 @@ class _Rewriter:
             start, limit = e.params["start_indices"], e.params["limit_indices"]
             if not _full_but(shape, start, limit, e.params.get("strides"), axis):
                 return None
-            return _Piece(src, axis, int(start[axis]), int(limit[axis]), (k,))
+            return _Piece(src, int(start[axis]), int(limit[axis]), (k,))
         if e.primitive.name == "split" and e.params["axis"] % len(shape) == axis and len(e.outvars) == 2:
             if any(uses[o] != 1 for o in e.outvars if isinstance(o, jcore.Var)):
                 return None
             j = e.outvars.index(v)
             offset = sum(int(s) for s in e.params["sizes"][:j])
-            return _Piece(src, axis, offset, offset + int(e.params["sizes"][j]), (k,))
+            return _Piece(src, offset, offset + int(e.params["sizes"][j]), (k,))
         return None
 
     def _rotation(self, e, eqns, made, uses):
@@ -192,7 +197,7 @@ class _Rewriter:
 
 
 def _is_zero(atom) -> bool:
-    return isinstance(atom, jcore.Literal) and not isinstance(atom.val, jcore.Tracer) and atom.val == 0
+    return isinstance(atom, jcore.Literal) and atom.val == 0
 
 
 def rotations(closed):
