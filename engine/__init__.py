@@ -30,6 +30,7 @@ from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, 
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._plan import Plan, PlanDecision, PlannedFunction
 from ._program import Op, Program, Value, trace
+from ._recompute import KINDS as RECOMPUTE_KINDS, Unit, is_recompute
 from ._rules import CONSERVATIVE, Factor, FactorKind, factor_rules
 from ._search import SearchResult
 from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh
@@ -83,8 +84,8 @@ __all__ = [
     "Session", "Plan", "PlannedFunction", "PlanDecision", "analyze", "search", "verify", "PartexError",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
-    "COLLECTIVE_KINDS",
+    "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "is_recompute",
     # the analysis, for those who look inside
-    "ModelAnalysis", "LoadedModel", "Analysis", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",
+    "ModelAnalysis", "LoadedModel", "Analysis", "Unit", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",
     "Factor", "FactorKind", "CONSERVATIVE", "factor_rules", "trace", "analyze_model", "load_model",
 ]

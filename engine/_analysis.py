@@ -23,7 +23,8 @@ import numpy as np
 
 from ._program import NO_PRODUCER, Program
 from ._rules import Factor, PSEUDO_OPS, rule_for
-from ._stacks import scope_name, stack_roles
+from ._recompute import PREFIX as RECOMPUTE, Unit, units as recompute_units
+from ._stacks import layer_blocks, scope_name, stack_roles
 
 NamedDimId = int
 GroupId = int
@@ -131,6 +132,7 @@ class Analysis:
     unknown_primitives: dict[str, int]
     seconds: float
     edges: tuple[np.ndarray, np.ndarray, np.ndarray] = dataclasses.field(repr=False, default=None)
+    units: tuple[Unit, ...] = ()  # forward layer stacks a recompute decision can cover (_recompute)
     _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
     _user: Any = dataclasses.field(repr=False, compare=False, default=None)
 
@@ -171,6 +173,16 @@ class Analysis:
     def group_of(self, vid: int, dim: int) -> GroupId:
         nd = self.nd_of(vid, dim)
         return NO_DIM if nd == NO_DIM else self.named_dims[nd].group
+
+    def decision_label(self, decision, arrow: str = "->") -> str:
+        """``group->axis`` for a sharding decision, ``layers ...->recompute:kind`` for a
+        recompute one."""
+        g, a = decision
+        name = self.units[g].label if a.startswith(RECOMPUTE) else self.groups[g].label
+        return f"{name}{arrow}{a}"
+
+    def unit_by_label(self, label: str) -> Unit | None:
+        return next((u for u in self.units if u.label == label), None)
 
     def group_by_label(self, label: str) -> Group | None:
         for g in self.groups:
@@ -399,7 +411,8 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
                           [str(values[v].dtype) for v in program.inputs])
     # A leaf's place in a layer stack: its path with the index starred where the names show
     # the stack; else its role in a stack found in the op graph (a list, a leaf-name index).
-    roles = stack_roles(program)
+    blocks = layer_blocks(program)
+    roles = stack_roles(program, blocks)
     stacked = {values[v].name: (layered[values[v].name] if "*" in layered[values[v].name] else roles.get(v))
                for v in program.inputs}
     sigs: dict[Any, list[int]] = collections.defaultdict(list)
@@ -495,6 +508,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     return Analysis(
         program, factors, node_base[:-1], node_nd, named_dims, groups, conflicts,
         dict(cooccur), dict(unknown), time.perf_counter() - t0, edges,
+        units=tuple(recompute_units(program, blocks)),
     )
 
 

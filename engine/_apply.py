@@ -56,6 +56,8 @@ def constrained_function(
     operand_specs: Mapping[tuple[int, int], PartitionSpec] = {},
     user_specs: Mapping[int, PartitionSpec | None] | None = None,
     promote: bool = False,
+    recompute: Sequence[Any] = (),
+    input_specs: Mapping[int, PartitionSpec] | None = None,
 ) -> Callable:
     """A function equivalent to the traced one, with sharding constraints inserted.
 
@@ -76,10 +78,19 @@ def constrained_function(
     the same shardings: verify compares a plan's numerics so, where 16-bit rounding would
     hide a misplaced shard in noise.
 
+    ``recompute``: ``_recompute.CopyPlan``s. Before op ``at`` of each, the saved values it
+    names (and the weights, and the backward values it waits for) pass through one
+    ``jax.lax.optimization_barrier``; its forward ops are bound again on the barrier's
+    results, with their constraints, and every later read of a recomputed value or a weight
+    takes the new one (an input re-taken so keeps ``input_specs[v]``). The barrier keeps XLA from CSE-ing the recomputation (or the
+    weight's reshard) with the forward's, and from starting it before the backward pass
+    reaches it.
+
     The result takes and returns the same pytrees as the traced function. It is not jitted:
     wrap it in ``jax.jit(..., in_shardings=..., out_shardings=..., donate_argnums=...)``.
     """
-    return _Interpreter(program, mesh, value_specs, operand_specs, user_specs, promote).function()
+    return _Interpreter(program, mesh, value_specs, operand_specs, user_specs, promote, recompute,
+                        input_specs).function()
 
 
 _LOW = frozenset({np.dtype(jnp.bfloat16), np.dtype(np.float16)})
@@ -105,8 +116,17 @@ USER_SHARDING = {"sharding_constraint", "reshard"}
 
 
 class _Interpreter:
-    def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None, promote=False):
+    def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None, promote=False, recompute=(),
+                 input_specs=None):
         self.program = program
+        self.recompute = tuple(cp for cp in recompute if cp.at >= 0)
+        self.input_specs = dict(input_specs or {})
+        self.rc_at: dict[int, list] = {}
+        self.rc_ops = {o for cp in recompute for o in cp.ops}
+        self.rc_keep = {v for cp in recompute for v in (*cp.leaves, *cp.weights, *cp.anchors)}
+        self.eqn_of: dict[int, Any] = {}  # forward ops a recompute binds again
+        self.by_vid: dict[int, Any] = {}  # the values a recompute reads, as made
+        self.override: dict[int, Any] = {}  # recomputed values / re-taken weights, by value
         self.promote = promote
         self.mesh = mesh
         self.value_specs = dict(value_specs)
@@ -135,6 +155,11 @@ class _Interpreter:
                 raise PartexError(
                     f"arguments do not match the traced function's: {e}"
                 ) from e
+            # a fresh trace: the recompute points ahead, nothing recomputed yet
+            self.rc_at = {}
+            for cp in self.recompute:
+                self.rc_at.setdefault(cp.at, []).append(cp)
+            self.eqn_of, self.by_vid, self.override = {}, {}, {}
             outs = self.eval(closed.jaxpr, closed.consts, leaves, constrain_invars=True)
             return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
@@ -185,12 +210,26 @@ class _Interpreter:
         env: dict[Any, Any] = {}
 
         widen = _widen if self.promote else (lambda x: x)
+        override, var_ids, keep, by_vid = self.override, self.var_ids, self.rc_keep, self.by_vid
 
         def read(atom):
-            return widen(atom.val) if isinstance(atom, jcore.Literal) else env[atom]
+            if isinstance(atom, jcore.Literal):
+                return widen(atom.val)
+            if override:
+                vid = var_ids.get(id(atom))
+                if vid in override:
+                    return override[vid]
+            return env[atom]
+
+        def store(var, x):
+            env[var] = x
+            if keep:
+                vid = var_ids.get(id(var))
+                if vid in keep:
+                    by_vid[vid] = x
 
         for var, c in zip(jaxpr.constvars, consts):
-            env[var] = self.constrain_var(var, widen(c))
+            store(var, self.constrain_var(var, widen(c)))
         if isinstance(constrain_invars, bool):
             constrain_invars = [constrain_invars] * len(jaxpr.invars)
         if len(args) != len(jaxpr.invars):
@@ -199,12 +238,17 @@ class _Interpreter:
             )
         for var, x, c in zip(jaxpr.invars, args, constrain_invars):
             x = widen(x)
-            env[var] = self.constrain_var(var, x) if c else x
+            store(var, self.constrain_var(var, x) if c else x)
 
         for eqn in jaxpr.eqns:
-            invals = [read(a) for a in eqn.invars]
             name = eqn.primitive.name
             op_id = self.eqn_ops.get(id(eqn))
+            if op_id in self.rc_at:
+                with _eqn_context(eqn):
+                    self._recompute(self.rc_at.pop(op_id))
+            if op_id in self.rc_ops:
+                self.eqn_of[op_id] = eqn
+            invals = [read(a) for a in eqn.invars]
             handler = _STRUCTURED.get(name)
             # Outputs of structured / inlined eqns are constrained where they are made (after
             # the loop; inside the called body), ordinary ones here.
@@ -222,8 +266,43 @@ class _Interpreter:
             for var, x in zip(eqn.outvars, outs):
                 if isinstance(var, jcore.DropVar):
                     continue
-                env[var] = self.constrain_var(var, x) if constrain_outs else x
+                store(var, self.constrain_var(var, x) if constrain_outs else x)
         return [read(a) for a in jaxpr.outvars]
+
+    def _recompute(self, plans) -> None:
+        """Bind the forward ops of ``plans`` again, on their saved values passed through one
+        optimisation barrier; later reads take the recomputed values and the re-taken weights."""
+        program, specs = self.program, self.value_specs
+        for cp in plans:
+            names = list(dict.fromkeys((*cp.leaves, *cp.weights, *cp.anchors)))
+            xs = [self.override.get(v, self.by_vid[v]) for v in names]
+            ys = jax.lax.optimization_barrier(tuple(xs))
+            local = {}
+            for v, y in zip(names, ys):
+                spec = specs.get(v) or self.input_specs.get(v)
+                local[v] = self._constrain(y, spec, f"saved value {v}") if spec is not None else y
+            for w in cp.weights:
+                self.override[w] = local[w]
+            for o in cp.ops:
+                eqn = self.eqn_of[o]
+                invals = []
+                for a in eqn.invars:
+                    if isinstance(a, jcore.Literal):
+                        invals.append(_widen(a.val) if self.promote else a.val)
+                        continue
+                    vid = self.var_ids[id(a)]
+                    x = local.get(vid)
+                    if x is None:  # a constant of the step
+                        x = program.constants[vid]
+                        x = _widen(x) if self.promote else x
+                    invals.append(x)
+                with _eqn_context(eqn):
+                    outs = self.bind(eqn, o, invals)
+                for vid, x in zip(program.ops[o].outputs, outs):
+                    spec = specs.get(vid)
+                    local[vid] = self._constrain(x, spec, f"recomputed value {vid}") if spec is not None else x
+            for v in cp.recomputed:
+                self.override[v] = local[v]
 
     def bind(self, eqn, op_id, invals) -> list:
         if op_id is not None:

@@ -32,6 +32,7 @@ from ._constraints import NONE as NO_FIXED
 from ._constraints import check_mode
 from ._mesh import Hardware, MeshSpec
 from ._program import NO_PRODUCER
+from ._recompute import PREFIX as RECOMPUTE, kind_of, plan_unit, value_readers
 from ._rules import FactorKind, PSEUDO_OPS, factor_rules, op_flops, pointwise_rule
 
 Decision = tuple[int, str]  # (group id, mesh axis)
@@ -216,6 +217,19 @@ class _Pattern:
     ops: list = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass
+class _Edit:
+    """What a set of recompute decisions changes in the program the cost model scores."""
+
+    rc: tuple[tuple[int, str], ...]
+    extra: list  # [(pattern mask, [(pattern, shared operand indices, executions)])]
+    mid_end: np.ndarray  # the intermediates' lifetimes, residuals shortened
+    clone_v: np.ndarray  # recomputed values (their local size) ...
+    clone_a: np.ndarray  # ... live from the recompute point ...
+    clone_b: np.ndarray  # ... to their last backward read
+    late: dict[int, int]  # weight -> first backward op: reads from there reshard anew
+
+
 class CostModel:
     """Scores plans for one analysed program on one mesh and hardware."""
 
@@ -364,6 +378,8 @@ class CostModel:
         self._liveness(donate)
         self._sig_cache: dict = {}
         self._pat_cache: dict = {}
+        self.units = analysis.units
+        self._edits: dict = {}  # recompute decisions -> _Edit
 
     # ------------------------------------------------------------------ liveness
     def _liveness(self, donate) -> None:
@@ -459,10 +475,96 @@ class CostModel:
 
     # ------------------------------------------------------------------ shardings
     def _decisions(self, decisions: Sequence[Decision]) -> list[tuple[int, str, int]]:
+        """The sharding decisions, as (group, axis, axis size); recompute decisions left out."""
         fixed = self.fixed
+        decisions = [d for d in decisions if not d[1].startswith(RECOMPUTE)]
         if fixed.groups:  # the user's shardings first; a plan cannot move a group they fix
             decisions = [*fixed.decisions, *(d for d in decisions if int(d[0]) not in fixed.groups)]
         return [(int(g), a, self.axis_size[a]) for g, a in decisions]
+
+    @staticmethod
+    def recompute_of(decisions: Sequence[Decision]) -> tuple[tuple[int, str], ...]:
+        """The recompute decisions, as sorted (unit, kind); the last one for a unit counts."""
+        out = {int(u): kind_of(a) for u, a in decisions if a.startswith(RECOMPUTE)}
+        return tuple(sorted(out.items()))
+
+    # ------------------------------------------------------------------ recompute
+    def _edit(self, rc: tuple[tuple[int, str], ...]) -> "_Edit":
+        """What the recompute decisions ``rc`` change: the ops run again (by pattern, with
+        the operands whose reshard the backward pass shares), the residuals' shortened
+        lifetimes and the recomputed copies' own, and the weights re-taken in the backward."""
+        e = self._edits.get(rc)
+        if e is not None:
+            return e
+        p = self.program
+        readers = getattr(self, "_readers", None)
+        if readers is None:
+            readers = self._readers = value_readers(p)
+        mid_at = {int(v): i for i, v in enumerate(self.mid.tolist())}
+        mid_end = self.mid_end.copy()
+        extra: collections.Counter = collections.Counter()
+        clone_v, clone_a, clone_b = [], [], []
+        late: dict[int, int] = {}
+        for u, kind in rc:
+            unit = self.units[u]
+            for cp in plan_unit(p, unit, kind):
+                if cp.at < 0:
+                    continue
+                w = set(cp.weights)
+                for v in cp.weights:
+                    late[v] = unit.boundary
+                for o in cp.ops:
+                    op = p.ops[o]
+                    excl = tuple(i for i, v in enumerate(op.inputs) if v in w)
+                    extra[(int(self.op_pattern[o]), excl)] += op.trip
+                rec = set(cp.recomputed)
+                for o in cp.ops:
+                    for v in p.ops[o].outputs:
+                        i = mid_at.get(v)
+                        if i is None:
+                            continue
+                        if v in rec:  # dies after its forward reads; a copy lives to its backward ones
+                            fwd = [r for r in readers[v] if r < unit.boundary]
+                            mid_end[i] = (max(fwd) if fwd else p.values[v].producer) + 1
+                            clone_v.append(v), clone_a.append(cp.at), clone_b.append(self.value_end[v])
+                        else:  # a temporary of the recomputation
+                            clone_v.append(v), clone_a.append(cp.at), clone_b.append(cp.at + 1)
+                for v in cp.leaves:  # read again at the recompute point
+                    i = mid_at.get(v)
+                    if i is not None:
+                        mid_end[i] = max(mid_end[i], cp.at + 1)
+        by_mask: dict[int, list] = collections.defaultdict(list)
+        for (pi, excl), n in extra.items():
+            by_mask[self.pat_mask[pi]].append((pi, excl, n))
+        e = self._edits[rc] = _Edit(rc, list(by_mask.items()), mid_end, np.array(clone_v, dtype=np.int64),
+                                    np.array(clone_a, dtype=np.int64), np.array(clone_b, dtype=np.int64), late)
+        return e
+
+    def _extra(self, edit: "_Edit", dec, detail: bool):
+        """(compute s, comm s, collectives) of the ops a recompute runs again."""
+        compute = comm = 0.0
+        colls = []
+        for m, items in edit.extra:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            key = (edit.rc, m, rel)
+            r = self._agg_cache.get(key)
+            if r is None:
+                c_sum = m_sum = 0.0
+                rows = []
+                for pi, excl, n in items:
+                    c, mm, cl, _, _ = self._pattern_cost(pi, rel)
+                    shared = sum(x[3] for x in cl if x[5] >= 0 and x[5] in excl)
+                    c_sum += c * n
+                    m_sum += (mm - shared) * n
+                    kept = tuple(x for x in cl if not (x[5] >= 0 and x[5] in excl))
+                    if kept:
+                        rows.append((pi, kept, n))
+                r = self._agg_cache[key] = (c_sum, m_sum, rows)
+            compute += r[0]
+            comm += r[1]
+            if detail:
+                colls += r[2]
+        return compute, comm, colls
 
     def sig_spec(self, sig: int, dec: Sequence[tuple[int, str, int]]) -> list[list[str]]:
         m = self.sig_mask[sig]
@@ -741,6 +843,8 @@ class CostModel:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, decisions: Sequence[Decision], detail: bool = False) -> CostReport:
         dec = self._decisions(decisions)
+        rc = self.recompute_of(decisions)
+        edit = self._edit(rc) if rc else None
         # per-signature shard factors -> per-value local bytes (memoised per group mask)
         sig_factor = np.empty(len(self.sigs), dtype=np.float64)
         for m, sigs in self.sig_masks:
@@ -768,22 +872,29 @@ class CostModel:
                 transients += agg[3]
             if detail:
                 colls += agg[4]
-        rkey = tuple((pi, tuple(x[:3] + x[5:7] for x in cl if x[5] >= 0)) for pi, cl in resharded)
+        extra_colls = []
+        if edit is not None:
+            xc, xm, extra_colls = self._extra(edit, dec, detail)
+            compute += xc
+            comm += xm
+        late = edit.late if edit is not None else {}
+        rkey = (tuple((pi, tuple(x[:3] + x[5:7] for x in cl if x[5] >= 0)) for pi, cl in resharded),
+                tuple(sorted(late.items())))
         common = self._reshard_cache.get(rkey)
         if common is None:
-            common = self._reshard_cache[rkey] = self._common_reshards(resharded)
+            common = self._reshard_cache[rkey] = self._common_reshards(resharded, late)
         saved, dup_count, buffers = common
         buffers = list(buffers)
         buffers += transients
         comm -= saved
         step = compute + comm
         ideal = self.total_flops / (self.mesh.size * self.hw.peak_flops)
-        mem = self._memory(local, detail, buffers)
+        mem = self._memory(local, detail, buffers, edit)
         budget = self.hw.budget
         fits = mem.peak <= self.hw.limit
         report_colls = ()
         if detail:
-            report_colls = tuple(self._collective_rows(colls, dup_count))
+            report_colls = tuple(self._collective_rows(colls, dup_count, extra_colls))
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
                           budget, fits, report_colls)
 
@@ -805,7 +916,7 @@ class CostModel:
                     resharded.append((pi, cl))
         return compute, comm, resharded, transients, colls
 
-    def _common_reshards(self, resharded) -> tuple[float, dict]:
+    def _common_reshards(self, resharded, late: dict[int, int] | None = None) -> tuple[float, dict]:
         """XLA computes one reshard of a value once per computation (CSE): the same value
         gathered to the same sharding for several consumers (a weight in the forward and the
         backward pass) is one collective, and a reader that wants a finer sharding than one
@@ -819,7 +930,11 @@ class CostModel:
                 for k, (kind, axes, b, t, g, i, key, view) in enumerate(cl):
                     if i < 0:
                         continue
-                    ident = (op.region, op.inputs[i], key, kind)
+                    v = op.inputs[i]
+                    # a weight re-taken in the backward pass (recompute): its reshard there
+                    # is one of its own, not the forward's kept alive
+                    region = (op.region, op_id >= late[v]) if late and v in late else op.region
+                    ident = (region, v, key, kind)
                     e = seen.get(ident)
                     if e is None:
                         seen[ident] = [op_id, op_id, view, kind, [(pi, k, t, op.trip)]]
@@ -850,20 +965,23 @@ class CostModel:
         buffers = [(a, b + 1, v) for a, b, v in spans.values()]
         return saved, dup, buffers
 
-    def _collective_rows(self, colls, dup_count) -> Iterable[CollectiveCost]:
+    def _collective_rows(self, colls, dup_count, extra=()) -> Iterable[CollectiveCost]:
+        """The collectives, one row per pattern and kind; ``extra``: (pattern, collectives,
+        executions) of the ops a recompute runs again."""
         p = self.program
         groups = self.analysis.groups
-        for pi, cl in colls:
+        rows = [(pi, cl, None) for pi, cl in colls] + list(extra)
+        for pi, cl, n in rows:
             pat = self.patterns[pi]
             op = p.ops[pat.ops[0]]
             for k, (kind, axes, b, t, g, *_) in enumerate(cl):
-                count = int(pat.weight) - dup_count.get((pi, k), 0)
+                count = int(pat.weight) - dup_count.get((pi, k), 0) if n is None else int(n)
                 if count <= 0:
                     continue
                 cause = groups[g].label if g != NO_DIM and g < len(groups) else "-"
                 yield CollectiveCost(kind, tuple(axes), b, count, t * count, op.id, op.source, cause)
 
-    def _memory(self, local: np.ndarray, detail: bool, buffers=()) -> MemoryReport:
+    def _memory(self, local: np.ndarray, detail: bool, buffers=(), edit: "_Edit | None" = None) -> MemoryReport:
         args = float(local[self.inputs].sum())
         outs = float(local[self.outputs].sum())
         if self.alias_pairs:
@@ -873,8 +991,12 @@ class CostModel:
             alias = 0.0
         b = local[self.mid]
         n = self.n_ops + 2
+        mid_end = self.mid_end if edit is None else edit.mid_end
         delta = (np.bincount(self.mid_def, weights=b, minlength=n)
-                 - np.bincount(self.mid_end, weights=b, minlength=n)).astype(np.float64)
+                 - np.bincount(mid_end, weights=b, minlength=n)).astype(np.float64)
+        if edit is not None and len(edit.clone_v):
+            size = local[edit.clone_v]
+            delta += np.bincount(edit.clone_a, weights=size, minlength=n) - np.bincount(edit.clone_b, weights=size, minlength=n)
         if buffers:
             start, stop, size = (np.array(x) for x in zip(*buffers))
             delta += np.bincount(start, weights=size, minlength=n) - np.bincount(stop, weights=size, minlength=n)
@@ -884,9 +1006,11 @@ class CostModel:
         peak = args + outs + temps - alias
         breakdown = {}
         if detail:
-            at = (self.mid_def <= t) & (self.mid_end > t)
+            at = (self.mid_def <= t) & (mid_end > t)
             acts = float(b[at & self.mid_long].sum())
             tmp = float(b[at & ~self.mid_long].sum())
+            if edit is not None and len(edit.clone_v):  # recomputed copies: activations again
+                acts += float(local[edit.clone_v][(edit.clone_a <= t) & (edit.clone_b > t)].sum())
             cats = collections.Counter()
             for vid, c in zip(self.inputs.tolist(), self.input_cat.tolist()):
                 cats[c] += local[vid]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
+from ._recompute import KINDS, is_recompute, kind_of, plan_unit
 
 FORMAT = "partex-plan"
 VERSION = 1
@@ -117,7 +118,11 @@ class Plan:
         for i, x in enumerate(d["decisions"] if isinstance(d["decisions"], list) else [None]):
             if not isinstance(x, dict) or not isinstance(x.get("group"), str) or not isinstance(x.get("axis"), str):
                 raise PartexError(f"{where}: decision {i} must be {{\"group\": str, \"axis\": str}}")
-            mesh.index(x["axis"])  # unknown axis -> clear error
+            kind = kind_of(x["axis"])
+            if kind is None:
+                mesh.index(x["axis"])  # unknown axis -> clear error
+            elif kind not in KINDS:
+                raise PartexError(f"{where}: decision {i} has recompute kind {kind!r}; known: {', '.join(KINDS)}")
             decisions.append(PlanDecision(x["group"], x["axis"], x.get("anchor"), bool(x.get("pinned", False))))
         for field in ("inputs", "outputs"):
             if not isinstance(d[field], dict):
@@ -284,9 +289,13 @@ class PlannedFunction:
         # static (non-array) leaves are closed over: the jitted body takes the array leaves
         donate = tuple(i for i in self.plan.donate if i < len(args))
         specs = (value_specs, operand_specs, user_specs(cm))
+        recompute = recompute_plans(cm, decisions) if self.constrain else ()
+        vs = cm.value_specs(decisions)
+        input_specs = {v: spec_from_json(spec_to_json(vs[v])) for cp in recompute for v in cp.weights}
 
         def jitted(promote: bool = False):
-            body = constrained_function(program, mesh, *specs, promote=promote)
+            body = constrained_function(program, mesh, *specs, promote=promote, recompute=recompute,
+                                        input_specs=input_specs)
             return jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
                            donate_argnums=() if promote else donate)
 
@@ -335,6 +344,12 @@ def _norm(spec) -> list:
     return out
 
 
+def recompute_plans(cm, decisions) -> tuple:
+    """The ``_recompute.CopyPlan`` of every layer the decisions recompute or re-gather."""
+    return tuple(cp for u, kind in cm.recompute_of(decisions)
+                 for cp in plan_unit(cm.program, cm.units[u], kind))
+
+
 def constraint_specs(cm, decisions):
     """The sharding constraints apply inserts: every intermediate value of rank >= 1 at its
     planned sharding, and each op operand whose consumer view differs from its value's."""
@@ -349,9 +364,18 @@ def constraint_specs(cm, decisions):
 
 
 def resolve_decisions(plan: Plan, an) -> list[tuple[int, str]]:
-    """Plan decisions -> (group id, axis), found by anchor first, then by label."""
+    """Plan decisions -> (group id, axis), found by anchor first, then by label; a recompute
+    decision -> (unit id, "recompute:<kind>"), its unit found by its layers' signature."""
     out = []
     for d in plan.decisions:
+        if kind_of(d.axis) is not None:
+            u = next((u for u in an.units if unit_anchor(u) == d.anchor), None) \
+                or next((u for u in an.units if u.label == d.group), None)
+            if u is None:
+                raise PartexError(f"plan decision recomputes {d.group!r}, a layer stack this function does not have; "
+                                  f"its stacks: {', '.join(u.label for u in an.units) or 'none'}")
+            out.append((u.id, d.axis))
+            continue
         gid = group_at(an, d.anchor) if d.anchor else None
         if gid is None:
             g = an.group_by_label(d.group)
@@ -361,6 +385,19 @@ def resolve_decisions(plan: Plan, an) -> list[tuple[int, str]]:
             gid = g.id
         out.append((gid, d.axis))
     return out
+
+
+def unit_anchor(u) -> str:
+    """A recompute unit's anchor: its layers' signature and count."""
+    return f"layers:{u.block.key}x{u.block.count}"
+
+
+def decision_json(an, decision, pinned: bool) -> PlanDecision:
+    g, a = decision
+    if kind_of(a) is not None:
+        u = an.units[g]
+        return PlanDecision(u.label, a, unit_anchor(u), pinned)
+    return PlanDecision(an.groups[g].label, a, group_anchor(an, g), pinned)
 
 
 def group_at(an, anchor: str) -> int | None:
@@ -429,7 +466,7 @@ def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, 
     if donate is None:
         donate = default_donate(program)
     cm = cost_model or CostModel(an, mesh, hardware, donate=donate, user_shardings=user_shardings)
-    decisions = [d for d in decisions if int(d[0]) not in cm.fixed.groups]
+    decisions = [d for d in decisions if is_recompute(d) or int(d[0]) not in cm.fixed.groups]
     specs = cm.value_specs(decisions)
     report = cm.evaluate(decisions, detail=True)
     pinned = set(pinned)
@@ -437,8 +474,7 @@ def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, 
     return Plan(
         mesh=mesh,
         hardware=hardware,
-        decisions=tuple(PlanDecision(an.groups[g].label, a, group_anchor(an, g), (g, a) in pinned)
-                        for g, a in decisions),
+        decisions=tuple(decision_json(an, d, d in pinned) for d in decisions),
         inputs={p: spec_to_json(specs[v]) for v, p in zip(program.inputs, program.input_paths)},
         outputs={p: spec_to_json(specs[v]) for v, p in zip(program.outputs, program.output_paths)},
         signature=signature_of(program),

@@ -27,6 +27,7 @@ import numpy as np
 from ._cost import CostModel, CostReport
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
+from ._recompute import KINDS as RECOMPUTE_KINDS, PREFIX as RECOMPUTE
 
 Decision = tuple[int, str]
 STOP = -1  # the stop action
@@ -91,6 +92,11 @@ class Search:
             for a, n in zip(mesh.axes, mesh.sizes):
                 if n > 1 and any(s % n == 0 for s in sizes):
                     self.actions.append((g.id, a))
+        # recompute decisions: one kind per layer stack of the forward pass
+        self.recompute_axes = tuple(RECOMPUTE + k for k in RECOMPUTE_KINDS)
+        for u in self.cm.units:
+            self.actions += [(u.id, a) for a in self.recompute_axes]
+        self._axes = (*mesh.axes, *self.recompute_axes)
         self.pins: list[Decision] = []
         self.forbidden: set[Decision] = set()
         self.xla_scale = 1.0  # XLA's / the model's memory, the most seen (mark_infeasible)
@@ -125,7 +131,7 @@ class Search:
         per_axis: dict[str, list[int]] = {}
         for g, a in decisions:
             per_axis.setdefault(a, []).append(g)
-        return tuple((a, tuple(per_axis[a])) for a in self.mesh.axes if a in per_axis)
+        return tuple((a, tuple(per_axis[a])) for a in self._axes if a in per_axis)
 
     def _score(self, decisions: tuple[Decision, ...]) -> float:
         key = self._key(decisions)
@@ -149,7 +155,9 @@ class Search:
     # ------------------------------------------------------------------ tree
     def _legal(self, decisions: Sequence[Decision]) -> list[int]:
         taken = set(decisions)
-        return [i for i, d in enumerate(self.actions) if d not in taken and d not in self.forbidden]
+        recomputed = {g for g, a in decisions if a.startswith(RECOMPUTE)}  # one kind per stack
+        return [i for i, d in enumerate(self.actions) if d not in taken and d not in self.forbidden
+                and not (d[0] in recomputed and d[1].startswith(RECOMPUTE))]
 
     def _node(self, decisions: tuple[Decision, ...]) -> _Node:
         key = self._key(decisions)
@@ -333,8 +341,7 @@ class Search:
                          user_shardings=self.cm.user_shardings)
 
     def label(self, decision: Decision) -> str:
-        g, a = decision
-        return f"{self.an.groups[g].label}->{a}"
+        return self.an.decision_label(decision)
 
     def stats(self) -> dict:
         root = self.nodes.get(self._key(tuple(self.pins)))
@@ -366,6 +373,8 @@ class Search:
 
     # ------------------------------------------------------------------ pins
     def _resolve(self, group, axis: str) -> Decision:
+        if axis.startswith(RECOMPUTE):
+            return self._resolve_recompute(group, axis)
         self.mesh.index(axis)  # unknown axis -> PartexError
         if isinstance(group, (int, np.integer)):
             if not 0 <= group < len(self.an.groups):
@@ -387,6 +396,19 @@ class Search:
             raise PartexError(f"mesh axis {axis!r} (size {self.mesh.axis_size(axis)}) does not divide "
                               f"dimension {g.label!r} (size {g.size})")
         return d
+
+    def _resolve_recompute(self, unit, axis: str) -> Decision:
+        if axis not in self.recompute_axes:
+            raise PartexError(f"unknown recompute kind {axis[len(RECOMPUTE):]!r}; known: {', '.join(RECOMPUTE_KINDS)}")
+        units = self.cm.units
+        if not units:
+            raise PartexError("this step has no layer stack to recompute (recompute needs a differentiated "
+                              "step whose layers are unrolled, not under a loop)")
+        u = units[int(unit)] if isinstance(unit, (int, np.integer)) and 0 <= unit < len(units) \
+            else self.an.unit_by_label(str(unit))
+        if u is None:
+            raise PartexError(f"unknown layer stack {unit!r}; known: {', '.join(x.label for x in units)}")
+        return (u.id, axis)
 
     def pin(self, group, axis: str) -> Decision:
         """Fix a decision: the search keeps it, first, and never undoes it."""
@@ -493,11 +515,12 @@ class Search:
                 warm_start=bool(p["warm_start"]), donate=[int(i) for i in p["donate"]], **kw)
         if [_decision(x) for x in state["actions"]] != s.actions:
             raise ValueError("it was saved for a different model or mesh (its decision space differs)")
-        n_groups, axes = len(s.an.groups), set(mesh.axes)
+        n_groups, axes = len(s.an.groups), set(s._axes)
+        n_units = len(s.cm.units)
 
         def dec(x) -> Decision:
             d = _decision(x)
-            if not (0 <= d[0] < n_groups and d[1] in axes):
+            if not (0 <= d[0] < (n_units if d[1].startswith(RECOMPUTE) else n_groups) and d[1] in axes):
                 raise ValueError(f"decision {x!r} names no group or axis of this model and mesh")
             return d
 
@@ -505,7 +528,7 @@ class Search:
             return tuple(dec(x) for x in xs)
 
         def key(text):
-            return _key_parse(text, n_groups, axes)
+            return _key_parse(text, n_groups, axes, n_units)
 
         s.pins = list(decs(state["pins"]))
         s.forbidden = set(decs(state["forbidden"]))
@@ -558,16 +581,17 @@ def _key_text(key) -> str:
     return "|".join(f"{a}:{','.join(map(str, gs))}" for a, gs in key)
 
 
-def _key_parse(text: str, n_groups: int, axes: set[str]):
+def _key_parse(text: str, n_groups: int, axes: set[str], n_units: int = 0):
     if not isinstance(text, str):
         raise TypeError(f"a tree key is text, got {type(text).__name__}")
     if text.startswith("stop@"):
-        return ("stop", _key_parse(text[5:], n_groups, axes))
+        return ("stop", _key_parse(text[5:], n_groups, axes, n_units))
     key = []
     for part in text.split("|") if text else ():
-        a, _, gs = part.partition(":")
+        a, _, gs = part.rpartition(":")
         groups = tuple(int(g) for g in gs.split(","))
-        if a not in axes or not all(0 <= g < n_groups for g in groups):
+        n = n_units if a.startswith(RECOMPUTE) else n_groups
+        if a not in axes or not all(0 <= g < n for g in groups):
             raise ValueError(f"tree key {text!r} names no group or axis of this model and mesh")
         key.append((a, groups))
     return tuple(key)

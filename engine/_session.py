@@ -38,6 +38,7 @@ from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._plan import (
     Plan, _hardware_from_json, check_signature, group_at, make_plan, resolve_decisions, signature_of,
 )
+from ._recompute import is_recompute
 from ._search import Search, SearchResult
 from ._strategies import baseline_names, strategy_decisions
 
@@ -192,6 +193,11 @@ class Session:
         return self.analysis.decision_groups
 
     @property
+    def units(self):
+        """The layer stacks of the forward pass a recompute decision can cover."""
+        return self.analysis.units
+
+    @property
     def conflicts(self):
         return self.analysis.conflicts
 
@@ -245,6 +251,9 @@ class Session:
         """[(group id / label / anchor, axis)] -> [(group id, axis)]."""
         out = []
         for ref, axis in items:
+            if is_recompute((ref, axis)):
+                out.append(self._search._resolve_recompute(ref, axis))
+                continue
             self.mesh.index(axis)
             out.append((self.group(ref).id, axis))
         return out
@@ -338,16 +347,23 @@ class Session:
         return sorted(self._search.forbidden)
 
     def pin(self, group: GroupRef, axis: str) -> Decision:
-        """Fix a decision: the search keeps it, first, and never undoes it."""
-        return self._search.pin(self.group(group).id, axis)
+        """Fix a decision: the search keeps it, first, and never undoes it. ``axis`` is a mesh
+        axis, or ``recompute:<kind>`` (regather, dots, full) with ``group`` a layer stack
+        (``Session.units``)."""
+        return self._search.pin(*self._ref(group, axis))
 
     def forbid(self, group: GroupRef, axis: str) -> Decision:
         """Never take this decision."""
-        return self._search.forbid(self.group(group).id, axis)
+        return self._search.forbid(*self._ref(group, axis))
 
     def unpin(self, group: GroupRef, axis: str) -> Decision:
         """Remove a pin or a forbid."""
-        return self._search.unpin(self.group(group).id, axis)
+        return self._search.unpin(*self._ref(group, axis))
+
+    def _ref(self, group: GroupRef, axis: str) -> Decision:
+        """(group id, axis); for a recompute decision (``recompute:<kind>``), the layer
+        stack's id (by id or label)."""
+        return self.decisions([(group, axis)])[0]
 
     def mark_infeasible(self, decisions: Sequence[Decision], measured_bytes: float) -> None:
         """XLA measured this plan over the budget: it no longer counts as fitting, and the
@@ -542,7 +558,8 @@ class Session:
         m = self.model.model
 
         def named(decs):
-            return [{"group": an.groups[g].label, "axis": a} for g, a in decs]
+            return [{"group": an.units[g].label if is_recompute((g, a)) else an.groups[g].label, "axis": a}
+                    for g, a in decs]
 
         return {
             "format": FORMAT,

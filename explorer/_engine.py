@@ -131,7 +131,7 @@ class PlanSummary:
     simulation: int | None = None  # for the search's best: found at this simulation
 
     def labels(self, an) -> list[str]:
-        return [f"{an.groups[g].label}->{a}" for g, a in self.decisions]
+        return [an.decision_label(d) for d in self.decisions]
 
 
 class Workspace:

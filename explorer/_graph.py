@@ -15,7 +15,7 @@ from bokeh.models import (
 )
 from bokeh.plotting import figure
 
-from partex import GroupInfo
+from partex import GroupInfo, is_recompute
 
 from ._engine import short_source
 from ._format import esc, fmt_bytes
@@ -39,7 +39,8 @@ def assignment(state) -> dict[int, list[str]]:
     fixed = ws.session.cost_model.fixed.decisions if ws is not None else ()
     out: dict[int, list[str]] = {}
     for g, a in [*fixed, *decisions]:
-        out.setdefault(g, []).append(a)
+        if not is_recompute((g, a)):  # a layer stack's, not a group's
+            out.setdefault(g, []).append(a)
     return out
 
 
@@ -126,9 +127,9 @@ class GraphView(pn.viewable.Viewer):
         axes = ws.config.mesh.axes
         colors = axis_colors(axes)
         assigned = assignment(s)
-        pinned = {g for g, _ in s.pins}
+        pinned = {g for g, a in s.pins if not is_recompute((g, a))}
         forbidden = {}
-        for g, a in s.forbidden:
+        for g, a in (d for d in s.forbidden if not is_recompute(d)):
             forbidden.setdefault(g, []).append(a)
         conflicted = {c.group for c in an.conflicts}
         bmax = max(an.groups[g].bytes for g in self._nodes) or 1
@@ -287,7 +288,7 @@ class DecisionView(pn.viewable.Viewer):
             self.detail.object = "<div class='muted'>Loading the model…</div>"
             return
         an = ws.an
-        label = lambda d: f"{an.groups[d[0]].label}→{d[1]}"  # noqa: E731
+        label = lambda d: an.decision_label(d, "→")  # noqa: E731
         chips = "".join(
             f"<span class='chip user' title='{esc(f['kind'])} at {esc(f['source'])}'>yours: "
             f"{esc(f['group'])}→{esc(f['axis'] or 'unsharded')}</span>" for f in ws.session.fixed)

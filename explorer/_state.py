@@ -293,7 +293,7 @@ class ExplorerState(param.Parameterized):
             r.run()
             self.running = True
             an = self.workspace.an
-            pins = ", ".join(f"{an.groups[g].label}->{a}" for g, a in self.pins)
+            pins = ", ".join(an.decision_label(d) for d in self.pins)
             self.notify(f"searching on {self.config.mesh.text()}" + (f" from the pinned {pins}" if pins else "")
                         + "; Pause to stop, pin or forbid a group any time", "info")
 
@@ -554,7 +554,7 @@ class ExplorerState(param.Parameterized):
         best = self.best
         ws = self.workspace
         an = ws.an if ws else None
-        label = (lambda d: f"{an.groups[d[0]].label}->{d[1]}") if an else str
+        label = an.decision_label if an else str
         out = {
             "phase": self.phase,
             "busy": list(self.busy),

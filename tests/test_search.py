@@ -196,7 +196,7 @@ def test_cli_search_impossible_budget_exit_2(tmp_path, capsys):
 
 
 def test_cli_search_pin_that_breaks_the_budget_names_it(tmp_path, capsys):
-    code = main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "1MiB", "--budget", "2",
+    code = main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "700KiB", "--budget", "2",
                  "--pin", "head_dim=data", "--forbid", "batch=data", "--forbid", "seq=data",
                  "--forbid", "d_model=data", "--out", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
