@@ -126,7 +126,8 @@ class _Interpreter:
         self.rc_keep = {v for cp in recompute for v in (*cp.leaves, *cp.weights, *cp.anchors)}
         self.eqn_of: dict[int, Any] = {}  # forward ops a recompute binds again
         self.by_vid: dict[int, Any] = {}  # the values a recompute reads, as made
-        self.override: dict[int, Any] = {}  # recomputed values / re-taken weights, by value
+        self.override: dict[int, Any] = {}  # recomputed values, by value
+        self.retaken: dict[int, tuple[Any, int]] = {}  # weight -> (re-taken value, last op reading it)
         self.promote = promote
         self.mesh = mesh
         self.value_specs = dict(value_specs)
@@ -159,7 +160,7 @@ class _Interpreter:
             self.rc_at = {}
             for cp in self.recompute:
                 self.rc_at.setdefault(cp.at, []).append(cp)
-            self.eqn_of, self.by_vid, self.override = {}, {}, {}
+            self.eqn_of, self.by_vid, self.override, self.retaken = {}, {}, {}, {}
             outs = self.eval(closed.jaxpr, closed.consts, leaves, constrain_invars=True)
             return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
@@ -210,15 +211,21 @@ class _Interpreter:
         env: dict[Any, Any] = {}
 
         widen = _widen if self.promote else (lambda x: x)
-        override, var_ids, keep, by_vid = self.override, self.var_ids, self.rc_keep, self.by_vid
+        override, retaken = self.override, self.retaken
+        var_ids, keep, by_vid = self.var_ids, self.rc_keep, self.by_vid
 
-        def read(atom):
+        def read(atom, op_id=None):
             if isinstance(atom, jcore.Literal):
                 return widen(atom.val)
-            if override:
+            if override or retaken:
                 vid = var_ids.get(id(atom))
                 if vid in override:
                     return override[vid]
+                # a weight re-taken for the backward pass: its ops read the new one, the
+                # optimizer after it the argument as it came (a call's operands as they
+                # are: the ops inside decide)
+                if vid in retaken and op_id is not None and op_id <= retaken[vid][1]:
+                    return retaken[vid][0]
             return env[atom]
 
         def store(var, x):
@@ -248,7 +255,7 @@ class _Interpreter:
                     self._recompute(self.rc_at.pop(op_id))
             if op_id in self.rc_ops:
                 self.eqn_of[op_id] = eqn
-            invals = [read(a) for a in eqn.invars]
+            invals = [read(a, op_id) for a in eqn.invars]
             handler = _STRUCTURED.get(name)
             # Outputs of structured / inlined eqns are constrained where they are made (after
             # the loop; inside the called body), ordinary ones here.
@@ -275,14 +282,15 @@ class _Interpreter:
         program, specs = self.program, self.value_specs
         for cp in plans:
             names = list(dict.fromkeys((*cp.leaves, *cp.weights, *cp.anchors)))
-            xs = [self.override.get(v, self.by_vid[v]) for v in names]
+            xs = [self.override[v] if v in self.override else
+                  self.retaken[v][0] if v in self.retaken else self.by_vid[v] for v in names]
             ys = jax.lax.optimization_barrier(tuple(xs))
             local = {}
             for v, y in zip(names, ys):
                 spec = specs.get(v) or self.input_specs.get(v)
                 local[v] = self._constrain(y, spec, f"saved value {v}") if spec is not None else y
             for w in cp.weights:
-                self.override[w] = local[w]
+                self.retaken[w] = (local[w], cp.until)
             for o in cp.ops:
                 eqn = self.eqn_of[o]
                 invals = []

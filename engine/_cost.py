@@ -227,7 +227,10 @@ class _Edit:
     clone_v: np.ndarray  # recomputed values (their local size) ...
     clone_a: np.ndarray  # ... live from the recompute point ...
     clone_b: np.ndarray  # ... to their last backward read
-    late: dict[int, int]  # weight -> first backward op: reads from there reshard anew
+    late: dict[int, tuple[int, int]]  # weight -> the backward pass's ops: reads there reshard anew
+    tmp_v: np.ndarray  # the recomputations' temporaries, per layer from tmp_seg, ...
+    tmp_seg: np.ndarray
+    tmp_at: np.ndarray  # ... the largest of each live at its recompute point
 
 
 class CostModel:
@@ -504,7 +507,8 @@ class CostModel:
         mid_end = self.mid_end.copy()
         extra: collections.Counter = collections.Counter()
         clone_v, clone_a, clone_b = [], [], []
-        late: dict[int, int] = {}
+        tmp_v, tmp_seg, tmp_at = [], [], []
+        late: dict[int, tuple[int, int]] = {}
         for u, kind in rc:
             unit = self.units[u]
             for cp in plan_unit(p, unit, kind):
@@ -512,12 +516,13 @@ class CostModel:
                     continue
                 w = set(cp.weights)
                 for v in cp.weights:
-                    late[v] = unit.boundary
+                    late[v] = (unit.boundary, unit.until)
                 for o in cp.ops:
                     op = p.ops[o]
                     excl = tuple(i for i, v in enumerate(op.inputs) if v in w)
                     extra[(int(self.op_pattern[o]), excl)] += op.trip
                 rec = set(cp.recomputed)
+                tmps = []
                 for o in cp.ops:
                     for v in p.ops[o].outputs:
                         i = mid_at.get(v)
@@ -527,8 +532,12 @@ class CostModel:
                             fwd = [r for r in readers[v] if r < unit.boundary]
                             mid_end[i] = (max(fwd) if fwd else p.values[v].producer) + 1
                             clone_v.append(v), clone_a.append(cp.at), clone_b.append(self.value_end[v])
-                        else:  # a temporary of the recomputation
-                            clone_v.append(v), clone_a.append(cp.at), clone_b.append(cp.at + 1)
+                        else:
+                            tmps.append(v)
+                if tmps:  # the recomputation's own temporaries: freed as it goes, the largest counts
+                    tmp_seg.append(len(tmp_v))
+                    tmp_v += tmps
+                    tmp_at.append(cp.at)
                 for v in cp.leaves:  # read again at the recompute point
                     i = mid_at.get(v)
                     if i is not None:
@@ -537,7 +546,8 @@ class CostModel:
         for (pi, excl), n in extra.items():
             by_mask[self.pat_mask[pi]].append((pi, excl, n))
         e = self._edits[rc] = _Edit(rc, list(by_mask.items()), mid_end, np.array(clone_v, dtype=np.int64),
-                                    np.array(clone_a, dtype=np.int64), np.array(clone_b, dtype=np.int64), late)
+                                    np.array(clone_a, dtype=np.int64), np.array(clone_b, dtype=np.int64), late,
+                                    *(np.array(x, dtype=np.int64) for x in (tmp_v, tmp_seg, tmp_at)))
         return e
 
     def _extra(self, edit: "_Edit", dec, detail: bool):
@@ -916,7 +926,7 @@ class CostModel:
                     resharded.append((pi, cl))
         return compute, comm, resharded, transients, colls
 
-    def _common_reshards(self, resharded, late: dict[int, int] | None = None) -> tuple[float, dict]:
+    def _common_reshards(self, resharded, late: dict[int, tuple[int, int]] | None = None) -> tuple[float, dict]:
         """XLA computes one reshard of a value once per computation (CSE): the same value
         gathered to the same sharding for several consumers (a weight in the forward and the
         backward pass) is one collective, and a reader that wants a finer sharding than one
@@ -933,7 +943,7 @@ class CostModel:
                     v = op.inputs[i]
                     # a weight re-taken in the backward pass (recompute): its reshard there
                     # is one of its own, not the forward's kept alive
-                    region = (op.region, op_id >= late[v]) if late and v in late else op.region
+                    region = (op.region, late[v][0] <= op_id <= late[v][1]) if late and v in late else op.region
                     ident = (region, v, key, kind)
                     e = seen.get(ident)
                     if e is None:
@@ -997,6 +1007,9 @@ class CostModel:
         if edit is not None and len(edit.clone_v):
             size = local[edit.clone_v]
             delta += np.bincount(edit.clone_a, weights=size, minlength=n) - np.bincount(edit.clone_b, weights=size, minlength=n)
+        if edit is not None and len(edit.tmp_v):
+            size = np.maximum.reduceat(local[edit.tmp_v], edit.tmp_seg)
+            delta += np.bincount(edit.tmp_at, weights=size, minlength=n) - np.bincount(edit.tmp_at + 1, weights=size, minlength=n)
         if buffers:
             start, stop, size = (np.array(x) for x in zip(*buffers))
             delta += np.bincount(start, weights=size, minlength=n) - np.bincount(stop, weights=size, minlength=n)

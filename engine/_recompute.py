@@ -59,6 +59,7 @@ class CopyPlan:
     recomputed: tuple[ValueId, ...]  # residuals the backward reads from the recomputation
     weights: tuple[ValueId, ...]  # program inputs the layer reads: re-taken after the barrier
     anchors: tuple[ValueId, ...]  # backward values the barrier waits for (no early hoisting)
+    until: int = -1  # the backward pass's last op: later reads (the optimizer's) keep the weights as they were
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,23 +70,23 @@ class Unit:
     block: Block
     label: str
     boundary: int  # the first backward op
+    until: int  # the last backward op
     copies: tuple[tuple[int, int], ...]  # op ranges [lo, hi) of the layers
 
 
-def backward_start(program: Program) -> int | None:
-    """The first op of the backward pass: the first op JAX's AD transposed."""
-    for op in program.ops:
-        if op.region == TOP_REGION and "transpose(" in op.scope:
-            return op.id
-    return None
+def backward_span(program: Program) -> tuple[int, int] | None:
+    """The first and last op of the backward pass: the top-level ops JAX's AD transposed."""
+    ids = [op.id for op in program.ops if op.region == TOP_REGION and "transpose(" in op.scope]
+    return (ids[0], ids[-1]) if ids else None
 
 
 def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]:
     """The forward layer stacks of a differentiated step that apply can recompute: top-level
     (not under a loop), ahead of the backward pass, with residuals read by it."""
-    b = backward_start(program)
-    if b is None:
+    span = backward_span(program)
+    if span is None:
         return []
+    b, until = span
     blocks = layer_blocks(program) if blocks is None else blocks
     readers = value_readers(program)
     out = []
@@ -96,7 +97,7 @@ def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]
         if any(op.region != TOP_REGION or op.primitive.endswith(("_enter", "_exit")) for op in ops):
             continue
         copies = tuple((blk.start + k * blk.period, blk.start + (k + 1) * blk.period) for k in range(blk.count))
-        u = Unit(len(out), blk, "", b, copies)
+        u = Unit(len(out), blk, "", b, until, copies)
         if not any(_residuals(program, u, lo, hi, readers) for lo, hi in copies):
             continue
         first = program.ops[blk.start]
@@ -140,7 +141,7 @@ def plan_copy(program: Program, u: Unit, k: int, kind: str, readers=None) -> Cop
         if not reads:
             return CopyPlan(-1, (), (), (), (), ())
         at = min(reads)
-        return CopyPlan(at, (), (), (), weights, _anchors(program, at, u.boundary))
+        return CopyPlan(at, (), (), (), weights, _anchors(program, at, u.boundary), u.until)
     # saved: what the forward goes on to read after the layer (the next layer's input, the
     # loss's), and under ``dots`` the matmuls with weights
     saved = {v for v in made if any(hi <= r < u.boundary for r in readers[v])}
@@ -165,7 +166,7 @@ def plan_copy(program: Program, u: Unit, k: int, kind: str, readers=None) -> Cop
     produced = {v for o in seq for v in ops[o].outputs}
     leaves = tuple(sorted({v for o in seq for v in ops[o].inputs if v not in produced and v not in program.constants}))
     at = min(r for v in recomputed for r in readers[v] if r >= u.boundary)
-    return CopyPlan(at, seq, leaves, tuple(recomputed), weights, _anchors(program, at, u.boundary))
+    return CopyPlan(at, seq, leaves, tuple(recomputed), weights, _anchors(program, at, u.boundary), u.until)
 
 
 def _anchors(program: Program, at: int, boundary: int) -> tuple[ValueId, ...]:

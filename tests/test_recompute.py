@@ -1,0 +1,134 @@
+"""Recompute as a decision: the layer stacks a decision covers, apply's re-emitted forward
+ops, the cost model's charge for them, and the search and plan files that carry them."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import partex
+from partex import demo_models
+from partex._program import trace
+from partex._recompute import backward_span, plan_unit, units
+
+
+def _session(name, mesh="data=4,model=2", **kw):
+    m = demo_models.build(name, "tiny")
+    return partex.Session(m.fn, m.args, mesh=mesh, hardware="tpu-v4", **kw)
+
+
+def test_a_unit_is_a_forward_layer_stack_read_again_by_the_backward_pass():
+    """The tiny transformer's two unrolled layers are one unit ahead of the backward pass;
+    the scan variant's layers are under a loop (no unit), and a step without gradients has
+    no backward pass to recompute in."""
+    m = demo_models.build("transformer", "tiny")
+    p = trace(m.fn, m.args)
+    (u,) = units(p)
+    first, last = backward_span(p)
+    assert len(u.copies) == 2 and u.copies[-1][1] <= first == u.boundary and u.until == last
+    full = plan_unit(p, u, "full")
+    dots = plan_unit(p, u, "dots")
+    for f, d in zip(full, dots):
+        assert f.at >= first and f.ops and set(d.recomputed) < set(f.recomputed)
+        # dots saves the matmuls with weights: none of them is recomputed
+        assert all(p.ops[p.values[v].producer].primitive != "dot_general"
+                   or p.ops[p.values[v].producer].params["dimension_numbers"][1][0] for v in d.recomputed)
+        assert all(p.values[v].producer < 0 for v in f.weights)
+    # the last layer's backward comes first
+    assert full[1].at < full[0].at
+    scan = demo_models.build("transformer-scan", "tiny")
+    assert units(trace(scan.fn, scan.args)) == []
+
+    def forward(w, x):
+        return jnp.tanh(jnp.tanh(x @ w[0]) @ w[1]).sum()
+
+    w = jnp.ones((2, 8, 8))
+    assert units(trace(forward, (w, jnp.ones((4, 8))))) == []
+
+
+@pytest.mark.parametrize("name", ["transformer", "moe", "gns", "unet"])
+def test_every_recompute_kind_matches_the_unsharded_step(name):
+    """Each kind applied (on ZeRO-3 + tensor parallel, where weights are gathered) runs and
+    gives the unsharded step's loss and gradients, and XLA's collective bytes stay those
+    predicted (the recomputed layer's collectives counted again, a re-gathered weight once
+    more per layer)."""
+    s = _session(name)
+    (u, *_) = s.units
+    base = s.strategy("zero3")
+    for kind in partex.RECOMPUTE_KINDS:
+        plan = s.plan([*base, (u.label, "recompute:" + kind)])
+        assert any(d.axis == "recompute:" + kind for d in plan.decisions)
+        out = s.verify(plan, run=True, mark=False)
+        assert out["numerics"]["ok"], (kind, out["numerics"])
+        for coll in ("all-reduce", "all-gather"):
+            c = out["collectives"][coll]
+            if c["xla_bytes"]:
+                assert 0.75 <= c["ratio"] <= 1.4, (kind, coll, c)
+
+
+def test_recompute_frees_what_xla_keeps_and_the_model_predicts_it():
+    """ZeRO-3 on the tiny transformer: XLA's per-device memory falls from save to regather
+    to full remat, and the prediction follows it within the tolerance verify uses."""
+    s = _session("transformer")
+    (u,) = s.units
+    base = s.strategy("zero3")
+    xla, pred = {}, {}
+    for kind in (None, *partex.RECOMPUTE_KINDS):
+        plan = s.plan(base + ([(u.label, "recompute:" + kind)] if kind else []))
+        out = s.verify(plan, mark=False)
+        xla[kind], pred[kind] = out["memory"]["xla"], out["memory"]["predicted"]
+        assert 0.65 <= out["memory"]["ratio"] <= 1.35, (kind, out["memory"])
+    assert xla["full"] < xla["regather"] < xla[None], xla
+    assert pred["full"] < pred["regather"] < pred[None], pred
+
+
+def test_the_cost_model_charges_the_recomputation():
+    """Full remat runs the layers' forward ops twice: more compute, the same weights and
+    optimizer state, less memory on a plan whose activations dominate."""
+    s = _session("transformer", mesh="data=8")
+    cm = s.cost_model
+    dec = s.decisions(s.strategy("dp"))
+    save = cm.evaluate(dec, detail=True)
+    full = cm.evaluate([*dec, (0, "recompute:full")], detail=True)
+    assert full.compute_time > save.compute_time and full.memory.peak < save.memory.peak
+    assert full.memory.arguments == save.memory.arguments
+    # a recompute decision shards nothing
+    assert cm.value_specs([*dec, (0, "recompute:full")]) == cm.value_specs(dec)
+
+
+def test_the_search_takes_recompute_when_only_that_fits_and_the_plan_file_keeps_it(tmp_path):
+    """With a budget below every sharding-only plan's memory, the best plan recomputes; the
+    decision survives the plan file (found again by the layers' signature), and an unknown
+    kind is one clear error."""
+    sharding_only = _session("transformer", memory="1000KiB")
+    for kind in partex.RECOMPUTE_KINDS:
+        sharding_only.forbid(0, "recompute:" + kind)
+    sharding_only.step(150)
+    assert sharding_only.best() is None
+    s = _session("transformer", memory="1000KiB")
+    s.step(150)
+    best = s.best()
+    assert best is not None and any(partex.is_recompute(d) for d in best.decisions)
+    plan = s.best_plan()
+    path = tmp_path / "p.json"
+    plan.save(path)
+    again = partex.Plan.load(path)
+    assert [d.to_json() for d in again.decisions] == [d.to_json() for d in plan.decisions]
+    m = demo_models.build("transformer", "tiny")
+    out = partex.verify(again, m.fn, m.args, run=True)
+    assert out["numerics"]["ok"], out["numerics"]
+    text = path.read_text().replace("recompute:", "recompute:bogus-", 1)
+    with pytest.raises(partex.PartexError, match="recompute kind 'bogus-"):
+        partex.Plan.loads(text)
+
+
+def test_pins_name_a_layer_stack_and_a_kind():
+    s = _session("transformer")
+    (u,) = s.units
+    d = s.pin(u.label, "recompute:full")
+    assert d == (u.id, "recompute:full") and s.label(d).endswith("->recompute:full")
+    s.step(20)
+    assert (u.id, "recompute:full") in s.best().decisions
+    with pytest.raises(partex.PartexError, match="unknown recompute kind 'some'"):
+        s.pin(u.label, "recompute:some")
+    with pytest.raises(partex.PartexError, match="unknown layer stack"):
+        s.pin("no such layers", "recompute:full")
