@@ -6,7 +6,8 @@ A plan is, per mesh axis, an ordered sequence of decision groups. Order within a
 matters only between two groups that *conflict* on it (a tensor holds dims of both, so the
 earlier decision keeps the axis); sequences that order every conflicting pair alike give the
 same shardings and are enumerated once. Different axes commute (the search's transposition
-table makes the same assumption).
+table makes the same assumption). Each layer stack's recompute (save or one kind) is one more
+independent choice.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable, Sequence
 
 from ._analysis import NO_DIM
 from ._cost import CostModel, CostReport
+from ._recompute import is_recompute
 
 Decision = tuple[int, str]
 
@@ -73,16 +75,23 @@ def axis_sequences(groups: Sequence[int], k: int, clash: set[frozenset[int]]) ->
     return out
 
 
-def space(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> tuple[list[str], list[list[tuple[int, ...]]]]:
-    """The mesh axes and, per axis, its decision sequences."""
+def space(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> list[list[tuple[Decision, ...]]]:
+    """The independent choices a plan makes, each as its options: per mesh axis, its
+    decision sequences; per layer stack with recompute actions, saving or one kind."""
     clash = conflicts(cm)
     axes = [a for a in cm.mesh.axes if any(ax == a for _, ax in actions)]
-    seqs = [axis_sequences([g for g, ax in actions if ax == a], per_axis, clash) for a in axes]
-    return axes, seqs
+    slots = [[tuple((g, a) for g in seq) for seq in axis_sequences([g for g, ax in actions if ax == a], per_axis, clash)]
+             for a in axes]
+    recompute: dict[int, list[Decision]] = {}
+    for g, a in actions:
+        if is_recompute((g, a)):
+            recompute.setdefault(g, []).append((g, a))
+    slots += [[(), *((d,) for d in ds)] for _, ds in sorted(recompute.items())]
+    return slots
 
 
 def space_size(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> int:
-    return math.prod(len(s) for s in space(cm, actions, per_axis)[1])
+    return math.prod(len(s) for s in space(cm, actions, per_axis))
 
 
 def exhaustive(cm: CostModel, actions: Sequence[Decision], per_axis: int = 3, *,
@@ -100,13 +109,13 @@ def exhaustive_limits(cm: CostModel, actions: Sequence[Decision], limits: Sequen
     """``exhaustive`` for several memory limits at once (each plan is scored once): the
     fastest plan whose predicted peak is within each limit. With ``seconds``, it stops as
     soon as the plans scored so far project the whole space past it (checked every 512)."""
-    axes, seqs = space(cm, actions, per_axis)
-    total = math.prod(len(s) for s in seqs)
+    slots = space(cm, actions, per_axis)
+    total = math.prod(len(s) for s in slots)
     t0 = time.perf_counter()
     best: list[tuple[float, tuple[Decision, ...], CostReport] | None] = [None] * len(limits)
     n = 0
-    for combo in itertools.product(*seqs):
-        decisions = tuple((g, a) for a, seq in zip(axes, combo) for g in seq)
+    for combo in itertools.product(*slots):
+        decisions = tuple(d for part in combo for d in part)
         r = cm.evaluate(decisions)
         n += 1
         for k, limit in enumerate(limits):

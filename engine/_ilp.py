@@ -26,6 +26,10 @@ decides per *group* (named dimensions with one role, see ``_analysis``), so the 
   while near the reference the terms are exact (k = 2: single and pair moves of
   co-occurring groups are evaluated exactly).
 
+Each layer stack of the forward pass (``_recompute``) is one more choice: save, or one
+recompute kind, linearised like a group's strategies (with its interactions with the two
+biggest groups).
+
 Decisions come out ordered by group bytes, biggest first (the batch-like activation groups
 keep their axis where two groups meet in one tensor), a pair strategy as two consecutive
 decisions (major axis first).
@@ -44,6 +48,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from ._cost import CostModel, CostReport
+from ._recompute import KINDS as RECOMPUTE_KINDS, PREFIX as RECOMPUTE
 
 Strategy = tuple[str, ...]  # mesh axes sharding the group, major to minor; () = unsharded
 
@@ -90,6 +95,13 @@ def group_strategies(size: int, axes: Sequence[str], axis_size: dict[str, int]) 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _UnitChoice:
+    """A layer stack's recompute, as the ILP's one more choice."""
+
+    id: int  # -1 - the unit's id
+
+
 @dataclasses.dataclass
 class _Linear:
     """The model linearised around a reference plan."""
@@ -111,22 +123,30 @@ class _ILP:
         self.budget = budget
         an = cm.analysis
         self.groups = sorted(an.decision_groups, key=lambda g: (-g.bytes, g.id))
-        self.rank = {g.id: k for k, g in enumerate(self.groups)}
         axes = tuple(cm.mesh.axes)
         self.strategies = {g.id: group_strategies(g.size, axes, cm.axis_size) for g in self.groups}
         ids = set(self.strategies)
         pairs = [(a, b) for (a, b), n in an.cooccur.items() if a in ids and b in ids and a != b and n > 0]
         pairs.sort(key=lambda p: (-an.cooccur[p], p))
         # only pairs where both groups have a choice
-        self.pairs = [p for p in pairs if len(self.strategies[p[0]]) > 1 and len(self.strategies[p[1]]) > 1][:max_pairs]
+        pairs = [p for p in pairs if len(self.strategies[p[0]]) > 1 and len(self.strategies[p[1]]) > 1]
+        # each layer stack's recompute is one more choice (key -1 - unit): save or one kind,
+        # its interaction with the two biggest groups' strategies linearised too
+        big = [g.id for g in self.groups if len(self.strategies[g.id]) > 1][:2]
+        for u in cm.units:
+            self.groups.append(_UnitChoice(-1 - u.id))
+            self.strategies[-1 - u.id] = [(), *((RECOMPUTE + k,) for k in RECOMPUTE_KINDS)]
+            pairs[:0] = [(-1 - u.id, g) for g in big]
+        self.pairs = pairs[:max_pairs]
+        self.rank = {g.id: k for k, g in enumerate(self.groups)}
         self._cache: dict[tuple, CostReport] = {}
         self.evaluations = 0
 
     # ---------------------------------------------------------------- plans
     def decisions(self, plan: dict[int, Strategy]) -> tuple[tuple[int, str], ...]:
         out = []
-        for g in self.groups:
-            out += [(g.id, a) for a in plan.get(g.id, ())]
+        for g in self.groups:  # a unit's key is -1 - its id
+            out += [(g.id if g.id >= 0 else -1 - g.id, a) for a in plan.get(g.id, ())]
         return tuple(out)
 
     def evaluate(self, plan: dict[int, Strategy]) -> CostReport:

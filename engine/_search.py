@@ -330,6 +330,17 @@ class Search:
         t, decisions, sim, secs = self._best
         return SearchResult(decisions, self.cm.evaluate(decisions, detail=True), sim, secs)
 
+    def best_without_recompute(self) -> tuple[Decision, ...] | None:
+        """The fastest plan that fits among those the search scored with no recompute
+        decision (the bench's row beside the search's best)."""
+        best = None
+        for key, (t, _, fits) in self._evals.items():
+            if fits and not any(a.startswith(RECOMPUTE) for a, _ in key) and (best is None or t < best[0]):
+                best = (t, key)
+        if best is None:
+            return None
+        return tuple((g, a) for a, gs in best[1] for g in gs)
+
     def best_plan(self, strategy: str = "mcts"):
         from ._plan import make_plan
 

@@ -497,7 +497,10 @@ class Session:
               exhaustive: int = 3, exhaustive_limit: int = 200_000,
               exhaustive_seconds: float | None = None) -> list[dict]:
         """Hand plans, the Alpa-style ILP and the MCTS search side by side, on this cost
-        model: one row per strategy (step time, MFU, memory, fits, search seconds). The
+        model: one row per strategy (step time, MFU, memory, fits, search seconds); where
+        the step has layer stacks to recompute, the hand plans again with every layer
+        rematerialised (``+remat``) and the best plan without recompute that the search
+        scored (``mcts-no-remat``). The
         search runs ``simulations`` simulations if given (reproducible), else ``seconds``.
         Where the space of plans with at most ``exhaustive`` decisions per mesh axis holds
         at most ``exhaustive_limit`` plans, an ``exhaustive`` row gives its optimum (0: no
@@ -530,6 +533,9 @@ class Session:
             best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
             smallest_memory=st["smallest_memory"], xla_memory_bytes=xla,
             memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
+        if self.units:  # the best plan without recompute that the search scored
+            dec = self._search.best_without_recompute()
+            row("mcts-no-remat", dec or (), self.cost_model.evaluate(dec, detail=True) if dec else None, None)
         if exhaustive > 0:
             size = self.exhaustive_size(exhaustive)
             if size <= exhaustive_limit:

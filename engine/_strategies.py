@@ -14,6 +14,8 @@ Every strategy is built on the roles the program's structure gives its groups
   state sharded over data, gathered before use (in a transformer: d_model).
 - ``expert`` (MoE): the expert groups on the data axis ahead of the batch (expert
   parallelism), with the tensor-parallel groups but the experts on the model axis.
+- ``<strategy>+remat``: the strategy with every forward layer stack fully rematerialised
+  (``jax.checkpoint`` around each layer, as long-sequence training runs use).
 
 Within each kind, groups go largest first (the earlier decision keeps the axis where two
 meet in one tensor), and a decision is kept only where the mesh axis size divides the
@@ -31,6 +33,7 @@ from typing import Callable, Iterable
 from ._analysis import NO_DIM, Analysis, GroupId
 from ._errors import PartexError
 from ._mesh import MeshSpec
+from ._recompute import PREFIX as RECOMPUTE
 
 Decision = tuple[int, str]
 
@@ -108,14 +111,27 @@ STRATEGIES: dict[str, Callable[[Analysis, MeshSpec], list[Decision]]] = {
 }
 
 
+REMAT = "+remat"  # a strategy with every layer stack fully rematerialised (jax.checkpoint per layer)
+
+
 def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec) -> list[Decision]:
-    if name not in STRATEGIES:
-        raise PartexError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
-    return STRATEGIES[name](an, mesh)
+    base = name[:-len(REMAT)] if name.endswith(REMAT) else name
+    if base not in STRATEGIES:
+        raise PartexError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}, each optionally "
+                          f"with {REMAT} (every layer stack fully rematerialised)")
+    dec = STRATEGIES[base](an, mesh)
+    if base != name:
+        if not an.units:
+            raise PartexError(f"strategy {name!r} needs a layer stack to recompute, and this step has none "
+                              "(its layers are under a loop, or it takes no gradients)")
+        dec = dec + [(u.id, RECOMPUTE + "full") for u in an.units]
+    return dec
 
 
 def baseline_names(an: Analysis) -> list[str]:
     names = ["replicated", "dp", "megatron", "zero3"]
     if an.roles().expert_groups:
         names.append("expert")
+    if an.units:  # the hand plans as users run them at long sequences: remat every layer
+        names += [n + REMAT for n in names if n != "replicated"]
     return names

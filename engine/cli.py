@@ -452,7 +452,7 @@ def cmd_bench(args) -> int:
         return 0
     print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""
-    print(f"  {'strategy':<11} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}{xla_cols}")
+    print(f"  {'strategy':<14} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}{xla_cols}")
     for r in rows:
         t = f"{r['step_time_s'] * 1e3:.3f} ms" if r["step_time_s"] is not None else "-"
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
@@ -463,8 +463,9 @@ def cmd_bench(args) -> int:
             ratio = f"{r['memory_ratio']:.2f}" if r.get("memory_ratio") else "-"
             xla = f" {format_bytes(r.get('xla_memory_bytes')):>11} {ratio:>8}"
         fits = "-" if r.get("complete") is False else "yes" if r["fits"] else "NO"  # a skipped exhaustive row
-        print(f"  {r['strategy']:<11} {t:>12} {mfu:>7} {mem:>11} {fits:>5} {ss:>9}{xla}")
-    hand = [r["step_time_s"] for r in rows if r["fits"] and r["strategy"] not in ("mcts", "ilp", "exhaustive", "replicated")]
+        print(f"  {r['strategy']:<14} {t:>12} {mfu:>7} {mem:>11} {fits:>5} {ss:>9}{xla}")
+    hand = [r["step_time_s"] for r in rows
+            if r["fits"] and r["strategy"] not in ("mcts", "mcts-no-remat", "ilp", "exhaustive", "replicated")]
     mc = next(r for r in rows if r["strategy"] == "mcts")
     ex = next((r for r in rows if r["strategy"] == "exhaustive"), None)
     if ex is not None and not ex["complete"] and ex["plans"] == 0:
@@ -478,6 +479,13 @@ def cmd_bench(args) -> int:
               f"{mc['step_time_s'] / ex['step_time_s']:.3f}x")
     if mc["fits"] and hand:
         print(f"mcts / best hand plan: {mc['step_time_s'] / min(hand):.3f}x")
+    ilp = next((r for r in rows if r["strategy"] == "ilp"), None)
+    if mc["fits"] and ilp is not None and ilp["fits"]:
+        print(f"mcts / ilp: {mc['step_time_s'] / ilp['step_time_s']:.3f}x")
+    nr = next((r for r in rows if r["strategy"] == "mcts-no-remat"), None)
+    if nr is not None:
+        print(f"best plan without recompute: " + (f"{nr['step_time_s'] * 1e3:.3f} ms (mcts with recompute "
+              f"{mc['step_time_s'] / nr['step_time_s']:.3f}x)" if nr["fits"] and mc["fits"] else "none fits"))
     if mc.get("xla_memory_bytes"):
         print(f"mcts plan per XLA (compile-only): {format_bytes(mc['xla_memory_bytes'])} per device, "
               f"predicted / XLA {mc['memory_ratio']:.2f}")

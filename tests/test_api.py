@@ -84,7 +84,7 @@ def test_session_from_spec_holds_analysis_baselines_search_and_pins():
                                  memory="3MiB", seed=0)
     assert len(s.groups) == 9 and s.conflicts
     base = s.baselines()
-    assert list(base) == ["replicated", "dp", "megatron", "zero3"]
+    assert list(base) == ["replicated", "dp", "megatron", "zero3", "dp+remat", "megatron+remat", "zero3+remat"]
     assert not base["replicated"].report.fits and base["megatron"].report.fits
     s.pin("heads", "model")
     s.forbid("batch", "model")
