@@ -232,6 +232,8 @@ class Analysis:
             for g in self.groups
         ]
         out["conflict_list"] = [self.describe_conflict(c) for c in self.conflicts]
+        out["recompute_units"] = [{"id": u.id, "label": u.label, "layers": len(u.copies), "source": u.where}
+                                  for u in self.units]
         out["static_inputs"] = [{"path": p, "value": v} for p, v in self.static_inputs()]
         out["user_sharding_list"] = [
             {**us.to_json(), "groups": [None if self.group_of(us.value, d) == NO_DIM

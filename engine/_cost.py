@@ -32,10 +32,11 @@ from ._constraints import NONE as NO_FIXED
 from ._constraints import check_mode
 from ._mesh import Hardware, MeshSpec
 from ._program import NO_PRODUCER
-from ._recompute import PREFIX as RECOMPUTE, kind_of, plan_unit, value_readers
+from ._recompute import PREFIX as RECOMPUTE, backward_span, kind_of, plan_unit, value_readers
 from ._rules import FactorKind, PSEUDO_OPS, factor_rules, op_flops, pointwise_rule
 
 Decision = tuple[int, str]  # (group id, mesh axis)
+_CPU_COMBINE = 256  # all-reduces XLA:CPU combines into one (CpuAllReduceCombiner's count limit)
 Spec = tuple[tuple[str, ...], ...]  # per dim: the mesh axes sharding it, major to minor
 
 # Ops that move no data of their own (views, loop boundaries): no compute or memory time.
@@ -379,6 +380,7 @@ class CostModel:
         self._factor_cache: dict = {}
 
         self._liveness(donate)
+        self._combined_until = self._cpu_combined() if lowering == "cpu" else None
         self._sig_cache: dict = {}
         self._pat_cache: dict = {}
         self.units = analysis.units
@@ -467,6 +469,34 @@ class CostModel:
         # an output that mirrors an input (the updated state) counts in the input's category
         in_cat = dict(zip(p.inputs, cat))
         self.output_cat = {ovid: in_cat[ivid] for ovid, ivid in roles.mirror.items()}
+
+    def _cpu_combined(self) -> np.ndarray | None:
+        """Per op, where XLA:CPU reduces its partial result: XLA:CPU combines independent
+        all-reduces without a byte limit, 256 at a time, so the gradient reductions of the
+        backward pass, whose results nothing reads before the optimizer, run in groups of 256
+        and every partial (full-size) gradient lives until its group's. -1: as the value
+        (read during the backward pass: its reduction cannot wait)."""
+        p = self.program
+        span = backward_span(p)
+        if span is None:
+            return None
+        first, last = span
+        # the first op that reads each value other than through views (reshapes, transposes)
+        first_read = np.full(len(p.values), len(p.ops), dtype=np.int64)
+        for op in reversed(p.ops):
+            for v in op.inputs:
+                at = min((first_read[o] for o in op.outputs), default=len(p.ops)) \
+                    if op.primitive in _FREE or op.primitive == "transpose" else op.id
+                first_read[v] = min(first_read[v], at)
+        out = np.full(len(p.ops), -1, dtype=np.int64)
+        reducing = [op.id for op in p.ops[first:last + 1]
+                    if op.outputs and all(first_read[v] > last for v in op.outputs)
+                    and any(f.kind == FactorKind.REDUCTION for f in self.analysis.factors[op.id])]
+        # combined 256 at a time, in program order: each group reduces after its last
+        for k in range(0, len(reducing), _CPU_COMBINE):
+            group = reducing[k:k + _CPU_COMBINE]
+            out[group] = group[-1] + 1
+        return out
 
     def _arg_index_of_inputs(self) -> list[int]:
         p = self.program
@@ -648,18 +678,18 @@ class CostModel:
             # to live as long as the value (an over-estimate on TPU).
             extra = lb if partial else lb - nb / self._shard(vspec)
             if extra > 0:
-                transient.append((j, extra))
+                transient.append((j, extra, bool(partial)))
             if partial and pat.gather_partials:
                 gathered = lb * self._prod(partial) * pat.gather_partials
                 colls.append(("all-gather", tuple(partial), gathered, pgroup))
-                transient.append((j, gathered))
+                transient.append((j, gathered, False))
             elif partial:
                 vaxes = {a for axes in vspec for a in axes}
                 rs = tuple(a for a in partial if a in vaxes)
                 ar = tuple(a for a in partial if a not in vaxes)
                 if rs and self.lowering == "cpu":
                     colls.append(("all-reduce", rs, lb, pgroup))
-                    transient.append((j, lb))  # the all-reduced whole, before the slice
+                    transient.append((j, lb, False))  # the all-reduced whole, before the slice
                 elif rs:
                     colls.append(("reduce-scatter", rs, lb, pgroup))
                 # XLA sums a conv's partial filter gradients over its sharded spatial dims
@@ -919,7 +949,10 @@ class CostModel:
             compute += c * pat.weight
             comm += m * pat.weight
             if tr:
-                transients += [(o, self.value_end[ops[o].outputs[j]], extra) for o in pat.ops for j, extra in tr]
+                cu = self._combined_until
+                # a partial result waits for XLA:CPU's combined reduction (_cpu_combined)
+                transients += [(o, max(self.value_end[ops[o].outputs[j]], int(cu[o]) if cu is not None and waits else -1),
+                                extra) for o in pat.ops for j, extra, waits in tr]
             if cl:
                 colls.append((pi, cl))
                 if any(x[5] >= 0 for x in cl):

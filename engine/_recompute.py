@@ -72,6 +72,11 @@ class Unit:
     boundary: int  # the first backward op
     until: int  # the last backward op
     copies: tuple[tuple[int, int], ...]  # op ranges [lo, hi) of the layers
+    where: str = ""  # the source line of the layer's first op
+
+    @property
+    def description(self) -> str:
+        return f"{self.label}: {len(self.copies)} layers from {self.where}"
 
 
 def backward_span(program: Program) -> tuple[int, int] | None:
@@ -102,7 +107,7 @@ def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]
             continue
         first = program.ops[blk.start]
         where = first.source.rsplit("/", 1)[-1] if first.source else f"op {blk.start}"
-        out.append(dataclasses.replace(u, label=f"layers x{blk.count} @ {where}"))
+        out.append(dataclasses.replace(u, label=f"stack{len(out)}", where=where))
     return out
 
 
@@ -135,7 +140,6 @@ def plan_copy(program: Program, u: Unit, k: int, kind: str, readers=None) -> Cop
                             if v not in made and program.values[v].producer == NO_PRODUCER
                             and v not in program.constants}))
     late = _residuals(program, u, lo, hi, readers)
-    anchors: tuple[ValueId, ...] = ()
     if kind == "regather":
         reads = [r for w in weights for r in readers[w] if r >= u.boundary]
         if not reads:

@@ -24,6 +24,23 @@ from ._errors import PartexError
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
+# XLA:CPU schedules for thread concurrency by default: every op whose operands are ready
+# (a weight's all-gather) starts as early as it can, and it expands optimisation barriers
+# before scheduling. Its peak memory then says how early the gathers start, not how much the
+# plan needs: a weight re-gathered in the backward pass (recompute) is gathered at the start
+# of the step all the same. TPU and GPU schedule for memory within the barriers (GPU expands
+# them after scheduling); verify's worker compiles with XLA:CPU's memory-minimising scheduler
+# instead. It is an XLA flag, read when JAX starts its CPU backend (a per-compile
+# ``compiler_options`` entry is accepted and ignored on jax 0.12): a verify in this process
+# (``partex.verify``) says when it ran without it.
+CPU_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def with_cpu_schedule(xla_flags: str) -> str:
+    """XLA_FLAGS with the memory-minimising CPU scheduler (unless the user chose one)."""
+    name = CPU_SCHEDULE_FLAG.split("=")[0]
+    return xla_flags if name in xla_flags else f"{xla_flags} {CPU_SCHEDULE_FLAG}".strip()
+
 
 def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
            run: bool = False, timeout: float = 1800, constrain: bool = True) -> dict:
@@ -45,6 +62,7 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     env = dict(os.environ)
     env["JAX_NUM_CPU_DEVICES"] = str(sizes.pop())
     env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = with_cpu_schedule(env.get("XLA_FLAGS", ""))
     env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
     args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
                        "overrides": list(overrides or []), "run": run, "constrain": constrain})
@@ -118,6 +136,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
 
     lowered = planned.lower(*jax.tree_util.tree_map(abstract, model.args))
     t1 = time.perf_counter()
+    cpu = jax.devices()[0].platform == "cpu"
     compiled = lowered.compile()
     t2 = time.perf_counter()
     mem = memory_stats(compiled)
@@ -127,7 +146,6 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
 
     program = planned.program
     an = analyze(program, axis_names_by_value(program, model.axis_names))
-    cpu = jax.devices()[0].platform == "cpu"
     # predicted as XLA lowers it here (XLA:CPU: reduce-scatter = all-reduce + slice)
     cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, lowering="cpu" if cpu else "tpu",
                    user_shardings=plan.user_shardings)
@@ -153,6 +171,8 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
         "lower_seconds": round(t1 - t0, 2),
         "compile_seconds": round(t2 - t1, 2),
     }
+    if cpu:  # which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)
+        out["xla_cpu_scheduler"] = "memory" if CPU_SCHEDULE_FLAG in os.environ.get("XLA_FLAGS", "") else "concurrency"
     if spec["run"]:
         out["numerics"] = _numerics(model, planned, jax, np, NamedSharding, spec_from_json)
     return out

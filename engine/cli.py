@@ -202,6 +202,10 @@ def cmd_analyze(args) -> int:
             d = an.describe_conflict(c)
             print(f"  [{d['group']}] {d['value']} {tuple(d['shape'])} dims {d['dims'][0]} and {d['dims'][1]}"
                   f" ({d['values']} tensors), made by {d['producer']} at {d['source']}")
+    if an.units:
+        print("\nlayer stacks a recompute decision covers (--pin LABEL=recompute:regather|dots|full):")
+        for u in an.units:
+            print(f"  {u.label}: {len(u.copies)} layers from {u.where}")
     if an.user_shardings():
         print(f"\nthe step's own shardings ({len(an.user_shardings())}; kept as fixed decisions by default):")
         for us in an.user_shardings()[: args.top]:
@@ -484,7 +488,7 @@ def cmd_bench(args) -> int:
         print(f"mcts / ilp: {mc['step_time_s'] / ilp['step_time_s']:.3f}x")
     nr = next((r for r in rows if r["strategy"] == "mcts-no-remat"), None)
     if nr is not None:
-        print(f"best plan without recompute: " + (f"{nr['step_time_s'] * 1e3:.3f} ms (mcts with recompute "
+        print("best plan without recompute: " + (f"{nr['step_time_s'] * 1e3:.3f} ms (mcts with recompute "
               f"{mc['step_time_s'] / nr['step_time_s']:.3f}x)" if nr["fits"] and mc["fits"] else "none fits"))
     if mc.get("xla_memory_bytes"):
         print(f"mcts plan per XLA (compile-only): {format_bytes(mc['xla_memory_bytes'])} per device, "

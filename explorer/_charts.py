@@ -174,7 +174,8 @@ class MemoryView(pn.viewable.Viewer):
             d["row"].append(name)
             d["total"].append(m.peak / scale)
             d["outline"].append(None if fits else OVER)
-            d["note"].append(fmt_bytes(m.peak) + ("" if fits else "  over budget"))
+            saved = f"  ({fmt_bytes(r.saving_all.memory.peak)} without recompute)" if r.recomputes else ""
+            d["note"].append(fmt_bytes(m.peak) + saved + ("" if fits else "  over budget"))
             d["note_color"].append("#334155" if fits else OVER)
             for key, v in zip(("p_txt", "o_txt", "a_txt", "t_txt"), parts):
                 d[key].append(fmt_bytes(v))
@@ -189,9 +190,14 @@ class MemoryView(pn.viewable.Viewer):
         self.fig.xaxis.axis_label = f"per-device memory ({unit})"
         self.fig.height = 110 + 34 * len(rows)
         over = [n for n, r in rows if r.report.memory.peak > budget]
+        saved = [f"{esc(n)}: {fmt_bytes(r.saving_all.memory.peak - r.report.memory.peak)} for "
+                 f"{fmt_time(r.report.step_time - r.saving_all.step_time)} more step time"
+                 for n, r in rows if r.recomputes]
         self.caption.object = (
             f"<div class='caption'>Dashed red line: the budget, {fmt_bytes(budget)} per device. "
             + (f"<span class='bad'>Over budget: {esc(', '.join(over))}.</span>" if over else "Every plan fits.")
+            + (f" What recompute saves against the same sharding keeping every residual: {'; '.join(saved)}."
+               if saved else "")
             + "</div>")
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from partex import (
     HARDWARE, CostReport, Hardware, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Plan, Session, analyze_model,
-    as_hardware, as_mesh, demo_models,
+    as_hardware, as_mesh, demo_models, is_recompute,
 )
 
 Decision = tuple[int, str]
@@ -129,6 +129,12 @@ class PlanSummary:
     report: CostReport  # with collectives (detail=True)
     plan: Plan
     simulation: int | None = None  # for the search's best: found at this simulation
+    # the same sharding without its recompute decisions (None: it has none): what they save
+    saving_all: CostReport | None = None
+
+    @property
+    def recomputes(self) -> bool:
+        return self.saving_all is not None
 
     def labels(self, an) -> list[str]:
         return [an.decision_label(d) for d in self.decisions]
@@ -156,13 +162,17 @@ class Workspace:
                   simulation: int | None = None, report: CostReport | None = None) -> PlanSummary:
         """A PlanSummary; given both the plan and its detailed report, no evaluation."""
         decisions = tuple((int(g), a) for g, a in decisions)
-        if report is None or plan is None:
+        sharding = tuple(d for d in decisions if not is_recompute(d))
+        saving_all = None
+        if report is None or plan is None or len(sharding) < len(decisions):
             with self.lock:
                 if report is None:
                     report = self.session.evaluate(decisions)
                 if plan is None:
                     plan = self.session.plan(decisions, strategy=name, pinned=list(pinned))
-        return PlanSummary(name, decisions, frozenset(pinned), report, plan, simulation)
+                if len(sharding) < len(decisions):
+                    saving_all = self.session.evaluate(sharding)
+        return PlanSummary(name, decisions, frozenset(pinned), report, plan, simulation, saving_all)
 
     def baselines(self) -> dict[str, PlanSummary]:
         with self.lock:

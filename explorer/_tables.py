@@ -8,6 +8,8 @@ import math
 import panel as pn
 import param
 
+from partex import is_recompute
+
 from ._charts import plan_rows
 from ._engine import short_source
 from ._format import esc, fmt_bytes, fmt_pct, fmt_spec, fmt_time
@@ -113,9 +115,14 @@ class PlanView(pn.viewable.Viewer):
         plan = summary.plan
         r = summary.report
         chips = "".join(
-            f"<span class='chip {'pin' if d.pinned else ''}'>{'pinned ' if d.pinned else ''}{esc(d.group)}→{esc(d.axis)}</span>"
+            f"<span class='chip {'pin' if d.pinned else 'remat' if is_recompute((d.group, d.axis)) else ''}'"
+            f"{_stack_title(ws, d)}>{'pinned ' if d.pinned else ''}{esc(d.group)}→{esc(d.axis)}</span>"
             for d in plan.decisions) or "<span class='muted'>no decisions: everything replicated</span>"
         fits = "fits" if r.fits else "<span class='bad'>over budget</span>"
+        if summary.recomputes:
+            w = summary.saving_all
+            fits += (f" · recompute saves {fmt_bytes(w.memory.peak - r.memory.peak)} per device for "
+                     f"{fmt_time(r.step_time - w.step_time)} more step time")
         self.header.object = (
             f"<div class='plan-head'><div class='chips'>{chips}</div><div class='muted'>mesh {esc(plan.mesh.text())} · "
             f"step {fmt_time(r.step_time)} (compute {fmt_time(r.compute_time)}, communication "
@@ -135,6 +142,14 @@ class PlanView(pn.viewable.Viewer):
         colls = sorted(r.collectives, key=lambda c: -c.time)
         self.colls.update([(c.kind, ",".join(c.axes), fmt_bytes(c.bytes), c.count, fmt_time(c.time), c.cause,
                             short_source(c.source) if c.source else f"op {c.op}") for c in colls])
+
+
+def _stack_title(ws, d) -> str:
+    """A recompute chip's tooltip: the layer stack it covers."""
+    if not is_recompute((d.group, d.axis)):
+        return ""
+    u = ws.an.unit_by_label(d.group)
+    return f" title='{esc(u.description)}'" if u is not None else ""
 
 
 def decisions_by_axis(decisions) -> str:

@@ -456,6 +456,38 @@ def test_the_steps_own_shardings_show_as_the_users_pins(tab):
     tab.screenshot(path=SHOTS / "user_shardings.png")
 
 
+def test_a_tight_budget_shows_the_recompute_the_plan_takes(tab):
+    """At 1 MiB per device no sharding alone fits the tiny transformer: the search's plan
+    recomputes its layer stack, the plan shows the decision (a chip naming the stack) and
+    what it saves, and the memory bars give the peak without it."""
+    budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
+    budget.fill("1MiB")
+    budget.press("Enter")
+    wait_until(lambda: state(tab)["config"]["budget"] == 2**20 and state(tab)["phase"] == "ready",
+               what="the 1 MiB budget")
+    s = run_until(tab, lambda s: s["best"] is not None and any(d["axis"].startswith("recompute:")
+                                                                 for d in s["best"]["decisions"]),
+                  what="a plan that recomputes", timeout=60)
+    assert s["best"]["fits"]
+    chip = tab.locator(".chip.remat").first
+    wait_until(lambda: chip.count() > 0 and "stack0→recompute:" in chip.inner_text(), what="the recompute chip")
+    assert "2 layers from" in chip.get_attribute("title")
+    head = tab.locator(".plan-head").first
+    assert "recompute saves" in head.inner_text()
+    caption = tab.locator(".caption", has_text="What recompute saves").first
+    wait_until(lambda: caption.count() > 0 and "search:" in caption.inner_text(), what="the memory caption")
+    notes = tab.evaluate("""() => {
+        const fig = Bokeh.documents[0].get_model_by_name('partex-memory');
+        const r = fig.renderers.find(r => r.data_source.data.note !== undefined);
+        return Array.from(r.data_source.data.note) }""")
+    assert any("without recompute" in n for n in notes), notes
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.locator(".card-title", has_text="Plan").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.screenshot(path=SHOTS / "recompute_plan.png")
+    tab.locator(".card-title", has_text="Memory per device").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.screenshot(path=SHOTS / "recompute_memory.png")
+
+
 def test_screenshots_of_the_main_views(tab):
     SHOTS.mkdir(parents=True, exist_ok=True)
     pin(tab, "ffn", "model")

@@ -1,7 +1,6 @@
 """Recompute as a decision: the layer stacks a decision covers, apply's re-emitted forward
 ops, the cost model's charge for them, and the search and plan files that carry them."""
 
-import jax
 import jax.numpy as jnp
 import pytest
 
