@@ -125,6 +125,9 @@ class _Interpreter:
         self.rc_ops = {o for cp in recompute for o in cp.ops}
         self.rc_keep = {v for cp in recompute for v in (*cp.leaves, *cp.weights, *cp.anchors)}
         self.eqn_of: dict[int, Any] = {}  # forward ops a recompute binds again
+        # XLA:CPU expands optimisation barriers early and runs CSE after: there the saved
+        # values a recomputation reads are made distinct from the forward's (_distinct)
+        self.distinct = mesh.devices.flat[0].platform == "cpu"
         self.by_vid: dict[int, Any] = {}  # the values a recompute reads, as made
         self.override: dict[int, Any] = {}  # recomputed values, by value
         self.retaken: dict[int, tuple[Any, int]] = {}  # weight -> (re-taken value, last op reading it)
@@ -276,6 +279,25 @@ class _Interpreter:
                 store(var, self.constrain_var(var, x) if constrain_outs else x)
         return [read(a) for a in jaxpr.outvars]
 
+    def _distinct_leaves(self, cp, names, ys) -> list:
+        """XLA:CPU: the saved values a recomputation reads, made distinct from the forward's
+        (``_distinct``) and, where a backward value it waits for has the same shape and
+        sharding (a layer's input and the cotangent of its output), dependent on it, so that
+        neither CSE nor the scheduler moves the recomputation back into the forward pass."""
+        program, specs = self.program, self.value_specs
+        got = dict(zip(names, ys))
+        weights = set(cp.weights)
+        out = []
+        for v, y in zip(names, ys):
+            if v in weights or v in cp.anchors:
+                out.append(y)
+                continue
+            val = program.values[v]
+            a = next((a for a in cp.anchors if program.values[a].shape == val.shape
+                      and np.dtype(program.values[a].dtype).kind == "f" and specs.get(a) == specs.get(v)), None)
+            out.append(_distinct(y) if a is None else _distinct(y, got[a]))
+        return out
+
     def _recompute(self, plans) -> None:
         """Bind the forward ops of ``plans`` again, on their saved values passed through one
         optimisation barrier; later reads take the recomputed values and the re-taken weights."""
@@ -285,6 +307,8 @@ class _Interpreter:
             xs = [self.override[v] if v in self.override else
                   self.retaken[v][0] if v in self.retaken else self.by_vid[v] for v in names]
             ys = jax.lax.optimization_barrier(tuple(xs))
+            if self.distinct:
+                ys = self._distinct_leaves(cp, names, ys)
             local = {}
             for v, y in zip(names, ys):
                 spec = specs.get(v) or self.input_specs.get(v)
@@ -457,6 +481,27 @@ _STRUCTURED: dict[str, Callable[[_Interpreter, Any, int, list], list]] = {
     "while": _Interpreter.while_,
     "cond": _Interpreter.cond,
 }
+
+
+def _distinct(x, after=None):
+    """``x`` exactly, as a value XLA cannot prove equal to ``x``: plus a zero it cannot fold
+    (``clamp(0, bits, 0)`` of the bits of ``after``, an array shaped like ``x``, or of its
+    own), so that CSE keeps a recomputation that reads it apart from the forward's (XLA:CPU
+    runs CSE after expanding optimisation barriers) and, with ``after``, the scheduler
+    cannot start it before ``after`` is made. NaN-safe: the zero is an integer's."""
+    dtype = np.dtype(x.dtype)
+    src = x if after is None else after
+    sdt = np.dtype(src.dtype)
+    if sdt.kind == "f" and sdt.itemsize in (2, 4, 8):
+        bits = jax.lax.bitcast_convert_type(src, np.dtype(f"int{8 * sdt.itemsize}"))
+    elif sdt.kind in "iu":
+        bits = src
+    else:
+        return x
+    zero = jax.lax.clamp(np.zeros((), bits.dtype), bits, np.zeros((), bits.dtype))
+    if dtype.kind in "fiu":
+        return x + jax.lax.convert_element_type(zero, dtype)
+    return x
 
 
 def _called_jaxpr(eqn):

@@ -160,9 +160,14 @@ def test_a_plan_xla_puts_over_the_budget_is_marked_and_the_best_moves_on():
         for kind in partex.RECOMPUTE_KINDS:
             s.forbid(u.label, "recompute:" + kind)
     s.step(100)
-    first = s.best()
-    s.reconfigure(memory=first.report.memory.peak)  # the same plan, now exactly at the budget
-    s.step(100)
+    best = s.best()
+    for _ in range(4):  # the budget at the best plan's predicted peak, until the best stays put
+        s.reconfigure(memory=best.report.memory.peak)
+        s.step(100)
+        again = s.best()
+        if again.decisions == best.decisions:
+            break
+        best = again
     best = s.best()
     assert best is not None and best.report.memory.peak <= s.hardware.budget
     out = s.verify()
