@@ -280,23 +280,15 @@ class _Interpreter:
         return [read(a) for a in jaxpr.outvars]
 
     def _distinct_leaves(self, cp, names, ys) -> list:
-        """XLA:CPU: the saved values a recomputation reads, made distinct from the forward's
-        (``_distinct``) and, where a backward value it waits for has the same shape and
-        sharding (a layer's input and the cotangent of its output), dependent on it, so that
-        neither CSE nor the scheduler moves the recomputation back into the forward pass."""
-        program, specs = self.program, self.value_specs
+        """XLA:CPU: the values a recomputation (or a re-gather) reads, made distinct from the
+        forward's and dependent on a backward value it waits for (``_distinct``), so that
+        neither CSE nor the scheduler moves it back into the forward pass. The dependency is
+        a scalar zero reduced from that value (a 4-byte all-reduce where it is sharded)."""
         got = dict(zip(names, ys))
-        weights = set(cp.weights)
-        out = []
-        for v, y in zip(names, ys):
-            if v in weights or v in cp.anchors:
-                out.append(y)
-                continue
-            val = program.values[v]
-            a = next((a for a in cp.anchors if program.values[a].shape == val.shape
-                      and np.dtype(program.values[a].dtype).kind == "f" and specs.get(a) == specs.get(v)), None)
-            out.append(_distinct(y) if a is None else _distinct(y, got[a]))
-        return out
+        anchor = next((got[a] for a in cp.anchors if np.dtype(got[a].dtype).kind in "fiu"), None)
+        zero = None if anchor is None else _zero_of(anchor)
+        anchors = set(cp.anchors)
+        return [y if v in anchors else _distinct(y, zero) for v, y in zip(names, ys)]
 
     def _recompute(self, plans) -> None:
         """Bind the forward ops of ``plans`` again, on their saved values passed through one
@@ -483,25 +475,28 @@ _STRUCTURED: dict[str, Callable[[_Interpreter, Any, int, list], list]] = {
 }
 
 
-def _distinct(x, after=None):
-    """``x`` exactly, as a value XLA cannot prove equal to ``x``: plus a zero it cannot fold
-    (``clamp(0, bits, 0)`` of the bits of ``after``, an array shaped like ``x``, or of its
-    own), so that CSE keeps a recomputation that reads it apart from the forward's (XLA:CPU
-    runs CSE after expanding optimisation barriers) and, with ``after``, the scheduler
-    cannot start it before ``after`` is made. NaN-safe: the zero is an integer's."""
+def _zero_of(x):
+    """An integer zero computed from all of ``x`` that XLA cannot fold (``clamp(0, bits,
+    0)``, reduced): NaN-safe, and nothing that reads it can run before ``x`` is made."""
     dtype = np.dtype(x.dtype)
-    src = x if after is None else after
-    sdt = np.dtype(src.dtype)
-    if sdt.kind == "f" and sdt.itemsize in (2, 4, 8):
-        bits = jax.lax.bitcast_convert_type(src, np.dtype(f"int{8 * sdt.itemsize}"))
-    elif sdt.kind in "iu":
-        bits = src
-    else:
+    bits = jax.lax.bitcast_convert_type(x, np.dtype(f"int{8 * dtype.itemsize}")) if dtype.kind == "f" else x
+    z = jax.lax.clamp(np.zeros((), bits.dtype), bits, np.zeros((), bits.dtype))
+    return jax.numpy.max(z) if z.ndim else z
+
+
+def _distinct(x, zero=None):
+    """``x`` exactly, as a value XLA cannot prove equal to ``x``: plus an integer zero it
+    cannot fold (``zero``, else ``clamp(0, bits, 0)`` of its own bits), so that CSE keeps a
+    recomputation that reads it apart from the forward's (XLA:CPU runs CSE after expanding
+    optimisation barriers) and, with ``zero`` from a backward value, the scheduler cannot
+    start it before that value is made."""
+    dtype = np.dtype(x.dtype)
+    if dtype.kind not in "fiu" or (dtype.kind == "f" and dtype.itemsize not in (2, 4, 8)):
         return x
-    zero = jax.lax.clamp(np.zeros((), bits.dtype), bits, np.zeros((), bits.dtype))
-    if dtype.kind in "fiu":
-        return x + jax.lax.convert_element_type(zero, dtype)
-    return x
+    if zero is None:
+        bits = jax.lax.bitcast_convert_type(x, np.dtype(f"int{8 * dtype.itemsize}")) if dtype.kind == "f" else x
+        zero = jax.lax.clamp(np.zeros((), bits.dtype), bits, np.zeros((), bits.dtype))
+    return x + jax.lax.convert_element_type(zero, dtype)
 
 
 def _called_jaxpr(eqn):

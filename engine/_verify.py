@@ -24,22 +24,17 @@ from ._errors import PartexError
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
-# XLA:CPU schedules for thread concurrency by default: every op whose operands are ready
-# (a weight's all-gather) starts as early as it can, and it expands optimisation barriers
-# before scheduling. Its peak memory then says how early the gathers start, not how much the
-# plan needs: a weight re-gathered in the backward pass (recompute) is gathered at the start
-# of the step all the same. TPU and GPU schedule for memory within the barriers (GPU expands
-# them after scheduling); verify's worker compiles with XLA:CPU's memory-minimising scheduler
-# instead. It is an XLA flag, read when JAX starts its CPU backend (a per-compile
-# ``compiler_options`` entry is accepted and ignored on jax 0.12): a verify in this process
-# (``partex.verify``) says when it ran without it.
+# XLA:CPU's scheduler: by default it schedules for thread concurrency, starting every op whose
+# operands are ready (a weight's all-gather) as early as it can, and it expands optimisation
+# barriers before scheduling; ``CPU_SCHEDULE_FLAG`` picks its memory-minimising scheduler
+# instead. Neither is what TPU/GPU do, and neither is always closer: the memory scheduler
+# places a ZeRO-3 weight's backward re-gather where it is needed (T48 zero3 + re-gather:
+# 24.5 GiB instead of 31.3) but puts T32's recomputed attention at sequence 2048 at 53 GiB
+# (18.3 with the default). Verify uses XLA's default, as a user's own compile does, and
+# reports which scheduler gave its figure (``"xla_cpu_scheduler"``); XLA_FLAGS set by the
+# user pass through to verify's worker. The flag is read when JAX starts its CPU backend (a
+# per-compile ``compiler_options`` entry is accepted and ignored on jax 0.12).
 CPU_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-
-
-def with_cpu_schedule(xla_flags: str) -> str:
-    """XLA_FLAGS with the memory-minimising CPU scheduler (unless the user chose one)."""
-    name = CPU_SCHEDULE_FLAG.split("=")[0]
-    return xla_flags if name in xla_flags else f"{xla_flags} {CPU_SCHEDULE_FLAG}".strip()
 
 
 def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
@@ -62,7 +57,6 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     env = dict(os.environ)
     env["JAX_NUM_CPU_DEVICES"] = str(sizes.pop())
     env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_FLAGS"] = with_cpu_schedule(env.get("XLA_FLAGS", ""))
     env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
     args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
                        "overrides": list(overrides or []), "run": run, "constrain": constrain})

@@ -7,12 +7,7 @@ import time, before any test module touches JAX.
 import os
 import pathlib
 
-# verify's worker compiles with XLA:CPU's memory-minimising scheduler (partex._verify.
-# CPU_SCHEDULE_FLAG); the in-process verifies of the tests do too. Read when JAX starts its
-# CPU backend: set before any JAX work.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
-
-import jax  # noqa: E402
+import jax
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 jax.config.update("jax_num_cpu_devices", 8)
