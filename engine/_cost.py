@@ -919,7 +919,7 @@ class CostModel:
             comm += xm
         late = edit.late if edit is not None else {}
         rkey = (tuple((pi, tuple(x[:3] + x[5:7] for x in cl if x[5] >= 0)) for pi, cl in resharded),
-                tuple(sorted(late.items())))
+                rc)  # the recompute decisions fix which weights are re-taken
         common = self._reshard_cache.get(rkey)
         if common is None:
             common = self._reshard_cache[rkey] = self._common_reshards(resharded, late)
