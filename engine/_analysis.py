@@ -135,6 +135,7 @@ class Analysis:
     units: tuple[Unit, ...] = ()  # forward layer stacks a recompute decision can cover (_recompute)
     _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
     _user: Any = dataclasses.field(repr=False, compare=False, default=None)
+    _unit_groups: Any = dataclasses.field(repr=False, compare=False, default=None)
 
     def static_inputs(self) -> list[tuple[str, str]]:
         """The args' static (non-array) leaves, closed over and left out of every plan:
@@ -180,6 +181,29 @@ class Analysis:
         g, a = decision
         name = self.units[g].label if a.startswith(RECOMPUTE) else self.groups[g].label
         return f"{name}{arrow}{a}"
+
+    def unit_groups(self) -> dict[int, frozenset[GroupId]]:
+        """Per recompute unit, the groups local to its layers: those whose tensors the forward
+        pass makes only in the unit's ops (a layer's ffn, heads), not the ones that run
+        through the whole step (batch, d_model). A view shows the unit's decision on them."""
+        if self._unit_groups is not None:
+            return self._unit_groups
+        p, base, nd = self.program, self.node_base, self.node_nd
+        out = {}
+        for u in self.units:
+            inside, outside = set(), set()
+            spans = [range(lo, hi) for lo, hi in u.copies]
+            for op in p.ops[:u.boundary]:
+                if op.primitive.endswith(("_enter", "_exit")):
+                    continue
+                side = inside if any(op.id in r for r in spans) else outside
+                for v in op.outputs:
+                    b = base[v]
+                    side.update(self.named_dims[n].group for n in nd[b:b + len(p.values[v].shape)].tolist()
+                                if n != NO_DIM)
+            out[u.id] = frozenset(inside - outside)
+        self._unit_groups = out
+        return out
 
     def unit_by_label(self, label: str) -> Unit | None:
         return next((u for u in self.units if u.label == label), None)
@@ -232,7 +256,8 @@ class Analysis:
             for g in self.groups
         ]
         out["conflict_list"] = [self.describe_conflict(c) for c in self.conflicts]
-        out["recompute_units"] = [{"id": u.id, "label": u.label, "layers": len(u.copies), "source": u.where}
+        out["recompute_units"] = [{"id": u.id, "label": u.label, "layers": u.layers, "source": u.where,
+                                   "scan": u.loop is not None, "kinds": list(u.kinds)}
                                   for u in self.units]
         out["static_inputs"] = [{"path": p, "value": v} for p, v in self.static_inputs()]
         out["user_sharding_list"] = [

@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ._errors import PartexError
 from ._program import ClosedJaxpr, Program, scan_counts
+from ._recompute import LoopPlan
 
 __all__ = ["constrained_function"]
 
@@ -84,7 +85,10 @@ def constrained_function(
     results, with their constraints, and every later read of a recomputed value or a weight
     takes the new one (an input re-taken so keeps ``input_specs[v]``). The barrier keeps XLA from CSE-ing the recomputation (or the
     weight's reshard) with the forward's, and from starting it before the backward pass
-    reaches it.
+    reaches it. ``_recompute.LoopPlan``s (layers under ``scan``): the forward loop stops
+    stacking the residuals recomputed and stacks the values the recomputation reads instead;
+    every iteration of the backward loop binds the forward body's ops again on their slices
+    (through a barrier with its carry) before its own body.
 
     The result takes and returns the same pytrees as the traced function. It is not jitted:
     wrap it in ``jax.jit(..., in_shardings=..., out_shardings=..., donate_argnums=...)``.
@@ -119,11 +123,17 @@ class _Interpreter:
     def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None, promote=False, recompute=(),
                  input_specs=None):
         self.program = program
+        loops = [lp for lp in recompute if isinstance(lp, LoopPlan)]
+        recompute = [cp for cp in recompute if not isinstance(cp, LoopPlan)]
         self.recompute = tuple(cp for cp in recompute if cp.at >= 0)
+        self.loops_f = {lp.forward: lp for lp in loops}  # scan units, by their forward loop's enter op
+        self.loops_b = {lp.backward: lp for lp in loops}  # ... and by their backward loop's
+        self.loop_saved: dict[int, tuple] = {}  # forward enter op -> (its new stacked outputs, its operands)
         self.input_specs = dict(input_specs or {})
         self.rc_at: dict[int, list] = {}
-        self.rc_ops = {o for cp in recompute for o in cp.ops}
-        self.rc_keep = {v for cp in recompute for v in (*cp.leaves, *cp.weights, *cp.anchors)}
+        self.rc_ops = {o for cp in (*recompute, *loops) for o in cp.ops}
+        self.rc_keep = {v for cp in recompute for v in (*cp.leaves, *cp.weights, *cp.anchors)} \
+            | {v for lp in loops for v in lp.leaves}
         self.eqn_of: dict[int, Any] = {}  # forward ops a recompute binds again
         # XLA:CPU expands optimisation barriers early and runs CSE after: there the saved
         # values a recomputation reads are made distinct from the forward's (_distinct)
@@ -163,7 +173,7 @@ class _Interpreter:
             self.rc_at = {}
             for cp in self.recompute:
                 self.rc_at.setdefault(cp.at, []).append(cp)
-            self.eqn_of, self.by_vid, self.override, self.retaken = {}, {}, {}, {}
+            self.eqn_of, self.by_vid, self.override, self.retaken, self.loop_saved = {}, {}, {}, {}, {}
             outs = self.eval(closed.jaxpr, closed.consts, leaves, constrain_invars=True)
             return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
@@ -293,7 +303,7 @@ class _Interpreter:
     def _recompute(self, plans) -> None:
         """Bind the forward ops of ``plans`` again, on their saved values passed through one
         optimisation barrier; later reads take the recomputed values and the re-taken weights."""
-        program, specs = self.program, self.value_specs
+        specs = self.value_specs
         for cp in plans:
             names = list(dict.fromkeys((*cp.leaves, *cp.weights, *cp.anchors)))
             xs = [self.override[v] if v in self.override else
@@ -307,26 +317,51 @@ class _Interpreter:
                 local[v] = self._constrain(y, spec, f"saved value {v}") if spec is not None else y
             for w in cp.weights:
                 self.retaken[w] = (local[w], cp.until)
-            for o in cp.ops:
-                eqn = self.eqn_of[o]
-                invals = []
-                for a in eqn.invars:
-                    if isinstance(a, jcore.Literal):
-                        invals.append(_widen(a.val) if self.promote else a.val)
-                        continue
-                    vid = self.var_ids[id(a)]
-                    x = local.get(vid)
-                    if x is None:  # a constant of the step
-                        x = program.constants[vid]
-                        x = _widen(x) if self.promote else x
-                    invals.append(x)
-                with _eqn_context(eqn):
-                    outs = self.bind(eqn, o, invals)
-                for vid, x in zip(program.ops[o].outputs, outs):
-                    spec = specs.get(vid)
-                    local[vid] = self._constrain(x, spec, f"recomputed value {vid}") if spec is not None else x
+            self._rebind(cp.ops, local)
             for v in cp.recomputed:
                 self.override[v] = local[v]
+
+    def _rebind(self, ops, local: dict) -> None:
+        """Bind the forward ops ``ops`` again, in order, on the values in ``local`` (by value
+        id; the step's constants otherwise); their results, constrained, go to ``local``."""
+        program, specs = self.program, self.value_specs
+        for o in ops:
+            eqn = self.eqn_of[o]
+            invals = []
+            for a in eqn.invars:
+                if isinstance(a, jcore.Literal):
+                    invals.append(_widen(a.val) if self.promote else a.val)
+                    continue
+                vid = self.var_ids[id(a)]
+                x = local.get(vid)
+                if x is None:  # a constant of the step
+                    x = program.constants[vid]
+                    x = _widen(x) if self.promote else x
+                invals.append(x)
+            with _eqn_context(eqn):
+                outs = self.bind(eqn, o, invals)
+            for vid, x in zip(program.ops[o].outputs, outs):
+                spec = specs.get(vid)
+                local[vid] = self._constrain(x, spec, f"recomputed value {vid}") if spec is not None else x
+
+    def _loop_leaves(self, lp: LoopPlan, carry, xs, extra) -> dict:
+        """In the backward loop's body: the values the recomputation reads (``xs``: the
+        loop's own slices; ``extra``: those of the values the forward loop stacked for it and
+        of its xs operands), through one optimisation barrier with the loop's carry (the
+        cotangent it waits for)."""
+        names = [*lp.stacked, *(v for v, _ in self.loop_saved[lp.forward][1])]
+        vals = list(extra)
+        ncarry = self.program.ops[lp.backward].params["num_carry"]
+        for v, i in lp.reuse:
+            names.append(v)
+            vals.append(xs[i - ncarry])
+        consts = [v for v in lp.leaves if v not in names]
+        names += consts
+        vals += [self.by_vid[v] for v in consts]  # the forward loop's consts, as it read them
+        ys = jax.lax.optimization_barrier((tuple(vals), tuple(carry)))[0]
+        specs = self.value_specs
+        return {v: self._constrain(y, specs[v], f"saved value {v}") if specs.get(v) is not None else y
+                for v, y in zip(names, ys)}
 
     def bind(self, eqn, op_id, invals) -> list:
         if op_id is not None:
@@ -414,14 +449,32 @@ class _Interpreter:
         body = p["jaxpr"]
         consts = invals[:nc]
         # scan_enter's operands are carry + xs (the consts alias the outer values)
-        rest = [self.constrain_operand(enter_id, i, x) for i, x in enumerate(invals[nc:])]
+        rest = [None if x is None else self.constrain_operand(enter_id, i, x) for i, x in enumerate(invals[nc:])]
         carry, xs = rest[:ncarry], rest[ncarry:]
         mask = [False] * nc + [True] * (len(invals) - nc)
+        fwd, bwd = self.loops_f.get(enter_id), self.loops_b.get(enter_id)
+        if fwd is not None:  # leaves the backward loop slices again: of the forward loop's xs operands
+            xs_leaves = [(v, xs[k - ncarry]) for k, v in enumerate(self.program.ops[enter_id].outputs)
+                         if k >= ncarry and v in fwd.leaves and v not in dict(fwd.reuse)]
+        n_xs = len(xs)
+        if bwd is not None:  # the residuals it recomputes are not stacked: their slices are made anew
+            fed = {i - ncarry: v for i, v in bwd.feeds}
+            stacked, xs_leaves_b = self.loop_saved[bwd.forward]
+            xs = [x for x in xs if x is not None] + list(stacked) + [x for _, x in xs_leaves_b]
 
         def f(c, x):
+            if bwd is not None:
+                it = iter(x[:n_xs - len(fed)])
+                full = [None if k in fed else next(it) for k in range(n_xs)]
+                local = self._loop_leaves(bwd, c, full, x[n_xs - len(fed):])
+                self._rebind(bwd.ops, local)
+                x = [local[fed[k]] if k in fed else full[k] for k in range(n_xs)]
             outs = self.eval(body.jaxpr, body.consts, [*consts, *c, *x], mask)
             outs = [self._exit_operand(enter_id, i, o) for i, o in enumerate(outs)]
-            return outs[:ncarry], outs[ncarry:]
+            carry, ys = outs[:ncarry], outs[ncarry:]
+            if fwd is not None:
+                ys = [y for j, y in enumerate(ys) if j not in fwd.dropped] + [self.by_vid[v] for v in fwd.stacked]
+            return carry, ys
 
         kw = {}
         if "_split_transpose" in p:
@@ -430,8 +483,13 @@ class _Interpreter:
             f, carry, xs, length=int(p["length"]), reverse=bool(p["reverse"]),
             unroll=p.get("unroll", 1), **kw,
         )
+        if fwd is not None:  # the dropped outputs are None: the backward loop makes them anew
+            n_ys = len(eqn.outvars) - ncarry
+            made = iter(ys[:len(ys) - len(fwd.stacked)])
+            self.loop_saved[enter_id] = (ys[len(ys) - len(fwd.stacked):], xs_leaves)
+            ys = [None if j in fwd.dropped else next(made) for j in range(n_ys)]
         outs = [*carry_out, *ys]
-        return [self.constrain_var(v, o) for v, o in zip(eqn.outvars, outs)]
+        return [None if o is None else self.constrain_var(v, o) for v, o in zip(eqn.outvars, outs)]
 
     def while_(self, eqn, enter_id, invals) -> list:
         p = eqn.params

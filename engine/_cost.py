@@ -32,7 +32,7 @@ from ._constraints import NONE as NO_FIXED
 from ._constraints import check_mode
 from ._mesh import Hardware, MeshSpec
 from ._program import NO_PRODUCER
-from ._recompute import PREFIX as RECOMPUTE, backward_span, kind_of, plan_unit, value_readers
+from ._recompute import PREFIX as RECOMPUTE, LoopPlan, backward_span, kind_of, plan_unit, value_readers
 from ._rules import FactorKind, PSEUDO_OPS, factor_rules, op_flops, pointwise_rule
 
 Decision = tuple[int, str]  # (group id, mesh axis)
@@ -228,6 +228,7 @@ class _Edit:
     clone_v: np.ndarray  # recomputed values (their local size) ...
     clone_a: np.ndarray  # ... live from the recompute point ...
     clone_b: np.ndarray  # ... to their last backward read
+    clone_n: np.ndarray  # copies of each (a value a forward loop stacks: its length)
     late: dict[int, tuple[int, int]]  # weight -> the backward pass's ops: reads there reshard anew
     tmp_v: np.ndarray  # the recomputations' temporaries, per layer from tmp_seg, ...
     tmp_seg: np.ndarray
@@ -536,12 +537,16 @@ class CostModel:
         mid_at = {int(v): i for i, v in enumerate(self.mid.tolist())}
         mid_end = self.mid_end.copy()
         extra: collections.Counter = collections.Counter()
-        clone_v, clone_a, clone_b = [], [], []
+        clone_v, clone_a, clone_b, clone_n = [], [], [], []
         tmp_v, tmp_seg, tmp_at = [], [], []
         late: dict[int, tuple[int, int]] = {}
         for u, kind in rc:
             unit = self.units[u]
             for cp in plan_unit(p, unit, kind):
+                if isinstance(cp, LoopPlan):
+                    self._edit_loop(unit, cp, extra, mid_at, mid_end, (clone_v, clone_a, clone_b, clone_n),
+                                    (tmp_v, tmp_seg, tmp_at))
+                    continue
                 if cp.at < 0:
                     continue
                 w = set(cp.weights)
@@ -562,6 +567,7 @@ class CostModel:
                             fwd = [r for r in readers[v] if r < unit.boundary]
                             mid_end[i] = (max(fwd) if fwd else p.values[v].producer) + 1
                             clone_v.append(v), clone_a.append(cp.at), clone_b.append(self.value_end[v])
+                            clone_n.append(1)
                         else:
                             tmps.append(v)
                 if tmps:  # the recomputation's own temporaries: freed as it goes, the largest counts
@@ -576,9 +582,37 @@ class CostModel:
         for (pi, excl), n in extra.items():
             by_mask[self.pat_mask[pi]].append((pi, excl, n))
         e = self._edits[rc] = _Edit(rc, list(by_mask.items()), mid_end, np.array(clone_v, dtype=np.int64),
-                                    np.array(clone_a, dtype=np.int64), np.array(clone_b, dtype=np.int64), late,
+                                    np.array(clone_a, dtype=np.int64), np.array(clone_b, dtype=np.int64),
+                                    np.array(clone_n, dtype=np.float64), late,
                                     *(np.array(x, dtype=np.int64) for x in (tmp_v, tmp_seg, tmp_at)))
         return e
+
+    def _edit_loop(self, unit, lp: LoopPlan, extra, mid_at, mid_end, clones, tmps) -> None:
+        """A scan unit's edit: the body ops run again in the backward loop (each as often as
+        the forward's), the stacked residuals it no longer makes, the values it stacks
+        instead (live from the forward loop to the backward loop's end), and the
+        recomputation's largest temporary in the backward loop's body."""
+        p = self.program
+        exit_ = p.ops[unit.copies[0][1] - 1]
+        for o in lp.ops:
+            extra[(int(self.op_pattern[o]), ())] += p.ops[o].trip
+        nc = exit_.params["num_carry"]
+        stacked_out = exit_.outputs[nc:]
+        last = exit_.id + 1
+        for j in lp.dropped:
+            i = mid_at.get(stacked_out[j])
+            if i is not None:
+                mid_end[i] = self.mid_def[i]  # never made
+                last = max(last, self.value_end[stacked_out[j]])
+        clone_v, clone_a, clone_b, clone_n = clones
+        for v in lp.stacked:
+            clone_v.append(v), clone_a.append(exit_.id), clone_b.append(last), clone_n.append(unit.layers)
+        tmp_v, tmp_seg, tmp_at = tmps
+        made = [v for o in lp.ops for v in p.ops[o].outputs if v in mid_at]
+        if made:
+            tmp_seg.append(len(tmp_v))
+            tmp_v += made
+            tmp_at.append(lp.backward)
 
     def _extra(self, edit: "_Edit", dec, detail: bool):
         """(compute s, comm s, collectives) of the ops a recompute runs again."""
@@ -1038,7 +1072,7 @@ class CostModel:
         delta = (np.bincount(self.mid_def, weights=b, minlength=n)
                  - np.bincount(mid_end, weights=b, minlength=n)).astype(np.float64)
         if edit is not None and len(edit.clone_v):
-            size = local[edit.clone_v]
+            size = local[edit.clone_v] * edit.clone_n
             delta += np.bincount(edit.clone_a, weights=size, minlength=n) - np.bincount(edit.clone_b, weights=size, minlength=n)
         if edit is not None and len(edit.tmp_v):
             size = np.maximum.reduceat(local[edit.tmp_v], edit.tmp_seg)
@@ -1056,7 +1090,8 @@ class CostModel:
             acts = float(b[at & self.mid_long].sum())
             tmp = float(b[at & ~self.mid_long].sum())
             if edit is not None and len(edit.clone_v):  # recomputed copies: activations again
-                acts += float(local[edit.clone_v][(edit.clone_a <= t) & (edit.clone_b > t)].sum())
+                live = (edit.clone_a <= t) & (edit.clone_b > t)
+                acts += float((local[edit.clone_v] * edit.clone_n)[live].sum())
             cats = collections.Counter()
             for vid, c in zip(self.inputs.tolist(), self.input_cat.tolist()):
                 cats[c] += local[vid]

@@ -48,7 +48,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from ._cost import CostModel, CostReport
-from ._recompute import KINDS as RECOMPUTE_KINDS, PREFIX as RECOMPUTE
+from ._recompute import PREFIX as RECOMPUTE
 
 Strategy = tuple[str, ...]  # mesh axes sharding the group, major to minor; () = unsharded
 
@@ -135,7 +135,7 @@ class _ILP:
         big = [g.id for g in self.groups if len(self.strategies[g.id]) > 1][:2]
         for u in cm.units:
             self.groups.append(_UnitChoice(-1 - u.id))
-            self.strategies[-1 - u.id] = [(), *((RECOMPUTE + k,) for k in RECOMPUTE_KINDS)]
+            self.strategies[-1 - u.id] = [(), *((RECOMPUTE + k,) for k in u.kinds)]
             pairs[:0] = [(-1 - u.id, g) for g in big]
         self.pairs = pairs[:max_pairs]
         self.rank = {g.id: k for k, g in enumerate(self.groups)}

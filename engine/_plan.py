@@ -291,7 +291,7 @@ class PlannedFunction:
         specs = (value_specs, operand_specs, user_specs(cm))
         recompute = recompute_plans(cm, decisions) if self.constrain else ()
         vs = cm.value_specs(decisions)
-        input_specs = {v: spec_from_json(spec_to_json(vs[v])) for cp in recompute for v in cp.weights}
+        input_specs = {v: spec_from_json(spec_to_json(vs[v])) for cp in recompute for v in getattr(cp, "weights", ())}
 
         def jitted(promote: bool = False):
             body = constrained_function(program, mesh, *specs, promote=promote, recompute=recompute,
@@ -389,6 +389,8 @@ def resolve_decisions(plan: Plan, an) -> list[tuple[int, str]]:
 
 def unit_anchor(u) -> str:
     """A recompute unit's anchor: its layers' signature and count."""
+    if u.block is None:  # a scan: its source line and length
+        return f"scan:{u.where}x{u.layers}"
     return f"layers:{u.block.key}x{u.block.count}"
 
 

@@ -6,7 +6,8 @@ in their name stack, the one mark JAX's AD leaves on them). A forward value read
 backward pass is a *residual*: it stays alive from the forward to the backward, and at long
 sequences the residuals of every layer are what does not fit.
 
-A *recompute unit* is a layer stack of the forward pass (``_stacks.layer_blocks``); one
+A *recompute unit* is a layer stack of the forward pass: unrolled (``_stacks.layer_blocks``)
+or a ``scan`` over the layers whose stacked residuals the backward pass's ``scan`` reads. One
 decision covers every layer of it, as a sharding decision covers every layer of a group.
 The kinds, as ``jax.checkpoint`` and its policies give them:
 
@@ -22,10 +23,16 @@ The kinds, as ``jax.checkpoint`` and its policies give them:
   layer in the backward pass.
 
 Both remat kinds re-gather the layer's weights too (the recomputation reads them behind the
-same barrier, as ``jax.checkpoint`` does). For each copy of the layer, ``RecomputePlan`` gives
+same barrier, as ``jax.checkpoint`` does). For each copy of the layer, ``CopyPlan`` gives
 what apply re-emits (the ops, where, from which saved values) and what the cost model charges
 (the ops run twice; the residuals die after the forward and a recomputed copy lives from the
 recompute point to its last backward read).
+
+Under ``scan`` a layer's weights are a slice of the stacked weights, gathered in every
+iteration of each loop alike, so re-gather is no decision there: the kinds are ``dots`` and
+``full``, and ``LoopPlan`` says which stacked residuals the forward loop no longer outputs,
+which values it stacks instead (the layer input, the saved matmul outputs), and which forward
+body ops the backward loop's body runs again, per iteration, before its own.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from ._program import NO_PRODUCER, TOP_REGION, Program, ValueId
 from ._stacks import Block, layer_blocks
 
 KINDS = ("regather", "dots", "full")  # "save" is no decision
+LOOP_KINDS = ("dots", "full")  # under scan every iteration gathers its weights anew
 PREFIX = "recompute:"  # the pseudo mesh axis a recompute decision carries: (unit, "recompute:full")
 
 
@@ -63,20 +71,42 @@ class CopyPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoopPlan:
+    """A layer stack under ``scan`` under one remat kind: the forward loop stops stacking the
+    residuals recomputed, stacks the values the recomputation reads instead, and the
+    backward loop's body runs the forward body's ops again before its own, every iteration."""
+
+    forward: int  # the forward loop's enter op
+    backward: int  # the backward loop's enter op
+    ops: tuple[int, ...]  # forward body ops the backward body binds again, in program order
+    leaves: tuple[ValueId, ...]  # forward body values they read: loop consts, carries, xs slices, saved values
+    stacked: tuple[ValueId, ...]  # leaves the forward loop stacks as new outputs (carries, saved values not stacked yet)
+    dropped: tuple[int, ...]  # indices of the forward loop's stacked outputs (ys) it no longer makes
+    feeds: tuple[tuple[int, ValueId], ...]  # (backward enter operand, forward body value): the recomputed slices
+    reuse: tuple[tuple[ValueId, int], ...]  # (leaf, backward enter operand): a leaf already stacked and read
+
+    at = -1  # no point in the top-level program: apply acts at the two loops
+
+
+@dataclasses.dataclass(frozen=True)
 class Unit:
     """A forward layer stack whose layers can be recomputed."""
 
     id: int
-    block: Block
+    block: Block | None  # an unrolled stack's layers; None for a scan
     label: str
     boundary: int  # the first backward op
     until: int  # the last backward op
-    copies: tuple[tuple[int, int], ...]  # op ranges [lo, hi) of the layers
+    copies: tuple[tuple[int, int], ...]  # op ranges [lo, hi) of the layers (a scan: its one body)
     where: str = ""  # the source line of the layer's first op
+    loop: tuple[int, int] | None = None  # a scan: (forward, backward) loops' enter ops
+    layers: int = 0  # layers covered (a scan's length)
+    kinds: tuple[str, ...] = KINDS
 
     @property
     def description(self) -> str:
-        return f"{self.label}: {len(self.copies)} layers from {self.where}"
+        how = " (scan)" if self.loop else ""
+        return f"{self.label}: {self.layers} layers{how} from {self.where}"
 
 
 def backward_span(program: Program) -> tuple[int, int] | None:
@@ -102,13 +132,40 @@ def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]
         if any(op.region != TOP_REGION or op.primitive.endswith(("_enter", "_exit")) for op in ops):
             continue
         copies = tuple((blk.start + k * blk.period, blk.start + (k + 1) * blk.period) for k in range(blk.count))
-        u = Unit(len(out), blk, "", b, until, copies)
+        u = Unit(len(out), blk, "", b, until, copies, layers=blk.count)
         if not any(_residuals(program, u, lo, hi, readers) for lo, hi in copies):
             continue
-        first = program.ops[blk.start]
-        where = first.source.rsplit("/", 1)[-1] if first.source else f"op {blk.start}"
-        out.append(dataclasses.replace(u, label=f"stack{len(out)}", where=where))
-    return out
+        out.append(dataclasses.replace(u, where=_where(program, blk.start)))
+    for fwd, bwd in _scan_pairs(program, b, readers):
+        u = Unit(len(out), None, "", b, until, ((fwd.enter, fwd.exit + 1),),
+                 _where(program, fwd.enter), (fwd.enter, bwd.enter), program.ops[fwd.enter].params["length"],
+                 LOOP_KINDS)
+        if plan_loop(program, u, "full", readers).ops:
+            out.append(u)
+    out.sort(key=lambda u: u.copies[0][0])
+    return [dataclasses.replace(u, id=i, label=f"stack{i}") for i, u in enumerate(out)]
+
+
+def _where(program: Program, op: int) -> str:
+    first = program.ops[op]
+    return first.source.rsplit("/", 1)[-1] if first.source else f"op {op}"
+
+
+def _scan_pairs(program: Program, boundary: int, readers):
+    """(forward, backward) scan regions: a top-level forward scan without nested loops whose
+    stacked outputs a top-level backward scan reads."""
+    regions = program.regions
+    nested = {r.parent for r in regions}
+    by_enter = {r.enter: r for r in regions if r.enter >= 0}
+    for r in regions:
+        if r.kind != "scan" or r.parent != TOP_REGION or r.enter < 0 or r.exit >= boundary or r.id in nested:
+            continue
+        x = program.ops[r.exit]
+        nc = x.params["num_carry"]
+        bwd = {by_enter.get(o) for v in x.outputs[nc:] for o in readers[v] if o >= boundary}
+        bwd = [b for b in bwd if b is not None and b.kind == "scan" and b.parent == TOP_REGION]
+        if len(bwd) == 1:
+            yield r, bwd[0]
 
 
 def value_readers(program: Program) -> list[list[int]]:
@@ -181,6 +238,58 @@ def _anchors(program: Program, at: int, boundary: int) -> tuple[ValueId, ...]:
                  if vs[v].producer != NO_PRODUCER and vs[v].producer >= boundary)
 
 
-def plan_unit(program: Program, u: Unit, kind: str) -> tuple[CopyPlan, ...]:
+def plan_unit(program: Program, u: Unit, kind: str) -> tuple[CopyPlan | LoopPlan, ...]:
     readers = value_readers(program)
+    if u.loop is not None:
+        lp = plan_loop(program, u, kind, readers)
+        return (lp,) if lp.ops else ()
     return tuple(plan_copy(program, u, k, kind, readers) for k in range(len(u.copies)))
+
+
+def _saveable_dot(op) -> bool:
+    """A matmul with no batch dimensions (with a weight): what ``dots`` saves."""
+    return op.primitive == "dot_general" and not op.params["dimension_numbers"][1][0]
+
+
+def plan_loop(program: Program, u: Unit, kind: str, readers=None) -> LoopPlan:
+    """What recomputing scan unit ``u`` under ``kind`` changes in its two loops."""
+    readers = value_readers(program) if readers is None else readers
+    ops, values = program.ops, program.values
+    f_enter, b_enter = u.loop
+    enter, exit_ = ops[f_enter], ops[u.copies[0][1] - 1]
+    nc = exit_.params["num_carry"]
+    body = range(f_enter + 1, exit_.id)
+    made = {v: o for o in body for v in ops[o].outputs}
+    ys_body = exit_.inputs[:len(exit_.outputs)][nc:]  # the body value each stacked output stacks
+    ys_out = exit_.outputs[nc:]
+    bin_ = ops[b_enter].inputs
+    # a stacked output the backward loop alone reads, of a value the body makes: recomputable
+    only_b = [j for j, (bv, sv) in enumerate(zip(ys_body, ys_out))
+              if bv in made and readers[sv] and all(r == b_enter for r in readers[sv])]
+    saved = {bv for j, bv in enumerate(ys_body) if j not in only_b}
+    if kind == "dots":
+        saved |= {v for v, o in made.items() if _saveable_dot(ops[o]) and ops[o].outputs[0] == v}
+    dropped = tuple(j for j in only_b if ys_body[j] not in saved)
+    if not dropped:
+        return LoopPlan(f_enter, b_enter, (), (), (), (), (), ())
+    need: set[int] = set()
+    stack = [made[ys_body[j]] for j in dropped]
+    while stack:
+        o = stack.pop()
+        if o in need:
+            continue
+        need.add(o)
+        stack += [made[v] for v in ops[o].inputs if v in made and v not in saved]
+    seq = tuple(sorted(need))
+    produced = {v for o in seq for v in ops[o].outputs}
+    leaves = tuple(sorted({v for o in seq for v in ops[o].inputs if v not in produced and v not in program.constants}))
+    # leaves the backward loop can read as they are: the loop's consts (outer values) and xs
+    # slices (of the stacked operand), and values already stacked and read by it
+    consts = {v for v in leaves if values[v].producer != f_enter and v not in made}
+    xs = set(enter.outputs[nc:])
+    kept = {bv: ys_out[j] for j, bv in enumerate(ys_body) if j not in dropped}
+    reuse = tuple((v, bin_.index(kept[v])) for v in leaves if v in kept and kept[v] in bin_)
+    stacked = tuple(v for v in leaves if v not in consts and v not in xs and v not in dict(reuse))
+    feeds = tuple((i, ys_body[ys_out.index(sv)]) for i, sv in enumerate(bin_)
+                  if sv in ys_out and ys_out.index(sv) in dropped)
+    return LoopPlan(f_enter, b_enter, seq, leaves, stacked, dropped, feeds, reuse)

@@ -95,7 +95,7 @@ class Search:
         # recompute decisions: one kind per layer stack of the forward pass
         self.recompute_axes = tuple(RECOMPUTE + k for k in RECOMPUTE_KINDS)
         for u in self.cm.units:
-            self.actions += [(u.id, a) for a in self.recompute_axes]
+            self.actions += [(u.id, RECOMPUTE + k) for k in u.kinds]
         self._axes = (*mesh.axes, *self.recompute_axes)
         self.pins: list[Decision] = []
         self.forbidden: set[Decision] = set()
@@ -414,11 +414,14 @@ class Search:
         units = self.cm.units
         if not units:
             raise PartexError("this step has no layer stack to recompute (recompute needs a differentiated "
-                              "step whose layers are unrolled, not under a loop)")
+                              "step with a stack of layers, unrolled or under scan)")
         u = units[int(unit)] if isinstance(unit, (int, np.integer)) and 0 <= unit < len(units) \
             else self.an.unit_by_label(str(unit))
         if u is None:
             raise PartexError(f"unknown layer stack {unit!r}; known: {', '.join(x.label for x in units)}")
+        if axis[len(RECOMPUTE):] not in u.kinds:
+            raise PartexError(f"{u.label} is a layer stack under scan, whose weights every iteration gathers anew: "
+                              f"its recompute kinds are {', '.join(u.kinds)}")
         return (u.id, axis)
 
     def pin(self, group, axis: str) -> Decision:

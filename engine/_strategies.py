@@ -123,7 +123,7 @@ def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec) -> list[Decision
     if base != name:
         if not an.units:
             raise PartexError(f"strategy {name!r} needs a layer stack to recompute, and this step has none "
-                              "(its layers are under a loop, or it takes no gradients)")
+                              "(it has no repeated layers, or it takes no gradients)")
         dec = dec + [(u.id, RECOMPUTE + "full") for u in an.units]
     return dec
 

@@ -203,9 +203,9 @@ def cmd_analyze(args) -> int:
             print(f"  [{d['group']}] {d['value']} {tuple(d['shape'])} dims {d['dims'][0]} and {d['dims'][1]}"
                   f" ({d['values']} tensors), made by {d['producer']} at {d['source']}")
     if an.units:
-        print("\nlayer stacks a recompute decision covers (--pin LABEL=recompute:regather|dots|full):")
+        print("\nlayer stacks a recompute decision covers (--pin LABEL=recompute:KIND):")
         for u in an.units:
-            print(f"  {u.label}: {len(u.copies)} layers from {u.where}")
+            print(f"  {u.description}; kinds {', '.join(u.kinds)}")
     if an.user_shardings():
         print(f"\nthe step's own shardings ({len(an.user_shardings())}; kept as fixed decisions by default):")
         for us in an.user_shardings()[: args.top]:

@@ -25,10 +25,27 @@ AXIS_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777", "#0891b2"]
 UNSHARDED = "#cbd5e1"
 CONFLICT = "#dc2626"
 PIN_LINE = "#0f172a"
+REMAT = "#9a3412"  # the recompute chips' orange (explorer.css)
 
 
 def axis_colors(axes) -> dict[str, str]:
     return {a: AXIS_COLORS[i % len(AXIS_COLORS)] for i, a in enumerate(axes)}
+
+
+def recomputed(state) -> dict[int, tuple[str, str]]:
+    """Group id -> (layer stack, kind) where the current plan recomputes the stack the
+    group's tensors are made in (the groups local to its layers)."""
+    decisions = state.best.decisions if state.best is not None else state.pins
+    ws = getattr(state, "workspace", None)
+    if ws is None:
+        return {}
+    an = ws.an
+    out = {}
+    for u, a in decisions:
+        if is_recompute((u, a)):
+            for g in an.unit_groups().get(u, ()):
+                out[g] = (an.units[u].label, a.split(":", 1)[1])
+    return out
 
 
 def assignment(state) -> dict[int, list[str]]:
@@ -77,7 +94,7 @@ class GraphView(pn.viewable.Viewer):
     @staticmethod
     def _empty_nodes() -> dict:
         keys = ("gid", "x", "y", "size", "ring", "label", "sub", "badge", "fill", "line", "line_width",
-                "conflict", "tip", "label_dy", "sub_dy", "ring_alpha")
+                "conflict", "tip", "label_dy", "sub_dy", "ring_alpha", "sub_color")
         return {k: [] for k in keys}
 
     def _figure(self):
@@ -101,7 +118,7 @@ class GraphView(pn.viewable.Viewer):
         p.text("x", "y", text="label", source=self.node_src, y_offset="label_dy", text_align="center",
                text_baseline="top", text_font_size="13px", text_font_style="bold", text_color="#0f172a", **label_bg)
         p.text("x", "y", text="sub", source=self.node_src, y_offset="sub_dy", text_align="center",
-               text_baseline="top", text_font_size="11px", text_color="#475569", **label_bg)
+               text_baseline="top", text_font_size="11px", text_color="sub_color", **label_bg)
         p.add_tools(HoverTool(renderers=[nodes], tooltips="@tip{safe}", attachment="right"),
                     HoverTool(renderers=[edges], tooltips="@pair: @note", line_policy="interp"),
                     TapTool(renderers=[nodes]))
@@ -127,6 +144,7 @@ class GraphView(pn.viewable.Viewer):
         axes = ws.config.mesh.axes
         colors = axis_colors(axes)
         assigned = assignment(s)
+        remat = recomputed(s)
         pinned = {g for g, a in s.pins if not is_recompute((g, a))}
         forbidden = {}
         for g, a in (d for d in s.forbidden if not is_recompute(d)):
@@ -148,7 +166,9 @@ class GraphView(pn.viewable.Viewer):
             d["ring_alpha"].append(1.0 if g in conflicted else 0.0)
             d["label"].append(_short(grp.label))
             layers = f" · ×{info.layers}" if info.layers > 1 else ""
-            d["sub"].append(f"{grp.size}{layers} · {fmt_bytes(grp.bytes)}")
+            rc = remat.get(g)
+            d["sub"].append(f"{grp.size}{layers} · {fmt_bytes(grp.bytes)}" + (f" · ↻ {rc[1]}" if rc else ""))
+            d["sub_color"].append(REMAT if rc else "#475569")
             d["badge"].append("+".join(a[:1].upper() for a in mine))
             d["fill"].append(colors[mine[0]] if mine else UNSHARDED)
             d["line"].append(PIN_LINE if g in pinned else "#ffffff")
@@ -157,7 +177,7 @@ class GraphView(pn.viewable.Viewer):
             dy = size / 2 + (10 if g in conflicted else 4)  # below the node (and its ring)
             d["label_dy"].append(dy)
             d["sub_dy"].append(dy + 16)
-            d["tip"].append(_tooltip(info, mine, g in pinned, forbidden.get(g, []), g in conflicted))
+            d["tip"].append(_tooltip(info, mine, g in pinned, forbidden.get(g, []), g in conflicted, rc))
         self.node_src.data = d
         e = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[], pair=[], bytes=[], note=[])
         emax = max((n for *_, n in self._edges), default=1)
@@ -185,7 +205,9 @@ class GraphView(pn.viewable.Viewer):
             f'<div class="legend">{colors_html}<span class="lg"><i style="background:{UNSHARDED}"></i>unsharded</span>'
             f'<span class="lg"><i class="ring"></i>conflict</span>'
             f'<span class="lg"><i class="pin"></i>pinned</span>'
-            f'<span class="lg"><i class="bar" style="background:{CONFLICT}"></i>both on one axis</span>{more}'
+            f'<span class="lg"><i class="bar" style="background:{CONFLICT}"></i>both on one axis</span>'
+            + (f'<span class="lg" style="color:{REMAT}">↻ its layers recomputed</span>' if remat else "")
+            + f'{more}'
             f'<span class="lg muted">size: bytes touched · click a node</span></div>')
 
     # ------------------------------------------------------------------ selection
@@ -208,7 +230,7 @@ def _short(label: str, n: int = 18) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
-def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool) -> str:
+def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool, remat=None) -> str:
     rows = "".join(f"<div class='t-row'>{esc(p)} {esc(tuple(s))} dim {d}</div>" for p, s, d in info.tensors[:5])
     more = f"<div class='t-row'>… {len(info.tensors) - 5} more</div>" if len(info.tensors) > 5 else ""
     state = ", ".join(axes) if axes else "unsharded"
@@ -217,6 +239,11 @@ def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool) -
     if forbidden:
         state += f"; forbidden on {', '.join(forbidden)}"
     warn = "<div style='color:#dc2626'>conflict: one tensor has two of its dims in this group</div>" if conflicted else ""
+    if remat:
+        what = {"full": "every layer recomputed from its input", "dots": "matmul outputs saved, the rest recomputed",
+                "regather": "weights gathered again"}.get(remat[1], remat[1])
+        warn += (f"<div style='color:{REMAT}'>{esc(remat[0])} → recompute:{esc(remat[1])}: {esc(what)} "
+                 "in the backward pass</div>")
     return (f"<div style='font:12px sans-serif;max-width:340px'><b>{esc(info.label)}</b> · size {info.size} · "
             f"{fmt_bytes(info.bytes)} · {info.layers} named dim(s)<br>plan: {esc(state)}{warn}"
             f"<div style='margin-top:4px;color:#475569'>{rows}{more}</div></div>")

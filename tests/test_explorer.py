@@ -459,7 +459,8 @@ def test_the_steps_own_shardings_show_as_the_users_pins(tab):
 def test_a_tight_budget_shows_the_recompute_the_plan_takes(tab):
     """At 1 MiB per device no sharding alone fits the tiny transformer: the search's plan
     recomputes its layer stack, the plan shows the decision (a chip naming the stack) and
-    what it saves, and the memory bars give the peak without it."""
+    what it saves, the memory bars give the peak without it, and the graph marks the
+    layers' own groups with the kind."""
     budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
     budget.fill("1MiB")
     budget.press("Enter")
@@ -481,7 +482,17 @@ def test_a_tight_budget_shows_the_recompute_the_plan_takes(tab):
         const r = fig.renderers.find(r => r.data_source.data.note !== undefined);
         return Array.from(r.data_source.data.note) }""")
     assert any("without recompute" in n for n in notes), notes
+    # the graph marks the groups local to the recomputed layers (ffn, heads), not batch
+    nodes = tab.evaluate("""() => {
+        const fig = Bokeh.documents[0].get_model_by_name('partex-graph');
+        const r = fig.renderers.find(r => r.data_source.data.sub !== undefined);
+        const d = r.data_source.data;
+        return Object.fromEntries(Array.from(d.label).map((l, i) => [l, d.sub[i]])) }""")
+    kind = next(d["axis"] for d in s["best"]["decisions"] if d["axis"].startswith("recompute:")).split(":")[1]
+    assert nodes["ffn"].endswith("↻ " + kind) and "↻" not in nodes["batch"], nodes
     SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.locator(".card-title", has_text="Named dimensions").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.screenshot(path=SHOTS / "recompute_graph.png")
     tab.locator(".card-title", has_text="Plan").first.evaluate("e => e.scrollIntoView({block: 'start'})")
     tab.screenshot(path=SHOTS / "recompute_plan.png")
     tab.locator(".card-title", has_text="Memory per device").first.evaluate("e => e.scrollIntoView({block: 'start'})")

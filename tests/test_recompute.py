@@ -17,8 +17,8 @@ def _session(name, mesh="data=4,model=2", **kw):
 
 def test_a_unit_is_a_forward_layer_stack_read_again_by_the_backward_pass():
     """The tiny transformer's two unrolled layers are one unit ahead of the backward pass;
-    the scan variant's layers are under a loop (no unit), and a step without gradients has
-    no backward pass to recompute in."""
+    the scan variant's layers are one too (a forward loop whose stacked residuals the
+    backward loop reads), and a step without gradients has no backward pass to recompute in."""
     m = demo_models.build("transformer", "tiny")
     p = trace(m.fn, m.args)
     (u,) = units(p)
@@ -35,7 +35,21 @@ def test_a_unit_is_a_forward_layer_stack_read_again_by_the_backward_pass():
     # the last layer's backward comes first
     assert full[1].at < full[0].at
     scan = demo_models.build("transformer-scan", "tiny")
-    assert units(trace(scan.fn, scan.args)) == []
+    sp = trace(scan.fn, scan.args)
+    (su,) = units(sp)
+    assert su.block is None and su.layers == 2 and su.kinds == ("dots", "full")
+    fwd, bwd = su.loop
+    assert fwd < su.boundary <= bwd and sp.ops[fwd].primitive == sp.ops[bwd].primitive == "scan_enter"
+    (lf,) = plan_unit(sp, su, "full")
+    (ld,) = plan_unit(sp, su, "dots")
+    # the forward loop stacks fewer residuals under full remat than under dots; the ops run
+    # again are forward body ops, and dots runs none of the matmuls with weights again
+    assert set(ld.dropped) < set(lf.dropped) and set(ld.ops) < set(lf.ops)
+    assert all(fwd < o < su.copies[0][1] for o in lf.ops)
+    assert not any(sp.ops[o].primitive == "dot_general" and not sp.ops[o].params["dimension_numbers"][1][0]
+                   for o in ld.ops)
+    assert {i for i, _ in lf.feeds} and all(sp.ops[bwd].inputs[i] in sp.ops[su.copies[0][1] - 1].outputs
+                                             for i, _ in lf.feeds)
 
     def forward(w, x):
         return jnp.tanh(jnp.tanh(x @ w[0]) @ w[1]).sum()
@@ -44,16 +58,17 @@ def test_a_unit_is_a_forward_layer_stack_read_again_by_the_backward_pass():
     assert units(trace(forward, (w, jnp.ones((4, 8))))) == []
 
 
-@pytest.mark.parametrize("name", ["transformer", "moe", "gns", "unet"])
+@pytest.mark.parametrize("name", ["transformer", "moe", "gns", "unet", "transformer-scan", "llama"])
 def test_every_recompute_kind_matches_the_unsharded_step(name):
     """Each kind applied (on ZeRO-3 + tensor parallel, where weights are gathered) runs and
     gives the unsharded step's loss and gradients, and XLA's collective bytes stay those
     predicted (the recomputed layer's collectives counted again, a re-gathered weight once
-    more per layer)."""
+    more per layer). Layers under scan recompute in every iteration of the backward loop."""
     s = _session(name)
     (u, *_) = s.units
+    assert (u.loop is not None) == (name in ("transformer-scan", "llama"))
     base = s.strategy("zero3")
-    for kind in partex.RECOMPUTE_KINDS:
+    for kind in u.kinds:
         plan = s.plan([*base, (u.label, "recompute:" + kind)])
         assert any(d.axis == "recompute:" + kind for d in plan.decisions)
         out = s.verify(plan, run=True, mark=False)
@@ -78,6 +93,23 @@ def test_recompute_frees_what_xla_keeps_and_the_model_predicts_it():
         assert 0.65 <= out["memory"]["ratio"] <= 1.35, (kind, out["memory"])
     assert xla["full"] < xla["regather"] < xla[None], xla
     assert pred["full"] < pred["regather"] < pred[None], pred
+
+
+def test_a_scan_stacks_fewer_residuals_and_the_model_predicts_it():
+    """ZeRO-3 on the scanned transformer: the forward loop stacks fewer residuals under dots
+    and fewer still under full remat; XLA's memory falls so, and the prediction with it."""
+    s = _session("transformer-scan")
+    (u,) = s.units
+    base = s.strategy("zero3")
+    xla, pred = {}, {}
+    for kind in (None, *u.kinds):
+        out = s.verify(s.plan(base + ([(u.label, "recompute:" + kind)] if kind else [])), mark=False)
+        xla[kind], pred[kind] = out["memory"]["xla"], out["memory"]["predicted"]
+        assert 0.65 <= out["memory"]["ratio"] <= 1.35, (kind, out["memory"])
+    assert xla["full"] < xla["dots"] < 0.7 * xla[None], xla
+    assert pred["full"] < pred["dots"] < 0.7 * pred[None], pred
+    with pytest.raises(partex.PartexError, match="under scan"):
+        s.plan(base + [(u.label, "recompute:regather")])
 
 
 def test_the_cost_model_charges_the_recomputation():
