@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
+from ._analysis import RESOLUTIONS, Analysis, Conflict, Group, GroupInfo, NamedDim, is_resolution
 from ._cost import CostReport, MemoryReport
 from ._errors import PartexError
 from ._exhaustive import ExhaustiveResult
@@ -84,7 +84,7 @@ __all__ = [
     "Session", "Plan", "PlannedFunction", "PlanDecision", "analyze", "search", "verify", "PartexError",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
-    "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "is_recompute",
+    "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "is_recompute", "RESOLUTIONS", "is_resolution",
     # the analysis, for those who look inside
     "ModelAnalysis", "LoadedModel", "Analysis", "Unit", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",
     "Factor", "FactorKind", "CONSERVATIVE", "factor_rules", "trace", "analyze_model", "load_model",

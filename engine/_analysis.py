@@ -89,6 +89,19 @@ class Group:
     decidable: bool  # worth a decision: not a loop axis, not tiny
 
 
+# A conflict's resolution as a decision on its group: (group, "resolve:second"). With no
+# such decision a tensor holding two dims of the group shards the first (attention's query
+# sequence: K/V are all-gathered); "second" shards the other (the key sequence: Q is gathered
+# and the attention output reduce-scattered), "neither" leaves the group unsharded in those
+# tensors (attention computed on the whole sequence: Q, K, V gathered).
+RESOLVE = "resolve:"
+RESOLUTIONS = ("second", "neither")
+
+
+def is_resolution(decision) -> bool:
+    return decision[1].startswith(RESOLVE)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Conflict:
     """A value with two dims in one named dimension: sharding that named dimension can shard
@@ -181,6 +194,10 @@ class Analysis:
         g, a = decision
         name = self.units[g].label if a.startswith(RECOMPUTE) else self.groups[g].label
         return f"{name}{arrow}{a}"
+
+    def conflicted_groups(self) -> list[int]:
+        """Decision groups with an intra conflict: those a resolution decision can take."""
+        return sorted({c.group for c in self.conflicts if self.groups[c.group].decidable})
 
     def unit_groups(self) -> dict[int, frozenset[GroupId]]:
         """Per recompute unit, the groups local to its layers: those whose tensors the forward
@@ -527,9 +544,10 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
         vid, a, b = vals[0]
         path = _path(edges, node_nd, nd, base[vid] + a, base[vid] + b)
         lab = named_dims[nd].label
-        options = (f"keep {lab} sharded on dim {a}: gather dim {b}'s operand (e.g. all-gather K/V)",
-                   f"keep {lab} sharded on dim {b}: gather dim {a}'s operand",
-                   f"leave {lab} unsharded in these tensors")
+        options = (f"keep {lab} sharded on dim {a}: gather dim {b}'s operand (e.g. all-gather K/V); the default",
+                   f"keep {lab} sharded on dim {b}: gather dim {a}'s operand, reduce-scatter the result "
+                   f"({lab}->{RESOLVE}second)",
+                   f"leave {lab} unsharded in these tensors: gather both operands ({lab}->{RESOLVE}neither)")
         conflicts.append(Conflict(cid, "intra", nd, int(gnd[nd]), tuple(vals), path, options))
 
     return Analysis(

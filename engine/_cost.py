@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ._analysis import NO_DIM, Analysis
+from ._analysis import NO_DIM, RESOLVE, Analysis
 from ._constraints import NONE as NO_FIXED
 from ._constraints import check_mode
 from ._mesh import Hardware, MeshSpec
@@ -36,6 +36,7 @@ from ._recompute import PREFIX as RECOMPUTE, LoopPlan, backward_span, kind_of, p
 from ._rules import FactorKind, PSEUDO_OPS, factor_rules, op_flops, pointwise_rule
 
 Decision = tuple[int, str]  # (group id, mesh axis)
+_SECOND, _NEITHER = RESOLVE + "second", RESOLVE + "neither"
 _CPU_COMBINE = 256  # all-reduces XLA:CPU combines into one (CpuAllReduceCombiner's count limit)
 Spec = tuple[tuple[str, ...], ...]  # per dim: the mesh axes sharding it, major to minor
 
@@ -139,23 +140,34 @@ def _mask(groups) -> int:
 
 
 def _assign(slots: Sequence[tuple[int, int]], decisions: Sequence[tuple[int, str, int]],
-            slot_tensors: Sequence[tuple[int, ...]] | None = None) -> list[list[str]]:
+            slot_tensors: Sequence[tuple[int, ...]] | None = None, doubled=None) -> list[list[str]]:
     """Give mesh axes to slots (dims of a value or factors of an op) by ordered decisions.
 
     slots: (group, size) each; group NO_DIM never shards. slot_tensors: for op factors, the
     tensors (operands and results) each factor spans; None means all slots are dims of one
     tensor. A decision shards every slot of its group that the axis divides, unless a tensor
     holding that slot already uses the axis (then the earlier decision keeps it: an axis
-    conflict; or the first such dim keeps it: an intra conflict).
+    conflict; or the first such dim keeps it: an intra conflict). A resolution decision
+    (axis size 0, ``RESOLVE``) on the group changes that: "second" lets the last such dim
+    keep it, "neither" none (``doubled``: group -> the op's tensors holding two of its dims).
     """
     out: list[list[str]] = [[] for _ in slots]
     prod = [1] * len(slots)
+    resolved = {g: axis for g, axis, n in decisions if not n} if any(not d[2] for d in decisions) else {}
+    order = range(len(slots))
     if slot_tensors is None:
         used: set[str] = set()
         for g, axis, n in decisions:
-            if axis in used:
+            if axis in used or not n:
                 continue
-            for k, (sg, size) in enumerate(slots):
+            ks = order
+            how = resolved.get(g)
+            if how is not None and sum(sg == g for sg, _ in slots) > 1:
+                if how == _NEITHER:
+                    continue
+                ks = reversed(order)
+            for k in ks:
+                sg, size = slots[k]
                 if sg == g and size % (prod[k] * n) == 0:
                     out[k].append(axis)
                     prod[k] *= n
@@ -164,11 +176,16 @@ def _assign(slots: Sequence[tuple[int, int]], decisions: Sequence[tuple[int, str
         return out
     tensor_used: dict[int, set[str]] = {}
     for g, axis, n in decisions:
-        for k, (sg, size) in enumerate(slots):
+        if not n:
+            continue
+        how = resolved.get(g)
+        skip = doubled.get(g, ()) if how == _NEITHER and doubled else ()
+        for k in (reversed(order) if how == _SECOND else order):
+            sg, size = slots[k]
             if sg != g or size % (prod[k] * n):
                 continue
             ts = slot_tensors[k]
-            if any(axis in tensor_used.get(t, ()) for t in ts):
+            if any(axis in tensor_used.get(t, ()) for t in ts) or any(t in skip for t in ts):
                 continue
             out[k].append(axis)
             prod[k] *= n
@@ -216,6 +233,7 @@ class _Pattern:
     minors: dict = dataclasses.field(default_factory=dict)
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
+    doubled: dict = dataclasses.field(default_factory=dict)  # group -> tensors holding two of its dims
 
 
 @dataclasses.dataclass
@@ -357,6 +375,11 @@ class CostModel:
                     flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13], key[15],
                     dict(key[14])))
             pat = self.patterns[pi]
+            if pat.weight == 0.0:  # new: the tensors where a conflict's resolution applies
+                for t, (sig, _) in enumerate(pat.operands + pat.results):
+                    groups = [g for g, _ in self.sigs[sig] if g != NO_DIM]
+                    for g in {g for g in groups if groups.count(g) > 1}:
+                        pat.doubled.setdefault(g, set()).add(t)
             pat.weight += op.trip
             pat.ops.append(op.id)
             self.op_pattern[op.id] = pi
@@ -509,12 +532,14 @@ class CostModel:
 
     # ------------------------------------------------------------------ shardings
     def _decisions(self, decisions: Sequence[Decision]) -> list[tuple[int, str, int]]:
-        """The sharding decisions, as (group, axis, axis size); recompute decisions left out."""
+        """The sharding decisions, as (group, axis, axis size); recompute decisions left out,
+        conflict resolutions with size 0."""
         fixed = self.fixed
         decisions = [d for d in decisions if not d[1].startswith(RECOMPUTE)]
         if fixed.groups:  # the user's shardings first; a plan cannot move a group they fix
             decisions = [*fixed.decisions, *(d for d in decisions if int(d[0]) not in fixed.groups)]
-        return [(int(g), a, self.axis_size[a]) for g, a in decisions]
+        # a conflict's resolution: axis size 0 (_assign reads it; it shards nothing)
+        return [(int(g), a, 0 if a.startswith(RESOLVE) else self.axis_size[a]) for g, a in decisions]
 
     @staticmethod
     def recompute_of(decisions: Sequence[Decision]) -> tuple[tuple[int, str], ...]:
@@ -671,7 +696,7 @@ class CostModel:
         pattern's ops under decisions dec; views: each operand's sharding as the op reads it,
         then each result's as the op writes it (None for a partial result)."""
         fslots = [(g, size) for _, size, g in pat.factors]  # g is NO_DIM unless the factor ties
-        fax = _assign(fslots, dec, pat.slot_tensors)
+        fax = _assign(fslots, dec, pat.slot_tensors, pat.doubled)
         self._scatter_major(pat, dec, fax)
         self._whole_mesh_partials(pat, fax)
         self._unaligned_minors(pat, fax)
@@ -726,13 +751,20 @@ class CostModel:
                     transient.append((j, lb, False))  # the all-reduced whole, before the slice
                 elif rs:
                     colls.append(("reduce-scatter", rs, lb, pgroup))
-                # XLA sums a conv's partial filter gradients over its sharded spatial dims
-                # with an all-reduce of their own, after the one over the other axes
-                spatial = {a: g for (kind, _, g), axes, h in zip(pat.factors, fax, pat.halos)
-                           if h is not None and kind == FactorKind.REDUCTION for a in axes}
-                for part in (tuple(a for a in ar if a not in spatial), tuple(a for a in ar if a in spatial)):
-                    if part:
-                        colls.append(("all-reduce", part, lb / self._prod(rs), spatial.get(part[0], pgroup)))
+                # XLA sums the partials of each reduction factor with an all-reduce of its
+                # own (a matmul contracting batch on data and sequence on model: over model,
+                # then over data; a conv's filter gradient: over its spatial dims after the
+                # others); the factors' own groups, spatial ones last
+                parts: dict[int, list[str]] = {}
+                owner = {}
+                for k, ((kind, _, g), axes, h) in enumerate(zip(pat.factors, fax, pat.halos)):
+                    if kind == FactorKind.REDUCTION:
+                        for a in axes:
+                            owner[a] = (h is not None, k, g)
+                for a in ar:
+                    parts.setdefault(owner[a], []).append(a)
+                for (_, _, g), part in sorted(parts.items()):
+                    colls.append(("all-reduce", tuple(part), lb / self._prod(rs), g))
                 # after the reduce-scatter the result holds those axes: treat them as present
                 ospec = [list(o) for o in ospec]
                 for a in rs:

@@ -15,6 +15,7 @@ import math
 import os
 from typing import Any, Callable, Sequence
 
+from ._analysis import RESOLUTIONS, RESOLVE
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
 from ._recompute import KINDS, is_recompute, kind_of, plan_unit
@@ -119,7 +120,11 @@ class Plan:
             if not isinstance(x, dict) or not isinstance(x.get("group"), str) or not isinstance(x.get("axis"), str):
                 raise PartexError(f"{where}: decision {i} must be {{\"group\": str, \"axis\": str}}")
             kind = kind_of(x["axis"])
-            if kind is None:
+            if x["axis"].startswith(RESOLVE):
+                if x["axis"][len(RESOLVE):] not in RESOLUTIONS:
+                    raise PartexError(f"{where}: decision {i} has conflict resolution {x['axis']!r}; known: "
+                                      f"{', '.join(RESOLVE + r for r in RESOLUTIONS)}")
+            elif kind is None:
                 mesh.index(x["axis"])  # unknown axis -> clear error
             elif kind not in KINDS:
                 raise PartexError(f"{where}: decision {i} has recompute kind {kind!r}; known: {', '.join(KINDS)}")

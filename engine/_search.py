@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._analysis import RESOLUTIONS, RESOLVE
 from ._cost import CostModel, CostReport
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
@@ -96,7 +97,12 @@ class Search:
         self.recompute_axes = tuple(RECOMPUTE + k for k in RECOMPUTE_KINDS)
         for u in self.cm.units:
             self.actions += [(u.id, RECOMPUTE + k) for k in u.kinds]
-        self._axes = (*mesh.axes, *self.recompute_axes)
+        # a conflict's other resolutions: one per conflicted group, once the group is sharded
+        self.resolve_axes = tuple(RESOLVE + k for k in RESOLUTIONS)
+        for g in self.an.conflicted_groups():
+            if g not in self.cm.fixed.groups:
+                self.actions += [(g, a) for a in self.resolve_axes]
+        self._axes = (*mesh.axes, *self.recompute_axes, *self.resolve_axes)
         self.pins: list[Decision] = []
         self.forbidden: set[Decision] = set()
         self.xla_scale = 1.0  # XLA's / the model's memory, the most seen (mark_infeasible)
@@ -156,8 +162,11 @@ class Search:
     def _legal(self, decisions: Sequence[Decision]) -> list[int]:
         taken = set(decisions)
         recomputed = {g for g, a in decisions if a.startswith(RECOMPUTE)}  # one kind per stack
+        resolved = {g for g, a in decisions if a.startswith(RESOLVE)}  # one resolution per group ...
+        sharded = {g for g, a in decisions if ":" not in a}  # ... of a group the plan shards
         return [i for i, d in enumerate(self.actions) if d not in taken and d not in self.forbidden
-                and not (d[0] in recomputed and d[1].startswith(RECOMPUTE))]
+                and not (d[0] in recomputed and d[1].startswith(RECOMPUTE))
+                and not (d[1].startswith(RESOLVE) and (d[0] in resolved or d[0] not in sharded))]
 
     def _node(self, decisions: tuple[Decision, ...]) -> _Node:
         key = self._key(decisions)
@@ -386,6 +395,12 @@ class Search:
     def _resolve(self, group, axis: str) -> Decision:
         if axis.startswith(RECOMPUTE):
             return self._resolve_recompute(group, axis)
+        if axis.startswith(RESOLVE):
+            g = self.an.groups[int(group)] if isinstance(group, (int, np.integer)) and 0 <= group < len(self.an.groups) \
+                else self.an.group_by_label(str(group))
+            if g is None:
+                raise PartexError(f"unknown dimension {group!r}")
+            return self._resolve_conflict(g, axis)
         self.mesh.index(axis)  # unknown axis -> PartexError
         if isinstance(group, (int, np.integer)):
             if not 0 <= group < len(self.an.groups):
@@ -407,6 +422,16 @@ class Search:
             raise PartexError(f"mesh axis {axis!r} (size {self.mesh.axis_size(axis)}) does not divide "
                               f"dimension {g.label!r} (size {g.size})")
         return d
+
+    def _resolve_conflict(self, g, axis: str) -> Decision:
+        if axis not in self.resolve_axes:
+            raise PartexError(f"unknown conflict resolution {axis[len(RESOLVE):]!r}; known: {', '.join(RESOLUTIONS)} "
+                              "(the default shards each tensor's first dim in the group)")
+        if g.id not in self.an.conflicted_groups():
+            raise PartexError(f"dimension {g.label!r} has no conflict to resolve (no tensor holds two of its dims)")
+        if g.id in self.cm.fixed.groups:
+            raise PartexError(f"dimension {g.label!r} is fixed by the step's own sharding")
+        return (g.id, axis)
 
     def _resolve_recompute(self, unit, axis: str) -> Decision:
         if axis not in self.recompute_axes:

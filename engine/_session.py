@@ -38,6 +38,7 @@ from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._plan import (
     Plan, _hardware_from_json, check_signature, group_at, make_plan, resolve_decisions, signature_of,
 )
+from ._analysis import is_resolution
 from ._recompute import is_recompute
 from ._search import Search, SearchResult
 from ._strategies import baseline_names, strategy_decisions
@@ -253,6 +254,9 @@ class Session:
         for ref, axis in items:
             if is_recompute((ref, axis)):
                 out.append(self._search._resolve_recompute(ref, axis))
+                continue
+            if is_resolution((ref, axis)):
+                out.append(self._search._resolve_conflict(self.group(ref), axis))
                 continue
             self.mesh.index(axis)
             out.append((self.group(ref).id, axis))

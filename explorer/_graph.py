@@ -15,7 +15,7 @@ from bokeh.models import (
 )
 from bokeh.plotting import figure
 
-from partex import GroupInfo, is_recompute
+from partex import GroupInfo, is_recompute, is_resolution
 
 from ._engine import short_source
 from ._format import esc, fmt_bytes
@@ -56,9 +56,15 @@ def assignment(state) -> dict[int, list[str]]:
     fixed = ws.session.cost_model.fixed.decisions if ws is not None else ()
     out: dict[int, list[str]] = {}
     for g, a in [*fixed, *decisions]:
-        if not is_recompute((g, a)):  # a layer stack's, not a group's
+        if ":" not in a:  # a mesh axis (not a layer stack's recompute, not a conflict's resolution)
             out.setdefault(g, []).append(a)
     return out
+
+
+def resolutions(state) -> dict[int, str]:
+    """Group id -> the conflict resolution the current plan takes for it (none: the default)."""
+    decisions = state.best.decisions if state.best is not None else state.pins
+    return {g: a.split(":", 1)[1] for g, a in decisions if is_resolution((g, a))}
 
 
 class GraphView(pn.viewable.Viewer):
@@ -145,9 +151,10 @@ class GraphView(pn.viewable.Viewer):
         colors = axis_colors(axes)
         assigned = assignment(s)
         remat = recomputed(s)
-        pinned = {g for g, a in s.pins if not is_recompute((g, a))}
+        resolved = resolutions(s)
+        pinned = {g for g, a in s.pins if ":" not in a}
         forbidden = {}
-        for g, a in (d for d in s.forbidden if not is_recompute(d)):
+        for g, a in (d for d in s.forbidden if ":" not in d[1]):
             forbidden.setdefault(g, []).append(a)
         conflicted = {c.group for c in an.conflicts}
         bmax = max(an.groups[g].bytes for g in self._nodes) or 1
@@ -177,7 +184,8 @@ class GraphView(pn.viewable.Viewer):
             dy = size / 2 + (10 if g in conflicted else 4)  # below the node (and its ring)
             d["label_dy"].append(dy)
             d["sub_dy"].append(dy + 16)
-            d["tip"].append(_tooltip(info, mine, g in pinned, forbidden.get(g, []), g in conflicted, rc))
+            d["tip"].append(_tooltip(info, mine, g in pinned, forbidden.get(g, []), g in conflicted, rc,
+                                     resolved.get(g)))
         self.node_src.data = d
         e = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[], pair=[], bytes=[], note=[])
         emax = max((n for *_, n in self._edges), default=1)
@@ -230,7 +238,7 @@ def _short(label: str, n: int = 18) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
-def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool, remat=None) -> str:
+def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool, remat=None, resolution=None) -> str:
     rows = "".join(f"<div class='t-row'>{esc(p)} {esc(tuple(s))} dim {d}</div>" for p, s, d in info.tensors[:5])
     more = f"<div class='t-row'>… {len(info.tensors) - 5} more</div>" if len(info.tensors) > 5 else ""
     state = ", ".join(axes) if axes else "unsharded"
@@ -238,7 +246,13 @@ def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool, r
         state += " (pinned)"
     if forbidden:
         state += f"; forbidden on {', '.join(forbidden)}"
-    warn = "<div style='color:#dc2626'>conflict: one tensor has two of its dims in this group</div>" if conflicted else ""
+    warn = ""
+    if conflicted:
+        how = {None: "the first dim of each such tensor keeps the axis (the default)",
+               "second": "the second dim keeps the axis (resolve:second)",
+               "neither": "neither dim is sharded there (resolve:neither)"}.get(resolution, resolution)
+        warn = (f"<div style='color:#dc2626'>conflict: one tensor has two of its dims in this group; "
+                f"{esc(how)}</div>")
     if remat:
         what = {"full": "every layer recomputed from its input", "dots": "matmul outputs saved, the rest recomputed",
                 "regather": "weights gathered again"}.get(remat[1], remat[1])

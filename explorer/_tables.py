@@ -8,7 +8,7 @@ import math
 import panel as pn
 import param
 
-from partex import is_recompute
+from partex import is_recompute, is_resolution
 
 from ._charts import plan_rows
 from ._engine import short_source
@@ -115,8 +115,8 @@ class PlanView(pn.viewable.Viewer):
         plan = summary.plan
         r = summary.report
         chips = "".join(
-            f"<span class='chip {'pin' if d.pinned else 'remat' if is_recompute((d.group, d.axis)) else ''}'"
-            f"{_stack_title(ws, d)}>{'pinned ' if d.pinned else ''}{esc(d.group)}→{esc(d.axis)}</span>"
+            f"<span class='chip {_chip_class(d)}'"
+            f"{_chip_title(ws, d)}>{'pinned ' if d.pinned else ''}{esc(d.group)}→{esc(d.axis)}</span>"
             for d in plan.decisions) or "<span class='muted'>no decisions: everything replicated</span>"
         fits = "fits" if r.fits else "<span class='bad'>over budget</span>"
         if summary.recomputes:
@@ -144,8 +144,21 @@ class PlanView(pn.viewable.Viewer):
                             short_source(c.source) if c.source else f"op {c.op}") for c in colls])
 
 
-def _stack_title(ws, d) -> str:
-    """A recompute chip's tooltip: the layer stack it covers."""
+def _chip_class(d) -> str:
+    if d.pinned:
+        return "pin"
+    return "remat" if is_recompute((d.group, d.axis)) else "resolve" if is_resolution((d.group, d.axis)) else ""
+
+
+def _chip_title(ws, d) -> str:
+    """A recompute chip's tooltip: the layer stack it covers; a resolution's: what it keeps."""
+    if is_resolution((d.group, d.axis)):
+        g = ws.an.group_by_label(d.group)
+        c = next((c for c in ws.an.conflicts if g is not None and c.group == g.id), None)
+        if c is None:
+            return ""
+        text = c.options[1] if d.axis.endswith(":second") else c.options[2]
+        return f" title='{esc(text)}'"
     if not is_recompute((d.group, d.axis)):
         return ""
     u = ws.an.unit_by_label(d.group)

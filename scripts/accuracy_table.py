@@ -18,8 +18,13 @@ from partex import ModelSpec, Session, analyze_model, demo_models
 
 # Plans beyond the hand strategies, by group label: a U-Net's image rows sharded (halo
 # exchanges: collective-permutes), alone and beside data parallelism.
+# A transformer's sequence sharded beside the batch (sequence parallelism), with each
+# resolution of the attention conflict (module docstring of _analysis: RESOLVE).
+_SP = [("batch", "data"), ("seq", "model")]
 EXTRA = {"unet": {"rows": [("height", "model")], "dp+rows": [("batch", "data"), ("height", "model")],
-                  "rows-8": [("height", "data")]}}
+                  "rows-8": [("height", "data")]},
+         "transformer": {"dp+seq": _SP, "dp+seq, resolve:second": _SP + [("seq", "resolve:second")],
+                         "dp+seq, resolve:neither": _SP + [("seq", "resolve:neither")]}}
 
 
 def main() -> None:
@@ -42,7 +47,7 @@ def main() -> None:
         for mtext in args.meshes.split(";"):
             s = Session.from_analysis(res, mesh=mtext, hardware=args.hardware, spec=spec)
             extra = {name: decs for name, decs in EXTRA.get(model, {}).items()
-                     if all(axis in s.mesh.axes for _, axis in decs)}
+                     if all(axis in s.mesh.axes or ":" in axis for _, axis in decs)}
             for strat in args.strategies.split(",") + list(extra):
                 plan = s.plan(extra[strat], strategy=strat) if strat in extra else s.plan(strategy=strat)
                 t = time.time()
