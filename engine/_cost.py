@@ -574,13 +574,9 @@ class CostModel:
                     continue
                 if cp.at < 0:
                     continue
-                w = set(cp.weights)
                 for v in cp.weights:
                     late[v] = (unit.boundary, unit.until)
-                for o in cp.ops:
-                    op = p.ops[o]
-                    excl = tuple(i for i, v in enumerate(op.inputs) if v in w)
-                    extra[(int(self.op_pattern[o]), excl)] += op.trip
+                self._charge(cp.ops, set(cp.weights), extra)
                 rec = set(cp.recomputed)
                 tmps = []
                 for o in cp.ops:
@@ -612,6 +608,23 @@ class CostModel:
                                     *(np.array(x, dtype=np.int64) for x in (tmp_v, tmp_seg, tmp_at)))
         return e
 
+    def _charge(self, ops, shared: set, extra) -> None:
+        """Count the ops a recomputation runs again, by pattern, with the operands whose
+        reshard it does not pay again: a weight's that the backward pass shares (``shared``),
+        and a value's that an earlier op of the same recomputation reshards alike (the same
+        pattern reading it at the same place: XLA CSEs the two)."""
+        p = self.program
+        seen = set()
+        for o in ops:
+            op = p.ops[o]
+            pi = int(self.op_pattern[o])
+            excl = []
+            for i, v in enumerate(op.inputs):
+                if v in shared or (v, pi, i) in seen:
+                    excl.append(i)
+                seen.add((v, pi, i))
+            extra[(pi, tuple(excl))] += op.trip
+
     def _edit_loop(self, unit, lp: LoopPlan, extra, mid_at, mid_end, clones, tmps) -> None:
         """A scan unit's edit: the body ops run again in the backward loop (each as often as
         the forward's), the stacked residuals it no longer makes, the values it stacks
@@ -619,8 +632,7 @@ class CostModel:
         recomputation's largest temporary in the backward loop's body."""
         p = self.program
         exit_ = p.ops[unit.copies[0][1] - 1]
-        for o in lp.ops:
-            extra[(int(self.op_pattern[o]), ())] += p.ops[o].trip
+        self._charge(lp.ops, set(), extra)
         nc = exit_.params["num_carry"]
         stacked_out = exit_.outputs[nc:]
         last = exit_.id + 1

@@ -132,12 +132,13 @@ class _ILP:
         pairs = [p for p in pairs if len(self.strategies[p[0]]) > 1 and len(self.strategies[p[1]]) > 1]
         # each layer stack's recompute is one more choice (key -1 - unit): save or one kind,
         # its interaction with the two biggest groups' strategies linearised too
+        # (beside the groups' own pairs, which they do not displace)
         big = [g.id for g in self.groups if len(self.strategies[g.id]) > 1][:2]
+        self.pairs = pairs[:max_pairs]
         for u in cm.units:
             self.groups.append(_UnitChoice(-1 - u.id))
             self.strategies[-1 - u.id] = [(), *((RECOMPUTE + k,) for k in u.kinds)]
-            pairs[:0] = [(-1 - u.id, g) for g in big]
-        self.pairs = pairs[:max_pairs]
+            self.pairs += [(-1 - u.id, g) for g in big]
         self.rank = {g.id: k for k, g in enumerate(self.groups)}
         self._cache: dict[tuple, CostReport] = {}
         self.evaluations = 0

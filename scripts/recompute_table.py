@@ -18,7 +18,7 @@ import partex
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="transformer,moe,gns,unet")
+    ap.add_argument("--models", default="transformer,moe,gns,unet,transformer-scan,llama")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--config", default="", help="overrides, e.g. seq=2048,layers=4")
     ap.add_argument("--mesh", default="data=4,model=2")
@@ -39,6 +39,8 @@ def main() -> None:
         for strat in args.strategies.split(","):
             base = s.strategy(strat)
             for kind in kinds:
+                if kind and not all(kind in u.kinds for u in s.units):
+                    continue  # re-gather under scan: no decision (every iteration gathers anew)
                 extra = [(u.label, "recompute:" + kind) for u in s.units] if kind else []
                 plans.append((strat, kind, s.plan(base + extra, strategy=strat)))
         for (strat, kind, plan), out in zip(plans, s.verify_all([p for *_, p in plans])):

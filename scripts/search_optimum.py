@@ -14,6 +14,7 @@ to best, and the plans.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
@@ -30,7 +31,7 @@ def main() -> None:
     ap.add_argument("--mesh", default="data=4,model=2", help="for models given without @mesh")
     ap.add_argument("--seconds", type=float, default=30.0, help="MCTS seconds per problem")
     ap.add_argument("--per-axis", type=int, default=3)
-    ap.add_argument("--limit", type=int, default=1_000_000, help="skip a space of more plans")
+    ap.add_argument("--limit", type=int, default=2_000_000, help="skip a space of more plans")
     ap.add_argument("--budgets", default="1.0,1.2")
     args = ap.parse_args()
     print("| model | mesh | budget | plans | optimum ms | ILP ms | MCTS ms | MCTS / optimum | MCTS / ILP | "
@@ -61,11 +62,17 @@ def main() -> None:
             def ms(r):
                 return r.step_time * 1e3 if r is not None and r.fits else float("nan")
 
-            opt, il, mc = (ex.report.step_time * 1e3 if ex.report else float("nan"), ms(ilp.report),
-                           ms(best.report if best else None))
-            print(f"| {model} | {mesh} | {f:.2f}x ({budget / 1024:.0f} KiB) | {ex.plans} | {opt:.4f} | {il:.4f} | "
-                  f"{mc:.4f} | {mc / opt:.3f} | {mc / il:.3f} | {best.seconds if best else float('nan'):.1f} | "
-                  f"{label(ex.decisions)} | {label(best.decisions) if best else '-'} |", flush=True)
+            opt, il, mc = (ex.report.step_time * 1e3 if ex.report and ex.report.fits else float("nan"),
+                           ms(ilp.report), ms(best.report if best else None))
+
+            def num(x, fmt=".4f"):
+                return "none fits" if math.isnan(x) else f"{x:{fmt}}"
+
+            print(f"| {model} | {mesh} | {f:.2f}x ({budget / 1024:.0f} KiB) | {ex.plans} | {num(opt)} | {num(il)} | "
+                  f"{num(mc)} | {num(mc / opt, '.3f')} | {num(mc / il, '.3f')} | "
+                  f"{best.seconds if best else float('nan'):.1f} | "
+                  f"{label(ex.decisions) if ex.report and ex.report.fits else '-'} | "
+                  f"{label(best.decisions) if best else '-'} |", flush=True)
 
 
 if __name__ == "__main__":
