@@ -27,6 +27,7 @@ class TransformerConfig:
     seq: int = 32
     batch: int = 8
     lr: float = 3e-3
+    remat: bool = False  # the user's own jax.checkpoint around every layer
 
     @property
     def head_dim(self) -> int:
@@ -139,16 +140,24 @@ def lm_loss(params, x, targets):
     return -jnp.mean(picked)
 
 
+def _layer(c):
+    """The layer as the step calls it: under the user's own ``jax.checkpoint`` with
+    ``remat=True`` (every layer recomputed from its input, as MaxText's ``remat_policy: full``)."""
+    return jax.checkpoint(decoder_layer) if c.remat else decoder_layer
+
+
 def loss_unrolled(c, params, batch):
     x = embed_tokens(params, batch["tokens"])
+    layer = _layer(c)
     for p in params["layers"]:
-        x = decoder_layer(p, x)
+        x = layer(p, x)
     return lm_loss(params, x, batch["targets"])
 
 
 def loss_scan(c, params, batch):
     x = embed_tokens(params, batch["tokens"])
-    x, _ = jax.lax.scan(lambda x, p: (decoder_layer(p, x), None), x, params["layers"])
+    layer = _layer(c)
+    x, _ = jax.lax.scan(lambda x, p: (layer(p, x), None), x, params["layers"])
     return lm_loss(params, x, batch["targets"])
 
 

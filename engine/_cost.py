@@ -409,6 +409,12 @@ class CostModel:
         self._pat_cache: dict = {}
         self.units = analysis.units
         self._edits: dict = {}  # recompute decisions -> _Edit
+        # The step's own jax.checkpoint: its backward (the recomputation and its transpose)
+        # reads the weights through an optimisation barrier (prevent_cse), so a weight the
+        # plan gathers is gathered again there, as under a re-gather decision.
+        span = backward_span(p)
+        self.user_late = {} if span is None else {
+            v: span for v in p.barrier_reads if values[v].producer == NO_PRODUCER and v not in p.constants}
 
     # ------------------------------------------------------------------ liveness
     def _liveness(self, donate) -> None:
@@ -995,7 +1001,7 @@ class CostModel:
             xc, xm, extra_colls = self._extra(edit, dec, detail)
             compute += xc
             comm += xm
-        late = edit.late if edit is not None else {}
+        late = self.user_late if edit is None else {**self.user_late, **edit.late}
         rkey = (tuple((pi, tuple(x[:3] + x[5:7] for x in cl if x[5] >= 0)) for pi, cl in resharded),
                 rc)  # the recompute decisions fix which weights are re-taken
         common = self._reshard_cache.get(rkey)

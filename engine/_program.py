@@ -135,6 +135,9 @@ class Program:
     static_outputs: tuple[tuple[int, str, Any], ...] = ()  # likewise of the results
     arg_names: tuple[str, ...] = ()  # the first segment of the input paths, per argument
     full_out_tree: Any = None
+    # Values the step's own ``jax.checkpoint`` calls read through their optimisation barrier
+    # (``prevent_cse``): each call's operands, where it is inlined.
+    barrier_reads: frozenset[ValueId] = frozenset()
 
     @property
     def num_ops(self) -> int:
@@ -379,6 +382,7 @@ class _Tracer:
         self.eqn_ops: dict[int, OpId] = {}
         self.user_shardings: list[tuple[ValueId, Any, str, str, OpId]] = []
         self.scope = ""  # the name stack of the eqn being walked, through inlined calls
+        self.barrier_reads: set[ValueId] = set()
 
     # ---- values
     def new_value(self, aval, producer: OpId = NO_PRODUCER, name: str | None = None) -> ValueId:
@@ -452,7 +456,7 @@ class _Tracer:
         return Program(
             self.values, self.ops, self.regions, inputs, outputs, list(in_paths),
             list(out_paths), in_tree, out_tree, self.closed, self.var_ids, self.constants,
-            self.eqn_ops, self.user_shardings,
+            self.eqn_ops, self.user_shardings, barrier_reads=frozenset(self.barrier_reads),
         )
 
     def walk(self, jaxpr, region: int, trip: int) -> None:
@@ -484,6 +488,8 @@ class _Tracer:
             inner = inner.jaxpr
         for var, atom in zip(inner.invars, eqn.invars):
             self.bind(var, self.read(atom))
+        if eqn.primitive.name in ("checkpoint", "remat2") and eqn.params.get("prevent_cse"):
+            self.barrier_reads.update(self.read(a) for a in eqn.invars if not isinstance(a, jcore.Literal))
         scope = self.scope
         self.scope = _join_scope(scope, eqn.params.get("name", "") if _names_scope(eqn) else "")
         self.walk(inner, region, trip)

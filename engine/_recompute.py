@@ -116,8 +116,10 @@ def backward_span(program: Program) -> tuple[int, int] | None:
 
 
 def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]:
-    """The forward layer stacks of a differentiated step that apply can recompute: top-level
-    (not under a loop), ahead of the backward pass, with residuals read by it."""
+    """The forward layer stacks of a differentiated step that apply can recompute: unrolled
+    at top level, or a scan whose stacked residuals the backward scan reads; ahead of the
+    backward pass, with residuals it reads (none: the step's own ``jax.checkpoint`` keeps
+    only the layers' inputs already, modelled as it is)."""
     span = backward_span(program)
     if span is None:
         return []
@@ -133,7 +135,8 @@ def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]
             continue
         copies = tuple((blk.start + k * blk.period, blk.start + (k + 1) * blk.period) for k in range(blk.count))
         u = Unit(len(out), blk, "", b, until, copies, layers=blk.count)
-        if not any(_residuals(program, u, lo, hi, readers) for lo, hi in copies):
+        # nothing the backward reads, or recomputed already (the step's own jax.checkpoint)
+        if not any(plan_copy(program, u, k, "full", readers).at >= 0 for k in range(len(copies))):
             continue
         out.append(dataclasses.replace(u, where=_where(program, blk.start)))
     for fwd, bwd in _scan_pairs(program, b, readers):
