@@ -30,6 +30,9 @@ from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
 from ._recompute import KINDS as RECOMPUTE_KINDS, PREFIX as RECOMPUTE
 
+# The most mark_infeasible scales every prediction by: the cost model's memory is within
+# +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
+XLA_SCALE_CAP = 1.5
 Decision = tuple[int, str]
 STOP = -1  # the stop action
 
@@ -489,11 +492,14 @@ class Search:
         """XLA measured this plan over the budget (``verify``): from now on it scores as not
         fitting, and the best plan becomes the next best that fits. The memory model is
         calibrated on the way: every plan predicted within ``measured / predicted`` of the
-        budget no longer fits either (XLA would put it over too)."""
+        budget no longer fits either (XLA would put it over too), up to ``XLA_SCALE_CAP``:
+        a plan XLA puts further off is an outlier of its own (XLA:CPU not realising one
+        plan's recomputation at full size: T48 at sequence 2048, 8.3 GiB predicted and 245 GiB
+        compiled), which must not make every other plan infeasible."""
         key = self._key(tuple(decisions))
         t, predicted, _ = self._evals.get(key, (math.inf, 0.0, False))
         if predicted > 0:
-            self.xla_scale = max(self.xla_scale, float(measured_peak) / predicted)
+            self.xla_scale = max(self.xla_scale, min(float(measured_peak) / predicted, XLA_SCALE_CAP))
         self._evals[key] = (t, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
         self._evals = {k: (t, p, f and self._fits(p)) for k, (t, p, f) in self._evals.items()}
         self._invalidate_best()
