@@ -219,7 +219,8 @@ class Search:
     def _moves(self, current: tuple[Decision, ...]):
         """The plans one change away, cheapest kinds first: add an action (in prior order),
         drop an unpinned decision, swap two decisions on one axis (the earlier keeps the axis
-        where their groups conflict), replace a decision by another action in its place, and
+        where their groups conflict), exchange two mesh axes throughout, replace a decision by
+        another action in its place (a layer stack's recompute by another kind too), and
         insert an action before a decision of its axis."""
         first = len(self.pins)
         legal = sorted(self._legal(current), key=lambda a: -self.prior[a])
@@ -231,9 +232,23 @@ class Search:
             for j in range(i + 1, len(current)):
                 if current[i][1] == current[j][1]:
                     yield current[:i] + (current[j],) + current[i + 1:j] + (current[i],) + current[j + 1:]
+        # two mesh axes exchanged in every decision (the 4-way axis for tensor parallelism and
+        # the 2-way one for the batch, say): a plan no chain of single changes reaches
+        axes = self.mesh.axes
+        actions = set(self.actions)
+        for x in range(len(axes)):
+            for y in range(x + 1, len(axes)):
+                swap = {axes[x]: axes[y], axes[y]: axes[x]}
+                cand = current[:first] + tuple((g, swap.get(a, a)) for g, a in current[first:])
+                if cand != current and all(d in actions and d not in self.forbidden for d in cand[first:]):
+                    yield cand
         for i in range(first, len(current)):
-            for a in legal:
-                yield current[:i] + (self.actions[a],) + current[i + 1:]
+            # what could stand in place i: legal without the decision there (another kind for
+            # its layer stack, another resolution for its conflict)
+            rest = current[:i] + current[i + 1:]
+            for a in sorted(self._legal(rest), key=lambda a: -self.prior[a]):
+                if self.actions[a] != current[i]:
+                    yield current[:i] + (self.actions[a],) + current[i + 1:]
         for i in range(first, len(current)):
             for a in legal:
                 if self.actions[a][1] == current[i][1]:
