@@ -374,12 +374,12 @@ class CostModel:
                     tuple(float(self.nbytes[o]) for o in op.outputs),
                     flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13], key[15],
                     dict(key[14])))
-            pat = self.patterns[pi]
-            if pat.weight == 0.0:  # new: the tensors where a conflict's resolution applies
-                for t, (sig, _) in enumerate(pat.operands + pat.results):
+                pat = self.patterns[-1]
+                for t, (sig, _) in enumerate(pat.operands + pat.results):  # where a resolution applies
                     groups = [g for g, _ in self.sigs[sig] if g != NO_DIM]
                     for g in {g for g in groups if groups.count(g) > 1}:
                         pat.doubled.setdefault(g, set()).add(t)
+            pat = self.patterns[pi]
             pat.weight += op.trip
             pat.ops.append(op.id)
             self.op_pattern[op.id] = pi
@@ -570,7 +570,7 @@ class CostModel:
         extra: collections.Counter = collections.Counter()
         clone_v, clone_a, clone_b, clone_n = [], [], [], []
         tmp_v, tmp_seg, tmp_at = [], [], []
-        late: dict[int, tuple[int, int]] = {}
+        late: dict[int, tuple[int, int]] = dict(self.user_late)
         for u, kind in rc:
             unit = self.units[u]
             for cp in plan_unit(p, unit, kind):
@@ -1001,7 +1001,7 @@ class CostModel:
             xc, xm, extra_colls = self._extra(edit, dec, detail)
             compute += xc
             comm += xm
-        late = self.user_late if edit is None else {**self.user_late, **edit.late}
+        late = self.user_late if edit is None else edit.late  # an edit's includes the user's
         rkey = (tuple((pi, tuple(x[:3] + x[5:7] for x in cl if x[5] >= 0)) for pi, cl in resharded),
                 rc)  # the recompute decisions fix which weights are re-taken
         common = self._reshard_cache.get(rkey)

@@ -413,13 +413,8 @@ class Search:
     def _resolve(self, group, axis: str) -> Decision:
         if axis.startswith(RECOMPUTE):
             return self._resolve_recompute(group, axis)
-        if axis.startswith(RESOLVE):
-            g = self.an.groups[int(group)] if isinstance(group, (int, np.integer)) and 0 <= group < len(self.an.groups) \
-                else self.an.group_by_label(str(group))
-            if g is None:
-                raise PartexError(f"unknown dimension {group!r}")
-            return self._resolve_conflict(g, axis)
-        self.mesh.index(axis)  # unknown axis -> PartexError
+        if not axis.startswith(RESOLVE):
+            self.mesh.index(axis)  # unknown axis -> PartexError
         if isinstance(group, (int, np.integer)):
             if not 0 <= group < len(self.an.groups):
                 raise PartexError(f"no decision group {group}")
@@ -429,6 +424,8 @@ class Search:
             if g is None:
                 raise PartexError(f"unknown dimension {group!r}; known: "
                                   f"{', '.join(x.label for x in self.an.decision_groups)}")
+        if axis.startswith(RESOLVE):
+            return self._resolve_conflict(g, axis)
         if g.id in self.cm.fixed.groups:
             us = self.cm.fixed.by_group[g.id]
             raise PartexError(f"dimension {g.label!r} is fixed by the step's own {us.kind} at {us.source}; "
