@@ -34,6 +34,7 @@ from ._recompute import KINDS as RECOMPUTE_KINDS, PREFIX as RECOMPUTE
 # +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
 XLA_SCALE_CAP = 1.5
 Decision = tuple[int, str]
+PENALTIES = (0.3, 1.0, 3.0, 10.0, 100.0)  # _oscillate: memory penalty weights, in turn
 STOP = -1  # the stop action
 
 
@@ -222,6 +223,22 @@ class Search:
         where their groups conflict), exchange two mesh axes throughout, replace a decision by
         another action in its place (a layer stack's recompute by another kind too), and
         insert an action before a decision of its axis."""
+        for cand in self._raw_moves(current):
+            # a resolution stays only after a decision that shards its group (a drop, a
+            # replace or an insert may leave it before one or without one)
+            sharded: set[int] = set()
+            kept = []
+            for g, a in cand:
+                if a.startswith(RESOLVE) and g not in sharded:
+                    continue
+                if ":" not in a:
+                    sharded.add(g)
+                kept.append((g, a))
+            cand = tuple(kept)
+            if cand != current and len(cand) >= len(self.pins):
+                yield cand
+
+    def _raw_moves(self, current: tuple[Decision, ...]):
         first = len(self.pins)
         legal = sorted(self._legal(current), key=lambda a: -self.prior[a])
         for a in legal:
@@ -256,25 +273,55 @@ class Search:
 
     def _polish(self) -> None:
         """Local search from the best plan: take the first single change (``_moves``) that
-        improves it, until none does. Its evaluations share the cache; a better plan found
-        becomes the best."""
+        improves it, until none does; then strategic oscillation (``_oscillate``) and, where
+        that found a better plan, the local search again from there. Its evaluations share
+        the cache; a better plan found becomes the best."""
         if self._best is None:
             return
+        self._descend(tuple(self._best[1]), lambda d: -self._score(d))
+        start = self._best[1]
+        self._oscillate()
+        if self._best is not None and self._best[1] != start:
+            self._descend(tuple(self._best[1]), lambda d: -self._score(d))
+
+    def _oscillate(self) -> None:
+        """Strategic oscillation: where the budget is tight the plans that fit form islands
+        no chain of fitting single changes joins (Llama at its leanest hand plan's memory:
+        the warm start is a local optimum 8% above plans ten changes away). The descent
+        minimises step time plus a penalty on the memory over the limit, weighted
+        ``PENALTIES`` times the best step time per unit of relative excess, a weight that
+        grows: first the plan drifts over the limit to faster plans, then the penalty pulls
+        it back to fit elsewhere. Every fitting plan met on the way is a candidate."""
+        t_best = self._best[0]
+        limit = min(self.hw.limit, self.hw.budget / self.xla_scale)
+
+        def penalised(weight):
+            def objective(decisions):
+                self._score(decisions)
+                t, peak, _ = self._evals[self._key(decisions)]
+                return t + weight * t_best * max(0.0, peak / limit - 1.0)
+            return objective
+
         current = tuple(self._best[1])
-        score = self._score(current)
+        for weight in PENALTIES:
+            current = self._descend(current, penalised(weight))
+
+    def _descend(self, current: tuple[Decision, ...], objective) -> tuple[Decision, ...]:
+        """First-improvement descent on ``objective`` (lower is better) over ``_moves``
+        until no move improves, the step limit, or the deadline; returns where it stopped."""
+        value = objective(current)
         for _ in range(4 * len(self.actions)):
-            if self._deadline is not None and time.perf_counter() > self._deadline:
-                return
             improved = False
             for cand in self._moves(current):
                 if self._deadline is not None and time.perf_counter() > self._deadline:
-                    return
-                sc = self._score(cand)
-                if sc > score + 1e-12:
-                    current, score, improved = cand, sc, True
+                    return current
+                v = objective(cand)
+                if v < value - 1e-9 * abs(value):
+                    current, value, improved = cand, v, True
                     break
             if not improved:
-                return
+                break
+        return current
 
     def _simulate(self) -> None:
         decisions = tuple(self.pins)
@@ -519,7 +566,7 @@ class Search:
     def _invalidate_best(self) -> None:
         """Keep the best evaluated plan that honours the pins and forbids (statistics of
         the tree stay: the re-rooted subtree keeps its visits)."""
-        self._best = None
+        old, self._best = self._best, None
         self.history = []
         pins = list(self.pins)
         best = None
@@ -532,6 +579,10 @@ class Search:
             if best is None or t < best[0]:
                 best = (t, decisions)
         if best is not None:
+            e = None if old is None else self._evals.get(self._key(old[1]))
+            if e is not None and e[2] and e[0] <= best[0] and all(p in old[1] for p in pins) \
+                    and not any(f in old[1] for f in self.forbidden):
+                best = (e[0], old[1])  # still the best (or as good): it keeps its order
             ordered = tuple(pins) + tuple(d for d in best[1] if d not in pins)
             self._best = (best[0], ordered, self.simulations, self.seconds)
             self.history.append((self.simulations, self.seconds, best[0]))

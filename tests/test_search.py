@@ -79,6 +79,13 @@ def test_bad_pins_are_clear_errors(tiny, call, needle):
         call(_search(tiny))
 
 
+def _per_axis(decisions):
+    out = {}
+    for g, a in decisions:
+        out.setdefault(a, []).append(g)
+    return out
+
+
 def test_save_and_resume_continues_the_same_search(tmp_path, tiny):
     def session():
         return Session.from_analysis(tiny, mesh="data=4,model=2", memory="2MiB", seed=3,
@@ -92,7 +99,9 @@ def test_save_and_resume_continues_the_same_search(tmp_path, tiny):
     resumed = Session.load(tmp_path / "s.session.json", analyses=lambda spec: tiny)
     resumed.step(40)
     assert resumed.stats()["simulations"] == 80
-    assert resumed.best().decisions == straight.best().decisions
+    # the same plan: the same groups in the same order on each axis (a pin reorders the
+    # best plan's decisions, pins first, and order across axes means nothing)
+    assert _per_axis(resumed.best().decisions) == _per_axis(straight.best().decisions)
     assert resumed.stats()["nodes"] == straight.stats()["nodes"]
 
 
