@@ -452,7 +452,8 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps({"model": s.model.model.name, "preset": s.model.model.preset, "mesh": s.mesh.text(),
                           "hardware": hw.name, "budget_bytes": hw.budget,
-                          "rows": [{k: v for k, v in r.items() if k != "decisions"} for r in rows]}))
+                          "rows": [{**{k: v for k, v in r.items() if k != "decisions"},
+                                    "plan": [s.label(tuple(d)) for d in r["decisions"]]} for r in rows]}))
         return 0
     print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""

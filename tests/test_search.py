@@ -222,13 +222,16 @@ def test_cli_bench_json_rows(capsys):
     assert names == ["replicated", "dp", "megatron", "zero3", "dp+remat", "megatron+remat", "zero3+remat",
                      "ilp", "mcts", "mcts-no-remat", "exhaustive"]
     for r in d["rows"]:
-        assert set(r) >= {"strategy", "step_time_s", "mfu", "memory_bytes", "fits", "search_s"}
+        assert set(r) >= {"strategy", "step_time_s", "mfu", "memory_bytes", "fits", "search_s", "plan"}
     rows = {r["strategy"]: r for r in d["rows"]}
     mcts, ex = rows["mcts"], rows["exhaustive"]
     assert mcts["fits"] and mcts["memory_bytes"] <= d["budget_bytes"]
+    # each row names its plan's decisions as the CLI's --pin takes them (GROUP->AXIS)
+    assert rows["replicated"]["plan"] == [] and mcts["plan"]
+    s = Session.from_spec("transformer", mesh="data=4,model=2", memory="3MiB")
+    assert s.evaluate([tuple(x.split("->")) for x in mcts["plan"]]).step_time == pytest.approx(mcts["step_time_s"])
     # the best plan without recompute the search met: no faster than its best
     assert rows["mcts-no-remat"]["step_time_s"] >= mcts["step_time_s"] * (1 - 1e-9)
-    s = Session.from_spec("transformer", mesh="data=4,model=2", memory="3MiB")
     one = [c for c in s.baselines().values() if c.report.fits and len({a for _, a in c.decisions}) == len(c.decisions)]
     per_axis = [sum(1 for _, a in s._search.actions if a == axis) for axis in ("data", "model")]
     # and one more choice: the layer stack saved or recomputed one of three ways
