@@ -144,6 +144,13 @@ class Search:
         return tuple((a, tuple(per_axis[a])) for a in self._axes if a in per_axis)
 
     def _score(self, decisions: tuple[Decision, ...]) -> float:
+        t, peak, fits = self._eval(decisions)
+        if fits:
+            return 0.2 + 0.8 * self.t_ref / (self.t_ref + t)
+        return 0.2 * min(1.0, self.hw.limit / peak)
+
+    def _eval(self, decisions: tuple[Decision, ...]) -> tuple[float, float, bool]:
+        """(step time, peak, fits), from the cache or the cost model (which may make a new best)."""
         key = self._key(decisions)
         e = self._evals.get(key)
         if e is None:
@@ -154,10 +161,7 @@ class Search:
             if e[2] and (self._best is None or r.step_time < self._best[0] * (1 - 1e-9)):
                 self._best = (r.step_time, decisions, self.simulations, self.seconds + self._elapsed())
                 self.history.append((self.simulations, self._best[3], r.step_time))
-        t, peak, fits = e
-        if fits:
-            return 0.2 + 0.8 * self.t_ref / (self.t_ref + t)
-        return 0.2 * min(1.0, self.hw.limit / peak)
+        return e
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._t0 if getattr(self, "_t0", None) else 0.0
@@ -297,8 +301,7 @@ class Search:
 
         def penalised(weight):
             def objective(decisions):
-                self._score(decisions)
-                t, peak, _ = self._evals[self._key(decisions)]
+                t, peak, _ = self._eval(decisions)
                 return t + weight * t_best * max(0.0, peak / limit - 1.0)
             return objective
 
