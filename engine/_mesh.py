@@ -154,6 +154,8 @@ class MeshSpec:
             d["bandwidth"] = list(self.bandwidth)
         if self.latency:
             d["latency"] = list(self.latency)
+        if self.slow_axes():  # for reading: what crosses hosts (derived from the bandwidths)
+            d["slow_axes"] = list(self.slow_axes())
         return d
 
     @classmethod
@@ -211,17 +213,86 @@ class MeshSpec:
             bandwidth = bws
         return cls.create(axes, sizes, bandwidth)
 
+    def slow_axes(self) -> tuple[str, ...]:
+        """The axes whose links are slower than the fastest axis's, by the bandwidths given
+        (``data=2@25,model=4@400``: ``data``): those that cross hosts or slices (DCN,
+        InfiniBand) while the others stay within one (ICI, NVLink). No bandwidths: none known."""
+        if not self.bandwidth:
+            return ()
+        top = max(self.bandwidth)
+        return tuple(a for a, b in zip(self.axes, self.bandwidth) if b < top)
+
     def jax_mesh(self, devices=None):
         """A jax Mesh with Auto axis types (the default Explicit axes make ordinary model code
-        raise ShardingTypeError)."""
+        raise ShardingTypeError), laid out on the devices by ``device_grid``: on a job of
+        several hosts (or TPU slices) the fast axes stay within one."""
         import jax
-        from jax.sharding import AxisType
+        from jax.sharding import AxisType, Mesh
 
         devices = list(devices if devices is not None else jax.devices())
         if len(devices) != self.size:
+            procs = sorted({d.process_index for d in devices})
+            where = (f"{len(devices)} over {len(procs)} processes" if len(procs) > 1 else str(len(devices)))
             raise PartexError(
-                f"mesh {self.text()} needs {self.size} devices but JAX has {len(devices)}; "
-                f"set JAX_NUM_CPU_DEVICES={self.size} (CPU) or choose a mesh of {len(devices)} devices"
+                f"mesh {self.text()} needs {self.size} devices but JAX has {where}; "
+                + (f"set JAX_NUM_CPU_DEVICES={self.size} (CPU) or " if len(procs) == 1 else "")
+                + f"choose a mesh of {len(devices)} devices"
             )
-        return jax.make_mesh(self.sizes, self.axes, axis_types=(AxisType.Auto,) * len(self.axes),
-                             devices=devices)
+        grid = device_grid(self, devices)
+        if grid is None:  # one host or slice: JAX's own layout (TPU: by physical topology)
+            return jax.make_mesh(self.sizes, self.axes, axis_types=(AxisType.Auto,) * len(self.axes),
+                                 devices=devices)
+        return Mesh(grid, self.axes, axis_types=(AxisType.Auto,) * len(self.axes))
+
+
+def granule_key(device) -> int:
+    """The unit of fast links a device belongs to: its TPU slice (ICI spans the hosts of a
+    slice), or else its process (one host: NVLink / a node's links)."""
+    return device.slice_index if device.platform == "tpu" else device.process_index
+
+
+def hybrid_shape(spec: MeshSpec, granules: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(per-granule shape, across-granule shape) of ``spec`` over ``granules`` hosts/slices:
+    the slow axes take the granules first, outermost first; fast axes only where the slow
+    ones cannot hold them all (then with a warning: the plan counted them as fast)."""
+    import warnings
+
+    dcn = [1] * len(spec.axes)
+    rest = granules
+    slow = spec.slow_axes()
+    order = [i for i, a in enumerate(spec.axes) if a in slow] + [i for i, a in enumerate(spec.axes) if a not in slow]
+    for i in order:
+        take = math.gcd(spec.sizes[i], rest)
+        dcn[i], rest = take, rest // take
+    if rest > 1:
+        raise PartexError(f"mesh {spec.text()} cannot be laid over {granules} hosts/slices of "
+                          f"{spec.size // granules} devices: no axes' sizes multiply to {granules}")
+    fast_across = [spec.axes[i] for i in range(len(dcn)) if dcn[i] > 1 and spec.axes[i] not in slow]
+    if fast_across:
+        if slow:
+            why = f"the slow axes ({', '.join(slow)}) do not span the {granules} hosts/slices"
+        else:
+            why = "the mesh gives no bandwidths (write e.g. data=2@25,model=4@400)"
+        warnings.warn(f"mesh {spec.text()}: axis {', '.join(fast_across)} crosses hosts/slices: {why}",
+                      stacklevel=3)
+    ici = tuple(s // d for s, d in zip(spec.sizes, dcn))
+    return ici, tuple(dcn)
+
+
+def device_grid(spec: MeshSpec, devices):
+    """The devices as an array of the mesh's shape, fast axes within one host or slice
+    (``mesh_utils.create_hybrid_device_mesh``), or None where all devices share one (then
+    ``jax.make_mesh`` lays them out)."""
+    from jax.experimental import mesh_utils
+
+    keys = {granule_key(d) for d in devices}
+    if len(keys) == 1:
+        return None
+    sizes = {k: sum(granule_key(d) == k for d in devices) for k in keys}
+    if len(set(sizes.values())) > 1:
+        raise PartexError("the hosts/slices hold different numbers of devices ("
+                          + ", ".join(f"{k}: {n}" for k, n in sorted(sizes.items()))
+                          + "); start every process with the same number of devices")
+    ici, dcn = hybrid_shape(spec, len(keys))
+    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=devices[0].platform != "tpu",
+                                                allow_split_physical_axes=True)

@@ -10,6 +10,8 @@ wrong function fails with a clear message.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 import json
 import math
 import os
@@ -18,6 +20,7 @@ from typing import Any, Callable, Sequence
 from ._analysis import RESOLUTIONS, RESOLVE
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
+from ._program import is_array_leaf
 from ._recompute import KINDS, is_recompute, kind_of, plan_unit
 
 FORMAT = "partex-plan"
@@ -155,6 +158,75 @@ class Plan:
         propagation then decides every intermediate)."""
         return PlannedFunction(self, fn, mesh, axis_names, constrain)
 
+    # ------------------------------------------------------------------ a training job
+    def jax_mesh(self, devices=None):
+        """The plan's mesh over JAX's devices (all processes' in a multi-process job), Auto
+        axis types, the fast axes within one host or TPU slice (``MeshSpec.jax_mesh``)."""
+        return self.mesh.jax_mesh(devices)
+
+    def shardings(self, args: Sequence[Any], mesh=None):
+        """The ``NamedSharding`` of every array leaf of ``args`` (a pytree like the planned
+        function's arguments: arrays or ``jax.ShapeDtypeStruct``s), ``None`` at static
+        leaves: the ``in_shardings`` / ``out_shardings`` of a jitted init that creates the
+        parameters and optimizer state already sharded (never whole on one host), or the
+        sharding ``jax.make_array_from_process_local_data`` builds a batch for."""
+        import jax
+        from jax.sharding import NamedSharding
+
+        mesh = mesh if mesh is not None else self.jax_mesh()
+        specs = iter(self._leaf_specs(args))
+        return jax.tree_util.tree_map(
+            lambda x: NamedSharding(mesh, spec_from_json(next(specs))) if is_array_leaf(x) else None,
+            tuple(args))
+
+    def shard_inputs(self, args: Sequence[Any], mesh=None):
+        """``args`` as global arrays on the plan's mesh: host values (numpy or this process's
+        jax arrays) that every process holds alike become ``jax.Array``s sharded as the plan
+        says, each process placing only its own devices' shards. Arrays already global, static
+        leaves and Python numbers pass as they are."""
+        import jax
+        import numpy as np
+
+        shardings = self.shardings(args, mesh)
+        multi = jax.process_count() > 1
+
+        def put(x, sh):
+            if sh is None or not hasattr(x, "shape"):
+                return x
+            if isinstance(x, jax.Array) and not x.is_fully_addressable:
+                return x  # already global
+            if not multi:
+                return jax.device_put(x, sh)
+            host = np.asarray(x)
+            return jax.make_array_from_callback(host.shape, sh, lambda index: host[index])
+
+        return jax.tree_util.tree_map(put, tuple(args), shardings, is_leaf=lambda x: x is None)
+
+    def _leaf_specs(self, args) -> list:
+        """The PartitionSpec (JSON) of each array leaf of ``args``, matched in order with the
+        plan's signature; a leaf of another shape or dtype is a clear error."""
+        import jax
+        import numpy as np
+
+        leaves = [x for x in jax.tree_util.tree_leaves(tuple(args)) if is_array_leaf(x)]
+        sig = self.signature.get("inputs", [])
+        if len(leaves) != len(sig):
+            raise PartexError(f"the arguments have {len(leaves)} array leaves, the plan's function {len(sig)}: "
+                              "pass the same pytree the plan was made for")
+        out = []
+        for x, (path, shape, dtype) in zip(leaves, sig):
+            have, dt = tuple(np.shape(x)), getattr(x, "dtype", None)
+            typed = dt is not None and not jax.dtypes.issubdtype(dt, jax.dtypes.extended)  # not a PRNG key
+            if have != tuple(shape) or (typed and str(dt) != dtype):
+                raise PartexError(f"argument leaf {path} is {have} {dt or ''} here but {tuple(shape)} {dtype} "
+                                  "in the plan")
+            out.append(self.inputs.get(path, []))
+        return out
+
+    def digest(self) -> str:
+        """A short hash of the plan file's content: the same on every process that loads it."""
+        return hashlib.sha256(self.dumps().encode()).hexdigest()[:16]
+
 
 def _hardware_from_json(d: Any) -> Hardware:
     if not isinstance(d, dict):
@@ -272,6 +344,7 @@ class PlannedFunction:
         from ._loader import axis_names_by_value
         from ._program import trace
 
+        check_processes(self.plan)
         mesh = self.mesh
         if tuple(mesh.axis_names) != self.plan.mesh.axes or tuple(mesh.devices.shape) != self.plan.mesh.sizes:
             raise PartexError(f"the mesh given ({dict(zip(mesh.axis_names, mesh.devices.shape))}) is not the "
@@ -317,6 +390,7 @@ class PlannedFunction:
         from ._program import dynamic_args
 
         jitted = self.build(args)
+        _check_global(self.program, args)
         return self.program.full_outputs(jitted(*dynamic_args(args)))
 
     def lower(self, *args):
@@ -324,6 +398,60 @@ class PlannedFunction:
 
         jitted = self.build(args)
         return jitted.lower(*dynamic_args(args))
+
+
+_AGREEMENTS = itertools.count()  # every process applies its plans in the same order
+AGREE_TIMEOUT_S = 300
+
+
+def check_processes(plan: Plan) -> None:
+    """In a multi-process job every process must apply the same plan with the same number of
+    devices (else each would compile another program, and their collectives would wait on
+    one another for ever): each posts its plan's digest and device count to JAX's
+    coordination service and reads the others', and a difference is a clear error on all."""
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    key = f"partex/apply/{next(_AGREEMENTS)}"
+    me = {"plan": plan.digest(), "devices": jax.local_device_count(), "mesh": plan.mesh.text()}
+    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(me))
+    every = []
+    for p in range(jax.process_count()):
+        try:
+            every.append(json.loads(client.blocking_key_value_get(f"{key}/{p}", AGREE_TIMEOUT_S * 1000)))
+        except Exception:  # the coordination service's deadline: the other process never came
+            raise PartexError(f"process {p} did not apply a plan within {AGREE_TIMEOUT_S} s: every process of "
+                              "the job must run the same training script") from None
+    counts = [e["devices"] for e in every]
+    if len(set(counts)) > 1:
+        raise PartexError("the processes hold different numbers of devices (" +
+                          ", ".join(f"process {p}: {n}" for p, n in enumerate(counts)) +
+                          "); start every process with the same number")
+    for p, e in enumerate(every):
+        if e["plan"] != me["plan"]:
+            raise PartexError(f"process {p} applies another plan than process {jax.process_index()} "
+                              f"(mesh {e['mesh']} vs {me['mesh']}, digest {e['plan']} vs {me['plan']}): "
+                              "give every process the same plan file")
+
+
+def _check_global(program, args) -> None:
+    """In a multi-process job, jit's arguments must be global arrays: a host value is a
+    clear error here, naming the leaf and the two ways to make one."""
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    leaves = [x for x in jax.tree_util.tree_leaves(tuple(args)) if is_array_leaf(x)]
+    for path, x in zip(program.input_paths, leaves):
+        if hasattr(x, "shape") and not (isinstance(x, jax.Array) and not x.is_fully_addressable):
+            raise PartexError(f"argument {path} is a value of this process only; a job of {jax.process_count()} "
+                              "processes takes global arrays: plan.shard_inputs(args) for values every process "
+                              "holds alike, jax.make_array_from_process_local_data(plan.shardings(args)[...], "
+                              "local) for a batch each process loads for itself")
 
 
 def check_consistent(plan: Plan, program, cm, decisions) -> None:
