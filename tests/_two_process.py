@@ -22,6 +22,8 @@ def main(spec: dict) -> dict:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{spec['port']}", num_processes=2,
                                process_id=spec["process_id"], initialization_timeout=120)
+    import numpy as np
+
     import demo_models
     import partex
 
@@ -35,6 +37,19 @@ def main(spec: dict) -> dict:
     out["grid"] = mesh.devices.shape
     step = plan.apply(model.fn, mesh=mesh)
     params, opt_state, batch = plan.shard_inputs(model.args, mesh)
+    # a batch each process loads for itself: its own rows (batch split over data, which
+    # crosses the hosts in process order), made global by JAX
+    shardings = plan.shardings(model.args, mesh)[2]
+    n, me = jax.process_count(), jax.process_index()
+    local = jax.tree_util.tree_map(lambda x: np.asarray(x)[me * len(x) // n:(me + 1) * len(x) // n], model.args[2])
+    loaded = jax.tree_util.tree_map(lambda sh, x, full: jax.make_array_from_process_local_data(sh, x, full.shape),
+                                    shardings, local, model.args[2])
+    out["local_batch_equal"] = all(
+        np.array_equal(a.data, b.data) and a.index == b.index
+        for x, y in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(batch))
+        for a, b in zip(sorted(x.addressable_shards, key=lambda s: s.device.id),
+                        sorted(y.addressable_shards, key=lambda s: s.device.id)))
+    batch = loaded
     losses = []
     for _ in range(spec["steps"]):
         params, opt_state, loss = step(params, opt_state, batch)

@@ -116,6 +116,7 @@ def test_two_processes_train_as_one_job_with_the_losses_of_one_process(tmp_path,
         # a value of one process only is refused with the two ways to make a global array
         assert "shard_inputs" in ok["host_value_error"] and "make_array_from_process_local_data" in \
             ok["host_value_error"]
+        assert ok["local_batch_equal"]  # make_array_from_process_local_data: the same global batch
         for got, one, ref in zip(ok["losses"], one_process, unsharded):
             assert abs(got - one) <= NUMERICS_RTOL * abs(one), (ok["losses"], one_process)
             assert abs(got - ref) <= NUMERICS_RTOL * abs(ref), (ok["losses"], unsharded)
