@@ -38,15 +38,15 @@ CPU_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
 def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
-           run: bool = False, timeout: float = 1800, constrain: bool = True) -> dict:
+           run: bool = False, timeout: float = 1800, constrain: bool = True, export: str | None = None) -> dict:
     """Verify one plan in a fresh process; returns the comparison dict (see ``_worker``)."""
     return verify_many(model, [plan_path], preset=preset, overrides=overrides, run=run, timeout=timeout,
-                       constrain=constrain)[0]
+                       constrain=constrain, export=export)[0]
 
 
 def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
                 overrides: list[str] | None = None, run: bool = False, timeout: float = 1800,
-                constrain: bool = True) -> list[dict]:
+                constrain: bool = True, export: str | None = None) -> list[dict]:
     """Verify several plans of one model (all on meshes of one size) in one fresh process."""
     from ._plan import Plan
 
@@ -59,7 +59,8 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
     args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
-                       "overrides": list(overrides or []), "run": run, "constrain": constrain})
+                       "overrides": list(overrides or []), "run": run, "constrain": constrain,
+                       "export": export})
     try:
         r = subprocess.run([sys.executable, "-m", "partex._verify", args], env=env, capture_output=True,
                            text=True, timeout=timeout)
@@ -77,9 +78,10 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     return out["results"]
 
 
-def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True) -> dict:
+def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, export: str | None = None) -> dict:
     """Verify a plan in this process, on the first ``plan.mesh.size`` of JAX's devices (a
-    function given in Python cannot be re-built in a fresh process)."""
+    function given in Python cannot be re-built in a fresh process). ``export`` ("specs",
+    "flax-rules"): also compile that export alone; ``out["comparison"]`` holds both."""
     import jax
 
     n = plan.mesh.size
@@ -88,8 +90,8 @@ def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True) -> 
             f"verify needs {n} devices for mesh {plan.mesh.text()} and this process has {jax.device_count()}: "
             f"start Python with JAX_NUM_CPU_DEVICES={n} (and JAX_PLATFORMS=cpu), or use a MODEL spec "
             "(partex.Session.from_spec) so that partex compiles in a fresh process")
-    spec = {"model": model.name, "preset": model.preset, "run": run, "constrain": constrain}
-    return _verify_one(model, plan, spec, n, mesh=plan.mesh.jax_mesh(jax.devices()[:n]))
+    spec = {"model": model.name, "preset": model.preset, "run": run, "constrain": constrain, "export": export}
+    return _verify_with_export(model, plan, spec, n, mesh=plan.mesh.jax_mesh(jax.devices()[:n]))
 
 
 def _ratio(pred: float, xla: float) -> float | None:
@@ -109,7 +111,15 @@ def _worker(spec: dict) -> list[dict]:
     from ._plan import Plan
 
     model = load_model(spec["model"], spec["preset"], spec["overrides"])
-    return [_verify_one(model, Plan.load(path), spec, n) for path in spec["plans"]]
+    return [_verify_with_export(model, Plan.load(path), spec, n) for path in spec["plans"]]
+
+
+def _verify_with_export(model, plan, spec: dict, n: int, mesh=None) -> dict:
+    """``_verify_one``, and with ``spec["export"]`` the export's figures beside the plan's."""
+    out = _verify_one(model, plan, spec, n, mesh)
+    if spec.get("export"):
+        out["comparison"] = _side_by_side(out, _export_figures(model, plan, spec, n, mesh), spec["export"])
+    return out
 
 
 def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
@@ -252,6 +262,69 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
         out["computed_in"] = f"float32 (the step's {', '.join(low)} promoted)"
     return out
 
+
+
+def _xla_figures(lowered, mesh) -> dict:
+    """XLA's per-device memory and collective bytes by kind of a lowered function."""
+    from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
+
+    compiled = lowered.compile()
+    mem = memory_stats(compiled)
+    colls = collective_bytes_by_kind(parse_collectives(compiled.as_text(), mesh))
+    return {"memory": mem["total"], "xla_memory": mem, "collectives": {k: colls.get(k, 0) for k in KINDS}}
+
+
+def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
+    """XLA's figures of an export alone: ``specs`` (input and output shardings, XLA's
+    propagation for the rest) or ``flax-rules`` (the rules' input shardings, the model's
+    own logical constraints under the rules); with ``run``, its numerics."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    from ._plan import spec_from_json
+    from ._program import abstract
+
+    fmt = spec["export"]
+    if fmt == "specs":
+        planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=False)
+        out = _xla_figures(planned.lower(*jax.tree_util.tree_map(abstract, model.args)), planned.mesh)
+        if spec["run"]:
+            out["numerics"] = _numerics(model, planned, jax, np, NamedSharding, spec_from_json)
+        return out
+    if fmt != "flax-rules":
+        raise PartexError(f"unknown export format {fmt!r}; valid: specs, flax-rules")
+    from ._export import RulesFunction, flax_rules, rules_context
+
+    rules = flax_rules(plan, model)
+    mesh = mesh if mesh is not None else plan.jax_mesh(jax.devices()[:n])
+    rf = RulesFunction(model.fn, model.args, model.axis_names, rules.rules, mesh)
+    out = _xla_figures(rf.lower(*model.args), mesh)
+    out["rules"] = rules.to_json()
+    if spec["run"]:
+        from ._apply import is_low
+        from ._program import dynamic_args
+
+        if any(is_low(v.dtype) for v in rf.program.values):
+            out["numerics_skipped"] = "the step computes in 16-bit floats: rules alone run it as written"
+        else:
+            host = jax.tree_util.tree_map(np.asarray, dynamic_args(model.args))
+            ref = jax.jit(rf.split)(*host)
+            with rules_context(rules.rules, mesh):
+                got = rf.jitted(*host)
+            out["numerics"] = compare_outputs(list(rf.program.output_paths), jax.tree_util.tree_leaves(ref),
+                                              jax.tree_util.tree_leaves(got))
+    return out
+
+
+def _side_by_side(full: dict, alone: dict, fmt: str) -> dict:
+    import jax
+
+    plan = {"memory": full["memory"]["xla"], "collectives": {k: c["xla_bytes"] for k, c in full["collectives"].items()}}
+    if "numerics" in full:
+        plan["numerics"] = full["numerics"]
+    return {"format": fmt,
+            "devices": full["devices"], "platform": jax.devices()[0].platform, "plan": plan, "export": alone}
 
 
 def main() -> None:

@@ -1,11 +1,13 @@
 """A decoder-only (Llama-style) transformer LM written with flax.linen, trained as linen
 users train: ``flax.training.train_state.TrainState`` with ``optax.adamw``.
 
-The model is linen's own modules (``nn.Embed``, ``nn.DenseGeneral``, ``nn.Dense``,
-``nn.LayerNorm``), with hand-written causal attention between ``nn.DenseGeneral``
-projections, and the layers as a Python list of submodules built in ``setup`` (linen
+The model is linen's own modules (``nn.Embed``, ``nn.Dense``, ``nn.LayerNorm``), with
+hand-written causal attention between multi-axis projections (``Projection``: a kernel
+and a ``dot_general``, as ``nn.DenseGeneral`` computes them), and the layers as a Python list of submodules built in ``setup`` (linen
 names them ``layers_0``, ``layers_1``, ...). Every parameter carries logical axis names
-through ``nn.with_logical_partitioning``; the axis names handed to partex are what linen
+through ``nn.with_logical_partitioning``, and the activations through
+``nn.with_logical_constraint`` (a no-op until a script runs the step under
+``nn.logical_axis_rules``, e.g. the rules ``partex export --format flax-rules`` writes); the axis names handed to partex are what linen
 users get from them, ``nn.get_partition_spec`` of the abstract train state (as MaxText
 does: the boxed state gives the logical specs, the step runs on the unboxed state).
 
@@ -55,24 +57,43 @@ def _init(names, init=nn.initializers.lecun_normal()):
     return nn.with_logical_partitioning(init, names)
 
 
+class Projection(nn.Module):
+    """``nn.DenseGeneral``'s projection with its kernel created at its own shape: linen's
+    DenseGeneral initialises a multi-axis kernel flat and reshapes it, and under
+    ``nn.logical_axis_rules`` on a mesh its box then constrains the flat (rank-2) kernel with
+    three logical names, which JAX rejects; MaxText writes its own DenseGeneral likewise."""
+    features: tuple[int, ...]
+    names: tuple[str, ...]
+    contract: int  # how many trailing dims of the input it contracts
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        ins = x.shape[x.ndim - self.contract:]
+        init = nn.initializers.lecun_normal(in_axis=tuple(range(self.contract)),
+                                            out_axis=tuple(range(self.contract, self.contract + len(self.features))))
+        kernel = self.param("kernel", _init(self.names, init), (*ins, *self.features))
+        axes = tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))
+        return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (axes, ((), ())))
+
+
 class Attention(nn.Module):
     cfg: Config
 
     @nn.compact
     def __call__(self, x):
         cfg = self.cfg
-        proj = functools.partial(nn.DenseGeneral, features=(cfg.heads, cfg.head_dim), use_bias=False,
-                                 dtype=cfg.dtype, kernel_init=_init(("embed", "heads", "kv")))
-        q = proj(name="query")(x)
-        k = proj(name="key")(x)
-        v = proj(name="value")(x)
+        proj = functools.partial(Projection, (cfg.heads, cfg.head_dim), ("embed", "heads", "kv"), 1, cfg.dtype)
+        heads = ("batch", "length", "heads", "kv")
+        q = nn.with_logical_constraint(proj(name="query")(x), heads)
+        k = nn.with_logical_constraint(proj(name="key")(x), heads)
+        v = nn.with_logical_constraint(proj(name="value")(x), heads)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
         causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), dtype=bool))
         scores = jnp.where(causal, scores, jnp.finfo(cfg.dtype).min)
         probs = nn.softmax(scores.astype(jnp.float32), axis=-1).astype(cfg.dtype)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-        return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                               kernel_init=_init(("heads", "kv", "embed")), name="out")(out)
+        return Projection((cfg.d_model,), ("heads", "kv", "embed"), 2, cfg.dtype, name="out")(out)
 
 
 class Mlp(nn.Module):
@@ -84,7 +105,8 @@ class Mlp(nn.Module):
         dense = functools.partial(nn.Dense, use_bias=False, dtype=cfg.dtype)
         gate = dense(cfg.mlp, kernel_init=_init(("embed", "mlp")), name="wi_0")(x)
         up = dense(cfg.mlp, kernel_init=_init(("embed", "mlp")), name="wi_1")(x)
-        return dense(cfg.d_model, kernel_init=_init(("mlp", "embed")), name="wo")(nn.silu(gate) * up)
+        hidden = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "length", "mlp"))
+        return dense(cfg.d_model, kernel_init=_init(("mlp", "embed")), name="wo")(hidden)
 
 
 def _norm(cfg: Config, name: str) -> nn.LayerNorm:
@@ -99,7 +121,8 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = x + Attention(self.cfg, name="attention")(_norm(self.cfg, "pre_attention_norm")(x))
-        return x + Mlp(self.cfg, name="mlp")(_norm(self.cfg, "pre_mlp_norm")(x))
+        x = x + Mlp(self.cfg, name="mlp")(_norm(self.cfg, "pre_mlp_norm")(x))
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
 class Transformer(nn.Module):
@@ -115,7 +138,7 @@ class Transformer(nn.Module):
                                 kernel_init=_init(("embed", "vocab")))
 
     def __call__(self, tokens):
-        x = self.embed(tokens)
+        x = nn.with_logical_constraint(self.embed(tokens), ("batch", "length", "embed"))
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.final_norm(x)).astype(jnp.float32)
