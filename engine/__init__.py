@@ -25,6 +25,7 @@ from ._analysis import RESOLUTIONS, Analysis, Conflict, Group, GroupInfo, NamedD
 from ._cost import CostReport, MemoryReport
 from ._errors import PartexError
 from ._exhaustive import ExhaustiveResult
+from ._export import FORMATS as EXPORT_FORMATS, RulesExport
 from ._ilp import ILPResult
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
@@ -68,20 +69,60 @@ def search(fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware 
     return plan
 
 
-def verify(plan: Plan, fn: Callable, args: Sequence[Any], *, run: bool = False, axis_names=None) -> dict:
+def verify(plan: Plan, fn: Callable, args: Sequence[Any], *, run: bool = False, axis_names=None,
+           export: str | None = None) -> dict:
     """Compile ``plan`` applied to ``fn`` with XLA on this process's devices and compare with
     the prediction: ``out["memory"]`` (predicted / xla / ratio, per device),
     ``out["collectives"]`` (bytes by kind), ``out["fits"]``; with ``run`` (real arrays), also
-    run it and compare with the unsharded ``fn`` (``out["numerics"]``)."""
+    run it and compare with the unsharded ``fn`` (``out["numerics"]``). ``export`` ("specs",
+    "flax-rules"): also compile that export alone, ``out["comparison"]`` holding XLA's
+    figures of both (``export_table(out)`` prints them)."""
     from ._verify import verify_loaded
 
     name = getattr(fn, "__name__", "fn")
-    return verify_loaded(LoadedModel(name, fn, tuple(args), axis_names, "custom", None), plan, run=run)
+    return verify_loaded(LoadedModel(name, fn, tuple(args), axis_names, "custom", None), plan, run=run,
+                         export=export)
+
+
+def export(plan: Plan, format: str, fn: Callable | None = None, args: Sequence[Any] | None = None, *,
+           axis_names=None, as_json: bool = False) -> str:
+    """The plan as a file a training job uses without partex (``partex export``):
+    ``"specs"``, a standalone Python module (or JSON) of the mesh and the step's input and
+    output PartitionSpecs; ``"flax-rules"``, logical-axis rules for flax's
+    ``nn.logical_axis_rules`` / MaxText's ``logical_axis_rules``, which needs ``fn``,
+    ``args`` and the inputs' logical ``axis_names`` (activations' names come from the
+    model's ``nn.with_logical_constraint``). ``flax_rules`` gives the rules as data."""
+    from ._export import export_text
+
+    model = None
+    if fn is not None:
+        model = LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args or ()), axis_names, "custom", None)
+    return export_text(plan, format, model, as_json=as_json)
+
+
+def flax_rules(plan: Plan, fn: Callable, args: Sequence[Any], *, axis_names) -> "RulesExport":
+    """``plan`` as logical-axis rules: ``.rules`` [(name, mesh axes)], ``.flax()`` as
+    ``nn.logical_axis_rules`` takes them, ``.matched`` (share of the named arrays' bytes the
+    rules shard as the plan does), ``.conflicts`` (names the plan shards two ways)."""
+    from ._export import flax_rules as rules_of
+
+    return rules_of(plan, LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names, "custom", None))
+
+
+def export_table(verified: dict) -> str:
+    """The side-by-side lines of ``verify(..., export=...)``: XLA's memory and collective
+    bytes of the full plan and of the export alone."""
+    from ._export import comparison_table
+
+    if "comparison" not in verified:
+        raise PartexError("export_table needs the result of verify(..., export=\"specs\" or \"flax-rules\")")
+    return "\n".join(comparison_table(verified["comparison"]))
 
 
 __all__ = [
     # the public API
     "Session", "Plan", "PlannedFunction", "PlanDecision", "analyze", "search", "verify", "PartexError",
+    "export", "flax_rules", "export_table", "EXPORT_FORMATS", "RulesExport",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
     "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "is_recompute", "RESOLUTIONS", "is_resolution",

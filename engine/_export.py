@@ -112,6 +112,10 @@ class RulesExport:
     lost: list[str]  # what rules cannot say (recompute decisions, unnamed intermediates)
     activations: int  # activations the model names (nn.with_logical_constraint)
 
+    def flax(self) -> list[tuple[str, Any]]:
+        """The rules as ``nn.logical_axis_rules`` takes them."""
+        return flax_rules_value(self.rules)
+
     def to_json(self) -> dict:
         return {"format": "partex-flax-rules", "rules": [[n, list(a) or None] for n, a in self.rules],
                 "matched_fraction": self.matched, "conflicts": self.conflicts, "unnamed": self.unnamed,
@@ -298,7 +302,8 @@ def arg_names(plan: Plan) -> list[str]:
 
 def _header(plan: Plan, what: str, comparison: dict | None) -> list[str]:
     m = plan.model or {}
-    lines = [f"{what} of partex's plan for {m.get('name') or 'the model'} ({plan.strategy or 'searched'}) on mesh "
+    name = m.get("spec") or m.get("name") or "the model"
+    lines = [f"{what} of partex's plan for {name} ({plan.strategy or 'searched'}) on mesh "
              f"{plan.mesh.text()}" + (f", slow (cross-host) axes: {', '.join(plan.mesh.slow_axes())}"
                                      if plan.mesh.slow_axes() else "") + "."]
     if comparison:
@@ -331,7 +336,7 @@ def specs_python(plan: Plan, comparison: dict | None = None) -> str:
         f"DONATE = {tuple(plan.donate)!r}", "",
         "INPUTS = {", *[f"    {p!r}: P({_spec_args(s)})," for p, s in plan.inputs.items()], "}",
         "OUTPUTS = {", *[f"    {p!r}: P({_spec_args(s)})," for p, s in plan.outputs.items()], "}", "",
-        _MESH_CODE]
+        _MESH_CODE, _SHARDINGS_CODE]
     return "\n".join(body) + "\n"
 
 
@@ -362,6 +367,9 @@ def mesh(devices=None):
     return Mesh(grid, MESH_AXES, axis_types=types)
 
 
+'''
+
+_SHARDINGS_CODE = '''
 def _key(k):
     for attr in ("key", "idx", "name"):
         if hasattr(k, attr):
@@ -398,12 +406,32 @@ def rules_python(plan: Plan, export: RulesExport, comparison: dict | None = None
         "        step = jax.jit(train_step, in_shardings=(shardings, batch_shardings))",
         "", "MaxText: pass RULES as logical_axis_rules (override_logical_axis_rules=True)."]
     body = ['"""' + "\n".join(doc) + '\n"""', "",
+            "import math", "", "import jax", "from jax.sharding import AxisType, Mesh", "",
             f"MESH_AXES = {tuple(plan.mesh.axes)!r}",
             f"MESH_SHAPE = {tuple(plan.mesh.sizes)!r}",
             f"SLOW_AXES = {tuple(plan.mesh.slow_axes())!r}  # across hosts/slices (DCN, InfiniBand)",
             "RULES = [", *[f"    ({n!r}, {v!r})," for n, v in flax_rules_value(export.rules)], "]",
-            f"CONFLICTS = {json.dumps(export.conflicts, indent=1)}"]
+            f"CONFLICTS = {json.dumps(export.conflicts, indent=1)}", "", _MESH_CODE]
     return "\n".join(body) + "\n"
+
+
+def export_text(plan: Plan, fmt: str, model=None, comparison: dict | None = None, as_json: bool = False) -> str:
+    """The file ``partex export`` writes: ``specs`` or ``flax-rules`` (which needs ``model``,
+    a LoadedModel, for the logical names), as standalone Python or as JSON; ``comparison``
+    (verify's side by side) goes into its header / a "comparison" field."""
+    if fmt == "specs":
+        if as_json:
+            return json.dumps({**specs_json(plan), "comparison": comparison}, indent=1)
+        return specs_python(plan, comparison)
+    if fmt == "flax-rules":
+        if model is None:
+            raise PartexError("flax-rules needs the plan's model for its logical axis names: give --model MODEL "
+                              "(the module:attr or file.py:attr the plan was made from)")
+        rules = flax_rules(plan, model)
+        if as_json:
+            return json.dumps({**rules.to_json(), "mesh": plan.mesh.to_json(), "comparison": comparison}, indent=1)
+        return rules_python(plan, rules, comparison)
+    raise PartexError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 
 # --------------------------------------------------------------------------- side by side
@@ -417,6 +445,8 @@ def comparison_table(c: dict) -> list[str]:
     w = max(len(c["format"]) + 6, 12)
     rows = [f"  {'':<22}{'full plan':>12}  {c['format'] + ' alone':>{w}}",
             f"  {'memory per device':<22}{format_bytes(full['memory']):>12}  {format_bytes(alone['memory']):>{w}}"]
+    rows.append(f"  {'fits ' + format_bytes(c['budget']):<22}{'yes' if full['fits'] else 'NO':>12}  "
+                f"{'yes' if alone['fits'] else 'NO':>{w}}")
     for k in KINDS:
         a, b = full["collectives"].get(k, 0), alone["collectives"].get(k, 0)
         if a or b:

@@ -686,7 +686,7 @@ def _model_spec(spec: str, preset: str, overrides) -> ModelSpec:
 
 
 def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None = None, run: bool = False,
-                constrain: bool = True, timeout: float = 1800) -> dict:
+                constrain: bool = True, timeout: float = 1800, export: str | None = None) -> dict:
     """XLA's figures for a plan: in a fresh process for a MODEL spec, else in this one."""
     from ._verify import verify, verify_loaded
 
@@ -696,10 +696,10 @@ def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None
         try:
             plan.save(path)
             return verify(spec.spec, path, preset=spec.preset, overrides=list(spec.overrides) or None, run=run,
-                          timeout=timeout, constrain=constrain)
+                          timeout=timeout, constrain=constrain, export=export)
         finally:
             with contextlib.suppress(OSError):
                 os.remove(path)
     if model is None:
         raise PartexError("verify needs the function the plan was made for")
-    return verify_loaded(model, plan, run=run, constrain=constrain)
+    return verify_loaded(model, plan, run=run, constrain=constrain, export=export)

@@ -320,10 +320,12 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
 def _side_by_side(full: dict, alone: dict, fmt: str) -> dict:
     import jax
 
-    plan = {"memory": full["memory"]["xla"], "collectives": {k: c["xla_bytes"] for k, c in full["collectives"].items()}}
+    plan = {"memory": full["memory"]["xla"], "collectives": {k: c["xla_bytes"] for k, c in full["collectives"].items()},
+            "fits": full["fits"]}
+    alone["fits"] = alone["memory"] <= full["budget"]
     if "numerics" in full:
         plan["numerics"] = full["numerics"]
-    return {"format": fmt,
+    return {"format": fmt, "budget": full["budget"],
             "devices": full["devices"], "platform": jax.devices()[0].platform, "plan": plan, "export": alone}
 
 

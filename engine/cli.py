@@ -168,6 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--inputs-only", action="store_true",
                    help="apply the input/output shardings alone, without intermediate constraints "
                         "(to see what XLA's own propagation does)")
+    v.add_argument("--export", choices=("specs", "flax-rules"),
+                   help="also compile that export of the plan alone and show XLA's figures side by side")
+
+    ex = sub.add_parser("export", help="write a plan as a file a training job uses without partex: specs "
+                                       "(mesh and in/out PartitionSpecs) or flax-rules (logical axis rules)")
+    ex.add_argument("plan", help="plan JSON written by `partex plan` or `partex search`")
+    ex.add_argument("--format", required=True, choices=("specs", "flax-rules"))
+    ex.add_argument("--out", "-o", help="file to write: .py (standalone Python, the default) or .json; "
+                                        "default: stdout")
+    ex.add_argument("--model", help="the plan's MODEL (default: the demo model the plan names); flax-rules needs "
+                                    "it for the logical axis names; with it, the export alone and the full plan "
+                                    "are compiled on simulated devices and compared")
+    ex.add_argument("--preset", help="the MODEL's preset (default: the plan's, else tiny)")
+    ex.add_argument("--config", action="append", default=[], metavar="K=V", help="override one demo config field")
+    ex.add_argument("--no-compare", action="store_true", help="do not compile and compare (faster)")
+    ex.add_argument("--run", action="store_true", help="also run both (small configs) and compare numerics")
+    ex.add_argument("--json", action="store_true", help="write JSON (to --out or stdout)")
     return ap
 
 
@@ -258,7 +275,7 @@ def cmd_verify(args) -> int:
 
     plan = Plan.load(args.plan)
     out = verify_plan(plan, spec=ModelSpec(args.model, args.preset or "tiny", tuple(_overrides(args.config))),
-                      run=args.run, constrain=not args.inputs_only)
+                      run=args.run, constrain=not args.inputs_only, export=args.export)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -278,6 +295,50 @@ def cmd_verify(args) -> int:
         n = out["numerics"]
         print(f"  numerics: max relative error {n['max_rel_err']:.2e} ({'ok' if n['ok'] else 'MISMATCH'})"
               + (f", computed in {n['computed_in']}" if n.get("computed_in") else ""))
+    if "comparison" in out:
+        from ._export import comparison_table
+
+        print(f"XLA's figures, the full plan beside the {args.export} export alone:")
+        print("\n".join(comparison_table(out["comparison"])))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from ._export import comparison_table, export_text
+    from ._loader import demo_names, load_model
+    from ._plan import Plan
+    from ._session import ModelSpec, verify_plan
+
+    plan = Plan.load(args.plan)
+    m = plan.model or {}
+    spec = None
+    if args.model:
+        spec = ModelSpec(args.model, args.preset or "tiny", tuple(_overrides(args.config)))
+    elif m.get("spec") or m.get("name") in demo_names():  # the MODEL spec the plan was made from
+        spec = ModelSpec(m.get("spec") or m["name"], args.preset or m.get("preset") or "tiny",
+                         tuple(_overrides(args.config)) or tuple(m.get("overrides") or ()))
+    comparison = None
+    if spec and not args.no_compare:
+        comparison = verify_plan(plan, spec=spec, run=args.run, export=args.format)["comparison"]
+        sys.stderr.write(f"XLA's figures ({comparison['devices']} simulated devices), the full plan beside "
+                         f"the {args.format} export alone:\n" + "\n".join(comparison_table(comparison)) + "\n")
+    model = None
+    if args.format == "flax-rules" and spec:
+        with _model_output():
+            model = load_model(spec.spec, spec.preset, list(spec.overrides))
+    as_json = args.json or (args.out or "").endswith(".json")
+    text = export_text(plan, args.format, model, comparison, as_json=as_json)
+    if args.out:
+        tmp = f"{args.out}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, args.out)
+        except OSError as e:
+            raise PartexError(f"cannot write {args.out}: {e.strerror}") from None
+        sys.stderr.write(f"wrote {args.out} ({args.format})\n")
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -506,7 +567,7 @@ def cmd_serve(args) -> int:
 
 
 COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search,
-            "bench": cmd_bench, "serve": cmd_serve}
+            "bench": cmd_bench, "serve": cmd_serve, "export": cmd_export}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

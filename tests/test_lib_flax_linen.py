@@ -92,3 +92,42 @@ def test_names_of_a_boxed_linen_state_are_a_prefix_of_the_args():
         warnings.simplefilter("error")
         an = partex.analyze(step, boxed, x, axis_names=(nn.get_partition_spec(boxed), ("batch", None)))
     assert {"batch", "embed", "mlp"} <= {g.label for g in an.analysis.decision_groups}
+
+
+def test_flax_rules_of_zero3_train_under_nn_logical_axis_rules_without_partex():
+    """The plan exported as logical-axis rules: the model names its activations
+    (nn.with_logical_constraint), so the rules must rank batch before embed (the weights'
+    embed on data, the activations' embed whole while batch holds data); under the rules
+    alone a flax step shards every named array as the plan does and computes the same."""
+    import flax.linen as nn
+
+    fn, args, names = MOD.make()
+    s = lc.session((fn, args, names))
+    plan = s.plan(strategy="zero3")
+    r = partex.flax_rules(plan, fn, args, axis_names=names)
+    rules, order = dict(r.rules), [n for n, _ in r.rules]
+    assert rules["batch"] == rules["embed"] == ("data",) and rules["mlp"] == rules["heads"] == ("model",)
+    assert order.index("batch") < order.index("embed")
+    assert r.matched == 1.0 and not r.conflicts
+    assert r.activations == 11  # the embedding's output, and q, k, v, MLP hidden, output of each layer
+    # a flax training script with the rules and no partex: jit under the rules on the mesh
+    mesh = plan.jax_mesh()
+    state_specs = nn.logical_to_mesh_sharding(names[0], mesh, r.flax())
+    batch_specs = {k: jax.sharding.NamedSharding(mesh, nn.logical_to_mesh_axes(v, r.flax()))
+                   for k, v in names[1].items()}
+    step = jax.jit(fn, in_shardings=(state_specs, batch_specs))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(r.flax()):
+        state, loss = step(*args)
+        text = step.lower(*args).as_text()
+    assert "sharding_constraint" in text  # the model's own constraints are in force
+    assert "sharding_constraint" not in jax.jit(fn).lower(*args).as_text()  # and only under the rules
+    kernel = state.params["layers_0"]["mlp"]["wi_0"]["kernel"]
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec("data", "model")
+    _, expected_loss = jax.jit(fn)(*args)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    # verify: XLA's figures of the rules alone beside the full plan, and their numerics
+    out = partex.verify(plan, fn, args, axis_names=names, run=True, export="flax-rules")
+    c = out["comparison"]
+    assert c["export"]["numerics"]["ok"] and c["plan"]["numerics"]["ok"]
+    assert c["export"]["collectives"]["all-gather"] > 0  # the weights gathered over data, as ZeRO-3 does
+    assert "flax-rules alone" in partex.export_table(out)
