@@ -259,7 +259,7 @@ class RulesFunction:
     with the rules' input shardings, traced under the rules on the mesh (the model's own
     ``nn.with_logical_constraint`` calls place the activations they name)."""
 
-    def __init__(self, fn, args, axis_names, rules, mesh):
+    def __init__(self, fn, args, axis_names, rules, mesh, donate: Sequence[int] = ()):
         import jax
 
         from ._loader import axis_names_by_value
@@ -270,8 +270,11 @@ class RulesFunction:
         names = {vid: tuple(n) for vid, n in axis_names_by_value(self.program, axis_names).items()}
         shardings = rules_in_shardings(self.program, names, rules, mesh)
         self.split = StaticSplit(fn, args)
+        # the state donated as the plan donates it (a training script does): the figures then
+        # differ from the plan's by the shardings alone
         self.jitted = jax.jit(self.split, in_shardings=tuple(jax.tree_util.tree_unflatten(self.program.in_tree,
-                                                                                         shardings)))
+                                                                                         shardings)),
+                              donate_argnums=tuple(i for i in donate if i < len(args)))
 
     def lower(self, *args):
         from ._program import abstract, dynamic_args

@@ -231,8 +231,12 @@ class MeshSpec:
 
         devices = list(devices if devices is not None else jax.devices())
         if len(devices) != self.size:
-            procs = sorted({d.process_index for d in devices})
-            where = (f"{len(devices)} over {len(procs)} processes" if len(procs) > 1 else str(len(devices)))
+            per = {}
+            for d in devices:
+                per[d.process_index] = per.get(d.process_index, 0) + 1
+            procs = sorted(per)
+            where = (f"{len(devices)} over {len(procs)} processes ("
+                     + ", ".join(f"process {p}: {per[p]}" for p in procs) + ")" if len(procs) > 1 else str(len(devices)))
             raise PartexError(
                 f"mesh {self.text()} needs {self.size} devices but JAX has {where}; "
                 + (f"set JAX_NUM_CPU_DEVICES={self.size} (CPU) or " if len(procs) == 1 else "")

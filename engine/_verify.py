@@ -298,7 +298,7 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
 
     rules = flax_rules(plan, model)
     mesh = mesh if mesh is not None else plan.jax_mesh(jax.devices()[:n])
-    rf = RulesFunction(model.fn, model.args, model.axis_names, rules.rules, mesh)
+    rf = RulesFunction(model.fn, model.args, model.axis_names, rules.rules, mesh, donate=plan.donate)
     out = _xla_figures(rf.lower(*model.args), mesh)
     out["rules"] = rules.to_json()
     if spec["run"]:

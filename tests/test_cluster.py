@@ -33,14 +33,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp_path, plans: list[str], steps: int = STEPS, timeout: float = JOB_TIMEOUT_S) -> list[dict]:
-    """Start one worker per plan file (process i applies plans[i]); wait for both, bounded:
-    when one fails the other gets 60 s to finish, then both are killed. Output goes to
-    files (a full pipe would block a worker)."""
+def run_job(tmp_path, plans: list[str], steps: int = STEPS, timeout: float = JOB_TIMEOUT_S,
+            devices: tuple[int, ...] = (4, 4)) -> list[dict]:
+    """Start one worker per plan file (process i applies plans[i] on devices[i] CPU
+    devices); wait for both, bounded: when one fails the other gets 60 s to finish, then
+    both are killed. Output goes to files (a full pipe would block a worker)."""
     port = free_port()
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "4", "JAX_PLATFORMS": "cpu"}
     procs, logs = [], []
     for i, plan in enumerate(plans):
+        env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices[i]), "JAX_PLATFORMS": "cpu"}
         log = open(tmp_path / f"process{i}.log", "w+")
         spec = {"process_id": i, "port": port, "plan": plan, "steps": steps}
         procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)], stdout=log,
@@ -130,6 +131,13 @@ def test_processes_that_apply_different_plans_stop_with_one_clear_error(tmp_path
     for r in job:
         assert r["returncode"] == 2, r
         assert "applies another plan" in r["error"] and "same plan file" in r["error"], r["error"]
+
+
+def test_processes_with_different_device_counts_stop_with_one_clear_error(tmp_path, plans):
+    job = run_job(tmp_path, [plans["searched"]] * 2, steps=1, devices=(4, 2))
+    for r in job:
+        assert r["returncode"] == 2, r
+        assert "needs 8 devices but JAX has 6 over 2 processes (process 0: 4, process 1: 2)" in r["error"], r["error"]
 
 
 # --------------------------------------------------------------------------- topology
