@@ -75,7 +75,8 @@ def constrained_function(
     default the user's spec as it is (its mesh must then be ``mesh``'s).
 
     ``promote``: compute in float32 what the step computes in bfloat16 or float16 (inputs,
-    constants, casts, matmul accumulators; ``reduce_precision`` is skipped), the same ops in
+    constants, casts, matmul accumulators; ``reduce_precision`` is skipped), matmuls and
+    convolutions at full float32 precision (GPUs take TF32 by default), the same ops in
     the same shardings: verify compares a plan's numerics so, where 16-bit rounding would
     hide a misplaced shard in noise.
 
@@ -399,6 +400,9 @@ class _Interpreter:
         for k, v in params.items():
             if k in _DTYPE_PARAMS and v is not None and is_low(v):
                 v = np.dtype(np.float32)
+            elif k == "precision" and name in ("dot_general", "conv_general_dilated"):
+                # float32 in float32: not TF32 / bf16 passes, which GPUs and TPUs take by default
+                v = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
             elif isinstance(v, (ClosedJaxpr, jcore.Jaxpr)):  # a reduction's computation (scatter-add)
                 v = self._promoted_jaxpr(v)
             out[k] = v

@@ -247,7 +247,13 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
     # shardings, without the 16-bit rounding whose noise (signs of ~0 gradients flipped, Adam
     # turning them into whole updates) would be as large as a misplaced shard's error.
     low = sorted({str(v.dtype) for v in program.values if is_low(v.dtype)})
-    if low:
+    # Off CPU the comparison is at full float32 precision too: GPUs take TF32 (a 10-bit
+    # mantissa) for float32 matmuls by default, and a recomputed forward fused otherwise than
+    # the reference's differs by that rounding, which Adam turns into whole steps (an H200:
+    # 0.013 of a leaf's scale with recompute at the default precision, 2e-6 at full). The
+    # check is of where the shards are, not of the backend's precision.
+    accelerator = planned.mesh.devices.flat[0].platform != "cpu"
+    if low or accelerator:
         dropped = {op.id: None for op in program.ops if op.primitive in USER_SHARDING}  # the unsharded reference
         reference = jax.jit(constrained_function(program, planned.mesh, {}, {}, dropped, promote=True))
         jitted = planned.float32(model.args)
@@ -260,6 +266,8 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
                           jax.tree_util.tree_leaves(got))
     if low:
         out["computed_in"] = f"float32 (the step's {', '.join(low)} promoted)"
+    elif accelerator:
+        out["computed_in"] = "float32 at full matmul precision (not the backend's default TF32)"
     return out
 
 
