@@ -10,13 +10,8 @@ and realises recomputation differently).
 
 import argparse
 import json
-import os
-import sys
 import time
 import traceback
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def main() -> None:
@@ -38,8 +33,8 @@ def main() -> None:
                 json.dump(result, f, indent=1, default=str)
 
     try:
-        import demo_models
         import partex
+        from partex import demo_models
     except Exception:
         result["import_error"] = traceback.format_exc()
         save()
