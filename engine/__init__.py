@@ -70,18 +70,20 @@ def search(fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware 
 
 
 def verify(plan: Plan, fn: Callable, args: Sequence[Any], *, run: bool = False, axis_names=None,
-           export: str | None = None) -> dict:
+           export: str | None = None, explain: bool = False) -> dict:
     """Compile ``plan`` applied to ``fn`` with XLA on this process's devices and compare with
     the prediction: ``out["memory"]`` (predicted / xla / ratio, per device),
     ``out["collectives"]`` (bytes by kind), ``out["fits"]``; with ``run`` (real arrays), also
     run it and compare with the unsharded ``fn`` (``out["numerics"]``). ``export`` ("specs",
     "flax-rules"): also compile that export alone, ``out["comparison"]`` holding XLA's
-    figures of both (``export_table(out)`` prints them)."""
+    figures of both (``export_table(out)`` prints them). ``explain``: ``out["explain"]``,
+    XLA's collectives each with its source line and op, matched to the predicted collective
+    and the decision that causes it (``matched_fraction``: the share of XLA's bytes matched)."""
     from ._verify import verify_loaded
 
     name = getattr(fn, "__name__", "fn")
     return verify_loaded(LoadedModel(name, fn, tuple(args), axis_names, "custom", None), plan, run=run,
-                         export=export)
+                         export=export, explain=explain)
 
 
 def export(plan: Plan, format: str, fn: Callable | None = None, args: Sequence[Any] | None = None, *,

@@ -284,10 +284,12 @@ class _Interpreter:
                 else:
                     outs = self.bind(eqn, op_id, invals)
                     constrain_outs = True
-            for var, x in zip(eqn.outvars, outs):
-                if isinstance(var, jcore.DropVar):
-                    continue
-                store(var, self.constrain_var(var, x) if constrain_outs else x)
+                # in the eqn's context: the constraint (and the collectives XLA makes of it)
+                # carries the source line of the op that produced the value
+                for var, x in zip(eqn.outvars, outs):
+                    if isinstance(var, jcore.DropVar):
+                        continue
+                    store(var, self.constrain_var(var, x) if constrain_outs else x)
         return [read(a) for a in jaxpr.outvars]
 
     def _distinct_leaves(self, cp, names, ys) -> list:

@@ -88,6 +88,8 @@ class CollectiveCost:
     op: int  # a representative op
     source: str
     cause: str  # the group (named dimension) responsible
+    ops: tuple[int, ...] = ()  # every op of the pattern (one execution each per trip)
+    operand: int = -1  # the operand resharded (-1: a result or a reduction)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1101,12 +1103,13 @@ class CostModel:
         for pi, cl, n in rows:
             pat = self.patterns[pi]
             op = p.ops[pat.ops[0]]
-            for k, (kind, axes, b, t, g, *_) in enumerate(cl):
+            for k, (kind, axes, b, t, g, *rest) in enumerate(cl):
                 count = int(pat.weight) - dup_count.get((pi, k), 0) if n is None else int(n)
                 if count <= 0:
                     continue
                 cause = groups[g].label if g != NO_DIM and g < len(groups) else "-"
-                yield CollectiveCost(kind, tuple(axes), b, count, t * count, op.id, op.source, cause)
+                yield CollectiveCost(kind, tuple(axes), b, count, t * count, op.id, op.source, cause,
+                                     tuple(pat.ops), int(rest[0]) if rest else -1)
 
     def _memory(self, local: np.ndarray, detail: bool, buffers=(), edit: "_Edit | None" = None) -> MemoryReport:
         args = float(local[self.inputs].sum())

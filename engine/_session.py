@@ -376,20 +376,22 @@ class Session:
 
     # ------------------------------------------------------------------ XLA's check
     def verify(self, plan: Plan | None = None, *, run: bool = False, constrain: bool = True,
-               mark: bool = True, timeout: float = 1800) -> dict:
+               mark: bool = True, timeout: float = 1800, explain: bool = False) -> dict:
         """Compile ``plan`` (default: the best plan) with XLA and compare with the prediction:
         per-device memory, argument bytes and collective bytes by kind (``verify --json``'s
         dict). With ``run``, also run it (real example arrays) and compare the outputs with
         the unsharded function. A MODEL-spec session compiles in a fresh process on
         simulated CPU devices; a function session compiles here, on this process's devices.
         With ``mark`` (default), a plan XLA puts over the budget is marked infeasible and
-        the search's best moves to the next plan that fits (``out["marked_infeasible"]``)."""
+        the search's best moves to the next plan that fits (``out["marked_infeasible"]``).
+        With ``explain``, ``out["explain"]``: XLA's collectives by source line, matched to
+        the predicted ones (``matched_fraction``: the share of XLA's bytes matched)."""
         if plan is None:
             plan = self.best_plan()
             if plan is None:
                 raise PartexError("nothing to verify: the search has found no plan that fits yet")
         out = verify_plan(plan, spec=self.spec, model=self.model.model, run=run, constrain=constrain,
-                          timeout=timeout)
+                          timeout=timeout, explain=explain)
         out["marked_infeasible"] = False
         if mark and not out["fits"]:
             self.mark_infeasible(resolve_decisions(plan, self.analysis), out["memory"]["xla"])
@@ -686,7 +688,8 @@ def _model_spec(spec: str, preset: str, overrides) -> ModelSpec:
 
 
 def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None = None, run: bool = False,
-                constrain: bool = True, timeout: float = 1800, export: str | None = None) -> dict:
+                constrain: bool = True, timeout: float = 1800, export: str | None = None,
+                explain: bool = False) -> dict:
     """XLA's figures for a plan: in a fresh process for a MODEL spec, else in this one."""
     from ._verify import verify, verify_loaded
 
@@ -696,10 +699,10 @@ def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None
         try:
             plan.save(path)
             return verify(spec.spec, path, preset=spec.preset, overrides=list(spec.overrides) or None, run=run,
-                          timeout=timeout, constrain=constrain, export=export)
+                          timeout=timeout, constrain=constrain, export=export, explain=explain)
         finally:
             with contextlib.suppress(OSError):
                 os.remove(path)
     if model is None:
         raise PartexError("verify needs the function the plan was made for")
-    return verify_loaded(model, plan, run=run, constrain=constrain, export=export)
+    return verify_loaded(model, plan, run=run, constrain=constrain, export=export, explain=explain)

@@ -38,15 +38,16 @@ CPU_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
 def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
-           run: bool = False, timeout: float = 1800, constrain: bool = True, export: str | None = None) -> dict:
+           run: bool = False, timeout: float = 1800, constrain: bool = True, export: str | None = None,
+           explain: bool = False) -> dict:
     """Verify one plan in a fresh process; returns the comparison dict (see ``_worker``)."""
     return verify_many(model, [plan_path], preset=preset, overrides=overrides, run=run, timeout=timeout,
-                       constrain=constrain, export=export)[0]
+                       constrain=constrain, export=export, explain=explain)[0]
 
 
 def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
                 overrides: list[str] | None = None, run: bool = False, timeout: float = 1800,
-                constrain: bool = True, export: str | None = None) -> list[dict]:
+                constrain: bool = True, export: str | None = None, explain: bool = False) -> list[dict]:
     """Verify several plans of one model (all on meshes of one size) in one fresh process."""
     from ._plan import Plan
 
@@ -60,7 +61,7 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
     args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
                        "overrides": list(overrides or []), "run": run, "constrain": constrain,
-                       "export": export})
+                       "export": export, "explain": explain})
     try:
         r = subprocess.run([sys.executable, "-m", "partex._verify", args], env=env, capture_output=True,
                            text=True, timeout=timeout)
@@ -78,7 +79,8 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     return out["results"]
 
 
-def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, export: str | None = None) -> dict:
+def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, export: str | None = None,
+                  explain: bool = False) -> dict:
     """Verify a plan in this process, on the first ``plan.mesh.size`` of JAX's devices (a
     function given in Python cannot be re-built in a fresh process). ``export`` ("specs",
     "flax-rules"): also compile that export alone; ``out["comparison"]`` holds both."""
@@ -90,7 +92,8 @@ def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, exp
             f"verify needs {n} devices for mesh {plan.mesh.text()} and this process has {jax.device_count()}: "
             f"start Python with JAX_NUM_CPU_DEVICES={n} (and JAX_PLATFORMS=cpu), or use a MODEL spec "
             "(partex.Session.from_spec) so that partex compiles in a fresh process")
-    spec = {"model": model.name, "preset": model.preset, "run": run, "constrain": constrain, "export": export}
+    spec = {"model": model.name, "preset": model.preset, "run": run, "constrain": constrain, "export": export,
+            "explain": explain}
     return _verify_with_export(model, plan, spec, n, mesh=plan.mesh.jax_mesh(jax.devices()[:n]))
 
 
@@ -141,7 +144,16 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     lowered = planned.lower(*jax.tree_util.tree_map(abstract, model.args))
     t1 = time.perf_counter()
     cpu = jax.devices()[0].platform == "cpu"
-    compiled = lowered.compile()
+    if spec.get("explain"):
+        # source lines come from the HLO's metadata, which the persistent compilation cache
+        # leaves out of its key: a cached executable would carry the lines of whatever
+        # version of the code compiled it first
+        from jax._src import config as jax_config
+
+        with jax_config.compilation_cache_include_metadata_in_key(True):
+            compiled = lowered.compile()
+    else:
+        compiled = lowered.compile()
     t2 = time.perf_counter()
     mem = memory_stats(compiled)
     text = compiled.as_text()
@@ -154,6 +166,11 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, lowering="cpu" if cpu else "tpu",
                    user_shardings=plan.user_shardings)
     report = cm.evaluate(resolve_decisions(plan, an), detail=True)
+    explained = None
+    if spec.get("explain"):  # XLA's collectives by source line, matched to the predicted ones
+        from ._explain import explain
+
+        explained = explain(text, cm, report, plan, program.arg_names)
     pred_bytes = dict.fromkeys(KINDS, 0.0)
     for k, v in report.collective_bytes.items():
         pred_bytes[k] += v
@@ -175,6 +192,8 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
         "lower_seconds": round(t1 - t0, 2),
         "compile_seconds": round(t2 - t1, 2),
     }
+    if explained is not None:
+        out["explain"] = explained
     if cpu:  # which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)
         out["xla_cpu_scheduler"] = "memory" if CPU_SCHEDULE_FLAG in os.environ.get("XLA_FLAGS", "") else "concurrency"
     if spec["run"]:

@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--inputs-only", action="store_true",
                    help="apply the input/output shardings alone, without intermediate constraints "
                         "(to see what XLA's own propagation does)")
+    v.add_argument("--explain", action="store_true",
+                   help="list XLA's collectives by source line, each matched to the predicted collective and "
+                        "the decision that causes it")
     v.add_argument("--export", choices=("specs", "flax-rules"),
                    help="also compile that export of the plan alone and show XLA's figures side by side")
 
@@ -275,7 +278,7 @@ def cmd_verify(args) -> int:
 
     plan = Plan.load(args.plan)
     out = verify_plan(plan, spec=ModelSpec(args.model, args.preset or "tiny", tuple(_overrides(args.config))),
-                      run=args.run, constrain=not args.inputs_only, export=args.export)
+                      run=args.run, constrain=not args.inputs_only, export=args.export, explain=args.explain)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -295,6 +298,10 @@ def cmd_verify(args) -> int:
         n = out["numerics"]
         print(f"  numerics: max relative error {n['max_rel_err']:.2e} ({'ok' if n['ok'] else 'MISMATCH'})"
               + (f", computed in {n['computed_in']}" if n.get("computed_in") else ""))
+    if "explain" in out:
+        from ._explain import explain_table
+
+        print("\n".join(explain_table(out["explain"])))
     if "comparison" in out:
         from ._export import comparison_table
 

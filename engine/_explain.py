@@ -1,0 +1,290 @@
+"""Explain XLA's collectives: each collective of the compiled plan, with the source line and
+op it comes from (the HLO's metadata), matched to the collective partex predicted for that
+line and to the decision that causes it.
+
+The compiled HLO names, on every instruction, an ``op_name`` and a ``stack_frame_id`` into
+tables printed before the module (``FileNames``, ``FunctionNames``, ``FileLocations``,
+``StackFrames``: a frame is a file location and its caller's frame); older XLA prints
+``source_file=`` / ``source_line=`` instead. A collective the partitioner made from a
+parameter's sharding (a ZeRO weight gathered where it is read) carries only the parameter's
+path as its op name (``args[0]['layers'][1]['wq']``). XLA combines independent all-reduces
+into one tuple all-reduce: its operands are attributed one by one, each to the line of the
+instruction that produced it.
+
+A collective matches a predicted one of the same kind when a line of its call stack is the
+predicted op's source line, or when it moves a parameter the predicted collective reshards.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import re
+from typing import Any
+
+from ._hlo import _OPCODE_KIND, _multipliers, _parse_module, shape_bytes
+
+_TABLE = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\s*$")
+_ROW = re.compile(r"^(\d+)\s+(.*)$")
+_KV = re.compile(r"(\w+)=(\d+)")
+_META = re.compile(r"metadata=\{([^{}]*)\}")
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
+_SRC_FILE = re.compile(r'source_file="((?:[^"\\]|\\.)*)"')
+_SRC_LINE = re.compile(r"source_line=(\d+)")
+_ARG_PATH = re.compile(r"^args\[(\d+)\]((?:\[[^\]]*\])*)$")
+
+Frame = tuple[str, int, str]  # file, line, function
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaCollective:
+    """One collective of the compiled HLO (or one operand of a combined one)."""
+
+    kind: str
+    bytes: float  # per device, all executions per step
+    name: str  # HLO instruction
+    op_name: str
+    stack: tuple[Frame, ...]  # innermost first
+    param: str | None  # the parameter it moves, as partex's input path, if the HLO says so
+
+    @property
+    def where(self) -> str:
+        user = next((f for f in self.stack if not _internal(f[0])), None)
+        if user:
+            return f"{user[0]}:{user[1]} ({user[2]})"
+        # a parameter's path, or JAX's name for an op traced with no user line (as partex
+        # names such ops: <gather>)
+        return self.param or (f"<{self.op_name.rsplit('/', 1)[-1]}>" if self.op_name else "-")
+
+
+def _internal(path: str) -> bool:
+    """partex's own engine files and JAX's: frames that are not the user's code."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return path.startswith(here) or "/jax/_src/" in path or "/jax/" in path and "site-packages" in path
+
+
+def _tables(text: str) -> dict[int, tuple[Frame, ...]]:
+    """Stack frame id -> its frames, innermost first (from the tables before the module)."""
+    files: dict[int, str] = {}
+    funcs: dict[int, str] = {}
+    locs: dict[int, tuple[int, int, int]] = {}
+    frames: dict[int, tuple[int, int]] = {}
+    table = None
+    for line in text.splitlines():
+        s = line.strip()
+        m = _TABLE.match(s)
+        if m:
+            table = m.group(1)
+            continue
+        if not s or s.startswith(("HloModule", "ENTRY", "%")) or s.endswith("{"):
+            if s.endswith("{") or s.startswith(("ENTRY", "%")):
+                table = None
+            continue
+        r = _ROW.match(s)
+        if table is None or not r:
+            continue
+        i, rest = int(r.group(1)), r.group(2)
+        if table == "FileNames":
+            files[i] = rest.strip().strip('"')
+        elif table == "FunctionNames":
+            funcs[i] = rest.strip().strip('"')
+        elif table == "FileLocations":
+            kv = dict((k, int(v)) for k, v in _KV.findall(rest))
+            locs[i] = (kv.get("file_name_id", 0), kv.get("function_name_id", 0), kv.get("line", 0))
+        elif table == "StackFrames":
+            kv = dict((k, int(v)) for k, v in _KV.findall(rest))
+            frames[i] = (kv.get("file_location_id", 0), kv.get("parent_frame_id", 0))
+    out: dict[int, tuple[Frame, ...]] = {}
+    for fid in frames:
+        chain, seen, f = [], set(), fid
+        while f in frames and f not in seen:
+            seen.add(f)
+            loc, parent = frames[f]
+            if loc in locs:
+                fi, fu, ln = locs[loc]
+                chain.append((files.get(fi, "?"), ln, funcs.get(fu, "?")))
+            f = parent
+        out[fid] = tuple(chain)
+    return out
+
+
+def _metadata(raw: str, frames: dict[int, tuple[Frame, ...]]) -> tuple[str, tuple[Frame, ...]]:
+    m = _META.search(raw.replace("\\'", "'"))
+    if not m:
+        return "", ()
+    meta = m.group(1)
+    name = _OP_NAME.search(meta)
+    op_name = name.group(1) if name else ""
+    fid = _FRAME_ID.search(meta)
+    if fid:
+        return op_name, frames.get(int(fid.group(1)), ())
+    f, ln = _SRC_FILE.search(meta), _SRC_LINE.search(meta)
+    if f and ln:
+        return op_name, ((f.group(1), int(ln.group(1)), ""),)
+    return op_name, ()
+
+
+def param_path(op_name: str, arg_names) -> str | None:
+    """``args[0]['layers'][1]['wq']`` -> ``params/layers/1/wq`` (partex's input path)."""
+    m = _ARG_PATH.match(op_name.strip())
+    if not m:
+        return None
+    i = int(m.group(1))
+    keys = re.findall(r"\[([^\]]*)\]", m.group(2))
+    head = arg_names[i] if i < len(arg_names) else f"arg{i}"
+    return "/".join([head] + [k.strip("'\"") for k in keys])
+
+
+def xla_collectives(text: str, arg_names=()) -> list[XlaCollective]:
+    """The compiled module's collectives, trip-count weighted, each with its op name and call
+    stack; a combined (tuple) collective split into its operands, each attributed to the
+    instruction that produced it."""
+    frames = _tables(text)
+    mod = _parse_module(text)
+    mults = _multipliers(mod)
+    out = []
+    for comp, instrs in mod.computations.items():
+        by_name = {ins.name: ins for ins in instrs}
+        for ins in instrs:
+            kind = _OPCODE_KIND.get(ins.opcode)
+            if kind is None:
+                continue
+            trips = mults.get(comp, 1)
+            own = _metadata(ins.raw, frames)
+            shapes = [s or (by_name[n].shape if n in by_name else "") for n, s in zip(ins.operands, ins.operand_shapes)]
+            pieces = []
+            if len(ins.operands) > 1:  # combined: per operand, from its producer
+                for n, sh in zip(ins.operands, shapes):
+                    src = _metadata(by_name[n].raw, frames) if n in by_name else ("", ())
+                    pieces.append((n, shape_bytes(sh), src if (src[0] or src[1]) else own))
+            else:
+                total = max(sum(shape_bytes(s) for s in shapes), shape_bytes(ins.shape)) if not \
+                    ins.opcode.endswith("-start") else sum(shape_bytes(s) for s in shapes)
+                src = own
+                if not own[1] and not param_path(own[0], arg_names) and ins.operands and ins.operands[0] in by_name:
+                    prod = _metadata(by_name[ins.operands[0]].raw, frames)
+                    src = prod if (prod[0] or prod[1]) else own
+                pieces.append((ins.name, total, src))
+            for name, nbytes, (op_name, stack) in pieces:
+                out.append(XlaCollective(kind, float(nbytes) * trips, name, op_name, stack,
+                                         param_path(op_name, arg_names)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicted:
+    kind: str
+    bytes: float  # all executions per step
+    source: str
+    key: tuple[str, int] | None  # (file, line) of the op
+    keys: tuple[tuple[str, int], ...]  # ... and of the op that made the operand it reshards
+    param: str | None  # the input it reshards, if an input
+    primitive: str
+    cause: str
+    decision: str
+
+
+def _line_key(source: str) -> tuple[str, int] | None:
+    m = re.match(r"^(.*?):(\d+)(?::\d+)?(?:\s|$)", source or "")
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def predicted_collectives(cm, report, decisions_by_group: dict[str, str]) -> list[Predicted]:
+    """The cost model's collectives, one per op of each pattern (its bytes spread over the
+    ops by their trips)."""
+    program = cm.program
+    inputs = dict(zip(program.inputs, program.input_paths))
+    out = []
+    for c in report.collectives:
+        ops = c.ops or (c.op,)
+        trips = sum(program.ops[o].trip for o in ops) or 1
+        for o in ops:
+            op = program.ops[o]
+            share = c.bytes * c.count * op.trip / trips
+            param, keys = None, [_line_key(op.source)]
+            if 0 <= c.operand < len(op.inputs):
+                v = op.inputs[c.operand]
+                param = inputs.get(v)
+                producer = program.values[v].producer
+                if producer >= 0:  # the reshard may sit where the value is made (a loop's slice: the loop)
+                    keys.append(_line_key(program.ops[producer].source))
+            keys = tuple(k for k in dict.fromkeys(keys) if k)
+            out.append(Predicted(c.kind, share, op.source, keys[0] if keys else None, keys, param, op.primitive,
+                                 c.cause, decisions_by_group.get(c.cause, "-")))
+    return out
+
+
+def explain(text: str, cm, report, plan, arg_names=()) -> dict:
+    """XLA's collectives matched to partex's predictions: ``matched_fraction`` (the share of
+    XLA's collective bytes matched), and every collective of both sides."""
+    by_group = collections.defaultdict(list)
+    for d in plan.decisions:
+        by_group[d.group].append(f"{d.group}->{d.axis}")
+    decisions = {g: ", ".join(v) for g, v in by_group.items()}
+    xla = xla_collectives(text, arg_names)
+    pred = predicted_collectives(cm, report, decisions)
+    by_line: dict[tuple[str, tuple[str, int]], list[int]] = collections.defaultdict(list)
+    by_param: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+    by_prim: dict[tuple[str, str], list[int]] = collections.defaultdict(list)  # ops with no source line
+    for i, p in enumerate(pred):
+        for k in p.keys:
+            by_line[(p.kind, k)].append(i)
+        if not p.keys:
+            by_prim[(p.kind, p.primitive)].append(i)
+        if p.param:
+            by_param[(p.kind, p.param)].append(i)
+    used = set()
+    rows = []
+    matched_bytes = 0.0
+    for x in sorted(xla, key=lambda x: -x.bytes):
+        cands = set(by_param.get((x.kind, x.param), ())) if x.param else set()
+        for f in x.stack:
+            cands.update(by_line.get((x.kind, (f[0], f[1])), ()))
+        if not cands and not any(not _internal(f[0]) for f in x.stack):
+            # traced with no line of the user's (JAX's own indexing, say): by its primitive
+            cands.update(by_prim.get((x.kind, x.op_name.rsplit("/", 1)[-1]), ()))
+        # the closest in bytes, one not matched yet first
+        hit = min(cands, key=lambda i: (i in used, abs(math.log((pred[i].bytes + 1) / (x.bytes + 1))), i),
+                  default=None)
+        row = {"kind": x.kind, "bytes": x.bytes, "where": x.where, "op_name": x.op_name, "hlo": x.name,
+               "matched": hit is not None}
+        if hit is not None:
+            used.add(hit)
+            p = pred[hit]
+            matched_bytes += x.bytes
+            row.update(predicted_bytes=p.bytes, cause=p.cause, decision=p.decision, predicted_source=p.source)
+        rows.append(row)
+    total = sum(x.bytes for x in xla)
+    unmatched = [{"kind": p.kind, "bytes": p.bytes, "where": p.source, "param": p.param, "cause": p.cause,
+                  "decision": p.decision} for i, p in enumerate(pred) if i not in used and p.bytes > 0]
+    return {"matched_fraction": matched_bytes / total if total else 1.0, "xla_bytes": total,
+            "matched_bytes": matched_bytes, "collectives": rows,
+            "unmatched_predicted": sorted(unmatched, key=lambda r: -r["bytes"])}
+
+
+def explain_table(ex: dict, top: int = 25) -> list[str]:
+    from ._mesh import format_bytes
+
+    lines = [f"XLA's collectives by source line: {ex['matched_fraction']:.0%} of "
+             f"{format_bytes(ex['xla_bytes'])} matched to a predicted collective",
+             f"  {'kind':<18} {'bytes':>10}  {'source':<48} {'decision (predicted)':<28}"]
+    for r in ex["collectives"][:top]:
+        dec = f"{r['decision']} ({format_bytes(r['predicted_bytes'])})" if r["matched"] else "UNMATCHED"
+        lines.append(f"  {r['kind']:<18} {format_bytes(r['bytes']):>10}  {_short(r['where']):<48} {dec:<28}")
+    if len(ex["collectives"]) > top:
+        lines.append(f"  ... {len(ex['collectives']) - top} more (--json lists every one)")
+    if ex["unmatched_predicted"]:
+        lines.append("predicted, not found in XLA's program:")
+        for r in ex["unmatched_predicted"][:10]:
+            lines.append(f"  {r['kind']:<18} {format_bytes(r['bytes']):>10}  {_short(r['where']):<48} {r['decision']}")
+    return lines
+
+
+def _short(where: str, width: int = 48) -> str:
+    return where if len(where) <= width else "..." + where[-(width - 3):]
+
+
+__all__ = ["explain", "explain_table", "xla_collectives", "Any"]
