@@ -97,6 +97,10 @@ class Search:
             for a, n in zip(mesh.axes, mesh.sizes):
                 if n > 1 and any(s % n == 0 for s in sizes):
                     self.actions.append((g.id, a))
+        used = {a for _, a in self.actions} | {a for _, a in self.cm.fixed.decisions if a}
+        for a, n in zip(mesh.axes, mesh.sizes):
+            if n > 1 and a not in used:
+                raise PartexError(useless_axis(a, n, self.an))
         # recompute decisions: one kind per layer stack of the forward pass
         self.recompute_axes = tuple(RECOMPUTE + k for k in RECOMPUTE_KINDS)
         for u in self.cm.units:
@@ -706,3 +710,14 @@ def _key_parse(text: str, n_groups: int, axes: set[str], n_units: int = 0):
             raise ValueError(f"tree key {text!r} names no group or axis of this model and mesh")
         key.append((a, groups))
     return tuple(key)
+
+
+def useless_axis(axis: str, n: int, an) -> str:
+    """The message for a mesh axis that divides no dimension a decision could shard."""
+    sizes = sorted({s for g in an.decision_groups for nd in g.named_dims for s in an.named_dims[nd].sizes if s > 1})
+    good = [d for d in range(2, max(sizes, default=1) + 1) if any(s % d == 0 for s in sizes)]
+    near = sorted(good, key=lambda d: (abs(d - n), d))[:2]
+    hint = " or ".join(f"{axis}={d}" for d in sorted(near))
+    shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+    return (f"mesh axis {axis!r} (size {n}) divides no dimension of this model (sizes {shown}): "
+            f"every decision on it would do nothing; " + (f"use e.g. {hint}, " if hint else "") + "or leave it out")

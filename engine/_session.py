@@ -169,14 +169,16 @@ class Session:
 
     def _setup(self, model, spec: ModelSpec | None, mesh: MeshSpec, hw: Hardware, seed: int, warm_start: bool,
                search: Search | None = None, user_shardings: str = "keep") -> None:
+        # the search first: a mesh or budget it refuses leaves the session as it was
+        search = search or Search(model, mesh, hw, seed=int(seed), warm_start=bool(warm_start),
+                                  user_shardings=user_shardings)
         self.model = model  # ModelAnalysis: .model (LoadedModel), .program, .analysis
         self.spec = spec
         self.mesh = mesh
         self.hardware = hw
         self.seed = int(seed)
         self.warm_start = bool(warm_start)
-        self._search = search or Search(model, mesh, hw, seed=self.seed, warm_start=self.warm_start,
-                                        user_shardings=user_shardings)
+        self._search = search
         self._baselines: dict[str, Candidate] | None = None
 
     # ------------------------------------------------------------------ the analysis

@@ -179,6 +179,7 @@ def test_mesh_size_must_match_devices(tmp_path, tiny):
     (["--mesh", "data=8", "--link-bandwidth", "-5"], "link_bandwidth must be a positive finite number"),
     (["--mesh", "data=8", "--memory", "lots"], "cannot read memory size 'lots'"),
     (["--mesh", "data=8", "--strategy", "magic"], "unknown strategy 'magic'"),
+    (["--mesh", "data=3,model=2"], "mesh axis 'data' (size 3) divides no dimension of this model"),
 ])
 def test_cli_plan_bad_inputs(capsys, tmp_path, argv, needle):
     if "--strategy" not in argv:
@@ -213,3 +214,16 @@ def test_tampered_plan_is_refused(tmp_path, tiny, mesh42):
     m = tiny.model
     with pytest.raises(PartexError, match=r"the plan was modified: input params/layers/0/w1 has spec"):
         Plan.load(path).apply(m.fn).lower(*m.args)
+
+
+def test_a_mesh_axis_that_divides_nothing_is_refused_and_the_session_keeps_its_mesh_and_pins(tiny):
+    from partex import Session
+
+    s = Session.from_analysis(tiny, mesh="data=4,model=2", memory="3MiB")
+    s.pin("ffn", "model")
+    with pytest.raises(PartexError, match=r"mesh axis 'data' \(size 3\) divides no dimension.*use e.g. data=2 or "
+                                          r"data=4"):
+        s.reconfigure(mesh="data=3,model=2")
+    assert s.mesh.text() == "data=4,model=2" and [s.label(p) for p in s.pins] == ["ffn->model"]
+    assert s.reconfigure(mesh="data=2,model=4") == []  # a mesh that divides: accepted, pin kept
+    assert [s.label(p) for p in s.pins] == ["ffn->model"]
