@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -40,15 +41,47 @@ def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = Fal
     return cmd
 
 
+def _die_with_parent() -> None:
+    """In the panel server's process, before it starts (Linux): the kernel sends it SIGTERM
+    when this process dies, however it dies (SIGKILL included)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False) -> int:
-    """Serve the explorer until interrupted (``partex serve``); returns panel's exit code."""
+    """Serve the explorer until interrupted (``partex serve``); returns panel's exit code.
+    SIGTERM and SIGHUP are passed on to the panel server, which this process waits for, and
+    the server ends with this process whatever ends it: a process manager or a test harness
+    stopping ``partex serve`` leaves no server holding the port."""
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")  # analysis and search need no accelerator
     print(f"partex explorer on http://{address}:{port}/app", flush=True)
+    proc = subprocess.Popen(serve_command(port, address, show), env=env,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+
+    def forward(signum, frame):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return subprocess.call(serve_command(port, address, show), env=env)
+        return proc.wait()
     except KeyboardInterrupt:
         return 130
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 __all__ = ["serve", "serve_command", "APP", "STATIC"]
