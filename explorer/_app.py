@@ -52,6 +52,15 @@ class ProbeView(pn.viewable.Viewer):
         return self._panel
 
 
+class Fast(pn.theme.Fast):
+    """The Fast design less its web font: it adds Google's Open Sans as a ``font`` resource
+    (twice in the page) even with ``font_url=""``, a request that fails on an air-gapped
+    cluster on every load. Every resource the page loads then comes from this server. (Named
+    ``Fast``: Panel finds a design's own files under its class name.)"""
+
+    _resources = {k: v for k, v in pn.theme.Fast._resources.items() if k != "font"}
+
+
 def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     doc = pn.state.curdoc
     ctx = getattr(doc, "session_context", None) if doc is not None else None
@@ -96,6 +105,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         FileControls(state=state),
     ]
     template = pn.template.FastListTemplate(
+        design=Fast,
         title="partex explorer",
         logo="assets/logo.svg",
         favicon="assets/logo.svg",

@@ -126,8 +126,12 @@ class MemoryView(pn.viewable.Viewer):
                             legend_label=list(MEMORY_PARTS), line_color="white", line_width=0.5)
         p.hbar(y="row", left=0, right="total", height=0.62, source=self.src, fill_color=None,
                line_color="outline", line_width=2.5)
-        p.text(x="total", y="row", text="note", source=self.src, x_offset=6, text_baseline="middle",
-               text_font_size="12px", text_color="note_color")
+        # two text glyphs of one colour each, not one with a colour per row: Bokeh 3.8's text
+        # renders a per-row colour array before it re-lays out its labels, so a source that
+        # shrinks reads past the colours' end (RangeError from a DataView, once per redraw)
+        for column, colour in (("note", "#334155"), ("note_over", OVER)):
+            p.text(x="total", y="row", text=column, source=self.src, x_offset=6, text_baseline="middle",
+                   text_font_size="12px", text_color=colour)
         self.budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
         p.add_layout(self.budget)
         p.add_tools(HoverTool(renderers=bars, tooltips=[("plan", "@row"), ("parameters", "@p_txt"),
@@ -151,7 +155,7 @@ class MemoryView(pn.viewable.Viewer):
 
     @staticmethod
     def _empty() -> dict:
-        return {k: [] for k in (*MEMORY_PARTS, "row", "total", "outline", "note", "note_color",
+        return {k: [] for k in (*MEMORY_PARTS, "row", "total", "outline", "note", "note_over",
                                 "p_txt", "o_txt", "a_txt", "t_txt", "peak_txt")}
 
     @bokeh_update
@@ -175,8 +179,9 @@ class MemoryView(pn.viewable.Viewer):
             d["total"].append(m.peak / scale)
             d["outline"].append(None if fits else OVER)
             saved = f"  ({fmt_bytes(r.saving_all.memory.peak)} without recompute)" if r.recomputes else ""
-            d["note"].append(fmt_bytes(m.peak) + saved + ("" if fits else "  over budget"))
-            d["note_color"].append("#334155" if fits else OVER)
+            note = fmt_bytes(m.peak) + saved + ("" if fits else "  over budget")
+            d["note"].append(note if fits else "")
+            d["note_over"].append("" if fits else note)
             for key, v in zip(("p_txt", "o_txt", "a_txt", "t_txt"), parts):
                 d[key].append(fmt_bytes(v))
             d["peak_txt"].append(fmt_bytes(m.peak))

@@ -100,7 +100,7 @@ class GraphView(pn.viewable.Viewer):
     @staticmethod
     def _empty_nodes() -> dict:
         keys = ("gid", "x", "y", "size", "ring", "label", "sub", "badge", "fill", "line", "line_width",
-                "conflict", "tip", "label_dy", "sub_dy", "ring_alpha", "sub_color")
+                "conflict", "tip", "label_dy", "sub_dy", "ring_alpha", "sub_rc")
         return {k: [] for k in keys}
 
     def _figure(self):
@@ -123,8 +123,10 @@ class GraphView(pn.viewable.Viewer):
                         nonselection_text_alpha=1.0)
         p.text("x", "y", text="label", source=self.node_src, y_offset="label_dy", text_align="center",
                text_baseline="top", text_font_size="13px", text_font_style="bold", text_color="#0f172a", **label_bg)
-        p.text("x", "y", text="sub", source=self.node_src, y_offset="sub_dy", text_align="center",
-               text_baseline="top", text_font_size="11px", text_color="sub_color", **label_bg)
+        # one colour per glyph (a recomputed layer's line in its own): see MemoryView's notes
+        for column, colour in (("sub", "#475569"), ("sub_rc", REMAT)):
+            p.text("x", "y", text=column, source=self.node_src, y_offset="sub_dy", text_align="center",
+                   text_baseline="top", text_font_size="11px", text_color=colour, **label_bg)
         p.add_tools(HoverTool(renderers=[nodes], tooltips="@tip{safe}", attachment="right"),
                     HoverTool(renderers=[edges], tooltips="@pair: @note", line_policy="interp"),
                     TapTool(renderers=[nodes]))
@@ -174,8 +176,9 @@ class GraphView(pn.viewable.Viewer):
             d["label"].append(_short(grp.label))
             layers = f" · ×{info.layers}" if info.layers > 1 else ""
             rc = remat.get(g)
-            d["sub"].append(f"{grp.size}{layers} · {fmt_bytes(grp.bytes)}" + (f" · ↻ {rc[1]}" if rc else ""))
-            d["sub_color"].append(REMAT if rc else "#475569")
+            sub = f"{grp.size}{layers} · {fmt_bytes(grp.bytes)}" + (f" · ↻ {rc[1]}" if rc else "")
+            d["sub"].append("" if rc else sub)
+            d["sub_rc"].append(sub if rc else "")
             d["badge"].append("+".join(a[:1].upper() for a in mine))
             d["fill"].append(colors[mine[0]] if mine else UNSHARDED)
             d["line"].append(PIN_LINE if g in pinned else "#ffffff")

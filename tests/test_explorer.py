@@ -123,9 +123,59 @@ def state(page: Page) -> dict:
     return json.loads(text) if text else {}
 
 
+# What went wrong in any page while a test ran: console errors, uncaught page errors, failed
+# requests and requests that leave this host (the explorer must work air-gapped). Every
+# browser test fails on any of them (``no_browser_errors``).
+PROBLEMS: list[str] = []
+WARNINGS: list[str] = []  # console warnings, counted for the notes, not failed on
+LOCAL = ("http://127.0.0.1:", "http://localhost:", "ws://127.0.0.1:", "ws://localhost:", "data:", "blob:",
+         "about:")
+
+
+def watch(page: Page) -> Page:
+    def console(msg):
+        if msg.type == "error":
+            PROBLEMS.append(f"console error: {msg.text}")
+        elif msg.type == "warning":
+            WARNINGS.append(msg.text)
+
+    def request(req):
+        if not req.url.startswith(LOCAL):
+            PROBLEMS.append(f"request leaving the host: {req.url}")
+
+    page.on("console", console)
+    page.on("pageerror", lambda exc: PROBLEMS.append(f"page error: {exc} {getattr(exc, 'stack', '')[:1500]}"))
+    page.on("requestfailed", lambda req: PROBLEMS.append(f"failed request: {req.url} ({req.failure})")
+            if not req.url.startswith(LOCAL[-3:]) else None)
+    page.on("request", request)
+    return page
+
+
+@pytest.fixture(scope="module", autouse=True)
+def console_summary():
+    """The console warnings of the whole module, counted (tests/screenshots/console.json)."""
+    WARNINGS.clear()
+    yield
+    counts: dict[str, int] = {}
+    for w in WARNINGS:
+        counts[w[:200]] = counts.get(w[:200], 0) + 1
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / "console.json").write_text(json.dumps({"warnings": counts}, indent=1))
+
+
+@pytest.fixture(autouse=True)
+def no_browser_errors():
+    PROBLEMS.clear()
+    yield
+    problems, counts = list(PROBLEMS), {}
+    for p in problems:
+        counts[p] = counts.get(p, 0) + 1
+    assert not problems, "the pages reported:\n" + "\n".join(f"{n} x {p}" for p, n in counts.items())
+
+
 def open_page(browser, server: Server) -> Page:
     ctx = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
-    page = ctx.new_page()
+    page = watch(ctx.new_page())
     page.goto(server.url)
     wait_until(lambda: state(page).get("phase") == "ready", timeout=60, what="the model to load")
     return page
@@ -480,14 +530,20 @@ def test_a_tight_budget_shows_the_recompute_the_plan_takes(tab):
     notes = tab.evaluate("""() => {
         const fig = Bokeh.documents[0].get_model_by_name('partex-memory');
         const r = fig.renderers.find(r => r.data_source.data.note !== undefined);
-        return Array.from(r.data_source.data.note) }""")
+        const d = r.data_source.data;  // a row's note is in note (fits) or note_over
+        return Array.from(d.note).map((n, i) => n || d.note_over[i]) }""")
     assert any("without recompute" in n for n in notes), notes
     # the graph marks the groups local to the recomputed layers (ffn, heads), not batch
     nodes = tab.evaluate("""() => {
         const fig = Bokeh.documents[0].get_model_by_name('partex-graph');
         const r = fig.renderers.find(r => r.data_source.data.sub !== undefined);
         const d = r.data_source.data;
-        return Object.fromEntries(Array.from(d.label).map((l, i) => [l, d.sub[i]])) }""")
+        return Object.fromEntries(Array.from(d.label).map((l, i) => [l, d.sub[i] || d.sub_rc[i]])) }""")
+    rc = tab.evaluate("""() => {
+        const d = Bokeh.documents[0].get_model_by_name('partex-graph').renderers
+            .find(r => r.data_source.data.sub_rc !== undefined).data_source.data;
+        return Array.from(d.label).filter((l, i) => d.sub_rc[i]) }""")
+    assert "ffn" in rc and "batch" not in rc, rc  # drawn in the recompute colour
     kind = next(d["axis"] for d in s["best"]["decisions"] if d["axis"].startswith("recompute:")).split(":")[1]
     assert nodes["ffn"].endswith("↻ " + kind) and "↻" not in nodes["batch"], nodes
     SHOTS.mkdir(parents=True, exist_ok=True)
