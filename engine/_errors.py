@@ -9,6 +9,8 @@ class PartexError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, field: str | None = None):
         # One line only: callers may embed JAX's own message, which can span lines.
         super().__init__(" ".join(str(message).split()))
+        self.field = field  # the input that was wrong ("mesh", "memory", ...), where known: a
+        #                     form shows the message at that field

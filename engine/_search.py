@@ -100,7 +100,7 @@ class Search:
         used = {a for _, a in self.actions} | {a for _, a in self.cm.fixed.decisions if a}
         for a, n in zip(mesh.axes, mesh.sizes):
             if n > 1 and a not in used:
-                raise PartexError(useless_axis(a, n, self.an))
+                raise PartexError(useless_axis(a, n, self.an), field="mesh")
         # recompute decisions: one kind per layer stack of the forward pass
         self.recompute_axes = tuple(RECOMPUTE + k for k in RECOMPUTE_KINDS)
         for u in self.cm.units:

@@ -20,6 +20,8 @@ log = logging.getLogger("partex.explorer")
 
 POLL_MS = 200  # how often the page picks up the search's progress and finished jobs
 TICK_MS = 100  # the event-loop lag monitor's period
+TOAST_MS = 10_000  # how long a warning or an error stays in the corner
+TOAST_COLOURS = {"warning": ("#fffbeb", "#fde68a", "#92400e"), "danger": ("#fef2f2", "#fecaca", "#991b1b")}
 ACCENT = "#1d4ed8"
 
 
@@ -68,11 +70,36 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     state = ExplorerState(sessions_dir=sessions_dir, session_id=session_id)
 
     alert = html(name="partex-alert", margin=(4, 6))
+    # the main column scrolls on its own: a warning or an error also shows as a toast fixed
+    # at the top right of the window, wherever the user is, for TOAST_MS
+    toast = html(name="partex-toast", margin=0, visible=False,
+                 styles={"position": "fixed", "top": "64px", "right": "24px", "z-index": "1000",
+                         "max-width": "560px", "box-shadow": "0 6px 24px rgba(15, 23, 42, 0.18)",
+                         "border-radius": "8px"})
+    shown = [0]
+
+    def hide_toast(n: int) -> None:
+        if shown[0] == n:
+            toast.visible = False
 
     def show_message(*_):
         icon = {"success": "✓", "info": "ℹ", "warning": "⚠", "danger": "✕"}[state.message_level]
-        alert.object = (f"<div class='alert {state.message_level}' role='alert'><b>{icon}</b> {esc(state.message)}</div>"
-                        if state.message else "")
+        text = (f"<div class='alert {state.message_level}' role='alert'><b>{icon}</b> {esc(state.message)}</div>"
+                if state.message else "")
+        alert.object = text
+        shown[0] += 1
+        if text and state.message_level in ("warning", "danger"):
+            # inline colours: a pane shown after the page loaded does not get the stylesheet
+            bg, border, fg = TOAST_COLOURS[state.message_level]
+            toast.object = (f"<div role='alert' style='background:{bg};border:1px solid {border};color:{fg};"
+                            "border-radius:8px;padding:10px 14px;font-size:13.5px;line-height:1.35'>"
+                            f"<b>{icon}</b> {esc(state.message)}</div>")
+            toast.visible = True
+            if ctx is not None:
+                n = shown[0]
+                pn.state.add_periodic_callback(lambda: hide_toast(n), period=TOAST_MS, count=1)
+        else:
+            toast.visible = False
 
     state.param.watch(show_message, ["message", "message_level"])
     show_message()
@@ -80,7 +107,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     graph = GraphView(state=state)
     decision = DecisionView(state=state)
     main = [
-        pn.Column(alert, KpiView(state=state), ProbeView(state), sizing_mode="stretch_width", margin=(0, 0)),
+        pn.Column(alert, toast, KpiView(state=state), ProbeView(state), sizing_mode="stretch_width", margin=(0, 0)),
         pn.Row(
             _card("Named dimensions", graph,
                   "decision groups · edges: they meet in a tensor · red: conflicts", height=540),

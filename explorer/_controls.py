@@ -11,6 +11,7 @@ import param
 from partex import HARDWARE, demo_models
 
 from ._engine import CUSTOM
+from ._format import esc
 from ._widgets import bind, button, html, keyed, select, text_input
 
 
@@ -111,6 +112,10 @@ class ModelControls(pn.viewable.Viewer):
         return self._panel
 
 
+INVALID_CSS = (":host(.invalid) input, :host(.invalid) select { border-color: #dc2626 !important; "
+               "box-shadow: 0 0 0 1px #dc2626 !important; background: #fef2f2; }")
+
+
 class MeshControls(pn.viewable.Viewer):
     state = param.Parameter()
 
@@ -129,11 +134,28 @@ class MeshControls(pn.viewable.Viewer):
                                  description="Share of the budget a plan keeps free by the cost model's count")
         bind(self.budget, s, "budget_text")
         bind(self.margin, s, "margin_text")
+        # a bad input's message under the field it came from, the field outlined in red
+        self.fields = {"mesh": self.mesh, "hardware": self.hardware, "budget": self.budget, "margin": self.margin}
+        for w in self.fields.values():  # the input inside the widget's shadow root, outlined
+            w.stylesheets = [*w.stylesheets, INVALID_CSS]
+        self.field_note = html(name="partex-field-error", margin=(0, 10), visible=False)
+        s.param.watch(self._show_field_error, ["field_error"])
         self._panel = _section(
             "Mesh & hardware", self.mesh, pn.Row(self.hardware, self.budget, sizing_mode="stretch_width"),
-            self.margin,
+            self.margin, self.field_note,
             html("<div class='hint'>Press Enter to apply: the search restarts on the new mesh, pins kept.</div>",
                  margin=(0, 10)))
+
+    def _show_field_error(self, *_):
+        errors = self.state.field_error
+        for name, w in self.fields.items():
+            w.css_classes = ["invalid"] if name in errors else []
+        text = next(iter(errors.values()), "")
+        label = next(iter(errors), "")
+        self.field_note.object = (f"<div role='alert' style='color:#991b1b;background:#fef2f2;border:1px solid "
+                                  "#fecaca;border-radius:6px;padding:4px 8px;font-size:12.5px;line-height:1.3'>"
+                                  f"✕ {esc(label)}: {esc(text)}</div>" if text else "")
+        self.field_note.visible = bool(text)
 
     def __panel__(self):
         return self._panel

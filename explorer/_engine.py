@@ -107,14 +107,26 @@ class Config:
 def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: str = "") -> Config:
     """The mesh / hardware / budget / margin form -> Config; PartexError with a one-line message."""
     if hardware not in HARDWARE:
-        raise PartexError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}")
+        raise PartexError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}", field="hardware")
     margin = None
     if (margin_text or "").strip():
         try:
             margin = float(margin_text)
         except ValueError:
-            raise PartexError(f"margin must be a fraction of the budget such as 0.1, got {margin_text!r}") from None
-    return Config(as_mesh(mesh_text), as_hardware(hardware, (budget_text or "").strip() or None, margin))
+            raise PartexError(f"margin must be a fraction of the budget such as 0.1, got {margin_text!r}",
+                              field="margin") from None
+    mesh = _at("mesh", as_mesh, mesh_text)
+    budget = (budget_text or "").strip() or None
+    hw = _at("budget", as_hardware, hardware, budget) if budget else as_hardware(hardware)
+    return Config(mesh, _at("margin", as_hardware, hw, None, margin) if margin is not None else hw)
+
+
+def _at(field: str, fn, *args):
+    """fn(*args), its PartexError naming the form field that was wrong."""
+    try:
+        return fn(*args)
+    except PartexError as e:
+        raise PartexError(str(e), field=e.field or field) from None
 
 
 # --------------------------------------------------------------------------- plan summaries

@@ -338,6 +338,10 @@ class DecisionView(pn.viewable.Viewer):
             f"{esc(f['group'])}→{esc(f['axis'] or 'unsharded')}</span>" for f in ws.session.fixed)
         chips += "".join(f"<span class='chip pin'>pinned {esc(label(d))}</span>" for d in s.pins)
         chips += "".join(f"<span class='chip forbid'>forbidden {esc(label(d))}</span>" for d in s.forbidden)
+        held_pins, held_forbidden = s.held
+        chips += "".join(f"<span class='chip held' title='does not apply on this mesh; it comes back on a mesh "
+                         f"where it does'>set aside: {how} {esc(label(d))}</span>"
+                         for how, items in (("pin", held_pins), ("forbid", held_forbidden)) for d in items)
         self.chips.object = f"<div class='chips'>{chips or '<span class=muted>No pins: the search decides everything.</span>'}</div>"
         g = s.selected_group
         if g is None or g not in s.infos:

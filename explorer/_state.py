@@ -60,6 +60,7 @@ class Loaded:
     session: Session  # the one the runner steps (a fork of it, in a child process)
     notes: tuple[str, ...] = ()
     form: dict | None = None  # form values to show (a loaded session)
+    held: tuple[tuple, tuple] = ((), ())  # pins and forbids that do not apply here, kept for later
     origin: str = ""  # "loaded session NAME" for a saved session
 
 
@@ -86,6 +87,9 @@ class ExplorerState(param.Parameterized):
     running = param.Boolean(default=False)
     message = param.String(default="")
     message_level = param.Selector(default="info", objects=["info", "success", "warning", "danger"])
+    # the form field a bad input came from ("mesh", "budget", "margin", ...) and its message:
+    # the field shows it where the user typed it
+    field_error = param.Dict(default={})
     workspace = param.Parameter(default=None, doc="The loaded Workspace.")
     config = param.Parameter(default=None, doc="The Config in effect (the last valid form).")
     infos = param.Dict(default={}, doc="GroupInfo per decision group.")
@@ -109,6 +113,7 @@ class ExplorerState(param.Parameterized):
         self.session_id = session_id or f"{id(self):x}"
         self.sessions_dir = pathlib.Path(sessions_dir or os.environ.get("PARTEX_SESSIONS_DIR") or "sessions")
         self.runner = None  # a ProcessRunner or ThreadRunner
+        self.held: tuple[tuple, tuple] = ((), ())  # pins, forbids set aside: they do not apply on this mesh
         self._inbox: collections.deque = collections.deque()
         self._job_gen: collections.Counter[str] = collections.Counter()
         self._seen_version = -1
@@ -119,13 +124,18 @@ class ExplorerState(param.Parameterized):
         self._warned_budget = False
         self.param.watch(self._on_model_name, ["model_name"])
         self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text"])
-        self.param.watch(self._on_probed, ["ping", "message", "message_level", "phase", "busy", "running", "best",
+        self.param.watch(self._on_probed, ["ping", "message", "message_level", "field_error", "phase", "busy", "running", "best",
                                            "pins", "forbidden", "uploaded", "verify_status", "sessions",
                                            "selected_group", "workspace", "baselines", "stats"])
         self.refresh_sessions()
         self.load()
 
     # ------------------------------------------------------------------ messages
+    def _field_error(self, e) -> None:
+        """Show a bad input's message at the form field it came from (if it names one)."""
+        field = getattr(e, "field", None)
+        self.field_error = {field: str(e)} if field else {}
+
     def notify(self, text: str, level: str = "info") -> None:
         """Show a one-line message on the page (the text and its level change together)."""
         with param.parameterized.batch_call_watchers(self):
@@ -145,7 +155,7 @@ class ExplorerState(param.Parameterized):
             try:
                 out = ("ok", work())
             except PartexError as e:
-                out = ("error", str(e))
+                out = ("error", e)
             except Exception as e:  # a thread's boundary: show one line, log the traceback
                 log.exception("explorer job %s failed", kind)
                 out = ("error", f"internal error: {type(e).__name__}: {e}")
@@ -167,6 +177,7 @@ class ExplorerState(param.Parameterized):
                 if kind == "verify":
                     self.verify_status = "failed"
                 self.notify(value, "danger")
+                self._field_error(value)
 
     # ------------------------------------------------------------------ model / config
     def model_choice(self) -> ModelSpec:
@@ -191,6 +202,7 @@ class ExplorerState(param.Parameterized):
             config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
         except PartexError as e:
             self.notify(e, "danger")
+            self._field_error(e)
             return
         self.phase = "loading"
         seed = self.seed
@@ -207,13 +219,15 @@ class ExplorerState(param.Parameterized):
             config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
         except PartexError as e:
             self.notify(e, "danger")  # the old mesh stays in effect
+            self._field_error(e)
             return
+        self.field_error = {}  # the form reads well: a new search (whose failure may set it again)
         ws = self.workspace
         if ws is None:
             return self.load()
         if config == self.config:
             return
-        pins, forbidden, seed = list(self.pins), list(self.forbidden), self.seed
+        pins, forbidden, seed = self._with_held()
         self._submit("load", lambda: _build(ws.choice, config, seed, ws.res, pins, forbidden), self._install)
 
     def _install(self, loaded: Loaded) -> None:
@@ -240,10 +254,12 @@ class ExplorerState(param.Parameterized):
                 self.shown_plan = "search"
         self._seen_version = -1
         self._warned_budget = False
+        self.field_error = {}
         settle_heap()  # the new page and model are long-lived: keep them out of later collections
         self.runner = make_runner(loaded.session, ws, session=self.session_id)
         self.pins = loaded.session.pins
         self.forbidden = loaded.session.forbidden
+        self.held = loaded.held
         an = ws.an
         c = ws.config
         text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
@@ -254,15 +270,15 @@ class ExplorerState(param.Parameterized):
             text += (f"; static argument{'s' if len(static) > 1 else ''} left out of the plan: "
                      + ", ".join(p for p, _ in static[:3]) + (f" and {len(static) - 3} more" if len(static) > 3 else ""))
         level = "success"
-        if loaded.notes:
-            text += "; " + "; ".join(loaded.notes)
-            level = "warning"
         fits = [b for b in loaded.baselines.values() if b.report.fits]
         if not fits:
             smallest = min(loaded.baselines.values(), key=lambda b: b.report.memory.peak)
             text = (f"no baseline fits the budget of {fmt_bytes(c.hw.budget)} per device (the smallest, "
                     f"{smallest.name}, needs {fmt_bytes(smallest.report.memory.peak)}): the search may find "
                     "no plan; raise the budget or grow the mesh")
+            level = "warning"
+        if loaded.notes:  # after the budget's warning, never in place of it
+            text += "; " + "; ".join(loaded.notes)
             level = "warning"
         self.notify(text, level)
         self.phase = "ready"  # after the message: a page that sees "ready" sees its summary
@@ -302,6 +318,14 @@ class ExplorerState(param.Parameterized):
             self.runner.pause()
         self.running = False
 
+    def _with_held(self):
+        """The pins and forbids to carry to a new search: those in force, then those set
+        aside on an earlier mesh (they come back where they apply)."""
+        held_pins, held_forbidden = self.held
+        pins = list(self.pins) + [p for p in held_pins if p not in self.pins]
+        forbidden = list(self.forbidden) + [f for f in held_forbidden if f not in self.forbidden]
+        return pins, forbidden, self.seed
+
     def step(self) -> None:
         r = self._need_runner()
         if r:
@@ -312,7 +336,7 @@ class ExplorerState(param.Parameterized):
         ws = self.workspace
         if ws is None:
             return self.load()
-        pins, forbidden, seed = list(self.pins), list(self.forbidden), self.seed
+        pins, forbidden, seed = self._with_held()
         self.pause()
         self._submit("load", lambda: _build(ws.choice, ws.config, seed, ws.res, pins, forbidden), self._install)
 
@@ -568,11 +592,13 @@ class ExplorerState(param.Parameterized):
             "history": len(self.stats.get("best_history", [])),
             "pins": [label(d) for d in self.pins],
             "forbidden": [label(d) for d in self.forbidden],
+            "held": [label(d) for items in self.held for d in items],
             "baselines": {k: v.report.step_time for k, v in self.baselines.items()},
             "uploaded": None if self.uploaded is None else self.uploaded.plan.mesh.text(),
             "verify": self.verify_status,
             "message": self.message,
             "level": self.message_level,
+            "field_error": self.field_error,
             "selected": an.groups[self.selected_group].label if an and self.selected_group is not None else None,
             "sessions": list(self.sessions),
             "timings": {k: round(v, 1) for k, v in self.timings.items()},
@@ -597,8 +623,12 @@ def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forb
         res = ANALYSES.get(choice)
     session = Session.from_analysis(res, mesh=config.mesh, hardware=config.hw, seed=seed, spec=choice)
     notes = session.apply_pins(pins, forbidden)
+    held = (tuple(p for p in pins if p not in session.pins), tuple(f for f in forbidden if f not in session.forbidden))
+    # a pin that does not apply on this mesh is set aside, not lost: it comes back with a
+    # mesh where it applies
+    notes = [n.replace(" dropped: ", " set aside until it applies again: ", 1) for n in notes]
     ws = Workspace(choice, session)
-    return Loaded(ws, *_details(res), ws.baselines(), session, tuple(notes))
+    return Loaded(ws, *_details(res), ws.baselines(), session, tuple(notes), held=held)
 
 
 def _restore(name: str, path: pathlib.Path) -> Loaded:

@@ -581,3 +581,30 @@ def _record(**items) -> None:
     data.update(items)
     path.write_text(json.dumps(data, indent=1))
     print(json.dumps(items), file=sys.stderr)
+
+
+def test_bad_input_from_the_plan_and_verify_views_is_seen_where_the_user_is(chromium, server, tab):
+    """With the main column scrolled to Verify (or Plan), a bad mesh or budget shows at the
+    field typed in (outlined, its message under it) and as a toast in view; the old mesh and
+    budget stay in force; a good value clears the field's mark."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for card, field, bad, shot in (("Predicted vs XLA", "data=4,model=2", "data=3,model=2", "bad_mesh_verify.png"),
+                                   ("Plan", "empty: the chip's HBM", "lots", "bad_budget_plan.png")):
+        tab.locator(".card-title", has_text=card).first.evaluate("e => e.scrollIntoView({block: 'start'})")
+        box = tab.locator(f'input[placeholder="{field}"]')
+        before = state(tab)
+        box.fill(bad)
+        box.press("Enter")
+        s = wait_until(lambda: (lambda s: s.get("field_error") and s)(state(tab)), what=f"{bad!r} refused")
+        assert s["level"] == "danger" and s["config"] == before["config"], s  # the old ones in force
+        name = next(iter(s["field_error"]))
+        assert name == ("mesh" if "model" in bad else "budget"), s["field_error"]
+        toast = tab.locator("[role=alert]", has_text=s["message"][:40]).first
+        wait_until(lambda: toast.is_visible(), what="the toast")
+        top = toast.bounding_box()
+        assert top is not None and 0 <= top["y"] < VIEWPORT["height"], top  # in view, not scrolled away
+        assert "invalid" in (box.evaluate("e => e.getRootNode().host.className") or "")
+        tab.screenshot(path=SHOTS / shot)
+        box.fill(field if "model" in bad else "3MiB")
+        box.press("Enter")
+        wait_until(lambda: not state(tab).get("field_error"), what="the mark to clear")

@@ -111,3 +111,29 @@ def test_the_explorer_says_which_arguments_are_static(tmp_path):
         assert "static argument left out of the plan: state/act" in st.message, st.message
     finally:
         st.close()
+
+
+def test_a_pin_that_stops_applying_is_set_aside_with_a_message_and_comes_back(tmp_path):
+    """The issue's case: a budget nothing fits, then a mesh on which a pin no longer applies.
+    The page says so beside the budget's warning (one never hides the other), keeps the pin
+    aside, and a mesh where it applies again brings it back."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.budget_text = "1KiB"  # nothing fits
+        _settle(st, lambda: st.phase == "ready" and st.config.hw.budget == 1024 and not st.busy, "the budget")
+        heads = next(g.id for g in st.workspace.an.decision_groups if g.label == "heads")
+        st._decide("pin", heads, "model")
+        _settle(st, lambda: any(st.workspace.an.decision_label(p) == "heads->model" for p in st.pins), "the pin")
+        st.mesh_text = "data=1,model=8"  # heads (4) cannot be split 8 ways
+        _settle(st, lambda: st.phase == "ready" and st.config.mesh.text() == "data=1,model=8" and not st.busy,
+                "the new mesh")
+        assert "no baseline fits" in st.message and "heads->model set aside until it applies again" in st.message
+        assert st.message_level == "warning" and not st.pins
+        assert [st.workspace.an.decision_label(p) for p in st.held[0]] == ["heads->model"]
+        st.mesh_text = "data=4,model=2"
+        _settle(st, lambda: st.phase == "ready" and st.config.mesh.text() == "data=4,model=2" and not st.busy,
+                "the mesh back")
+        assert [st.workspace.an.decision_label(p) for p in st.pins] == ["heads->model"] and st.held == ((), ())
+    finally:
+        st.close()
