@@ -131,8 +131,21 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         MeshControls(state=state),
         FileControls(state=state),
     ]
+    # the header's spinner shows real work (a search running, a model loading, a compile),
+    # not Panel's own indicator, which turns with every periodic poll of the page
+    busy = pn.indicators.LoadingSpinner(value=True, size=22, color="light", bgcolor="dark", margin=(14, 16),
+                                        visible=False)
+
+    def show_busy(*_):
+        value = bool(state.busy) or state.running
+        if busy.visible != value:
+            busy.visible = value
+
+    state.param.watch(show_busy, ["busy", "running"])
     template = pn.template.FastListTemplate(
         design=Fast,
+        busy_indicator=None,
+        header=[busy],
         title="partex explorer",
         logo="assets/logo.svg",
         favicon="assets/logo.svg",

@@ -40,7 +40,14 @@ DEFAULT_MESH = "data=4,model=2"
 DEFAULT_HARDWARE = "tpu-v4"
 # The tiny demo models need a few MiB per device: a budget in that range makes the
 # trade-offs visible (replicating the tiny transformer does not fit, sharding does).
-DEFAULT_BUDGET = "3MiB"
+DEFAULT_BUDGET = "3MiB"  # the tiny demos': tight enough that sharding matters
+
+
+def default_budget(preset: str) -> str:
+    """The budget the form shows for a preset: 3 MiB for the tiny demos, the chip's HBM
+    (empty) for the full-size ones."""
+    return DEFAULT_BUDGET if preset == "tiny" else ""
+
 # After picking up a snapshot the page renders it and Bokeh serialises the changes; a search
 # in a thread (ThreadRunner) keeps off the GIL that long, so that it never holds the page up.
 QUIET_SECONDS = 0.1
@@ -60,8 +67,8 @@ class Loaded:
     session: Session  # the one the runner steps (a fork of it, in a child process)
     notes: tuple[str, ...] = ()
     form: dict | None = None  # form values to show (a loaded session)
-    held: tuple[tuple, tuple] = ((), ())  # pins and forbids that do not apply here, kept for later
     origin: str = ""  # "loaded session NAME" for a saved session
+    held: tuple[tuple, tuple] = ((), ())  # pins and forbids that do not apply here, kept for later
 
 
 class ExplorerState(param.Parameterized):
@@ -123,6 +130,7 @@ class ExplorerState(param.Parameterized):
         self._last_tick: float | None = None
         self._warned_budget = False
         self.param.watch(self._on_model_name, ["model_name"])
+        self.param.watch(self._on_choice_form, ["model_name", "preset"])
         self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text"])
         self.param.watch(self._on_probed, ["ping", "message", "message_level", "field_error", "phase", "busy", "running", "best",
                                            "pins", "forbidden", "uploaded", "verify_status", "sessions",
@@ -194,6 +202,25 @@ class ExplorerState(param.Parameterized):
         self.param.preset.objects = presets
         if self.preset not in presets:
             self.preset = presets[0]
+
+    def _on_choice_form(self, event) -> None:
+        """The model or preset in the form changed: nothing is analysed until Analyze, so say
+        so; and the budget follows the preset while the user has not typed one (3 MiB suits
+        the tiny demos; a full-size preset opens on the chip's HBM, not on "no plan fits")."""
+        if self._quiet:
+            return
+        if event.name == "preset" and self.budget_text == default_budget(event.old):
+            self._quiet = True  # the form only: the new budget applies with the new model
+            try:
+                self.budget_text = default_budget(event.new)
+            finally:
+                self._quiet = False
+        ws = self.workspace
+        if ws is not None and ws.choice.spec == self.model_name and ws.choice.preset == self.preset:
+            return
+        what = self.custom_model or "your model" if self.model_name == CUSTOM else f"{self.model_name} ({self.preset})"
+        self.notify(f"press Analyze to load {what}; the page still shows {ws.choice.title if ws else 'nothing'}",
+                    "info")
 
     def load(self) -> None:
         """Analyse the model in the forms on the mesh in the forms (Analyze button)."""
@@ -316,7 +343,11 @@ class ExplorerState(param.Parameterized):
     def pause(self) -> None:
         if self.runner:
             self.runner.pause()
+        was = self.running
         self.running = False
+        if was:  # the "searching on ..." message would outlive the search
+            self.notify(f"paused after {self.stats.get('simulations', 0):,} simulations; Run goes on, Reset "
+                        "starts afresh", "info")
 
     def _with_held(self):
         """The pins and forbids to carry to a new search: those in force, then those set

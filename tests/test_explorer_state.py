@@ -137,3 +137,26 @@ def test_a_pin_that_stops_applying_is_set_aside_with_a_message_and_comes_back(tm
         assert [st.workspace.an.decision_label(p) for p in st.pins] == ["heads->model"] and st.held == ((), ())
     finally:
         st.close()
+
+
+def test_the_page_says_what_is_going_on_when_idle_paused_or_choosing(tmp_path):
+    """Pause replaces the "searching" message; a model or preset chosen but not analysed says
+    to press Analyze; a full-size preset opens on the chip's HBM, not the tiny demo's 3 MiB."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        assert not st.busy and not st.running  # the header's spinner is off
+        st.run()
+        assert st.running and st.message.startswith("searching on")
+        st.pause()
+        assert not st.running and st.message.startswith("paused after"), st.message
+        st.preset = "t32"
+        assert "press Analyze to load transformer (t32)" in st.message and st.budget_text == ""
+        st.preset = "tiny"
+        assert st.budget_text == "3MiB"
+        st.budget_text = "5MiB"  # typed by the user: kept across presets
+        _settle(st, lambda: st.phase == "ready" and not st.busy, "the new budget")
+        st.preset = "t32"
+        assert st.budget_text == "5MiB"
+    finally:
+        st.close()
