@@ -469,7 +469,7 @@ class ExplorerState(param.Parameterized):
         def work():
             # the page's copy of the session compiles; the search's own copy (in the runner)
             # learns the verdict in _verified, as Session.verify(mark=True) would
-            out = ws.session.verify(summary.plan, mark=False, timeout=600)
+            out = ws.session.verify(summary.plan, mark=False, timeout=600, explain=True)
             out["plan"] = summary.name
             return out
 

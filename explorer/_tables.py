@@ -228,13 +228,43 @@ class VerifyView(pn.viewable.Viewer):
         self.table = Table("partex-verify-table", [("quantity", "quantity"), ("predicted", "predicted"),
                                                    ("xla", "XLA"), ("ratio", "predicted / XLA")], height=260,
                            empty="press Verify: the comparison appears here (a compile takes a few seconds)")
+        # which line of the model made each of XLA's collectives, and which decision
+        self.explain_head = html(name="partex-explain-head", sizing_mode="stretch_width")
+        self.explain = Table("partex-explain-table", [("kind", "XLA collective"), ("bytes", "bytes / step"),
+                                                      ("where", "source line or parameter"), ("op", "op"),
+                                                      ("decision", "decision (predicted bytes)")],
+                             height=300, wrap_fields=("where", "decision"), max_rows=200,
+                             empty="press Verify: each of XLA's collectives appears here with its source line")
         s.param.watch(self._render, ["verify_result", "verify_status", "busy", "shown_plan"])
         self._render()
         self._panel = pn.Column(pn.Row(self.btn, self.spinner, self.status, sizing_mode="stretch_width"),
-                                self.table.pane, sizing_mode="stretch_width")
+                                self.table.pane, self.explain_head, self.explain.pane, sizing_mode="stretch_width")
 
     def __panel__(self):
         return self._panel
+
+    def _render_explain(self, ex: dict | None) -> None:
+        if not ex:
+            self.explain_head.object = ""
+            self.explain.update([])
+            return
+        self.explain_head.object = (
+            f"<div class='caption'><b>Where XLA's collectives come from</b>: {ex['matched_fraction']:.0%} of "
+            f"{fmt_bytes(ex['xla_bytes'])} matched to a predicted collective on the same source line (or of the "
+            "same parameter), with the decision that causes it"
+            + (f"; {len(ex['unmatched_predicted'])} predicted ones not in XLA's program" if ex["unmatched_predicted"]
+               else "") + ".</div>")
+        rows = []
+        for r in ex["collectives"]:
+            # a file's name, its line and function (not its folders); or a parameter's path
+            where = r["where"].rsplit("/", 1)[-1] if ".py:" in r["where"] else r["where"]
+            op = "parameter" if r["where"] == r.get("param") or r["op_name"].startswith("args[") else \
+                (r["op_name"].rsplit("/", 1)[-1] if r["op_name"] else "-")
+            dec = (f"{esc(r['decision'])} <span class='muted'>({fmt_bytes(r['predicted_bytes'])})</span>"
+                   if r["matched"] else "<span class='over'>not predicted</span>")
+            rows.append((r["kind"], fmt_bytes(r["bytes"]), where, op, dec))
+        self.explain.html_fields = {"decision"}
+        self.explain.update(rows)
 
     def _render(self, *_):
         s = self.state
@@ -248,7 +278,10 @@ class VerifyView(pn.viewable.Viewer):
         out = s.verify_result
         if not out:
             self.table.update([])
+            self.explain_head.object = ""
+            self.explain.update([])
             return
+        self._render_explain(out.get("explain"))
         rows = [("peak memory per device", out["memory"]["predicted"], out["memory"]["xla"], out["memory"]["ratio"]),
                 ("arguments per device", out["arguments"]["predicted"], out["arguments"]["xla"], out["arguments"]["ratio"])]
         for kind, c in out["collectives"].items():

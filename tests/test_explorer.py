@@ -426,6 +426,24 @@ def test_verify_puts_xla_beside_the_prediction(tab):
     assert "peak memory per device" in table and "all-reduce bytes" in table
 
 
+def test_verify_explains_which_line_made_each_collective(tab):
+    """zero3 on the tiny transformer: XLA's collectives with their source lines and the
+    decision behind each (the weight gathers: d_model on data), >= 90% of the bytes matched."""
+    tab.get_by_role("button", name="zero3", exact=True).click()
+    click(tab, "Verify 'zero3' with XLA")
+    s = wait_until(lambda: (lambda s: s["verify"].startswith(("done", "failed")) and s)(state(tab)), timeout=120,
+                   what="verify to finish")
+    assert s["verify"].startswith("done"), s["message"]
+    head = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-explain-head').text")
+    table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-explain-table').text")
+    share = int(head.split("</b>: ")[1].split("%")[0])
+    assert share >= 90, head
+    assert "_transformer.py:" in table and "params/layers/0/w1" in table and "d_model-&gt;data" in table, table
+    tab.locator(".card-title", has_text="Predicted vs XLA").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=SHOTS / "verify_explain_zero3.png")
+
+
 def test_two_pages_have_independent_state(chromium, server, tab):
     other = open_page(chromium, server)
     try:
