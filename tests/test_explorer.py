@@ -416,12 +416,18 @@ def test_one_session_file_between_the_cli_and_the_explorer(chromium, server, tmp
     assert any(x.group == "ffn" and x.axis == "model" and x.pinned for x in plan.decisions)
 
 
-def test_verify_puts_xla_beside_the_prediction(tab):
-    tab.get_by_role("button", name="megatron", exact=True).click()
-    click(tab, "Verify 'megatron' with XLA")
+def verify_in_page(tab, plan: str) -> dict:
+    """Show a plan in the Plan view, press Verify, wait for XLA's verdict."""
+    tab.get_by_role("button", name=plan, exact=True).click()
+    click(tab, f"Verify '{plan}' with XLA")
     s = wait_until(lambda: (lambda s: s["verify"].startswith(("done", "failed")) and s)(state(tab)), timeout=120,
                    what="verify to finish")
     assert s["verify"].startswith("done"), s["message"]
+    return s
+
+
+def test_verify_puts_xla_beside_the_prediction(tab):
+    verify_in_page(tab, "megatron")
     table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-verify-table').text")
     assert "peak memory per device" in table and "all-reduce bytes" in table
 
@@ -429,11 +435,7 @@ def test_verify_puts_xla_beside_the_prediction(tab):
 def test_verify_explains_which_line_made_each_collective(tab):
     """zero3 on the tiny transformer: XLA's collectives with their source lines and the
     decision behind each (the weight gathers: d_model on data), >= 90% of the bytes matched."""
-    tab.get_by_role("button", name="zero3", exact=True).click()
-    click(tab, "Verify 'zero3' with XLA")
-    s = wait_until(lambda: (lambda s: s["verify"].startswith(("done", "failed")) and s)(state(tab)), timeout=120,
-                   what="verify to finish")
-    assert s["verify"].startswith("done"), s["message"]
+    verify_in_page(tab, "zero3")
     head = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-explain-head').text")
     table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-explain-table').text")
     share = int(head.split("</b>: ")[1].split("%")[0])
