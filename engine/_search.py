@@ -97,10 +97,6 @@ class Search:
             for a, n in zip(mesh.axes, mesh.sizes):
                 if n > 1 and any(s % n == 0 for s in sizes):
                     self.actions.append((g.id, a))
-        used = {a for _, a in self.actions} | {a for _, a in self.cm.fixed.decisions if a}
-        for a, n in zip(mesh.axes, mesh.sizes):
-            if n > 1 and a not in used:
-                raise PartexError(useless_axis(a, n, self.an), field="mesh")
         # recompute decisions: one kind per layer stack of the forward pass
         self.recompute_axes = tuple(RECOMPUTE + k for k in RECOMPUTE_KINDS)
         for u in self.cm.units:
@@ -710,6 +706,16 @@ def _key_parse(text: str, n_groups: int, axes: set[str], n_units: int = 0):
             raise ValueError(f"tree key {text!r} names no group or axis of this model and mesh")
         key.append((a, groups))
     return tuple(key)
+
+
+def check_mesh_axes(search: "Search") -> None:
+    """A mesh axis that divides no dimension a decision could shard is bad input (every
+    decision on it would do nothing): Session refuses it for the CLI, the explorer and the
+    API. (The search itself runs on any mesh: the property tests drive it so.)"""
+    used = {a for _, a in search.actions} | {a for _, a in search.cm.fixed.decisions if a}
+    for a, n in zip(search.mesh.axes, search.mesh.sizes):
+        if n > 1 and a not in used:
+            raise PartexError(useless_axis(a, n, search.an), field="mesh")
 
 
 def useless_axis(axis: str, n: int, an) -> str:

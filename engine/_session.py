@@ -40,7 +40,7 @@ from ._plan import (
 )
 from ._analysis import is_resolution
 from ._recompute import is_recompute
-from ._search import Search, SearchResult
+from ._search import Search, SearchResult, check_mesh_axes
 from ._strategies import baseline_names, strategy_decisions
 
 FORMAT = "partex-session"
@@ -172,6 +172,7 @@ class Session:
         # the search first: a mesh or budget it refuses leaves the session as it was
         search = search or Search(model, mesh, hw, seed=int(seed), warm_start=bool(warm_start),
                                   user_shardings=user_shardings)
+        check_mesh_axes(search)
         self.model = model  # ModelAnalysis: .model (LoadedModel), .program, .analysis
         self.spec = spec
         self.mesh = mesh

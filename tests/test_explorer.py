@@ -619,10 +619,9 @@ def test_bad_input_from_the_plan_and_verify_views_is_seen_where_the_user_is(chro
         assert s["level"] == "danger" and s["config"] == before["config"], s  # the old ones in force
         name = next(iter(s["field_error"]))
         assert name == ("mesh" if "model" in bad else "budget"), s["field_error"]
-        toast = tab.locator("[role=alert]", has_text=s["message"][:40]).first
-        wait_until(lambda: toast.is_visible(), what="the toast")
-        top = toast.bounding_box()
-        assert top is not None and 0 <= top["y"] < VIEWPORT["height"], top  # in view, not scrolled away
+        toast = tab.locator("[data-toast]", has_text=s["message"][:40])
+        top = wait_until(lambda: toast.count() and toast.first.bounding_box(), what="the toast")
+        assert 0 <= top["y"] < VIEWPORT["height"], top  # in view, not scrolled away
         assert "invalid" in (box.evaluate("e => e.getRootNode().host.className") or "")
         tab.screenshot(path=SHOTS / shot)
         box.fill(field if "model" in bad else "3MiB")
