@@ -91,7 +91,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         if text and state.message_level in ("warning", "danger"):
             # inline colours: a pane shown after the page loaded does not get the stylesheet
             bg, border, fg = TOAST_COLOURS[state.message_level]
-            toast.object = (f"<div role='alert' data-toast='1' style='background:{bg};border:1px solid {border};color:{fg};"
+            toast.object = (f"<div role='status' data-toast='1' style='background:{bg};border:1px solid {border};color:{fg};"
                             "border-radius:8px;padding:10px 14px;font-size:13.5px;line-height:1.35'>"
                             f"<b>{icon}</b> {esc(state.message)}</div>")
             toast.visible = True
