@@ -22,8 +22,6 @@ import dataclasses
 import math
 import os
 import re
-from typing import Any
-
 from ._hlo import _OPCODE_KIND, _multipliers, _parse_module, shape_bytes
 
 _TABLE = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\s*$")
@@ -60,10 +58,12 @@ class XlaCollective:
         return self.param or (f"<{self.op_name.rsplit('/', 1)[-1]}>" if self.op_name else "-")
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
 def _internal(path: str) -> bool:
     """partex's own engine files and JAX's: frames that are not the user's code."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return path.startswith(here) or "/jax/_src/" in path or "/jax/" in path and "site-packages" in path
+    return path.startswith(_HERE) or "/jax/_src/" in path or ("/jax/" in path and "site-packages" in path)
 
 
 def _tables(text: str) -> dict[int, tuple[Frame, ...]]:
@@ -79,9 +79,10 @@ def _tables(text: str) -> dict[int, tuple[Frame, ...]]:
         if m:
             table = m.group(1)
             continue
-        if not s or s.startswith(("HloModule", "ENTRY", "%")) or s.endswith("{"):
-            if s.endswith("{") or s.startswith(("ENTRY", "%")):
-                table = None
+        if not s:
+            continue
+        if s.startswith(("HloModule", "ENTRY", "%")) or s.endswith("{"):  # the module: the tables are over
+            table = None
             continue
         r = _ROW.match(s)
         if table is None or not r:
@@ -287,4 +288,4 @@ def _short(where: str, width: int = 48) -> str:
     return where if len(where) <= width else "..." + where[-(width - 3):]
 
 
-__all__ = ["explain", "explain_table", "xla_collectives", "Any"]
+__all__ = ["explain", "explain_table", "xla_collectives"]

@@ -3,6 +3,7 @@ from public spec sheets. Every figure can be overridden; every figure is validat
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import re
@@ -154,8 +155,9 @@ class MeshSpec:
             d["bandwidth"] = list(self.bandwidth)
         if self.latency:
             d["latency"] = list(self.latency)
-        if self.slow_axes():  # for reading: what crosses hosts (derived from the bandwidths)
-            d["slow_axes"] = list(self.slow_axes())
+        slow = self.slow_axes()
+        if slow:  # for reading: what crosses hosts (derived from the bandwidths)
+            d["slow_axes"] = list(slow)
         return d
 
     @classmethod
@@ -231,9 +233,7 @@ class MeshSpec:
 
         devices = list(devices if devices is not None else jax.devices())
         if len(devices) != self.size:
-            per = {}
-            for d in devices:
-                per[d.process_index] = per.get(d.process_index, 0) + 1
+            per = collections.Counter(d.process_index for d in devices)
             procs = sorted(per)
             where = (f"{len(devices)} over {len(procs)} processes ("
                      + ", ".join(f"process {p}: {per[p]}" for p in procs) + ")" if len(procs) > 1 else str(len(devices)))
@@ -289,14 +289,13 @@ def device_grid(spec: MeshSpec, devices):
     ``jax.make_mesh`` lays them out)."""
     from jax.experimental import mesh_utils
 
-    keys = {granule_key(d) for d in devices}
-    if len(keys) == 1:
+    sizes = collections.Counter(granule_key(d) for d in devices)
+    if len(sizes) == 1:
         return None
-    sizes = {k: sum(granule_key(d) == k for d in devices) for k in keys}
     if len(set(sizes.values())) > 1:
         raise PartexError("the hosts/slices hold different numbers of devices ("
                           + ", ".join(f"{k}: {n}" for k, n in sorted(sizes.items()))
                           + "); start every process with the same number of devices")
-    ici, dcn = hybrid_shape(spec, len(keys))
+    ici, dcn = hybrid_shape(spec, len(sizes))
     return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=devices[0].platform != "tpu",
                                                 allow_split_physical_axes=True)

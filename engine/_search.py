@@ -721,7 +721,7 @@ def check_mesh_axes(search: "Search") -> None:
 def useless_axis(axis: str, n: int, an) -> str:
     """The message for a mesh axis that divides no dimension a decision could shard."""
     sizes = sorted({s for g in an.decision_groups for nd in g.named_dims for s in an.named_dims[nd].sizes if s > 1})
-    good = [d for d in range(2, max(sizes, default=1) + 1) if any(s % d == 0 for s in sizes)]
+    good = [d for d in range(2, 4 * n + 2) if any(s % d == 0 for s in sizes)]  # near n: no scan to the largest size
     near = sorted(good, key=lambda d: (abs(d - n), d))[:2]
     hint = " or ".join(f"{axis}={d}" for d in sorted(near))
     shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
