@@ -6,15 +6,17 @@ from __future__ import annotations
 import logging
 
 import panel as pn
-from bokeh.models import Div
+from bokeh.models import CustomJS, Div
 
 from ._charts import KpiView, MemoryView, SearchView
+from ._compare import CompareView
 from ._controls import FileControls, MeshControls, ModelControls, SearchControls
 from ._graph import DecisionView, GraphView
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
+from ._teach import TeachView
 from ._format import esc
-from ._widgets import CSS, bokeh_update, html
+from ._widgets import CSS, bokeh_update, button, html
 
 log = logging.getLogger("partex.explorer")
 
@@ -49,6 +51,53 @@ class ProbeView(pn.viewable.Viewer):
         self.ping.on_change("text", lambda attr, old, new: setattr(state, "ping", new))
         self._panel = pn.Row(pn.pane.Bokeh(self.div, visible=False), pn.pane.Bokeh(self.ping, visible=False),
                              visible=False, height=0, margin=0)
+
+    def __panel__(self):
+        return self._panel
+
+
+# Scroll the main column to the card a walkthrough step points at (its title, before "|") and
+# outline it; an empty text clears the outline. The cards sit in nested shadow roots.
+POINT_AT_CARD = """
+const want = cb_obj.text.split("|")[0];
+if (window._pxTeach) { window._pxTeach.style.outline = ""; window._pxTeach = null; }
+if (!want) return;
+function find(root) {
+  for (const el of root.querySelectorAll("*")) {
+    if (el.classList.contains("card-title") && el.textContent.trim() === want) return el;
+    if (el.shadowRoot) { const hit = find(el.shadowRoot); if (hit) return hit; }
+  }
+  return null;
+}
+let el = find(document);
+if (!el) return;
+let card = el;
+while (card && !(card.classList && card.classList.contains("px-card")))
+  card = card.parentElement || (card.getRootNode() instanceof ShadowRoot ? card.getRootNode().host : null);
+card = card || el;
+card.scrollIntoView({block: "start"});
+card.style.outline = "3px solid #f59e0b";
+card.style.outlineOffset = "2px";
+window._pxTeach = card;
+"""
+
+
+class TeachPointer(pn.viewable.Viewer):
+    """A hidden Div (``partex-teach-target``) whose text is the card the walkthrough's step
+    points at: the page scrolls to that card and outlines it (``POINT_AT_CARD``)."""
+
+    def __init__(self, teach: TeachView, **params):
+        super().__init__(**params)
+        self.div = Div(text="", name="partex-teach-target", visible=False)
+        self.div.js_on_change("text", CustomJS(code=POINT_AT_CARD))
+        self._n = 0
+
+        def point(e):
+            self._n += 1  # a new text every time: two steps in a row may point at one card
+            self.div.text = f"{e.new}|{self._n}" if e.new else ""
+
+        teach.param.watch(bokeh_update(point), ["target"])
+        self._panel = pn.pane.Bokeh(self.div, visible=False, height=0, margin=0)
 
     def __panel__(self):
         return self._panel
@@ -106,12 +155,14 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
 
     graph = GraphView(state=state)
     decision = DecisionView(state=state)
+    teach = TeachView(state=state)
     main = [
-        pn.Column(alert, toast, KpiView(state=state), ProbeView(state), sizing_mode="stretch_width", margin=(0, 0)),
+        pn.Column(alert, toast, teach, TeachPointer(teach), KpiView(state=state), ProbeView(state),
+                  sizing_mode="stretch_width", margin=(0, 0)),
         pn.Row(
             _card("Named dimensions", graph,
-                  "decision groups · edges: they meet in a tensor · red: conflicts", height=540),
-            _card("Decision", decision, "inspect, pin or forbid a group", width=430, height=540,
+                  "decision groups · edges: they meet in a tensor · red: conflicts", height=620),
+            _card("Decision", decision, "inspect, pin or forbid a group", width=430, height=620,
                   sizing_mode="fixed"),
             sizing_mode="stretch_width",
         ),
@@ -122,6 +173,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
             _card("Baselines", BaselinesView(state=state), "hand-written strategies on the same cost model"),
             sizing_mode="stretch_width",
         ),
+        _card("Compare", CompareView(state=state), "two plans side by side: what B changes against A"),
         _card("Plan", PlanView(state=state), "PartitionSpecs and the collectives they imply"),
         _card("Predicted vs XLA", VerifyView(state=state), "the cost model checked against the compiler"),
     ]
@@ -142,10 +194,13 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
             busy.visible = value
 
     state.param.watch(show_busy, ["busy", "running"])
+    teach_btn = button("partex-teach", "Teach", button_type="light", button_style="outline", width=110,
+                       margin=(12, 8), description="A guided walkthrough of the model on the page, step by step")
+    teach_btn.on_click(lambda e: teach.start())
     template = pn.template.FastListTemplate(
         design=Fast,
         busy_indicator=None,
-        header=[busy],
+        header=[pn.Row(teach_btn, busy)],
         title="partex explorer",
         logo="assets/logo.svg",
         favicon="assets/logo.svg",

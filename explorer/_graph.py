@@ -10,22 +10,22 @@ import math
 
 import panel as pn
 import param
-from bokeh.models import (
-    ColumnDataSource, HoverTool, Range1d, TapTool,
-)
+from bokeh.models import ColumnDataSource, HoverTool, Range1d, TapTool
 from bokeh.plotting import figure
 
 from partex import GroupInfo, is_recompute, is_resolution
 
 from ._engine import short_source
 from ._format import esc, fmt_bytes
-from ._widgets import bokeh_update, button, html, select
+from ._layout import PX_H, PX_W, X_RANGE, Y_RANGE, GraphLayout, graph_layout, label_dy, node_size, sub_line
+from ._widgets import bokeh_update, button, html, keyed, select
 
 AXIS_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777", "#0891b2"]
 UNSHARDED = "#cbd5e1"
 CONFLICT = "#dc2626"
 PIN_LINE = "#0f172a"
-REMAT = "#9a3412"  # the recompute chips' orange (explorer.css)
+REMAT = "#9a3412"
+SELECTED = "#f59e0b"  # the clicked (or found) node's outline  # the recompute chips' orange (explorer.css)
 
 
 def axis_colors(axes) -> dict[str, str]:
@@ -68,21 +68,29 @@ def resolutions(state) -> dict[int, str]:
 
 
 class GraphView(pn.viewable.Viewer):
-    """Bokeh graph of decision groups; click a node to inspect (and pin) it."""
+    """Bokeh graph of decision groups and of clusters of them (``_layout``): click a group
+    to inspect (and pin) it, a cluster (a square) to open it; the search box finds a group
+    by its label or a pytree path and opens the clusters around it."""
 
     state = param.Parameter()
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._nodes: tuple[int, ...] = ()
-        self._pos: dict = {}
-        self._edges: tuple = ()
-        self._hidden = 0
+        self.layout: GraphLayout | None = None
+        self._found: dict[str, int] = {}  # search option -> group
         self.node_src = ColumnDataSource(data=self._empty_nodes())
-        self.edge_src = ColumnDataSource(data=dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[],
-                                                   pair=[], bytes=[], note=[]))
+        self.edge_src = ColumnDataSource(data=dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[]))
         self.fig = self._figure()
         self.legend = html(sizing_mode="stretch_width", margin=(0, 10))
+        self.search = keyed(pn.widgets.AutocompleteInput)(
+            "partex-graph-search", name="", placeholder="find a group: its label or a pytree path", options=[],
+            case_sensitive=False, search_strategy="includes", min_characters=1, restrict=False,
+            sizing_mode="stretch_width", margin=(0, 6))
+        self.search.param.watch(self._on_search, ["value"])
+        self.search_note = html(sizing_mode="stretch_width", margin=(0, 10), name="partex-graph-search-note")
+        self.overview = button("partex-graph-overview", "Overview", width=100, margin=(0, 6),
+                               description="Close the clusters opened since the model loaded")
+        self.overview.on_click(lambda e: self._show(None))
         self.node_src.selected.on_change("indices", self._on_tap)
         s = self.state
         s.param.watch(self._rebuild, ["graph"])
@@ -90,7 +98,9 @@ class GraphView(pn.viewable.Viewer):
         s.param.watch(self._select_from_state, ["selected_group"])
         self._rebuild()
         self._panel = pn.Column(
-            pn.pane.Bokeh(self.fig, sizing_mode="stretch_both", min_height=380),
+            pn.Row(self.search, self.overview, sizing_mode="stretch_width"),
+            self.search_note,
+            pn.pane.Bokeh(self.fig, sizing_mode="stretch_both", min_height=PX_H, min_width=PX_W),
             self.legend, sizing_mode="stretch_both", name="graph-card",
         )
 
@@ -99,24 +109,27 @@ class GraphView(pn.viewable.Viewer):
 
     @staticmethod
     def _empty_nodes() -> dict:
-        keys = ("gid", "x", "y", "size", "ring", "label", "sub", "badge", "fill", "line", "line_width",
-                "conflict", "tip", "label_dy", "sub_dy", "ring_alpha", "sub_rc")
+        keys = ("key", "gid", "x", "y", "size", "ring", "marker", "label", "sub", "badge", "fill", "line",
+                "line_width", "conflict", "tip", "label_dy", "sub_dy", "ring_alpha", "sub_rc")
         return {k: [] for k in keys}
 
     def _figure(self):
         p = figure(name="partex-graph", tools="", toolbar_location=None, sizing_mode="stretch_both",
-                   x_range=Range1d(-1.7, 1.7), y_range=Range1d(-1.34, 1.16), min_border=4,
+                   min_width=PX_W, min_height=PX_H,
+                   x_range=Range1d(*X_RANGE), y_range=Range1d(*Y_RANGE), min_border=0,
                    outline_line_color=None, background_fill_color=None, border_fill_color=None)
         p.xaxis.visible = p.yaxis.visible = False
         p.xgrid.visible = p.ygrid.visible = False
-        edges = p.segment("x0", "y0", "x1", "y1", source=self.edge_src, line_color="color",
-                          line_width="width", line_alpha="alpha")
+        p.segment("x0", "y0", "x1", "y1", source=self.edge_src, line_color="color", line_width="width",
+                  line_alpha="alpha")
         # a click selects a node: the others dim a little; rings and labels stay as they are
-        p.scatter("x", "y", source=self.node_src, size="ring", fill_color=None, line_color=CONFLICT,
-                  line_width=2.5, line_dash="dashed", line_alpha="ring_alpha", nonselection_line_alpha="ring_alpha")
-        nodes = p.scatter("x", "y", source=self.node_src, size="size", fill_color="fill", line_color="line",
-                          line_width="line_width", selection_fill_alpha=1.0, nonselection_fill_alpha=0.6,
-                          nonselection_line_alpha=1.0)
+        p.scatter("x", "y", source=self.node_src, size="ring", marker="marker", fill_color=None,
+                  line_color=CONFLICT, line_width=2.5, line_dash="dashed", line_alpha="ring_alpha",
+                  nonselection_line_alpha="ring_alpha")
+        nodes = p.scatter("x", "y", source=self.node_src, size="size", marker="marker", fill_color="fill",
+                          line_color="line", line_width="line_width", selection_fill_alpha=1.0,
+                          selection_line_color=SELECTED, selection_line_width=4,
+                          nonselection_fill_alpha=0.6, nonselection_line_alpha=1.0)
         p.text("x", "y", text="badge", source=self.node_src, text_align="center", text_baseline="middle",
                text_color="white", text_font_size="11px", text_font_style="bold", nonselection_text_alpha=1.0)
         label_bg = dict(background_fill_color="#ffffff", background_fill_alpha=0.8, padding=1,
@@ -127,30 +140,49 @@ class GraphView(pn.viewable.Viewer):
         for column, colour in (("sub", "#475569"), ("sub_rc", REMAT)):
             p.text("x", "y", text=column, source=self.node_src, y_offset="sub_dy", text_align="center",
                    text_baseline="top", text_font_size="11px", text_color=colour, **label_bg)
-        p.add_tools(HoverTool(renderers=[nodes], tooltips="@tip{safe}", attachment="right"),
-                    HoverTool(renderers=[edges], tooltips="@pair: @note", line_policy="interp"),
-                    TapTool(renderers=[nodes]))
+        # the nodes' tooltips only: an edge's would open with its ends' (what two groups share
+        # is in the decision panel)
+        p.add_tools(HoverTool(renderers=[nodes], tooltips="@tip{safe}", attachment="right"), TapTool(renderers=[nodes]))
         return p
 
     # ------------------------------------------------------------------ data
     @bokeh_update
     def _rebuild(self, *_):
-        g = self.state.graph
-        if g is None:
+        self.layout = self.state.graph
+        self.search_note.object = ""
+        if self.layout is None:
             self.node_src.data = self._empty_nodes()
+            self.search.options = []
             return
-        self._nodes, self._pos, self._edges, self._hidden = g.nodes, g.pos, g.edges, g.hidden
+        self._found = search_options(self.state.infos)
+        self.search.options = list(self._found)
         self._restyle()
+
+    def _show(self, opened) -> None:
+        """Lay the graph out anew with ``opened`` clusters open (None: the first view)."""
+        ws, lay = self.state.workspace, self.layout
+        if ws is None or lay is None:
+            return
+        self.layout = graph_layout(ws.an, self.state.infos, lay.tree, opened)
+        self._restyle()
+        self._select_from_state()
+
+    def _reveal(self, g: int) -> None:
+        """Open the clusters around group ``g`` where it is not drawn."""
+        lay = self.layout
+        if lay is not None and g not in lay.nodes and g in lay.tree.parent:
+            self._show(lay.tree.open(lay.opened, lay.tree.parent[g]))
 
     @bokeh_update
     def _restyle(self, *_):
         s = self.state
         ws = s.workspace
-        if ws is None or not self._nodes:
+        lay = self.layout
+        if ws is None or lay is None or not lay.nodes:
             return
         an = ws.an
-        axes = ws.config.mesh.axes
-        colors = axis_colors(axes)
+        tree = lay.tree
+        colors = axis_colors(ws.config.mesh.axes)
         assigned = assignment(s)
         remat = recomputed(s)
         resolved = resolutions(s)
@@ -159,86 +191,132 @@ class GraphView(pn.viewable.Viewer):
         for g, a in (d for d in s.forbidden if ":" not in d[1]):
             forbidden.setdefault(g, []).append(a)
         conflicted = {c.group for c in an.conflicts}
-        bmax = max(an.groups[g].bytes for g in self._nodes) or 1
+        most = max(tree.nbytes(n) for n in lay.nodes) or 1
         d = self._empty_nodes()
-        for g in self._nodes:
-            grp = an.groups[g]
-            info = s.infos[g]
-            x, y = self._pos[g]
-            size = 20 + 34 * math.sqrt(grp.bytes / bmax)
-            mine = assigned.get(g, [])
-            d["gid"].append(g)
+        for n in lay.nodes:
+            members = tree.clusters[n].groups if isinstance(n, str) else (n,)
+            size = node_size(tree.nbytes(n), most)
+            x, y = lay.pos[n]
+            axis_bytes: dict[str, int] = {}
+            for g in members:
+                for a in assigned.get(g, []):
+                    axis_bytes[a] = axis_bytes.get(a, 0) + tree.group_bytes[g]
+            mine = sorted(axis_bytes, key=lambda a: -axis_bytes[a])
+            conflict = any(g in conflicted for g in members)
+            is_pinned = any(g in pinned for g in members)
+            d["key"].append(str(n))
+            d["gid"].append(n if isinstance(n, int) else -1)
             d["x"].append(x)
             d["y"].append(y)
             d["size"].append(size)
             d["ring"].append(size + 12)
-            d["ring_alpha"].append(1.0 if g in conflicted else 0.0)
-            d["label"].append(_short(grp.label))
-            layers = f" · ×{info.layers}" if info.layers > 1 else ""
-            rc = remat.get(g)
-            sub = f"{grp.size}{layers} · {fmt_bytes(grp.bytes)}" + (f" · ↻ {rc[1]}" if rc else "")
+            d["marker"].append("square" if isinstance(n, str) else "circle")
+            d["ring_alpha"].append(1.0 if conflict else 0.0)
+            d["label"].append(lay.labels[n][0])
+            rc = remat.get(n) if isinstance(n, int) else None
+            sub = sub_line(tree, s.infos, n, rc[1] if rc else "")
             d["sub"].append("" if rc else sub)
             d["sub_rc"].append(sub if rc else "")
             d["badge"].append("+".join(a[:1].upper() for a in mine))
             d["fill"].append(colors[mine[0]] if mine else UNSHARDED)
-            d["line"].append(PIN_LINE if g in pinned else "#ffffff")
-            d["line_width"].append(3.5 if g in pinned else 1.5)
-            d["conflict"].append(g in conflicted)
-            dy = size / 2 + (10 if g in conflicted else 4)  # below the node (and its ring)
-            d["label_dy"].append(dy)
-            d["sub_dy"].append(dy + 16)
-            d["tip"].append(_tooltip(info, mine, g in pinned, forbidden.get(g, []), g in conflicted, rc,
-                                     resolved.get(g)))
+            d["line"].append(PIN_LINE if is_pinned else "#ffffff")
+            d["line_width"].append(3.5 if is_pinned else 1.5)
+            d["conflict"].append(conflict)
+            d["label_dy"].append(label_dy(size))
+            d["sub_dy"].append(label_dy(size) + 16)
+            if isinstance(n, str):
+                d["tip"].append(_cluster_tooltip(tree.clusters[n], s.infos, assigned))
+            else:
+                d["tip"].append(_tooltip(s.infos[n], assigned.get(n, []), n in pinned, forbidden.get(n, []),
+                                         n in conflicted, rc, resolved.get(n)))
         self.node_src.data = d
-        e = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[], pair=[], bytes=[], note=[])
-        emax = max((n for *_, n in self._edges), default=1)
-        for a, b, n in self._edges:
-            shared = sorted(set(assigned.get(a, [])) & set(assigned.get(b, [])))
-            (x0, y0), (x1, y1) = self._pos[a], self._pos[b]
+        e = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[])
+        emax = max((b for *_, b in lay.edges), default=1)
+        for a, b, nb in lay.edges:
+            # two groups on one axis: a tensor holding both gathers one (clusters: not said)
+            shared = (isinstance(a, int) and isinstance(b, int)
+                      and set(assigned.get(a, [])) & set(assigned.get(b, [])))
+            (x0, y0), (x1, y1) = lay.pos[a], lay.pos[b]
             e["x0"].append(x0); e["y0"].append(y0); e["x1"].append(x1); e["y1"].append(y1)
-            w = 1 + 5 * math.sqrt(n / emax)
+            w = 1 + 5 * math.sqrt(nb / emax)
             e["width"].append(w + (1.5 if shared else 0))
             e["color"].append(CONFLICT if shared else "#94a3b8")
-            e["alpha"].append(0.9 if shared else 0.25 + 0.45 * math.sqrt(n / emax))
-            e["pair"].append(f"{an.groups[a].label} × {an.groups[b].label}")
-            e["bytes"].append(n)
-            note = f"{fmt_bytes(n)} of tensors hold both"
-            if shared:
-                note += (f"; both on {', '.join(shared)}: such a tensor can shard only one of them on it, "
-                         "the other is gathered (an all-gather where an op needs it)")
-            e["note"].append(note)
+            e["alpha"].append(0.9 if shared else 0.25 + 0.45 * math.sqrt(nb / emax))
         self.edge_src.data = e
         colors_html = "".join(f'<span class="lg"><i style="background:{c}"></i>{esc(a)}</span>'
                               for a, c in colors.items())
-        hidden = self._hidden
-        more = f'<span class="lg muted">{hidden} smaller groups not drawn</span>' if hidden > 0 else ""
+        closed = [n for n in lay.nodes if isinstance(n, str)]
+        inside = sum(len(tree.clusters[n].groups) for n in closed)
+        clusters = (f'<span class="lg"><i class="sq"></i><b>{len(closed)} clusters hold {inside} of '
+                    f'{len(s.infos)} groups</b>: click one to open it</span>' if closed else
+                    f'<span class="lg muted">all {len(s.infos)} groups drawn</span>')
         self.legend.object = (
             f'<div class="legend">{colors_html}<span class="lg"><i style="background:{UNSHARDED}"></i>unsharded</span>'
             f'<span class="lg"><i class="ring"></i>conflict</span>'
             f'<span class="lg"><i class="pin"></i>pinned</span>'
             f'<span class="lg"><i class="bar" style="background:{CONFLICT}"></i>both on one axis</span>'
             + (f'<span class="lg" style="color:{REMAT}">↻ its layers recomputed</span>' if remat else "")
-            + f'{more}'
-            f'<span class="lg muted">size: bytes touched · click a node</span></div>')
+            + clusters + '<span class="lg muted">size: bytes touched · click a node</span></div>')
 
     # ------------------------------------------------------------------ selection
     def _on_tap(self, attr, old, new):
-        if new:
-            gid = self.node_src.data["gid"][new[0]]
+        if not new:
+            return
+        key = self.node_src.data["key"][new[0]]
+        gid = self.node_src.data["gid"][new[0]]
+        if gid >= 0:
             if self.state.selected_group != gid:
                 self.state.selected_group = gid
+            return
+        self.node_src.selected.indices = []
+        self._show(self.layout.tree.open(self.layout.opened, key))
+
+    def _on_search(self, event):
+        text = (event.new or "").strip()
+        if not text:
+            return
+        g = self._found.get(text)
+        if g is None:  # typed, not picked: the largest group whose label or a path holds it
+            hits = [g for opt, g in self._found.items() if text.lower() in opt.lower()]
+            g = max(hits, key=lambda g: self.state.infos[g].bytes) if hits else None
+        if g is None:
+            self.search_note.object = f"<div class='field-msg'>No group's label or pytree path holds {esc(text)!s}.</div>"
+            return
+        self.search_note.object = ""
+        self._reveal(g)
+        if self.state.selected_group != g:
+            self.state.selected_group = g
+        else:
+            self._select_from_state()
 
     @bokeh_update
-    def _select_from_state(self, event):
-        g = event.new
-        gids = self.node_src.data["gid"]
-        want = [gids.index(g)] if g in gids else []
+    def _select_from_state(self, *_):
+        g = self.state.selected_group
+        if g is not None:
+            self._reveal(g)
+        keys = self.node_src.data["key"]
+        want = [keys.index(str(g))] if str(g) in keys else []
         if list(self.node_src.selected.indices) != want:
             self.node_src.selected.indices = want
 
 
-def _short(label: str, n: int = 18) -> str:
-    return label if len(label) <= n else label[: n - 1] + "…"
+def search_options(infos) -> dict[str, int]:
+    """What the graph's search box offers: each group's label, and each pytree path and dim
+    that holds a group ("params/layers/0/w1 dim 1 · ffn")."""
+    out = {info.label: g for g, info in infos.items()}
+    for g, info in infos.items():
+        for path, _, dim in info.tensors:
+            out.setdefault(f"{path} dim {dim} · {info.label}", g)
+    return out
+
+
+def _cluster_tooltip(c, infos, assigned) -> str:
+    names = ", ".join(esc(infos[g].label) + (f" ({esc('+'.join(assigned[g]))})" if assigned.get(g) else "")
+                      for g in c.groups[:12])
+    more = f", … {len(c.groups) - 12} more" if len(c.groups) > 12 else ""
+    return (f"<div style='font:12px sans-serif;max-width:340px'><b>{esc(c.label)}</b> · {len(c.groups)} groups · "
+            f"{fmt_bytes(c.bytes)}<div style='margin-top:4px;color:#475569'>{names}{more}</div>"
+            "<div style='margin-top:4px'>click to open</div></div>")
 
 
 def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool, remat=None, resolution=None) -> str:
@@ -370,7 +448,9 @@ class DecisionView(pn.viewable.Viewer):
             f"<div class='kv'><span>size {info.size}</span><span>{info.layers} named dim(s)</span>"
             f"<span>{fmt_bytes(info.bytes)} touched</span><span>plan: <b>{plan}</b></span></div>"
             + "".join(_conflict_html(c) for c in info.conflicts)
-            + f"<h4>Input tensors (pytree path, shape, dim)</h4><table class='tbl'>{rows}</table>{more}"
+            + (f"<h4>Input tensors (pytree path, shape, dim)</h4><table class='tbl'>{rows}</table>{more}"
+               if rows else "<h4>Input tensors</h4><div class='muted'>None: no input of the step holds it; the "
+               "step's own ops make its tensors (below).</div>")
             + (f"<h4>Made by</h4><ul class='src'>{src}</ul>" if src else "")
             + (f"<h4>Meets in one tensor with</h4><div>{co}</div>" if co else "")
             + "</div>")

@@ -689,8 +689,8 @@ def _budget_text(budget: float | None) -> str:
 
 def _details(res) -> tuple:
     """Group details and the graph's layout (shared by the sessions on one demo model)."""
-    return (ANALYSES.derived(res, "infos", lambda: res.analysis.group_infos()),
-            ANALYSES.derived(res, "layout", lambda: graph_layout(res.analysis)))
+    infos = ANALYSES.derived(res, "infos", lambda: res.analysis.group_infos())
+    return infos, ANALYSES.derived(res, "layout", lambda: graph_layout(res.analysis, infos))
 
 
 def _slug(text: str) -> str:
