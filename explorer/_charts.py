@@ -216,8 +216,10 @@ class SearchView(pn.viewable.Viewer):
         super().__init__(**params)
         self.hist = ColumnDataSource(data=dict(sim=[], ms=[], secs=[]))
         self.acts = ColumnDataSource(data=dict(action=[], visits=[], value=[], value_txt=[]))
+        # ranges set by _render: an automatic range over no data yet makes Bokeh warn
+        # ("could not set initial ranges") on every page that opens before a search
         h = _fig(name="partex-history", height=250, title="Best predicted step time",
-                 x_axis_label="simulations", y_axis_label="ms")
+                 x_axis_label="simulations", y_axis_label="ms", x_range=Range1d(0, 1), y_range=Range1d(0, 1))
         h.step("sim", "ms", source=self.hist, mode="after", line_width=2.5, color="#2563eb")
         h.scatter("sim", "ms", source=self.hist, size=7, color="#2563eb")
         h.add_tools(HoverTool(tooltips=[("simulation", "@sim"), ("step time", "@ms{0.000} ms"),
@@ -225,7 +227,7 @@ class SearchView(pn.viewable.Viewer):
         h.yaxis.formatter = NumeralTickFormatter(format="0.000")
         self.hist_fig = h
         a = _fig(name="partex-root-actions", height=250, y_range=FactorRange(), title="Root actions (colour: mean value)",
-                 x_axis_label="visits")
+                 x_axis_label="visits", x_range=Range1d(0, 1))
         self.cmap = LinearColorMapper(palette=_BLUES, low=0, high=1)
         a.hbar(y="action", right="visits", height=0.7, source=self.acts,
                fill_color={"field": "value", "transform": self.cmap}, line_color=None)
@@ -256,8 +258,14 @@ class SearchView(pn.viewable.Viewer):
             ys = [h[2] * 1e3 for h in hist] + [hist[-1][2] * 1e3]
             secs = [h[1] for h in hist] + [hist[-1][1]]
             self.hist.data = dict(sim=xs, ms=ys, secs=secs)
+            lo, hi = min(ys), max(ys)
+            pad = (hi - lo) * 0.08 or hi * 0.05 or 1.0
+            self.hist_fig.x_range.update(start=0, end=max(xs[-1], 1) * 1.03)
+            self.hist_fig.y_range.update(start=max(lo - pad, 0), end=hi + pad)
         else:
             self.hist.data = dict(sim=[], ms=[], secs=[])
+            self.hist_fig.x_range.update(start=0, end=1)
+            self.hist_fig.y_range.update(start=0, end=1)
         acts = sorted(st.get("root_actions") or [], key=lambda r: -r["visits"])[:12]
         values = [float(r["value"]) for r in acts]
         if values:
@@ -265,6 +273,7 @@ class SearchView(pn.viewable.Viewer):
         self.acts_fig.y_range.factors = [r["action"] for r in reversed(acts)]
         self.acts.data = dict(action=[r["action"] for r in acts], visits=[r["visits"] for r in acts],
                               value=values, value_txt=[f"{v:.3f}" for v in values])
+        self.acts_fig.x_range.update(start=0, end=max([r["visits"] for r in acts], default=1) * 1.05)
         mem = st.get("smallest_memory")
         tiles = [("simulations", f"{sims:,}"), ("simulations / s", f"{st.get('sims_per_s') or 0:,.0f}"),
                  ("tree nodes", f"{st.get('nodes', 0):,}"), ("tree depth", f"{st.get('depth', 0)}"),

@@ -248,7 +248,7 @@ class GraphView(pn.viewable.Viewer):
         closed = [n for n in lay.nodes if isinstance(n, str)]
         inside = sum(len(tree.clusters[n].groups) for n in closed)
         clusters = (f'<span class="lg"><i class="sq"></i><b>{len(closed)} clusters hold {inside} of '
-                    f'{len(s.infos)} groups</b>: click one to open it</span>' if closed else
+                    f'{len(s.infos)} groups: click one to open it</b></span>' if closed else
                     f'<span class="lg muted">all {len(s.infos)} groups drawn</span>')
         self.legend.object = (
             f'<div class="legend">{colors_html}<span class="lg"><i style="background:{UNSHARDED}"></i>unsharded</span>'

@@ -20,7 +20,7 @@ class Table:
     stops repainting after its first data change, and updating a Tabulator costs ~90 ms of
     the server's loop.) ``max_rows`` caps what is sent; a note says how many were left out."""
 
-    def __init__(self, name: str, columns: list[tuple[str, str]], height: int, html_fields=(),
+    def __init__(self, name: str, columns: list[tuple[str, str]], height: int | None, html_fields=(),
                  wrap_fields=(), max_rows: int = 400, empty: str = ""):
         self.columns = columns
         self.height = height
@@ -47,7 +47,8 @@ class Table:
             body.append(f"<tr><td colspan='{len(self.columns)}' class='muted'>{self.empty}</td></tr>")
         more = (f"<div class='muted more'>… {len(rows) - self.max_rows} more rows not shown</div>"
                 if len(rows) > self.max_rows else "")
-        self.view.object = (f"<div class='grid-wrap' style='max-height:{self.height}px'><table class='grid'>"
+        cap = f" style='max-height:{self.height}px'" if self.height else ""  # None: every row in view
+        self.view.object = (f"<div class='grid-wrap'{cap}><table class='grid'>"
                             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}")
 
 
@@ -79,11 +80,9 @@ class PlanView(pn.viewable.Viewer):
         self._panel = pn.Column(
             pn.Row(self.which, sizing_mode="stretch_width"),
             self.header,
-            pn.Row(pn.Column(html("<h4 class='sub'>Inputs: pytree path → PartitionSpec</h4>"), self.specs.pane,
-                             sizing_mode="stretch_width"),
-                   pn.Column(html("<h4 class='sub'>Collectives it implies (per step, slowest first)</h4>"),
-                             self.colls.pane, sizing_mode="stretch_width"),
-                   sizing_mode="stretch_width"),
+            # one above the other: side by side, a model's long paths and specs cut columns off
+            html("<h4 class='sub'>Inputs: pytree path → PartitionSpec</h4>"), self.specs.pane,
+            html("<h4 class='sub'>Collectives it implies (per step, slowest first)</h4>"), self.colls.pane,
             sizing_mode="stretch_width",
         )
 
@@ -191,7 +190,7 @@ class BaselinesView(pn.viewable.Viewer):
         super().__init__(**params)
         self.table = Table("partex-baselines", [("plan", "plan and its decisions"), ("step", "step time"),
                                                 ("mfu", "MFU"), ("peak", "peak memory"), ("fits", "fits")],
-                           height=300, html_fields=("plan", "fits"), wrap_fields=("plan",))
+                           height=None, html_fields=("plan", "fits"), wrap_fields=("plan",))
         self.state.param.watch(self._render, ["best", "uploaded", "baselines"])
         self._render()
 
@@ -220,7 +219,7 @@ class VerifyView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         s = self.state
-        self.btn = button("partex-verify", "Verify with XLA", button_type="primary", width=170,
+        self.btn = button("partex-verify", "Verify with XLA", button_type="primary", min_width=170,
                           description="Compile the plan shown above on simulated CPU devices in a subprocess")
         self.btn.on_click(lambda e: s.verify())
         self.status = html(sizing_mode="stretch_width", name="verify-status")
@@ -229,6 +228,7 @@ class VerifyView(pn.viewable.Viewer):
                                                    ("xla", "XLA"), ("ratio", "predicted / XLA")], height=260,
                            empty="press Verify: the comparison appears here (a compile takes a few seconds)")
         # which line of the model made each of XLA's collectives, and which decision
+        self.cpu_note = html(name="partex-verify-cpu-note", sizing_mode="stretch_width")
         self.explain_head = html(name="partex-explain-head", sizing_mode="stretch_width")
         self.explain = Table("partex-explain-table", [("kind", "XLA collective"), ("bytes", "bytes / step"),
                                                       ("where", "source line or parameter"), ("op", "op"),
@@ -238,7 +238,8 @@ class VerifyView(pn.viewable.Viewer):
         s.param.watch(self._render, ["verify_result", "verify_status", "busy", "shown_plan"])
         self._render()
         self._panel = pn.Column(pn.Row(self.btn, self.spinner, self.status, sizing_mode="stretch_width"),
-                                self.table.pane, self.explain_head, self.explain.pane, sizing_mode="stretch_width")
+                                self.table.pane, self.cpu_note, self.explain_head, self.explain.pane,
+                                sizing_mode="stretch_width")
 
     def __panel__(self):
         return self._panel
@@ -278,10 +279,20 @@ class VerifyView(pn.viewable.Viewer):
         out = s.verify_result
         if not out:
             self.table.update([])
+            self.cpu_note.object = ""
             self.explain_head.object = ""
             self.explain.update([])
             return
         self._render_explain(out.get("explain"))
+        shown = s.plan_summary()
+        scatter = shown.report.collective_bytes.get("reduce-scatter", 0.0) if shown is not None else 0.0
+        # the Plan card lists reduce-scatters (TPU and GPU run them) that this table has not
+        self.cpu_note.object = (
+            f"<div class='caption'>Why no reduce-scatter here: the Plan card's {fmt_bytes(scatter)} of "
+            "reduce-scatter per step are what TPUs and GPUs run; XLA on the simulated CPU devices lowers "
+            "each to an all-reduce of the whole partial result and a slice, so both columns count them as "
+            "all-reduce (the prediction here is made for that lowering).</div>"
+            if scatter and out.get("xla_cpu_scheduler") and not out["collectives"]["reduce-scatter"]["xla_bytes"] else "")
         rows = [("peak memory per device", out["memory"]["predicted"], out["memory"]["xla"], out["memory"]["ratio"]),
                 ("arguments per device", out["arguments"]["predicted"], out["arguments"]["xla"], out["arguments"]["ratio"])]
         for kind, c in out["collectives"].items():

@@ -352,8 +352,8 @@ class TeachView(pn.viewable.Viewer):
         self.state.param.watch(self._on_model, ["workspace", "infos", "baselines"])
         self._panel = pn.Column(
             self.head, self.body, pn.Row(self.back_btn, self.next_btn, pn.layout.HSpacer(), self.close_btn),
-            visible=False, width=480, stylesheets=[CSS], css_classes=["px-card"],
-            styles={"position": "fixed", "bottom": "24px", "right": "24px", "z-index": "1001",
+            visible=False, width=450, stylesheets=[CSS], css_classes=["px-card"],
+            styles={"position": "fixed", "bottom": "16px", "left": "16px", "z-index": "1001",
                     "background": "#ffffff", "box-shadow": "0 8px 28px rgba(15, 23, 42, 0.25)",
                     "border-radius": "10px"})
 

@@ -627,3 +627,129 @@ def test_bad_input_from_the_plan_and_verify_views_is_seen_where_the_user_is(chro
         box.fill(field if "model" in bad else "3MiB")
         box.press("Enter")
         wait_until(lambda: not state(tab).get("field_error"), what="the mark to clear")
+
+
+def _graph_nodes(page: Page) -> list[dict]:
+    """The graph's drawn nodes: key, label, line under it, whether a cluster."""
+    return page.evaluate("""() => {
+        const r = Bokeh.documents[0].get_model_by_name('partex-graph').renderers
+            .find(r => r.data_source.data.key !== undefined);
+        const d = r.data_source.data;
+        return Array.from(d.key).map((k, i) => ({key: k, label: d.label[i], sub: d.sub[i] || d.sub_rc[i],
+                                                 cluster: d.gid[i] < 0})) }""")
+
+
+def _load(page: Page, model: str = "", custom: str = "", timeout: float = 120) -> dict:
+    if custom:
+        choose(page, "partex-model", "custom")
+        box = page.locator("input[placeholder='my_models.py:make_step or pkg.mod:attr']")
+        box.fill(custom)
+        box.press("Enter")
+    else:
+        choose(page, "partex-model", model)
+    click(page, "Analyze")
+    want = custom or model
+    return wait_until(lambda: (lambda s: s.get("phase") == "ready" and want in str((s.get("model") or {}).get("spec"))
+                               and s)(state(page)), timeout=timeout, what=f"{want} to load")
+
+
+def _drawn_groups(nodes: list[dict]) -> int:
+    return sum(int(n["sub"].split()[0]) if n["cluster"] else 1 for n in nodes)
+
+
+def test_a_large_model_graph_is_clusters_that_open_and_a_search_finds_any_group(tab):
+    """U-Net (52 groups) and a tower of 110 distinct blocks (222 groups): the first view
+    draws at most 14 nodes, clusters counting the rest (every group drawn or counted);
+    clicking a cluster opens it; the search box finds a group by a pytree path, opens the
+    clusters around it and selects it."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    graph = tab.locator(".card-title", has_text="Named dimensions").first
+    for spec, custom, total, shot in (("unet", "", 52, "graph_unet.png"),
+                                      ("", "scripts/tower.py:make", 222, "graph_200.png")):
+        _load(tab, spec, custom)
+        legend = tab.locator(".legend").first
+        wait_until(lambda: f"of {total} groups" in legend.inner_text(), what=f"the {total}-group legend")
+        nodes = _graph_nodes(tab)
+        assert len(nodes) <= 14 and any(n["cluster"] for n in nodes), nodes
+        assert _drawn_groups(nodes) == total, nodes
+        graph.evaluate("e => e.scrollIntoView({block: 'start'})")
+        tab.mouse.move(0, 0)
+        tab.screenshot(path=SHOTS / shot)
+        if spec == "unet":  # its plan's tables fit their columns (long paths wrap, no column cut)
+            click(tab, "megatron")
+            wait_until(lambda: "params/" in tab.evaluate(
+                "Bokeh.documents[0].get_model_by_name('partex-plan-specs').text"), what="the megatron plan")
+            plan = tab.locator(".card-title", has_text="Plan").first
+            plan.evaluate("e => e.scrollIntoView({block: 'start'})")
+            tab.screenshot(path=SHOTS / "plan_unet.png")
+            wide = tab.locator(".grid-wrap").evaluate_all(
+                "els => els.filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1).length")
+            assert wide == 0, f"{wide} tables scroll sideways"
+    # a click on a cluster (as a tap selects its index) opens it: its groups or sub-clusters show
+    nodes = _graph_nodes(tab)
+    big = max((i for i, n in enumerate(nodes) if n["cluster"]), key=lambda i: int(nodes[i]["sub"].split()[0]))
+    tab.evaluate("""(i) => { const r = Bokeh.documents[0].get_model_by_name('partex-graph').renderers
+        .find(r => r.data_source.data.key !== undefined); r.data_source.selected.indices = [i] }""", big)
+    wait_until(lambda: nodes[big]["key"] not in [n["key"] for n in _graph_nodes(tab)], what="the cluster to open")
+    assert _drawn_groups(_graph_nodes(tab)) == 222
+    # the search box: a pytree path of block 57's gate weight -> its hidden dim, drawn and selected
+    box = tab.locator("input[placeholder='find a group: its label or a pytree path']")
+    box.fill("params/57/gate dim 1")
+    box.press("Enter")
+    s = wait_until(lambda: (lambda s: s["selected"] == "57/down[0]" and s)(state(tab)), what="the found group")
+    labels = [n["label"] for n in _graph_nodes(tab)]
+    assert "57/down[0]" in labels, labels  # (no two boxes overlap: tests/test_graph_layout.py)
+    tab.mouse.move(0, 0)
+    graph.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.screenshot(path=SHOTS / "graph_200_found.png")
+    box.fill("no_such_thing")
+    box.press("Enter")
+    note = tab.locator(".field-msg", has_text="no_such_thing")
+    wait_until(lambda: note.count() > 0, what="the search's message")
+    assert state(tab)["selected"] == s["selected"]  # nothing else changed
+
+
+def test_compare_two_plans_side_by_side(tab):
+    run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 100, what="a plan to compare")
+    choose(tab, "partex-compare-a", "search")
+    choose(tab, "partex-compare-b", "dp")
+    table = lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-compare-decisions').text")  # noqa: E731
+    wait_until(lambda: "<th>dp</th>" in table() or ">dp<" in table(), what="the dp column")
+    head = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-compare-head').text")
+    assert "search" in head and "dp" in head, head
+    colls = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-compare-collectives').text")
+    assert "all-reduce" in colls and "step time" in colls, colls
+    tab.locator(".card-title", has_text="Compare").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "compare.png")
+
+
+def test_teach_walks_through_the_model_pointing_at_each_card(tab):
+    """Each step of the walkthrough scrolls its card into view and outlines it; its actions
+    show on the page (the conflicted group in the Decision card, a baseline in the Plan card)."""
+    click(tab, "Teach")
+    head = lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-teach-head').text")  # noqa: E731
+    wait_until(lambda: "Step 1 of" in head(), what="the first step")
+    total = int(head().split("Step 1 of ")[1].split("<")[0])
+    assert total >= 7
+    seen = []
+    for i in range(total):
+        wait_until(lambda: f"Step {i + 1} of {total}" in head(), what=f"step {i + 1}")
+        wait_until(lambda: tab.evaluate("window._pxTeach ? window._pxTeach.style.outlineWidth : ''") == "3px",
+                   what=f"step {i + 1}'s card outlined")
+        target = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-teach-target').text").split("|")[0]
+        card = tab.locator(".card-title", has_text=target).first
+        wait_until(lambda: (lambda b: b and -5 <= b["y"] < VIEWPORT["height"] - 60)(card.bounding_box()),
+                   what=f"{target} scrolled into view (at {card.bounding_box()})")
+        seen.append(target)
+        if target == "Decision" and "conflict" in head().lower():
+            assert state(tab)["selected"] == "seq"  # the conflicted group shown
+        tab.mouse.move(0, 0)
+        tab.screenshot(path=SHOTS / f"teach_{i + 1}.png")
+        if i + 1 < total:
+            click(tab, "Next ▶")
+    assert {"Named dimensions", "Decision", "Plan", "Memory per device", "Predicted vs XLA", "Compare"} <= set(seen), seen
+    click(tab, "Close")
+    wait_until(lambda: not tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-teach-target').text"),
+               what="the walkthrough to close")
+    assert not tab.evaluate("!!window._pxTeach")  # the outline cleared
