@@ -110,6 +110,42 @@ class KpiView(pn.viewable.Viewer):
             "</div>")
 
 
+def memory_columns() -> dict:
+    """The empty columns of a memory_figure's source."""
+    return {k: [] for k in (*MEMORY_PARTS, *(f"{k}_txt" for k in MEMORY_PARTS), "row", "total", "outline",
+                            "note", "note_over", "peak_txt")}
+
+
+def memory_figure(name: str, src: ColumnDataSource, height: int, bar: float) -> tuple:
+    """Per-device memory as stacked bars, one row per plan (``memory_columns``), each with
+    its peak written after it (in red when over) and an outline when over the budget; and
+    the budget's dashed line (a Span, placed by the caller). Returns (figure, span)."""
+    p = _fig(name=name, y_range=FactorRange(), x_range=Range1d(0, 1), height=height,
+             x_axis_label="per-device memory")
+    bars = p.hbar_stack(list(MEMORY_PARTS), y="row", height=bar, color=list(MEMORY_COLORS), source=src,
+                        legend_label=list(MEMORY_PARTS), line_color="white", line_width=0.5)
+    p.hbar(y="row", left=0, right="total", height=bar, source=src, fill_color=None, line_color="outline",
+           line_width=2.5)
+    # two text glyphs of one colour each, not one with a colour per row: Bokeh 3.8's text
+    # renders a per-row colour array before it re-lays out its labels, so a source that
+    # shrinks reads past the colours' end (RangeError from a DataView, once per redraw)
+    for column, colour in (("note", "#334155"), ("note_over", OVER)):
+        p.text(x="total", y="row", text=column, source=src, x_offset=6, text_baseline="middle",
+               text_font_size="12px", text_color=colour)
+    budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
+    p.add_layout(budget)
+    p.add_tools(HoverTool(renderers=bars, tooltips=[("plan", "@row"), *((k, f"@{k}_txt") for k in MEMORY_PARTS),
+                                                    ("peak", "@peak_txt")]))
+    p.legend.orientation = "horizontal"
+    p.legend.location = "top_left"
+    p.legend.label_text_font_size = "11px"
+    p.legend.background_fill_alpha = 0.85
+    p.legend.border_line_color = None
+    p.add_layout(p.legend[0], "above")
+    p.ygrid.visible = False
+    return p, budget
+
+
 class MemoryView(pn.viewable.Viewer):
     """Stacked per-device memory of the best plan, an uploaded plan and the baselines, with
     the budget line; a bar over the budget is outlined and labelled in red."""
@@ -119,31 +155,8 @@ class MemoryView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         self.src = ColumnDataSource(data=self._empty())
-        self.fig = _fig(name="partex-memory", y_range=FactorRange(), x_range=Range1d(0, 1), height=300,
-                        x_axis_label="per-device memory")
+        self.fig, self.budget = memory_figure("partex-memory", self.src, height=300, bar=0.62)
         p = self.fig
-        bars = p.hbar_stack(list(MEMORY_PARTS), y="row", height=0.62, color=list(MEMORY_COLORS), source=self.src,
-                            legend_label=list(MEMORY_PARTS), line_color="white", line_width=0.5)
-        p.hbar(y="row", left=0, right="total", height=0.62, source=self.src, fill_color=None,
-               line_color="outline", line_width=2.5)
-        # two text glyphs of one colour each, not one with a colour per row: Bokeh 3.8's text
-        # renders a per-row colour array before it re-lays out its labels, so a source that
-        # shrinks reads past the colours' end (RangeError from a DataView, once per redraw)
-        for column, colour in (("note", "#334155"), ("note_over", OVER)):
-            p.text(x="total", y="row", text=column, source=self.src, x_offset=6, text_baseline="middle",
-                   text_font_size="12px", text_color=colour)
-        self.budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
-        p.add_layout(self.budget)
-        p.add_tools(HoverTool(renderers=bars, tooltips=[("plan", "@row"), ("parameters", "@p_txt"),
-                                                        ("optimizer", "@o_txt"), ("activations", "@a_txt"),
-                                                        ("temporaries", "@t_txt"), ("peak", "@peak_txt")]))
-        p.legend.orientation = "horizontal"
-        p.legend.location = "top_left"
-        p.legend.label_text_font_size = "11px"
-        p.legend.background_fill_alpha = 0.85
-        p.legend.border_line_color = None
-        p.add_layout(p.legend[0], "above")
-        p.ygrid.visible = False
         self.caption = html(sizing_mode="stretch_width", margin=(0, 10))
         self.state.param.watch(self._render, ["best", "baselines", "uploaded", "config"])
         self._render()
@@ -155,8 +168,7 @@ class MemoryView(pn.viewable.Viewer):
 
     @staticmethod
     def _empty() -> dict:
-        return {k: [] for k in (*MEMORY_PARTS, "row", "total", "outline", "note", "note_over",
-                                "p_txt", "o_txt", "a_txt", "t_txt", "peak_txt")}
+        return memory_columns()
 
     @bokeh_update
     def _render(self, *_):
@@ -182,8 +194,8 @@ class MemoryView(pn.viewable.Viewer):
             note = fmt_bytes(m.peak) + saved + ("" if fits else "  over budget")
             d["note"].append(note if fits else "")
             d["note_over"].append("" if fits else note)
-            for key, v in zip(("p_txt", "o_txt", "a_txt", "t_txt"), parts):
-                d[key].append(fmt_bytes(v))
+            for k, v in zip(MEMORY_PARTS, parts):
+                d[f"{k}_txt"].append(fmt_bytes(v))
             d["peak_txt"].append(fmt_bytes(m.peak))
         rows_rev = list(reversed(d["row"]))
         self.fig.y_range.factors = rows_rev

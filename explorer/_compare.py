@@ -17,11 +17,11 @@ import operator
 
 import panel as pn
 import param
-from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, Span
+from bokeh.models import ColumnDataSource
 
 from partex import is_recompute, is_resolution
 
-from ._charts import MEMORY_COLORS, MEMORY_PARTS, OVER, _fig, _unit, plan_rows
+from ._charts import MEMORY_PARTS, OVER, _unit, memory_columns, memory_figure, plan_rows
 from ._engine import PlanSummary
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time
 from ._tables import Table
@@ -215,7 +215,7 @@ class CompareView(pn.viewable.Viewer):
         self.colls = Table("partex-compare-collectives", _collective_columns("A", "B"), height=320,
                            html_fields=("what", "d_time", "d_bytes"), empty="choose two plans")
         self.src = ColumnDataSource(data=self._empty())
-        self.fig = self._memory_figure()
+        self.fig, self.budget = memory_figure("partex-compare-memory", self.src, height=190, bar=0.6)
         self.caption = html(margin=(0, 10))
         self.a.param.watch(self._on_pick, ["value"])
         self.b.param.watch(self._on_pick, ["value"])
@@ -362,34 +362,9 @@ class CompareView(pn.viewable.Viewer):
         self.colls.update(rows)
 
     # ------------------------------------------------------------------ memory bars
-    def _memory_figure(self):
-        p = _fig(name="partex-compare-memory", y_range=FactorRange(), x_range=Range1d(0, 1), height=190,
-                 x_axis_label="per-device memory")
-        bars = p.hbar_stack(list(MEMORY_PARTS), y="row", height=0.6, color=list(MEMORY_COLORS), source=self.src,
-                            legend_label=list(MEMORY_PARTS), line_color="white", line_width=0.5)
-        p.hbar(y="row", left=0, right="total", height=0.6, source=self.src, fill_color=None,
-               line_color="outline", line_width=2.5)
-        # one colour per text glyph (see MemoryView: a per-row colour array breaks Bokeh 3.8's
-        # text when the source changes size)
-        for column, colour in (("note", "#334155"), ("note_over", OVER)):
-            p.text(x="total", y="row", text=column, source=self.src, x_offset=6, text_baseline="middle",
-                   text_font_size="12px", text_color=colour)
-        self.budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
-        p.add_layout(self.budget)
-        p.add_tools(HoverTool(renderers=bars, tooltips=[("plan", "@row"), *((k, f"@{k}_txt") for k in MEMORY_PARTS),
-                                                        ("peak", "@peak_txt")]))
-        p.legend.orientation = "horizontal"
-        p.legend.location = "top_left"
-        p.legend.label_text_font_size = "11px"
-        p.legend.border_line_color = None
-        p.add_layout(p.legend[0], "above")
-        p.ygrid.visible = False
-        return p
-
     @staticmethod
     def _empty() -> dict:
-        return {k: [] for k in (*MEMORY_PARTS, *(f"{k}_txt" for k in MEMORY_PARTS), "row", "total", "outline",
-                                "note", "note_over", "peak_txt")}
+        return memory_columns()
 
     @bokeh_update
     def _draw_memory(self, sa: PlanSummary | None, sb: PlanSummary | None, budget: float | None) -> None:

@@ -6,7 +6,6 @@ action to the state. On the mlp, which has no conflict, the conflict's step is l
 from __future__ import annotations
 
 import html.parser
-import time
 
 import pytest
 from bokeh.document import Document
@@ -16,18 +15,9 @@ from partex.explorer._engine import short_source
 from partex.explorer._format import esc, fmt_bytes, fmt_time
 from partex.explorer._state import ExplorerState
 from partex.explorer._teach import CARDS, TeachView, walkthrough
+from test_explorer_state import wait_for
 
 ALLOWED_TAGS = {"b", "i", "code", "ul", "li"}
-
-
-def wait_for(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _settle(st: ExplorerState, until, what: str, timeout: float = 120.0):
