@@ -671,7 +671,7 @@ class CostModel:
                 c_sum = m_sum = 0.0
                 rows = []
                 for pi, excl, n in items:
-                    c, mm, cl, _, _ = self._pattern_cost(pi, rel)
+                    c, mm, cl, *_ = self._pattern_cost(pi, rel)
                     shared = sum(x[3] for x in cl if x[5] >= 0 and x[5] in excl)
                     c_sum += c * n
                     m_sum += (mm - shared) * n
@@ -702,7 +702,7 @@ class CostModel:
         return n
 
     # ------------------------------------------------------------------ per-pattern costs
-    def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple, tuple, tuple]:
+    def _pattern_cost(self, pi: int, dec) -> tuple[float, float, tuple, tuple, tuple, tuple]:
         m = self.pat_mask[pi]
         rel = tuple(d for d in dec if (m >> d[0]) & 1)
         key = (pi, rel)
@@ -711,10 +711,11 @@ class CostModel:
             r = self._pat_cache[key] = self._pattern_cost_uncached(self.patterns[pi], rel)
         return r
 
-    def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, tuple, tuple]:
-        """(compute s, comm s, collectives, transient buffers, views) of one execution of the
-        pattern's ops under decisions dec; views: each operand's sharding as the op reads it,
-        then each result's as the op writes it (None for a partial result)."""
+    def _pattern_cost_uncached(self, pat: _Pattern, dec) -> tuple[float, float, tuple, tuple, tuple, tuple]:
+        """(compute s, comm s, collectives, transient buffers, views, work) of one execution
+        of the pattern's ops under decisions dec; views: each operand's sharding as the op
+        reads it, then each result's as the op writes it (None for a partial result); work:
+        (FLOPs, bytes its operands and results hold) per device."""
         fslots = [(g, size) for _, size, g in pat.factors]  # g is NO_DIM unless the factor ties
         fax = _assign(fslots, dec, pat.slot_tensors, pat.doubled)
         self._scatter_major(pat, dec, fax)
@@ -798,13 +799,14 @@ class CostModel:
             compute = 0.0
         else:
             compute = max(pat.flops / shard / self.hw.peak_flops, local_bytes / self.hw.hbm_bandwidth)
+        work = (0.0, 0.0) if pat.free else (pat.flops / shard, local_bytes)
         comm = 0.0
         out = []
         for kind, axes, b, g, *operand in colls:
             t = self._coll_time(kind, axes, b)
             comm += t
             out.append((kind, axes, b, t, g) + (tuple(operand) if operand else (-1, None, 0.0)))
-        return compute, comm, tuple(out), tuple(transient), tuple(views)
+        return compute, comm, tuple(out), tuple(transient), tuple(views), work
 
     def _halo(self, pat: _Pattern, i: int, fax, local: float, colls) -> None:
         """An operand sharded along a conv's spatial dim or a slice's or pad's cut dim: each
@@ -1024,6 +1026,32 @@ class CostModel:
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
                           budget, fits, report_colls)
 
+    def work(self, decisions: Sequence[Decision], loops_once: bool = False) -> tuple[float, float]:
+        """(FLOPs, bytes of operands and results) per device per step under ``decisions``,
+        recomputed ops included; ``loops_once``: a loop body's ops counted once, not once per
+        trip (XLA's HloCostAnalysis counts a while body once)."""
+        dec = self._decisions(decisions)
+        flops = nbytes = 0.0
+        for m, pis in self.mask_groups:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            for pi in pis:
+                f, b = self._pattern_cost(pi, rel)[5]
+                pat = self.patterns[pi]
+                n = len(pat.ops) if loops_once else pat.weight
+                flops += f * n
+                nbytes += b * n
+        rc = self.recompute_of(decisions)
+        if rc:
+            for m, items in self._edit(rc).extra:
+                rel = tuple(d for d in dec if (m >> d[0]) & 1)
+                for pi, _, n in items:
+                    f, b = self._pattern_cost(pi, rel)[5]
+                    if loops_once:  # the copies' trips: a recomputed loop body runs once more
+                        n = min(n, len(self.patterns[pi].ops))
+                    flops += f * n
+                    nbytes += b * n
+        return flops, nbytes
+
     def _aggregate(self, pis, rel):
         """Costs of a set of patterns that depend on the same groups, under decisions rel."""
         compute = comm = 0.0
@@ -1031,7 +1059,7 @@ class CostModel:
         ops = self.program.ops
         for pi in pis:
             pat = self.patterns[pi]
-            c, m, cl, tr, _ = self._pattern_cost(pi, rel)
+            c, m, cl, tr, *_ = self._pattern_cost(pi, rel)
             compute += c * pat.weight
             comm += m * pat.weight
             if tr:

@@ -97,6 +97,25 @@ def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, exp
     return _verify_with_export(model, plan, spec, n, mesh=plan.mesh.jax_mesh(jax.devices()[:n]))
 
 
+def _work(compiled, cm, decisions) -> dict:
+    """Per-device FLOPs and bytes accessed, predicted beside XLA's HloCostAnalysis
+    (``compiled.cost_analysis()``). XLA counts a while loop's body once, whatever its trip
+    count: the prediction compared counts loop bodies once too (``"predicted_per_step"``:
+    every trip). XLA counts transcendental ops apart from its FLOPs; partex counts each
+    element of an elementwise op as one FLOP: the XLA figure compared is FLOPs plus
+    transcendentals."""
+    ca = compiled.cost_analysis()
+    ca = (ca[0] if ca else {}) if isinstance(ca, (list, tuple)) else (ca or {})
+    flops, nbytes = cm.work(decisions, loops_once=True)
+    step_flops, step_bytes = cm.work(decisions)
+    xla_flops = float(ca.get("flops", 0.0)) + float(ca.get("transcendentals", 0.0))
+    xla_bytes = float(ca.get("bytes accessed", 0.0))
+    return {"flops": {"predicted": flops, "xla": xla_flops, "ratio": _ratio(flops, xla_flops),
+                      "predicted_per_step": step_flops, "xla_transcendentals": float(ca.get("transcendentals", 0.0))},
+            "bytes_accessed": {"predicted": nbytes, "xla": xla_bytes, "ratio": _ratio(nbytes, xla_bytes),
+                               "predicted_per_step": step_bytes}}
+
+
 def _ratio(pred: float, xla: float) -> float | None:
     return None if not xla else pred / xla
 
@@ -165,7 +184,8 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     # predicted as XLA lowers it here (XLA:CPU: reduce-scatter = all-reduce + slice)
     cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, lowering="cpu" if cpu else "tpu",
                    user_shardings=plan.user_shardings)
-    report = cm.evaluate(resolve_decisions(plan, an), detail=True)
+    decisions = resolve_decisions(plan, an)
+    report = cm.evaluate(decisions, detail=True)
     explained = None
     if spec.get("explain"):  # XLA's collectives by source line, matched to the predicted ones
         from ._explain import explain
@@ -192,6 +212,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
         "lower_seconds": round(t1 - t0, 2),
         "compile_seconds": round(t2 - t1, 2),
     }
+    out.update(_work(compiled, cm, decisions))
     if explained is not None:
         out["explain"] = explained
     if cpu:  # which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)

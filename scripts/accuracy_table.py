@@ -2,8 +2,9 @@
 
     python scripts/accuracy_table.py [--models a,b] [--meshes data=4,model=2;data=8] [--run] [--json out.json]
 
-Prints a markdown table of ratios predicted/XLA: per-device argument bytes, peak memory and
-collective bytes per kind, plus the numerics check with --run.
+Prints a markdown table of ratios predicted/XLA: per-device argument bytes, peak memory,
+collective bytes per kind, FLOPs and bytes accessed (XLA's cost_analysis; verify's "flops"
+and "bytes_accessed"), plus the numerics check with --run.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    print("| model | mesh | strategy | args | memory | " + " | ".join(KINDS) + " | numerics | compile s |")
-    print("|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|")
+    print("| model | mesh | strategy | args | memory | " + " | ".join(KINDS) + " | FLOPs | bytes accessed | numerics | compile s |")
+    print("|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|---|---|")
     for model in args.models.split(","):
         res = analyze_model(model, args.preset, args.config)
         spec = ModelSpec(model, args.preset, tuple(args.config))
@@ -67,8 +68,9 @@ def main() -> None:
                         cells.append("")
                 num = out.get("numerics", {})
                 ntext = f"{num['max_rel_err']:.1e}" if num else ""
+                work = f"{r(out['flops']['ratio'])} | {r(out['bytes_accessed']['ratio'])}"
                 print(f"| {model} | {mtext} | {strat} | {r(out['arguments']['ratio'])} | {r(out['memory']['ratio'])} | "
-                      + " | ".join(cells) + f" | {ntext} | {out['compile_seconds']} |", flush=True)
+                      + " | ".join(cells) + f" | {work} | {ntext} | {out['compile_seconds']} |", flush=True)
                 out["wall_s"] = time.time() - t
                 rows.append(out)
     if args.json:
