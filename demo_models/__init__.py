@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from ._common import DemoModelError, Model, ModelDef, build_model, parse_overrides
 from ._gns import GNS
-from ._llama import LLAMA
+from ._llama import LLAMA, PUBLISHED_RUNS
 from ._mlp import MLP
 from ._moe import MOE
 from ._transformer import TRANSFORMER, TRANSFORMER_SCAN

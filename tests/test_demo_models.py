@@ -25,6 +25,13 @@ FULL = [
     ("gns", "full", {}),
     ("moe", "full", {}),
     ("llama", "7b", {}),
+    # the presets mirroring published MaxText runs (bf16, MaxText remat policies)
+    ("llama", "maxtext-32b", {}),
+    ("llama", "maxtext-22b", {}),
+    ("llama", "llama2-70b", {}),
+    ("llama", "llama2-70b-v6e", {}),
+    ("llama", "llama3.1-70b-v6e", {}),
+    ("llama", "llama3.1-8b-v6e", {}),
 ]
 
 
@@ -180,6 +187,16 @@ def test_parse_overrides():
      "d_model must be divisible by heads"),
     (lambda: build("gns", "tiny", {"steps": "0"}), "'steps' must be > 0"),
     (lambda: build("unet", "tiny", {"image": "10"}), "image must be divisible by 2**levels"),
+    (lambda: build("llama", "tiny", {"dtype": "float16"}),
+     "llama: unknown dtype 'float16'; valid: float32, bfloat16"),
+    (lambda: build("llama", "tiny", {"remat": "everything"}),
+     "llama: unknown remat 'everything'; valid: none, full, minimal,"),
+    (lambda: build("llama", "tiny", {"remat": "custom:query_proj=host"}),
+     "llama: bad custom remat entry 'query_proj=host'"),
+    (lambda: build("llama", "tiny", {"remat": "custom:wq=offload"}),
+     "NAME one of decoder_layer_input"),
+    (lambda: build("llama", "tiny", {"remat": "custom:decoder_layer_input=remat"}),
+     "cannot rematerialise decoder_layer_input"),
 ])
 def test_bad_inputs_raise_one_line(call, fragment):
     with pytest.raises(DemoModelError) as info:
@@ -188,3 +205,125 @@ def test_bad_inputs_raise_one_line(call, fragment):
     assert fragment in msg
     assert "\n" not in msg
     assert isinstance(info.value, ValueError)
+
+
+# --------------------------------------------------------------------------- llama: dtype, remat
+
+LLAMA_REMATS = ["none", "full", "minimal", "minimal_with_context", "save_dot_except_mlpwi",
+                "save_qkv_proj", "qkv_proj_offloaded",
+                "custom:decoder_layer_input=offload+query_proj=offload+key_proj=offload"
+                "+value_proj=offload"]
+
+
+def _eqns(jaxpr):
+    """Every eqn of a jaxpr, nested call / scan / checkpoint bodies included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+def _llama_loss(model, params, batch) -> float:
+    return float(jax.jit(lambda p, b: MODELS["llama"].loss(model.config, p, b))(params, batch))
+
+
+@pytest.mark.parametrize("remat", LLAMA_REMATS)
+def test_llama_bf16_and_remat_trace_and_match_float32(remat):
+    ref = build("llama")
+    params, _, batch = ref.args
+    l32 = _llama_loss(ref, params, batch)
+    for dtype in ("float32", "bfloat16"):
+        m = build("llama", overrides={"dtype": dtype, "remat": remat})
+        assert (m.config.dtype, m.config.remat) == (dtype, remat)
+        jaxpr = jax.make_jaxpr(m.fn)(*m.args)
+        out_loss = jaxpr.out_avals[-1]
+        assert out_loss.shape == () and out_loss.dtype == jnp.float32
+        # parameters and Adam state keep their dtypes (float32: MaxText's weight_dtype)
+        assert [a.dtype for a in jaxpr.out_avals[:-1]] == \
+            [x.dtype for x in jax.tree.leaves(m.args[:2])]
+        assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(m.args[0]))
+        loss = _llama_loss(m, params, batch)
+        if dtype == "float32":  # remat recomputes the same float32 math
+            assert abs(loss - l32) <= 1e-6 * abs(l32), (remat, loss, l32)
+        else:  # bf16 compute: close to float32, but not the float32 number itself
+            assert loss != l32
+            assert abs(loss - l32) <= 1e-2 * abs(l32), (remat, loss, l32)
+
+
+def test_llama_remat_primitives():
+    def prims(remat, dtype="float32"):
+        m = build("llama", overrides={"remat": remat, "dtype": dtype})
+        return list(_eqns(jax.make_jaxpr(m.fn)(*m.args).jaxpr))
+
+    remat_prims = {"checkpoint", "remat2"}
+    assert not any(e.primitive.name in remat_prims for e in prims("none"))
+    full = prims("full")
+    assert any(e.primitive.name in remat_prims for e in full)
+    assert not any(e.primitive.name == "name" for e in full)  # full: nothing tagged
+    minimal = prims("minimal", "bfloat16")
+    assert any(e.primitive.name in remat_prims for e in minimal)
+    names = {e.params["name"] for e in minimal if e.primitive.name == "name"}
+    assert {"query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1",
+            "mlpwo"} <= names
+    offloaded = build("llama", overrides={"remat": "qkv_proj_offloaded"})
+    text = str(jax.make_jaxpr(offloaded.fn)(*offloaded.args))
+    assert "<host>" in text  # q/k/v residuals live in pinned host memory
+
+
+def test_llama_bf16_matmuls_are_bf16_and_defaults_untouched():
+    bf16 = build("llama", overrides={"dtype": "bfloat16"})
+    dots = [e for e in _eqns(jax.make_jaxpr(bf16.fn)(*bf16.args).jaxpr)
+            if e.primitive.name == "dot_general"]
+    assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+    for leaf in jax.tree.leaves(bf16.args[0]):
+        assert leaf.dtype == jnp.float32
+    # the defaults (every preset that predates the options): float32, no remat, no tags
+    for preset in ("tiny", "7b"):
+        m = build("llama", preset)
+        assert (m.config.dtype, m.config.remat) == ("float32", "none")
+        eqns = list(_eqns(jax.make_jaxpr(m.fn)(*m.args).jaxpr))
+        assert not any(e.primitive.name in ("checkpoint", "remat2", "name") for e in eqns)
+        assert all(v.aval.dtype != jnp.bfloat16 for e in eqns for v in e.outvars)
+
+
+def test_llama_bf16_minimal_step_learns():
+    model = build("llama", overrides=parse_overrides(["dtype=bfloat16", "remat=minimal"]))
+    params, opt_state, batch = model.args
+    step = jax.jit(model.fn)
+    losses = []
+    for _ in range(4):
+        params, opt_state, loss = step(params, opt_state, batch)
+        losses.append(float(loss))
+    assert all(math.isfinite(l) for l in losses) and losses[-1] < losses[0], losses
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+
+
+def test_llama_maxtext_presets_mirror_the_published_runs():
+    from partex.demo_models._llama import PUBLISHED_RUNS
+    presets = MODELS["llama"].presets
+    assert set(PUBLISHED_RUNS) < set(presets)
+    per_device = {"maxtext-32b": 6, "maxtext-22b": 16, "llama2-70b": 4, "llama2-70b-v6e": 2,
+                  "llama3.1-70b-v6e": 5, "llama3.1-8b-v6e": 4}
+    assert set(per_device) == set(PUBLISHED_RUNS)
+    for name, run in PUBLISHED_RUNS.items():
+        c = presets[name]
+        assert c.dtype == "bfloat16"
+        assert c.batch == per_device[name] * run["chips"]
+        assert math.prod(run["mesh"].values()) == run["chips"]
+    dims = lambda c: (c.layers, c.d_model, c.heads, c.kv_heads, c.head_dim, c.d_ff, c.vocab, c.seq)
+    assert dims(presets["maxtext-32b"]) == (32, 8192, 64, 64, 128, 28672, 32000, 2048)
+    assert dims(presets["maxtext-22b"]) == (48, 6144, 24, 24, 256, 16384, 32768, 1024)
+    assert dims(presets["llama2-70b"]) == (80, 8192, 64, 8, 128, 28672, 32000, 4096)
+    assert dims(presets["llama3.1-70b-v6e"]) == (80, 8192, 64, 8, 128, 28672, 128256, 8192)
+    assert dims(presets["llama3.1-8b-v6e"]) == (32, 4096, 32, 8, 128, 14336, 128256, 8192)
+    assert [presets[n].remat for n in ("maxtext-32b", "maxtext-22b", "llama2-70b",
+                                       "llama2-70b-v6e")] == \
+        ["minimal", "full", "save_dot_except_mlpwi", "qkv_proj_offloaded"]
+    n = lambda p: sum(math.prod(x.shape) for x in jax.tree.leaves(build("llama", p).args[0]))
+    assert 31.5e9 < n("maxtext-32b") < 31.8e9
+    assert 68.9e9 < n("llama2-70b") < 69.1e9
+    # the 22B: SwiGLU d_ff 16384 holds what the published ReLU MLP (24576) held, + untied head
+    assert abs(n("maxtext-22b") - (21.945e9 + 32768 * 6144)) < 0.01e9
