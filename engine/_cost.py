@@ -20,6 +20,7 @@ for 2 or 48 layers.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import math
@@ -67,6 +68,14 @@ def _misaligned(offset: int, size: int, total: int, n: int) -> float:
     return worst
 
 
+# Ops that only view their operand (cast, reshape, transpose, slice): a view of a value
+# there from the start is there from the start.
+_VIEWS = (_FREE - PSEUDO_OPS) | {"transpose", "slice", "squeeze", "rev"}
+
+# Collectives of values there from the start (weights) that XLA's scheduler keeps ahead of
+# their readers: the one read next and the one after (memory bounds how far it prefetches)
+_PREFETCH = 2
+
 # Ops whose result apply pins at the sharding the plan computes it in before resharding it to
 # its value's: XLA's partitioner, left to shard the output features of a grouped conv with a
 # 1-wide output itself, emits invalid HLO or wrong values (jax 0.12; the property tests found
@@ -90,6 +99,14 @@ class CollectiveCost:
     cause: str  # the group (named dimension) responsible
     ops: tuple[int, ...] = ()  # every op of the pattern (one execution each per trip)
     operand: int = -1  # the operand resharded (-1: a result or a reduction)
+    # seconds per step it runs under compute that does not wait for it (hardware.overlap:
+    # a weight gathered ahead of its use, a gradient reduced while the backward pass goes on)
+    hidden: float = 0.0
+
+    @property
+    def exposed(self) -> float:
+        """Seconds per step the step waits for it."""
+        return self.time - self.hidden
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,6 +130,14 @@ class CostReport:
     budget: float
     fits: bool
     collectives: tuple[CollectiveCost, ...] = ()
+    # of comm_time, the seconds that overlap compute (0 where hardware.overlap is off):
+    # step_time = compute_time + comm_time - hidden_time
+    hidden_time: float = 0.0
+
+    @property
+    def exposed_time(self) -> float:
+        """Communication seconds the step waits for (not hidden under compute)."""
+        return self.comm_time - self.hidden_time
 
     @property
     def collective_bytes(self) -> dict[str, float]:
@@ -125,7 +150,8 @@ class CostReport:
         m = self.memory
         return {
             "step_time_s": self.step_time, "compute_time_s": self.compute_time,
-            "comm_time_s": self.comm_time, "ideal_time_s": self.ideal_time, "mfu": self.mfu,
+            "comm_time_s": self.comm_time, "comm_exposed_s": self.exposed_time,
+            "comm_hidden_s": self.hidden_time, "ideal_time_s": self.ideal_time, "mfu": self.mfu,
             "memory": {"peak": m.peak, "arguments": m.arguments, "outputs": m.outputs,
                        "temporaries": m.temporaries, "alias": m.alias, **{f"breakdown_{k}": v for k, v in m.breakdown.items()}},
             "budget": self.budget, "fits": self.fits,
@@ -236,6 +262,10 @@ class _Pattern:
     weight: float = 0.0  # executions per step: sum of trips
     ops: list = dataclasses.field(default_factory=list)
     doubled: dict = dataclasses.field(default_factory=dict)  # group -> tensors holding two of its dims
+    # per operand / result: read from / written to memory (False: a value XLA fuses away,
+    # made and read inside one fusion; see _fused_values)
+    operand_hbm: tuple[bool, ...] = ()
+    result_hbm: tuple[bool, ...] = ()
 
 
 @dataclasses.dataclass
@@ -253,6 +283,109 @@ class _Edit:
     tmp_v: np.ndarray  # the recomputations' temporaries, per layer from tmp_seg, ...
     tmp_seg: np.ndarray
     tmp_at: np.ndarray  # ... the largest of each live at its recompute point
+
+
+@dataclasses.dataclass
+class _Timeline:
+    """The program as the overlap schedule reads it (CostModel._timeline)."""
+
+    early: np.ndarray  # per value: there at the start of the step or of its loop
+    region_ops: dict  # region -> its own ops in program order
+    child_at: dict  # a loop's or branch's exit op -> its region
+    loops: dict  # scan region -> (trips per parent trip, values it carries to the next trip)
+    readers: list  # per value: the ops that read it
+    view_op: np.ndarray  # per op: a view or a loop boundary (no compute of its own)
+    static_special: np.ndarray  # per op: visited whatever the plan (a loop's exit)
+    early_list: list  # early and view_op as lists (the schedule's inner loop)
+    view_list: list
+    ins: list  # per op: its operands
+    outs: list  # per op: its results
+
+
+class _SimState:
+    """The streams' clocks while the overlap schedule runs: one for compute, one per mesh
+    axis for the collectives over it (a collective over several axes takes them all; those
+    over different axes run side by side on their own links)."""
+
+    __slots__ = ("tc", "free", "horizon", "pending", "busy", "readers")
+
+    def __init__(self, axes):
+        self.tc = self.horizon = 0.0
+        self.readers = collections.deque(maxlen=_PREFETCH)  # the last readers of prefetched values: starts
+        self.free = dict.fromkeys(axes, 0.0)  # axis -> when its link is next free
+        self.pending: dict = {}  # value -> (time its collective is done, (pattern, collective))
+        self.busy: dict = {a: [] for a in axes}  # axis -> [(start, end, (pattern, collective))]
+
+    @property
+    def tm(self) -> float:
+        return max(self.free.values(), default=0.0)
+
+    def issue(self, ready: float, dur: float, axes, key) -> float:
+        """Run a collective over ``axes`` in the first time from ``ready`` on that their
+        links are all free for ``dur`` (a weight prefetched into a gap ahead of reductions
+        issued before it); returns when it is done."""
+        t = ready
+        while True:
+            t0 = t
+            for a in axes:
+                t = self._gap(self.busy[a], t, dur)
+            if t == t0:
+                break
+        e = t + dur
+        for a in axes:
+            lst = self.busy[a]
+            lst.insert(bisect.bisect(lst, (t, e, ())), (t, e, key))
+            if e > self.free[a]:
+                self.free[a] = e
+        return e
+
+    @staticmethod
+    def _gap(lst, t: float, dur: float) -> float:
+        """The first time from t on that the link of the busy list is free for dur."""
+        i = bisect.bisect(lst, (t,))
+        if i and lst[i - 1][1] > t:
+            t = lst[i - 1][1]
+        while i < len(lst) and lst[i][0] < t + dur:
+            t = max(t, lst[i][1])
+            i += 1
+        return t
+
+    def wait(self, until: float, key, mult: float, exposed: dict) -> None:
+        """The compute stream waits until ``until``: each moment of the wait is charged to
+        the collective running then that ends last (a moment no link is busy, to ``key``,
+        the one waited for)."""
+        a = self.tc
+        if until <= a:
+            return
+        spans = set()
+        for lst in self.busy.values():
+            for s, e, k in reversed(lst):
+                if e <= a:
+                    break
+                if s < until:
+                    spans.add((max(s, a), min(e, until), k))
+        if len(spans) == 1:
+            ((s, e, k),) = spans
+            exposed[k] += (e - s) * mult
+            if until - a - (e - s) > 1e-15:
+                exposed[key] += (until - a - (e - s)) * mult
+            self.tc = until
+            return
+        cuts = sorted({a, until} | {x for s, e, _ in spans for x in (s, e)})
+        for lo, hi in zip(cuts, cuts[1:]):
+            live = [(e, k) for s, e, k in spans if s <= lo and e >= hi]
+            exposed[max(live)[1] if live else key] += (hi - lo) * mult
+        self.tc = until
+
+    def shift(self, since: dict, by: dict) -> None:
+        """Move what each link ran after ``since`` later by ``by`` (a loop's trips)."""
+        for a, lst in self.busy.items():
+            self.busy[a] = [(s + by[a], e + by[a], k) if s >= since[a] else (s, e, k) for s, e, k in lst]
+        dm = max(by.values(), default=0.0)
+        t0 = min(since.values(), default=0.0)
+        self.pending = {v: (t + dm, k) if t > t0 else (t, k) for v, (t, k) in self.pending.items()}
+        for a in self.free:
+            self.free[a] += by[a]
 
 
 class CostModel:
@@ -318,6 +451,7 @@ class CostModel:
             or (p.ops[v.producer].primitive == "broadcast_in_dim"
                 and not values[p.ops[v.producer].inputs[0]].shape)) for v in values]
         wire = [2.0 if lowering == "cpu" and str(v.dtype) in ("bfloat16", "float16") else 1.0 for v in values]
+        fused = self._fused_values()
         pat_index: dict[tuple, int] = {}
         self.patterns: list[_Pattern] = []
         self.op_pattern = np.zeros(len(p.ops), dtype=np.int64)
@@ -366,7 +500,8 @@ class CostModel:
                    _shift(op, values), tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
                    tuple(self.nbytes[i] for i in op.inputs), tuple(self.nbytes[o] for o in op.outputs), pairs,
                    tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),
-                   op.primitive == "conv_general_dilated" and op.params["batch_group_count"] > 1)
+                   op.primitive == "conv_general_dilated" and op.params["batch_group_count"] > 1,
+                   tuple(not fused[i] for i in op.inputs), tuple(not fused[o] for o in op.outputs))
             pi = pat_index.get(key)
             if pi is None:
                 pi = pat_index[key] = len(self.patterns)
@@ -375,7 +510,7 @@ class CostModel:
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
                     flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13], key[15],
-                    dict(key[14])))
+                    dict(key[14]), operand_hbm=key[16], result_hbm=key[17]))
                 pat = self.patterns[-1]
                 for t, (sig, _) in enumerate(pat.operands + pat.results):  # where a resolution applies
                     groups = [g for g, _ in self.sigs[sig] if g != NO_DIM]
@@ -458,15 +593,7 @@ class CostModel:
         is_mid &= prod != NO_PRODUCER
         # XLA fuses elementwise chains: a value made by an elementwise op and read only by
         # one elementwise op or reduction is never materialised.
-        consumers = np.zeros(len(p.values), dtype=np.int64)
-        fusible_reader = np.zeros(len(p.values), dtype=bool)
-        for op in p.ops:
-            for v in set(op.inputs):
-                consumers[v] += 1
-                fusible_reader[v] = op.primitive in _FUSIBLE or op.primitive.startswith("reduce_")
-        made_fusible = np.array([v.producer != NO_PRODUCER and p.ops[v.producer].primitive in _FUSIBLE
-                                 for v in p.values], dtype=bool)
-        is_mid &= ~(made_fusible & (consumers == 1) & fusible_reader)
+        is_mid &= ~self._fused_values()
         # a dead intermediate lives only through its producer
         end = np.where(end < 0, prod, end)
         self.value_end = np.where(end < 0, n_ops, end + 1).tolist()
@@ -501,6 +628,28 @@ class CostModel:
         # an output that mirrors an input (the updated state) counts in the input's category
         in_cat = dict(zip(p.inputs, cat))
         self.output_cat = {ovid: in_cat[ivid] for ovid, ivid in roles.mirror.items()}
+
+    def _fused_values(self) -> np.ndarray:
+        """Per value: XLA fuses it away. A value made by an elementwise op and read only by
+        one elementwise op or reduction is made and read inside one fusion: never in memory,
+        neither written by its maker nor read by its reader."""
+        f = self.__dict__.get("_fused")
+        if f is not None:
+            return f
+        p = self.program
+        consumers = np.zeros(len(p.values), dtype=np.int64)
+        fusible_reader = np.zeros(len(p.values), dtype=bool)
+        for op in p.ops:
+            for v in set(op.inputs):
+                consumers[v] += 1
+                fusible_reader[v] = op.primitive in _FUSIBLE or op.primitive.startswith("reduce_")
+        made_fusible = np.array([v.producer != NO_PRODUCER and p.ops[v.producer].primitive in _FUSIBLE
+                                 for v in p.values], dtype=bool)
+        out = np.zeros(len(p.values), dtype=bool)
+        out[:] = made_fusible & (consumers == 1) & fusible_reader
+        out[list(p.outputs)] = False
+        self._fused = out
+        return out
 
     def _cpu_combined(self) -> np.ndarray | None:
         """Per op, where XLA:CPU reduces its partial result: XLA:CPU combines independent
@@ -733,7 +882,8 @@ class CostModel:
             vspec = self.sig_spec(sig, dec)
             ospec = in_view.get(i) or _view(fax, fmap, pat.minors, "in", i)
             views.append(tuple(tuple(a) for a in ospec))
-            local_bytes += nb / self._shard(ospec)
+            if pat.operand_hbm[i]:
+                local_bytes += nb / self._shard(ospec)
             n0 = len(colls)
             if not pat.cheap[i]:
                 self._reshard(vspec, ospec, nb * pat.operand_wire[i], self.sigs[sig], colls)
@@ -750,7 +900,8 @@ class CostModel:
             ospec = out_view.get(j) or _view(fax, fmap, pat.minors, "out", j)
             lb = nb / self._shard(ospec)
             n0 = len(colls)
-            local_bytes += lb
+            if pat.result_hbm[j]:
+                local_bytes += lb
             views.append(None if partial else tuple(tuple(a) for a in ospec))
             # The op writes its result at its own (larger) sharding before the reshard; a
             # partial result is a buffer of its own beside the reduced one. XLA combines the
@@ -969,7 +1120,12 @@ class CostModel:
         return (n - 1) / n * nbytes / bw + lat
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, decisions: Sequence[Decision], detail: bool = False) -> CostReport:
+    def evaluate(self, decisions: Sequence[Decision], detail: bool = False, overlap: bool | None = None) -> CostReport:
+        """The plan's step time, memory and (``detail``) collectives. ``overlap``: schedule
+        collectives under compute (default: as the hardware does; False: every collective
+        exposed, the step a sum: additive over decisions, as the ILP linearises it)."""
+        if overlap is None:
+            overlap = self.hw.overlap
         dec = self._decisions(decisions)
         rc = self.recompute_of(decisions)
         edit = self._edit(rc) if rc else None
@@ -987,11 +1143,13 @@ class CostModel:
         colls = []
         resharded = []
         transients = []
+        aggs = []
         for m, pis in self.mask_groups:
             rel = tuple(d for d in dec if (m >> d[0]) & 1)
             agg = self._agg_cache.get((m, rel))
             if agg is None:
                 agg = self._agg_cache[(m, rel)] = self._aggregate(pis, rel)
+            aggs.append(agg)
             compute += agg[0]
             comm += agg[1]
             if agg[2]:
@@ -1001,6 +1159,7 @@ class CostModel:
             if detail:
                 colls += agg[4]
         extra_colls = []
+        xc = xm = 0.0
         if edit is not None:
             xc, xm, extra_colls = self._extra(edit, dec, detail)
             compute += xc
@@ -1011,20 +1170,225 @@ class CostModel:
         common = self._reshard_cache.get(rkey)
         if common is None:
             common = self._reshard_cache[rkey] = self._common_reshards(resharded, late)
-        saved, dup_count, buffers = common
+        saved, dup_count, buffers, dup_ops = common
         buffers = list(buffers)
         buffers += transients
         comm -= saved
         step = compute + comm
+        exposed = None
+        if overlap and comm > 0:
+            # the recomputation's ops run as one block, their collectives in line
+            t, exposed = self._overlapped(aggs, dup_ops)
+            step = min(step, t + xc + xm)
         ideal = self.total_flops / (self.mesh.size * self.hw.peak_flops)
         mem = self._memory(local, detail, buffers, edit)
         budget = self.hw.budget
         fits = mem.peak <= self.hw.limit
         report_colls = ()
         if detail:
-            report_colls = tuple(self._collective_rows(colls, dup_count, extra_colls))
+            report_colls = tuple(self._collective_rows(colls, dup_count, extra_colls, exposed))
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
-                          budget, fits, report_colls)
+                          budget, fits, report_colls, max(0.0, compute + comm - step))
+
+    # ------------------------------------------------------------------ overlap
+    def _timeline(self) -> "_Timeline":
+        """What the overlap schedule needs of the program, built on first use."""
+        tl = self.__dict__.get("_tl")
+        if tl is not None:
+            return tl
+        p = self.program
+        values = p.values
+        # Values there at the start of the step or of a loop, whatever the plan: the step's
+        # inputs, and what views of them make (a weight cast to bf16, transposed, a layer's
+        # slice of a stacked weight a scan reads). A collective of one can run ahead of its
+        # reader: XLA prefetches FSDP's weight gathers under the previous layer's compute.
+        early = np.zeros(len(values), dtype=bool)
+        for v in values:
+            early[v.id] = v.producer == NO_PRODUCER
+        for op in p.ops:
+            if op.primitive == "scan_enter":
+                nc = op.params["num_carry"]
+                for j, (i, o) in enumerate(zip(op.inputs, op.outputs)):
+                    early[o] = j >= nc and early[i]
+            elif op.primitive in _VIEWS and op.inputs and all(early[i] for i in op.inputs):
+                early[list(op.outputs)] = True
+        region_ops: dict[int, list[int]] = {r.id: [] for r in p.regions}
+        for op in p.ops:
+            region_ops[op.region].append(op.id)
+        child_at = {r.exit: r.id for r in p.regions[1:] if r.exit >= 0}
+        loops = {}  # scan region -> (trips per parent trip, carried-out values)
+        for r in p.regions[1:]:
+            if r.kind == "scan" and r.exit >= 0:
+                ex = p.ops[r.exit]
+                parent = p.regions[r.parent].trip
+                loops[r.id] = (max(1, r.trip // max(1, parent)), tuple(ex.inputs[:ex.params["num_carry"]]))
+        readers: list[list[int]] = [[] for _ in values]
+        for op in p.ops:
+            for v in set(op.inputs):
+                readers[v].append(op.id)
+        view_op = np.array([op.primitive in _VIEWS or op.primitive in PSEUDO_OPS for op in p.ops], dtype=bool)
+        static_special = np.zeros(len(p.ops), dtype=bool)
+        static_special[list(child_at)] = True
+        tl = self._tl = _Timeline(
+            early, {r: np.array(ids, dtype=np.int64) for r, ids in region_ops.items()},
+            child_at, loops, readers, view_op, static_special, early.tolist(), view_op.tolist(),
+            [op.inputs for op in p.ops], [op.outputs for op in p.ops])
+        return tl
+
+    def _overlapped(self, aggs, dup_ops) -> tuple[float, dict]:
+        """The step's time with collectives overlapping compute, as XLA's latency-hiding
+        scheduler runs them on TPU and GPU: one compute stream runs the ops in program order,
+        one communication stream the collectives in the order they are issued.
+
+        - A collective runs in the first gap from its ready time on that its mesh axes'
+          links are free (one link per axis: collectives over different axes run side by
+          side).
+        - An operand's collective is ready when its value is: a value there from the start
+          (an input or a view of one: a weight) once the reader of the collective of such a
+          value _PREFETCH before it has started (a layer's weights gathered under the
+          previous layer's compute, within a scan too); another value's when its reader is
+          next. The reader waits for it.
+        - A result's collective (a reduction of partial sums, a reshard) starts when the op
+          is done and the link free; the first op that reads the value (other than through
+          views) waits for it: a gradient's reduction runs under the rest of the backward
+          pass, a tensor-parallel all-reduce that the next op reads does not hide.
+        - A scan's body is scheduled twice (the second trip in steady state, its weights
+          fetched under the first's compute) and the second trip counted for the rest.
+
+        Returns (seconds, (pattern, collective) -> seconds per step the step waits for it)."""
+        tl = self._timeline()
+        pat_c = np.zeros(len(self.patterns))
+        op_colls: dict[int, list] = {}
+        special = tl.static_special.copy()
+        for (m, pis), agg in zip(self.mask_groups, aggs):
+            pat_c[pis] = agg[5]
+            if agg[4]:
+                ops, at = self._agg_ops(agg)
+                op_colls.update(ops)
+                special[at] = True
+        for o, k in dup_ops:  # a reshard done before: read again for free
+            lst = op_colls.get(o)
+            if lst is not None:
+                op_colls[o] = [x for x in lst if x[0] != k]
+        op_c = pat_c[self.op_pattern]
+        st = _SimState(self.mesh.axes)
+        exposed: dict = collections.defaultdict(float)
+
+        opc = op_c.tolist()
+        ins, outs, early, view_op = tl.ins, tl.outs, tl.early_list, tl.view_list
+        pending = st.pending
+        issue, wait = st.issue, st.wait
+
+        def region(rid: int, mult: float) -> None:
+            ids = tl.region_ops[rid]
+            cum = np.concatenate(([0.0], np.cumsum(op_c[ids]))).tolist()
+            sel = np.flatnonzero(special[ids])
+            last = 0
+            for pos, o in zip(sel.tolist(), ids[sel].tolist()):
+                st.tc += cum[pos] - cum[last]
+                last = pos + 1
+                child = tl.child_at.get(o)
+                if child is not None:
+                    loop(child, mult)
+                start, binding = st.tc, None
+                op_in = ins[o]
+                for v in op_in:
+                    r = pending.get(v)
+                    if r is not None and r[0] > start:
+                        start, binding = r
+                lst = op_colls.get(o, ())
+                if not lst:
+                    if binding is not None:
+                        if view_op[o]:
+                            for v in outs[o]:  # a view of a value still being reduced: its reader waits
+                                pending[v] = (start, binding)
+                        else:
+                            wait(start, binding, mult, exposed)
+                    st.tc += opc[o]
+                    continue
+                prefetched = False
+                for k, dur, i, pi, axes in lst:
+                    if i < 0:
+                        continue
+                    v = op_in[i]
+                    if early[v]:
+                        ready, prefetched = st.horizon, True
+                    else:
+                        r = pending.get(v)
+                        ready = st.tc if r is None else max(st.tc, r[0])
+                    done = issue(ready, dur, axes, (pi, k))
+                    if done > start:
+                        start, binding = done, (pi, k)
+                if prefetched:  # the next such collective may start once this op's K-1st successor starts
+                    st.readers.append(start)
+                    if len(st.readers) == _PREFETCH:
+                        st.horizon = st.readers[0]
+                if binding is not None:
+                    wait(start, binding, mult, exposed)
+                st.tc += opc[o]
+                key = None
+                for k, dur, i, pi, axes in lst:
+                    if i < 0:
+                        key = (pi, k)
+                        done = issue(st.tc, dur, axes, key)
+                if key is not None:
+                    for v in outs[o]:
+                        pending[v] = (done, key)
+            st.tc += cum[-1] - cum[last]
+
+        def loop(rid: int, mult: float) -> None:
+            length, carried = tl.loops.get(rid, (1, ()))
+            marks = []
+            for trip in range(min(length, 2)):
+                region(rid, mult if trip == 0 else mult * (length - 1))
+                for v in carried:  # the next trip reads what this one carries
+                    r = st.pending.get(v)
+                    if r is not None:
+                        st.wait(r[0], r[1], mult if trip == 0 else mult * (length - 1), exposed)
+                marks.append((st.tc, dict(st.free), st.horizon))
+            if len(marks) == 2 and length > 2:
+                (c1, m1, h1), (c2, m2, h2) = marks
+                n = length - 2
+                st.shift(m1, {a: n * (m2[a] - m1[a]) for a in m2})
+                st.tc, st.horizon = c2 + n * (c2 - c1), h2 + n * (h2 - h1)
+
+        region(0, 1.0)
+        if st.tm > st.tc:  # the step ends when the links are done
+            st.wait(st.tm, max((lst[-1][1], lst[-1][2]) for lst in st.busy.values() if lst)[1], 1.0, exposed)
+        return st.tc, exposed
+
+    def _agg_ops(self, agg) -> tuple[dict, np.ndarray]:
+        """An aggregate's collectives per op, and the ops the overlap schedule visits for
+        them: their own, and the readers (through views) of the values they reduce or
+        reshard after the op. Kept with the aggregate (memoised with it)."""
+        if agg[6]:
+            return agg[6][0]
+        tl = self._timeline()
+        p = self.program
+        ops: dict[int, list] = {}
+        stack = []
+        for pi, cl in agg[4]:
+            lst = [(k, x[3], x[5], pi, x[1]) for k, x in enumerate(cl) if x[3] > 0]
+            if not lst:
+                continue
+            result = any(x[2] < 0 for x in lst)
+            for o in self.patterns[pi].ops:
+                ops[o] = lst
+                if result:
+                    stack += p.ops[o].outputs
+        visit = set(ops)
+        seen = set()
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            for r in tl.readers[v]:
+                visit.add(r)
+                if tl.view_op[r]:
+                    stack += p.ops[r].outputs
+        agg[6].append((ops, np.fromiter(visit, dtype=np.int64, count=len(visit))))
+        return agg[6][0]
 
     def work(self, decisions: Sequence[Decision], loops_once: bool = False) -> tuple[float, float]:
         """(FLOPs, bytes of operands and results) per device per step under ``decisions``,
@@ -1057,9 +1421,11 @@ class CostModel:
         compute = comm = 0.0
         resharded, transients, colls = [], [], []
         ops = self.program.ops
-        for pi in pis:
+        per = np.empty(len(pis))  # one execution's compute, per pattern
+        for n, pi in enumerate(pis):
             pat = self.patterns[pi]
             c, m, cl, tr, *_ = self._pattern_cost(pi, rel)
+            per[n] = c
             compute += c * pat.weight
             comm += m * pat.weight
             if tr:
@@ -1071,14 +1437,15 @@ class CostModel:
                 colls.append((pi, cl))
                 if any(x[5] >= 0 for x in cl):
                     resharded.append((pi, cl))
-        return compute, comm, resharded, transients, colls
+        return compute, comm, resharded, transients, colls, per, []
 
     def _common_reshards(self, resharded, late: dict[int, tuple[int, int]] | None = None) -> tuple[float, dict]:
         """XLA computes one reshard of a value once per computation (CSE): the same value
         gathered to the same sharding for several consumers (a weight in the forward and the
         backward pass) is one collective, and a reader that wants a finer sharding than one
         already gathered slices it locally. Returns the time saved, per (pattern,
-        collective) the executions that are duplicates, and the resharded buffers."""
+        collective) the executions that are duplicates, the resharded buffers, and the
+        (op, collective) pairs that are duplicates."""
         ops = self.program.ops
         seen: dict = {}  # (region, value, view) -> [first op, last op, bytes, kind, [(pi, k, t, trip)]]
         for pi, cl in resharded:
@@ -1094,12 +1461,13 @@ class CostModel:
                     ident = (region, v, key, kind)
                     e = seen.get(ident)
                     if e is None:
-                        seen[ident] = [op_id, op_id, view, kind, [(pi, k, t, op.trip)]]
+                        seen[ident] = [op_id, op_id, view, kind, [(pi, k, t, op.trip, op_id)]]
                     else:
                         e[0], e[1] = min(e[0], op_id), max(e[1], op_id)
-                        e[4].append((pi, k, t, op.trip))
+                        e[4].append((pi, k, t, op.trip, op_id))
         saved = 0.0
         dup: dict[tuple[int, int], int] = collections.Counter()
+        dup_ops = set()  # (op, collective index) that reuse an earlier reshard
         gathered: dict = collections.defaultdict(list)  # (region, value) -> views gathered
         for (region, vid, key, kind), e in seen.items():
             if kind == "all-gather":
@@ -1110,21 +1478,23 @@ class CostModel:
             finer = e[3] == "all-gather" and any(
                 other != key and all(tuple(key[d][:len(other[d])]) == tuple(other[d]) for d in range(len(key)))
                 for other in gathered[(region, vid)])
-            for n, (pi, k, t, trip) in enumerate(uses):
+            for n, (pi, k, t, trip, op_id) in enumerate(uses):
                 if n > 0 or finer:
                     saved += t * trip
                     dup[(pi, k)] += trip
+                    dup_ops.add((op_id, k))
         # The resharded copies are buffers of their own, live from first to last reader.
         spans: dict = {}
         for (region, vid, key, kind), (a, b, v, *_) in seen.items():
             x = spans.setdefault((region, vid, key), [a, b, v])
             x[0], x[1] = min(x[0], a), max(x[1], b)
         buffers = [(a, b + 1, v) for a, b, v in spans.values()]
-        return saved, dup, buffers
+        return saved, dup, buffers, frozenset(dup_ops)
 
-    def _collective_rows(self, colls, dup_count, extra=()) -> Iterable[CollectiveCost]:
+    def _collective_rows(self, colls, dup_count, extra=(), exposed=None) -> Iterable[CollectiveCost]:
         """The collectives, one row per pattern and kind; ``extra``: (pattern, collectives,
-        executions) of the ops a recompute runs again."""
+        executions) of the ops a recompute runs again (in line: none hidden); ``exposed``:
+        (pattern, collective) -> seconds per step the step waits for it (None: all of it)."""
         p = self.program
         groups = self.analysis.groups
         rows = [(pi, cl, None) for pi, cl in colls] + list(extra)
@@ -1136,8 +1506,11 @@ class CostModel:
                 if count <= 0:
                     continue
                 cause = groups[g].label if g != NO_DIM and g < len(groups) else "-"
+                hidden = 0.0
+                if exposed is not None and n is None:
+                    hidden = max(0.0, t * count - exposed.get((pi, k), 0.0))
                 yield CollectiveCost(kind, tuple(axes), b, count, t * count, op.id, op.source, cause,
-                                     tuple(pat.ops), int(rest[0]) if rest else -1)
+                                     tuple(pat.ops), int(rest[0]) if rest else -1, hidden)
 
     def _memory(self, local: np.ndarray, detail: bool, buffers=(), edit: "_Edit | None" = None) -> MemoryReport:
         args = float(local[self.inputs].sum())

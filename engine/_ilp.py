@@ -19,6 +19,9 @@ decides per *group* (named dimensions with one role, see ``_analysis``), so the 
   live ranges, not a sum, so the row is an approximation: every solution is re-scored with
   the true cost model, and one that does not fit is cut off (a no-good cut) and the margin
   grows by its overshoot before solving again;
+- the objective is the step time with every collective exposed (compute + communication:
+  additive over decisions, as Alpa's is); each solution is scored with the true cost model
+  (collectives overlapping compute where the hardware does: ``Hardware.overlap``);
 - the best plan (by the true cost model) is then used as the new reference and the model
   re-linearised around it, with a trust region (at most k groups change strategy, default
   2), a few rounds while the true step time improves: one expansion around "replicated"
@@ -150,17 +153,20 @@ class _ILP:
             out += [(g.id if g.id >= 0 else -1 - g.id, a) for a in plan.get(g.id, ())]
         return tuple(out)
 
-    def evaluate(self, plan: dict[int, Strategy]) -> CostReport:
-        key = tuple(sorted((g, s) for g, s in plan.items() if s))
+    def evaluate(self, plan: dict[int, Strategy], overlap: bool | None = None) -> CostReport:
+        """The plan's cost; ``overlap=False``: with every collective exposed (the sum the
+        linearisation differences: additive, as Alpa's model is)."""
+        overlap = self.cm.hw.overlap if overlap is None else overlap
+        key = (tuple(sorted((g, s) for g, s in plan.items() if s)), overlap)
         r = self._cache.get(key)
         if r is None:
             self.evaluations += 1
-            r = self._cache[key] = self.cm.evaluate(list(self.decisions(plan)))
+            r = self._cache[key] = self.cm.evaluate(list(self.decisions(plan)), overlap=overlap)
         return r
 
     # ---------------------------------------------------------------- linearisation
     def linearise(self, ref: dict[int, Strategy]) -> _Linear:
-        base = self.evaluate(ref)
+        base = self.evaluate(ref, overlap=False)
         t0, m0 = base.step_time, base.memory.peak
         xs: list[tuple[int, Strategy]] = []
         ct, cmem = [], []
@@ -173,7 +179,7 @@ class _ILP:
                 if s == ref.get(g.id, ()):
                     ct.append(0.0); cmem.append(0.0)
                     continue
-                r = self.evaluate({**ref, g.id: s})
+                r = self.evaluate({**ref, g.id: s}, overlap=False)
                 dt, dm = r.step_time - t0, r.memory.peak - m0
                 single[(g.id, s)] = (dt, dm)
                 ct.append(dt); cmem.append(dm)
@@ -188,7 +194,7 @@ class _ILP:
                 for t in self.strategies[h]:
                     if t == ref.get(h, ()):
                         continue
-                    r = self.evaluate({**ref, g: s, h: t})
+                    r = self.evaluate({**ref, g: s, h: t}, overlap=False)
                     it = r.step_time - t0 - single[(g, s)][0] - single[(h, t)][0]
                     im = r.memory.peak - m0 - single[(g, s)][1] - single[(h, t)][1]
                     if abs(it) <= tol_t and abs(im) <= tol_m:

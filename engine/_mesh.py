@@ -25,6 +25,9 @@ class Hardware:
     # the share of the budget a plan keeps free by the cost model's count: the memory model
     # is an estimate (within ~15% of XLA's on the library models), the budget is a promise
     memory_margin: float = 0.0
+    # XLA runs collectives asynchronously on this hardware (TPU, GPU: its latency-hiding
+    # scheduler overlaps them with independent compute); XLA:CPU runs them in line
+    overlap: bool = True
 
     @property
     def budget(self) -> float:
@@ -54,6 +57,8 @@ class Hardware:
             _positive("memory budget", self.memory_budget)
         if not (isinstance(self.memory_margin, (int, float)) and 0 <= self.memory_margin < 1):
             raise PartexError(f"memory margin must be a fraction in [0, 1), e.g. 0.1, got {self.memory_margin!r}")
+        if not isinstance(self.overlap, bool):
+            raise PartexError(f"hardware {self.name}: overlap must be true or false, got {self.overlap!r}")
 
 
 def _positive(what: str, x) -> None:
@@ -70,9 +75,12 @@ HARDWARE: dict[str, Hardware] = {
     "tpu-v4": Hardware("tpu-v4", 275e12, 32 * GiB, 1.2e12, 100e9, 5e-6),
     "tpu-v5e": Hardware("tpu-v5e", 197e12, 16 * GiB, 0.82e12, 100e9, 5e-6),
     "tpu-v5p": Hardware("tpu-v5p", 459e12, 95 * GiB, 2.765e12, 200e9, 5e-6),
+    # Trillium: 918 TFLOP/s bf16, 32 GB at 1638 GB/s; ICI 800 GB/s per chip both ways over
+    # 4 ports (2D torus): a ring on one axis uses its two ports, 100 GB/s each way
+    "tpu-v6e": Hardware("tpu-v6e", 918e12, 32e9, 1.638e12, 200e9, 5e-6),
     "a100-40gb": Hardware("a100-40gb", 312e12, 40 * GiB, 1.555e12, 300e9, 10e-6),
     "h100-80gb": Hardware("h100-80gb", 989e12, 80 * GiB, 3.35e12, 450e9, 10e-6),
-    "cpu": Hardware("cpu", 1e11, 16 * GiB, 50e9, 10e9, 20e-6),
+    "cpu": Hardware("cpu", 1e11, 16 * GiB, 50e9, 10e9, 20e-6, overlap=False),
 }
 
 

@@ -125,7 +125,7 @@ class Session:
     its analysis, baselines, search, pins, plans and XLA checks.
 
     mesh: 'data=4,model=2' (optionally ``name=size@GB/s``), a dict or a MeshSpec.
-    hardware: a preset (tpu-v4, tpu-v5e, tpu-v5p, a100-40gb, h100-80gb, cpu) or a Hardware.
+    hardware: a preset (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, a100-40gb, h100-80gb, cpu) or a Hardware.
     memory: per-device budget ('16GiB', bytes); default: the hardware's HBM.
     seed: the search's RNG seed: the same seed and simulations give the same plan.
     axis_names: optional logical axis names mirroring ``args`` (labels only).

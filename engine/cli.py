@@ -37,7 +37,7 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--mesh", required=required, help="mesh axes as name=size pairs, e.g. data=4,model=2 "
                                                      "(optionally name=size@GB/s per axis)")
     p.add_argument("--hardware",
-                   help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, a100-40gb, h100-80gb, cpu")
+                   help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, tpu-v6e, a100-40gb, h100-80gb, cpu")
     p.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the preset's HBM)")
     p.add_argument("--margin", type=float, default=None,
                    help="share of the budget a plan keeps free by the cost model's count "
@@ -45,6 +45,9 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--user-shardings", choices=("keep", "replace"), default=None,
                    help="the step's own sharding constraints: keep them as fixed decisions (default), or "
                         "replace them with the plan's")
+    p.add_argument("--overlap", choices=("on", "off"), default=None,
+                   help="collectives overlap independent compute, as XLA schedules them on TPU and GPU "
+                        "(default: the preset's; off on cpu)")
     for flag, what in (("--peak-flops", "peak FLOP/s per device"), ("--hbm-bandwidth", "HBM bytes/s"),
                        ("--link-bandwidth", "link bytes/s per mesh axis"), ("--link-latency", "seconds per collective step"),
                        ("--hbm", "HBM bytes per device")):
@@ -75,6 +78,7 @@ def _hardware(args, base=None):
         hbm_bytes=parse_bytes(args.hbm) if args.hbm else None,
         memory_budget=parse_bytes(args.memory) if args.memory else None,
         memory_margin=args.margin,
+        overlap=None if getattr(args, "overlap", None) is None else args.overlap == "on",
     )
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if base is not None and args.hardware is None:

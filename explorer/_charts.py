@@ -85,12 +85,17 @@ class KpiView(pn.viewable.Viewer):
             mfu = (fmt_pct(r.mfu), "of peak FLOP/s (predicted)")
             mem = (fmt_bytes(r.memory.peak), f"of {fmt_bytes(r.budget)} budget per device")
             mem_cls = "" if r.fits else " bad"
+            if ws is not None and not ws.config.hw.overlap:
+                comm = (fmt_time(r.comm_time), f"all exposed: {ws.config.hw.name} runs collectives in line")
+            else:
+                comm = (fmt_time(r.exposed_time), f"exposed · {fmt_time(r.hidden_time)} hidden under compute")
         else:
             step = ("—", "no plan that fits yet")
             mfu = ("—", "predicted model FLOPs utilisation")
             budget = fmt_bytes(ws.config.hw.budget) if ws else "—"
             mem = ("—", f"of {budget} budget per device")
             mem_cls = ""
+            comm = ("—", "communication the step waits for")
         state_txt = {"loading": "loading", "failed": "no model"}.get(s.phase, "running" if s.running else "paused")
         badge = f"<span class='badge {state_txt}'>{state_txt}</span>"
         model = esc(ws.choice.title) if ws else "—"
@@ -103,6 +108,8 @@ class KpiView(pn.viewable.Viewer):
             f"<div class='k-sub'>{esc(step[1])}</div></div>"
             f"<div class='kpi'><div class='k-label'>MFU</div><div class='k-value'>{mfu[0]}</div>"
             f"<div class='k-sub'>{esc(mfu[1])}</div></div>"
+            f"<div class='kpi'><div class='k-label'>Communication</div><div class='k-value'>{comm[0]}</div>"
+            f"<div class='k-sub'>{esc(comm[1])}</div></div>"
             f"<div class='kpi{mem_cls}'><div class='k-label'>Peak memory</div><div class='k-value'>{mem[0]}</div>"
             f"<div class='k-sub'>{esc(mem[1])}</div></div>"
             f"<div class='kpi'><div class='k-label'>Search {badge}</div><div class='k-value'>{sims:,}</div>"

@@ -32,6 +32,7 @@ FIGURES = {
     "step_time": operator.attrgetter("step_time"),
     "compute_time": operator.attrgetter("compute_time"),
     "comm_time": operator.attrgetter("comm_time"),
+    "exposed_time": operator.attrgetter("exposed_time"),
     "peak": operator.attrgetter("memory.peak"),
     "mfu": operator.attrgetter("mfu"),
 }
@@ -356,7 +357,8 @@ class CompareView(pn.viewable.Viewer):
         no_bytes = ("", "", "")
         rows = [("<b>step time</b>", "", *_cells(cmp["step_time"], fmt_time), *no_bytes),
                 ("<b>compute</b>", "", *_cells(cmp["compute_time"], fmt_time), *no_bytes),
-                ("<b>communication</b>", "", *_cells(cmp["comm_time"], fmt_time), *_cells(total, fmt_bytes))]
+                ("<b>communication</b>", "", *_cells(cmp["comm_time"], fmt_time), *_cells(total, fmt_bytes)),
+                ("<b>… exposed</b>", "", *_cells(cmp["exposed_time"], fmt_time), *no_bytes)]
         rows += [(esc(r["kind"]), ",".join(r["axes"]), *_cells(r["time"], fmt_time), *_cells(r["bytes"], fmt_bytes))
                  for r in colls]
         self.colls.update(rows)

@@ -69,7 +69,8 @@ class PlanView(pn.viewable.Viewer):
                            wrap_fields=("path",),
                            empty="no plan yet")
         self.colls = Table("partex-plan-collectives", [("kind", "collective"), ("axes", "axes"), ("bytes", "bytes"),
-                                                       ("count", "count"), ("time", "time"), ("cause", "cause"),
+                                                       ("count", "count"), ("time", "time"),
+                                                       ("exposed", "exposed (the step waits)"), ("cause", "cause"),
                                                        ("source", "source")], height=360, wrap_fields=("source",),
                            empty="no communication: nothing is sharded, or nothing needs gathering")
         s.param.watch(self._choices, ["best", "uploaded", "baselines"])
@@ -125,7 +126,8 @@ class PlanView(pn.viewable.Viewer):
         self.header.object = (
             f"<div class='plan-head'><div class='chips'>{chips}</div><div class='muted'>mesh {esc(plan.mesh.text())} · "
             f"step {fmt_time(r.step_time)} (compute {fmt_time(r.compute_time)}, communication "
-            f"{fmt_time(r.comm_time)}) · MFU {fmt_pct(r.mfu)} · peak {fmt_bytes(r.memory.peak)} per device, {fits}</div></div>")
+            f"{fmt_time(r.comm_time)}: {comm_split(r, plan.hardware)}) · MFU {fmt_pct(r.mfu)} · "
+            f"peak {fmt_bytes(r.memory.peak)} per device, {fits}</div></div>")
         sig = {p: (shape, dtype) for p, shape, dtype in plan.signature.get("inputs", [])}
         mesh = plan.mesh
         rows = []
@@ -139,8 +141,16 @@ class PlanView(pn.viewable.Viewer):
             rows.append((path, str(tuple(shape)), dtype, fmt_spec(spec), fmt_bytes(nbytes / n)))
         self.specs.update(rows)
         colls = sorted(r.collectives, key=lambda c: -c.time)
-        self.colls.update([(c.kind, ",".join(c.axes), fmt_bytes(c.bytes), c.count, fmt_time(c.time), c.cause,
+        self.colls.update([(c.kind, ",".join(c.axes), fmt_bytes(c.bytes), c.count, fmt_time(c.time),
+                            fmt_time(c.exposed), c.cause,
                             short_source(c.source) if c.source else f"op {c.op}") for c in colls])
+
+
+def comm_split(r, hw) -> str:
+    """'12 ms exposed, 30 ms hidden under compute' (or why nothing is hidden)."""
+    if not hw.overlap:
+        return f"all exposed: {esc(hw.name)} runs collectives in line"
+    return f"{fmt_time(r.exposed_time)} exposed, {fmt_time(r.hidden_time)} hidden under compute"
 
 
 def _chip_class(d) -> str:
