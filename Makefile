@@ -41,7 +41,7 @@ serve: install
 	$(PY) -m partex.explorer --address 127.0.0.1 --port 5006
 
 test: install chromium
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) .jax_cache

@@ -1390,6 +1390,19 @@ class CostModel:
         agg[6].append((ops, np.fromiter(visit, dtype=np.int64, count=len(visit))))
         return agg[6][0]
 
+    def op_costs(self, decisions: Sequence[Decision]) -> np.ndarray:
+        """Per op of the program: [compute seconds, FLOPs per device] per step under
+        ``decisions`` (every trip of a loop body; a recomputation's copies not included)."""
+        dec = self._decisions(decisions)
+        per = np.zeros((len(self.patterns), 2))
+        for m, pis in self.mask_groups:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            for pi in pis:
+                c, _, _, _, _, (f, _) = self._pattern_cost(pi, rel)
+                per[pi] = c, f
+        trips = np.fromiter((op.trip for op in self.program.ops), dtype=np.float64, count=len(self.program.ops))
+        return per[self.op_pattern] * trips[:, None]
+
     def work(self, decisions: Sequence[Decision], loops_once: bool = False) -> tuple[float, float]:
         """(FLOPs, bytes of operands and results) per device per step under ``decisions``,
         recomputed ops included; ``loops_once``: a loop body's ops counted once, not once per

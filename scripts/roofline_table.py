@@ -360,11 +360,12 @@ REASONS = {
     "unfused_flops": "roofline gives tanh, reduce_max and the backward's cotangent sums (add_any) no FLOPs and a "
                      "logistic one per element; partex counts them (a logistic four)",
     "hbm_bytes": "roofline's hbm_bytes are dot_general's operands and result alone (everything else taken as "
-                 "fused into the matmuls); partex counts every op's operands and results, unfused",
-    "unfused_hbm_bytes": "roofline's rules give no bytes to the backward's cotangent sums (add_any), data movement "
-                         "(transpose; RoPE's slice, pad, concatenate, split), reduce_max, tanh and its derivative, "
-                         "and count select_n's predicate and result but not its two cases; partex counts them all "
-                         "(most on the Llama attention: GQA transposes, RoPE, the causal mask over b.h.t.t)",
+                 "fused into the matmuls); partex leaves out only what XLA fuses away (a value an elementwise op "
+                 "makes and one elementwise op or reduction reads) and counts the rest",
+    "unfused_hbm_bytes": "roofline's unfused_hbm_bytes count every op's operands and results, fused or not (and "
+                         "give none to the backward's cotangent sums, transposes, RoPE's slice/pad/concatenate/"
+                         "split, reduce_max and tanh); partex leaves out the intermediates XLA fuses away: partex "
+                         "sits between roofline's two bounds",
     "ici": "roofline's ring bytes equal partex's for a collective over one axis (all_gather (n-1) x its input, "
            "psum_scatter (n-1)/n, psum 2(n-1)/n); over two axes it phases the ring and puts the total under each",
 }

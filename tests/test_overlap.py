@@ -120,3 +120,14 @@ def test_report_json_and_cli(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "transformer", "--mesh", "data=4,model=2", "--overlap", "maybe"])
     assert e.value.code == 2
+
+
+def test_the_explorer_says_what_is_exposed_and_what_is_hidden():
+    from partex.explorer._tables import comm_split
+
+    s = _tiny()
+    r = s.evaluate(s.strategy("zero3"))
+    text = comm_split(r, s.hardware)
+    assert "exposed" in text and "hidden under compute" in text
+    off = _tiny(overlap=False)
+    assert "all exposed" in comm_split(off.evaluate(off.strategy("zero3")), off.hardware)
