@@ -79,36 +79,38 @@ class KpiView(pn.viewable.Viewer):
         if best is not None:
             r = best.report
             fitting = [b.report.step_time for b in s.baselines.values() if b.report.fits]
-            vs = (f"{min(fitting) / r.step_time:.2f}× vs the best baseline" if fitting
+            vs = (f"{min(fitting) / r.step_time:.2f}× the best baseline" if fitting
                   else "no baseline fits the budget")
             step = (fmt_time(r.step_time), vs)
-            mfu = (fmt_pct(r.mfu), "of peak FLOP/s (predicted)")
-            mem = (fmt_bytes(r.memory.peak), f"of {fmt_bytes(r.budget)} budget per device")
+            mfu = (fmt_pct(r.mfu), "of peak (predicted)")
+            mem = (fmt_bytes(r.memory.peak), f"of {fmt_bytes(r.budget)} per device")
             mem_cls = "" if r.fits else " bad"
             if ws is not None and not ws.config.hw.overlap:
-                comm = (fmt_time(r.comm_time), f"all exposed: {ws.config.hw.name} runs collectives in line")
+                comm = (fmt_time(r.comm_time), f"{ws.config.hw.name}: no overlap")
             else:
-                comm = (fmt_time(r.exposed_time), f"exposed · {fmt_time(r.hidden_time)} hidden under compute")
+                comm = (fmt_time(r.exposed_time), f"{fmt_time(r.hidden_time)} more hidden")
         else:
             step = ("—", "no plan that fits yet")
-            mfu = ("—", "predicted model FLOPs utilisation")
+            mfu = ("—", "of peak (predicted)")
             budget = fmt_bytes(ws.config.hw.budget) if ws else "—"
-            mem = ("—", f"of {budget} budget per device")
+            mem = ("—", f"of {budget} per device")
             mem_cls = ""
-            comm = ("—", "communication the step waits for")
+            comm = ("—", "the step waits for it")
         state_txt = {"loading": "loading", "failed": "no model"}.get(s.phase, "running" if s.running else "paused")
         badge = f"<span class='badge {state_txt}'>{state_txt}</span>"
         model = esc(ws.choice.title) if ws else "—"
         where = esc(f"{ws.config.mesh.text()} · {ws.config.hw.name}") if ws else ""
         self._pane.object = (
-            "<div class='kpis'>"
+            "<div class='kpis six'>"
             f"<div class='kpi wide'><div class='k-label'>Model</div><div class='k-value small'>{model}</div>"
             f"<div class='k-sub'>{where}</div></div>"
             f"<div class='kpi'><div class='k-label'>Best step time</div><div class='k-value'>{step[0]}</div>"
             f"<div class='k-sub'>{esc(step[1])}</div></div>"
             f"<div class='kpi'><div class='k-label'>MFU</div><div class='k-value'>{mfu[0]}</div>"
             f"<div class='k-sub'>{esc(mfu[1])}</div></div>"
-            f"<div class='kpi'><div class='k-label'>Communication</div><div class='k-value'>{comm[0]}</div>"
+            "<div class='kpi' title='communication the step waits for; the rest runs under compute, as XLA "
+            "overlaps collectives on TPU and GPU (the hardware preset says whether)'>"
+            f"<div class='k-label'>Comm. exposed</div><div class='k-value'>{comm[0]}</div>"
             f"<div class='k-sub'>{esc(comm[1])}</div></div>"
             f"<div class='kpi{mem_cls}'><div class='k-label'>Peak memory</div><div class='k-value'>{mem[0]}</div>"
             f"<div class='k-sub'>{esc(mem[1])}</div></div>"
