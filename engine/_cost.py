@@ -34,7 +34,7 @@ from ._constraints import check_mode
 from ._mesh import Hardware, MeshSpec
 from ._program import NO_PRODUCER
 from ._recompute import PREFIX as RECOMPUTE, LoopPlan, backward_span, kind_of, plan_unit, value_readers
-from ._rules import FactorKind, PSEUDO_OPS, factor_rules, op_flops, pointwise_rule
+from ._rules import FactorKind, PSEUDO_OPS, conv_halo_ratios, factor_rules, op_flops, pointwise_rule
 
 Decision = tuple[int, str]  # (group id, mesh axis)
 _SECOND, _NEITHER = RESOLVE + "second", RESOLVE + "neither"
@@ -266,6 +266,10 @@ class _Pattern:
     # made and read inside one fusion; see _fused_values)
     operand_hbm: tuple[bool, ...] = ()
     result_hbm: tuple[bool, ...] = ()
+    # a conv's (spatial factor, FLOPs factor) where sharding that factor with a halo exchange
+    # has each device compute on its block extended by the halo rows, the SAME padding's taps
+    # included (conv_halo_ratios)
+    halo_flops: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass
@@ -490,6 +494,11 @@ class CostModel:
             outs = [values[o].shape for o in op.outputs]
             flops = op_flops(op.primitive, op.params, ins, outs)
             self.total_flops += flops * op.trip
+            halo_flops = ()
+            if op.primitive == "conv_general_dilated" and any(f.halo is not None for f in fs):
+                r = conv_halo_ratios(op.params, ins, outs)
+                halo_flops = tuple((k, r.get(f.halo.dim, 1.0)) for k, f in enumerate(fs)
+                                   if f.halo is not None and f.halo.operand == 0 and r.get(f.halo.dim, 1.0) != 1.0)
             pairs = 0.0
             if any(f.kind == FactorKind.REDUCTION and f.reduce == "index" for f in fs):
                 pairs = 1.0 + values[op.inputs[0]].dtype.itemsize / values[op.outputs[0]].dtype.itemsize
@@ -510,7 +519,7 @@ class CostModel:
                     tuple(float(self.nbytes[i]) for i in op.inputs),
                     tuple(float(self.nbytes[o]) for o in op.outputs),
                     flops, key[3], key[5], key[6], key[7], key[8], key[9], pairs, key[13], key[15],
-                    dict(key[14]), operand_hbm=key[16], result_hbm=key[17]))
+                    dict(key[14]), operand_hbm=key[16], result_hbm=key[17], halo_flops=halo_flops))
                 pat = self.patterns[-1]
                 for t, (sig, _) in enumerate(pat.operands + pat.results):  # where a resolution applies
                     groups = [g for g, _ in self.sigs[sig] if g != NO_DIM]
@@ -946,11 +955,15 @@ class CostModel:
             self._reshard(ospec, vspec, nb, self.sigs[sig], colls)
             if pat.result_wire[j] != 1.0:
                 colls[n0:] = [(k, ax, b * pat.result_wire[j], *rest) for k, ax, b, *rest in colls[n0:]]
+        flops = pat.flops / shard
+        for k, ratio in pat.halo_flops:
+            if fax[k]:
+                flops *= ratio
         if pat.free:
             compute = 0.0
         else:
-            compute = max(pat.flops / shard / self.hw.peak_flops, local_bytes / self.hw.hbm_bandwidth)
-        work = (0.0, 0.0) if pat.free else (pat.flops / shard, local_bytes)
+            compute = max(flops / self.hw.peak_flops, local_bytes / self.hw.hbm_bandwidth)
+        work = (0.0, 0.0) if pat.free else (flops, local_bytes)
         comm = 0.0
         out = []
         for kind, axes, b, g, *operand in colls:

@@ -3,7 +3,7 @@
 Each (model, mesh) compiles its four plans in one fresh process with 8 simulated CPU
 devices (``verify_many``), runs them and compares with the unsharded function. Bounds
 (issue 3): argument bytes within 1%, peak memory within 35%, collective bytes per kind
-within 25%, per-device FLOPs within 10% of XLA's cost analysis (the U-Net's 25%: see
+within 25%, per-device FLOPs within 10% of XLA's cost analysis (the U-Net's 16%: see
 _check; issue 15), loss and outputs within 1e-4 relative.
 """
 
@@ -36,10 +36,12 @@ def _check(row: dict) -> list[str]:
         if (pred == 0) != (xla == 0) or (xla and abs(pred / xla - 1) > 0.25):
             bad.append(f"{where}: {k} predicted {pred:.0f} B vs XLA {xla:.0f} B")
     f = row["flops"]  # per device; XLA's HloCostAnalysis (loop bodies once, both sides)
-    # the U-Net's whole step XLA counts 7-19% above its ops one by one (which match exactly,
-    # tests/test_rules.py): part is fusion duplicating elementwise producers (~5% replicated);
-    # the rest, larger when sharded, is not yet explained (issue 15): bounded, not hidden
-    bound = 0.25 if row["model"] == "unet" else 0.10
+    # the U-Net's whole step XLA counts 5-16% above its ops one by one (which match exactly,
+    # tests/test_rules.py): XLA:CPU's fusion copies cheap elementwise producers into every
+    # consumer fusion and counts each copy (5.8% replicated, 12-13% at per-device batch 1-2;
+    # with XLA's fusion pass off partex is within 1%), and the rows plans' halo masks
+    # (README, "FLOPs and bytes accessed vs XLA"): a counting effect, bounded, not hidden
+    bound = 0.16 if row["model"] == "unet" else 0.10
     if not (f["xla"] > 0 and abs(f["ratio"] - 1) <= bound):
         bad.append(f"{where}: FLOPs predicted {f['predicted']:.3g} vs XLA {f['xla']:.3g}")
     if not row["bytes_accessed"]["predicted"] > 0:
