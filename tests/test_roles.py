@@ -129,8 +129,8 @@ def test_renamed_model_gets_the_same_bench_table(name):
         _input_specs(res, cm, ilp.decisions)
 
     search, search_r = Search(res, MESH, hw, seed=0), Search(ren, MESH, hw, seed=0)
-    search.step(50)
-    search_r.step(50)
+    search.step(25)
+    search_r.step(25)
     best, best_r = search.best(), search_r.best()
     assert best.decisions  # not the replicated plan: the budget forces sharding
     assert _figures(best_r.report) == _figures(best.report)
