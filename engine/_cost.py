@@ -293,15 +293,13 @@ class _Edit:
 class _Timeline:
     """The program as the overlap schedule reads it (CostModel._timeline)."""
 
-    early: np.ndarray  # per value: there at the start of the step or of its loop
     region_ops: dict  # region -> its own ops in program order
     child_at: dict  # a loop's or branch's exit op -> its region
     loops: dict  # scan region -> (trips per parent trip, values it carries to the next trip)
     readers: list  # per value: the ops that read it
-    view_op: np.ndarray  # per op: a view or a loop boundary (no compute of its own)
     static_special: np.ndarray  # per op: visited whatever the plan (a loop's exit)
-    early_list: list  # early and view_op as lists (the schedule's inner loop)
-    view_list: list
+    early: list  # per value: there at the start of the step or of its loop
+    view_op: list  # per op: a view or a loop boundary (no compute of its own)
     ins: list  # per op: its operands
     outs: list  # per op: its results
 
@@ -1243,8 +1241,8 @@ class CostModel:
         static_special = np.zeros(len(p.ops), dtype=bool)
         static_special[list(child_at)] = True
         tl = self._tl = _Timeline(
-            early, {r: np.array(ids, dtype=np.int64) for r, ids in region_ops.items()},
-            child_at, loops, readers, view_op, static_special, early.tolist(), view_op.tolist(),
+            {r: np.array(ids, dtype=np.int64) for r, ids in region_ops.items()},
+            child_at, loops, readers, static_special, early.tolist(), view_op.tolist(),
             [op.inputs for op in p.ops], [op.outputs for op in p.ops])
         return tl
 
@@ -1288,7 +1286,7 @@ class CostModel:
         exposed: dict = collections.defaultdict(float)
 
         opc = op_c.tolist()
-        ins, outs, early, view_op = tl.ins, tl.outs, tl.early_list, tl.view_list
+        ins, outs, early, view_op = tl.ins, tl.outs, tl.early, tl.view_op
         pending = st.pending
         issue, wait = st.issue, st.wait
 
