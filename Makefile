@@ -8,26 +8,33 @@ PYTHON ?= $(firstword $(foreach p,python3.12 python3.13 python3 \
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# The exact versions the suite passed with (CPython 3.12): `make test` installs these and
+# nothing newer, so a release elsewhere cannot change what CI runs. `make lock` rewrites it
+# from .venv; `make test-latest` runs the suite on the newest releases pyproject allows.
+LOCK   ?= requirements.lock
+PIN    := $(if $(LOCK),-c $(LOCK))
 
-.PHONY: install libs serve test chromium analyze clean which-python
+.PHONY: install libs serve test test-latest lock chromium analyze clean which-python
 
-$(STAMP): pyproject.toml $(wildcard scripts/libmodels/*.txt)
+$(STAMP): pyproject.toml $(LOCK) $(wildcard scripts/libmodels/*.txt)
 	@test -n "$(PYTHON)" || { echo "make: partex's tests need Python >= 3.12 (JAX >= 0.11); none found on PATH or in ~/.pyenv/versions; pass PYTHON=/path/to/python3.12" >&2; exit 2; }
 	@$(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q $(PIN) -e '.[test]'
 	$(MAKE) --no-print-directory libs
 	touch $(STAMP)
 
 # The JAX libraries whose models the tests build (scripts/libmodels/<lib>.py): the pinned
 # requirements, then (without their heavy dependency trees: tensorflow, google-cloud-...)
 # the packages listed in *.nodeps.txt. jax stays at the version partex was installed with.
+# With LATEST=1 (make test-latest) the libraries' own pins are dropped: their newest releases.
 LIB_REQS   := $(wildcard scripts/libmodels/*.requirements.txt)
 LIB_NODEPS := $(wildcard scripts/libmodels/*.nodeps.txt)
+LIB_NAMES   = grep -hv '^ *\(\#\|$$\)' | $(if $(LATEST),sed 's/[=<>~!;].*//',cat) | sort -u
 libs:
-	$(PY) -m pip install -q $(foreach f,$(LIB_REQS),-r $(f)) "jax==$$($(PY) -c 'import jax; print(jax.__version__)')"
-	$(if $(LIB_NODEPS),$(PY) -m pip install -q --no-deps $(foreach f,$(LIB_NODEPS),-r $(f)))
+	$(PY) -m pip install -q $(PIN) $$(cat $(LIB_REQS) | $(LIB_NAMES)) "jax==$$($(PY) -c 'import jax; print(jax.__version__)')"
+	$(if $(LIB_NODEPS),$(PY) -m pip install -q $(PIN) --no-deps $$(cat $(LIB_NODEPS) | $(LIB_NAMES)))
 
 install: $(STAMP)
 
@@ -43,8 +50,21 @@ serve: install
 test: install chromium
 	$(PY) -m pytest -q --durations=25
 
+# The suite in a virtualenv of its own (.venv-latest) on the newest releases that pyproject's
+# ranges allow (the test libraries' newest too), then what moved against the lock.
+test-latest:
+	$(MAKE) --no-print-directory VENV=.venv-latest LOCK= LATEST=1 install
+	@echo "versions that differ from $(LOCK) (< locked, > latest):"
+	@.venv-latest/bin/python -m pip freeze --exclude-editable | diff $(LOCK) - | grep '^[<>]' || echo "  none"
+	$(MAKE) --no-print-directory VENV=.venv-latest LOCK= LATEST=1 test
+
+# Rewrite the lock from .venv (after the suite passed there).
+lock:
+	@{ echo "# The versions \`make test\` installs (CPython 3.12): \`make lock\` writes this from .venv"; \
+	   $(PY) -m pip freeze --exclude-editable; } > $(LOCK)
+
 clean:
-	rm -rf $(VENV) .jax_cache
+	rm -rf $(VENV) .venv-latest .jax_cache
 
 which-python:
 	@echo $(PYTHON)
