@@ -120,7 +120,8 @@ class Conflict:
 @dataclasses.dataclass(frozen=True)
 class GroupInfo:
     """What a view shows about one decision group: its input tensors, the source lines of
-    the ops that make its tensors, and its conflicts."""
+    the ops that make its tensors, and its conflicts. ``label`` names the group's decisions
+    (plan and session files, pins); ``title`` is what a view shows (``Analysis.titles``)."""
 
     id: GroupId
     label: str
@@ -130,6 +131,22 @@ class GroupInfo:
     tensors: tuple[tuple[str, tuple[int, ...], int], ...]  # (input path, shape, dim), in argument order
     sources: tuple[tuple[str, int], ...]  # (source line, ops) of ops producing its tensors
     conflicts: tuple[dict, ...]  # describe_conflict of its intra conflicts
+    title: str = ""  # its readable title (Analysis.titles); the label where empty
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.label
+
+
+# Where a group's title comes from (``_TitleBase.kind``): a logical axis name the model gives
+# its inputs; an input leaf's path and dim; the function whose op makes an activation.
+NAMED, INPUT, MADE = "named", "input", "made"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _TitleBase:
+    kind: str  # NAMED, INPUT or MADE
+    text: str  # "ffn", "w1[1]", "group_norm[4]"
 
 
 @dataclasses.dataclass
@@ -149,6 +166,36 @@ class Analysis:
     _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
     _user: Any = dataclasses.field(repr=False, compare=False, default=None)
     _unit_groups: Any = dataclasses.field(repr=False, compare=False, default=None)
+    _title_bases: tuple = dataclasses.field(repr=False, compare=False, default=())  # per group
+    _titles: Any = dataclasses.field(repr=False, compare=False, default=None)
+
+    def titles(self) -> dict[GroupId, str]:
+        """Every group's readable title, from the program's structure: the logical axis name
+        the model gives it (``ffn``); else its role where that names it better than a leaf
+        (the data's ``batch``, an MoE's ``experts``); else its largest input leaf and dim
+        (``w1[1]``); else, for a group no input holds, the function whose op first makes it
+        and the dim there (``group_norm[4]``), never a primitive's name. Repeats are
+        numbered (``#2``), largest group first.
+
+        A title is for reading only. The label stays each decision's name in plan and
+        session files (``group_by_label``): files written with today's labels keep naming
+        the same groups, and no decision depends on how a title is spelled."""
+        if self._titles is not None:
+            return self._titles
+        roles = self.roles() if self._title_bases else None
+        by_role = {}
+        if roles is not None:
+            by_role.update((g, "batch") for g in roles.batch_groups)
+            by_role.update((g, "experts") for g in roles.expert_groups)
+        out: dict[GroupId, str] = {}
+        seen: collections.Counter[str] = collections.Counter()
+        for g in self.groups:
+            base = self._title_bases[g.id] if self._title_bases else _TitleBase(NAMED, g.label)
+            text = base.text if base.kind == NAMED or g.id not in by_role else by_role[g.id]
+            seen[text] += 1
+            out[g.id] = text if seen[text] == 1 else f"{text}#{seen[text]}"
+        self._titles = out
+        return out
 
     def static_inputs(self) -> list[tuple[str, str]]:
         """The args' static (non-array) leaves, closed over and left out of every plan:
@@ -268,7 +315,8 @@ class Analysis:
             for n in self.named_dims
         ]
         out["group_list"] = [
-            {"id": g.id, "label": g.label, "named_dims": list(g.named_dims), "size": g.size,
+            {"id": g.id, "label": g.label, "title": self.titles()[g.id], "named_dims": list(g.named_dims),
+             "size": g.size,
              "bytes": g.bytes, "decidable": g.decidable}
             for g in self.groups
         ]
@@ -311,6 +359,7 @@ class Analysis:
         for c in self.conflicts:
             conflicts[c.group].append(self.describe_conflict(c))
         out = {}
+        titles = self.titles()
         for g in self.decision_groups:
             tensors = []
             for nd in g.named_dims:
@@ -320,7 +369,8 @@ class Analysis:
             tensors.sort()
             out[g.id] = GroupInfo(g.id, g.label, g.size, g.bytes, len(g.named_dims),
                                   tuple(t[1:] for t in tensors[:max_tensors]),
-                                  tuple(sources[g.id].most_common(max_sources)), tuple(conflicts[g.id]))
+                                  tuple(sources[g.id].most_common(max_sources)), tuple(conflicts[g.id]),
+                                  titles[g.id])
         return out
 
     def describe_conflict(self, c: Conflict) -> dict[str, Any]:
@@ -461,6 +511,9 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
                for v in program.inputs}
     sigs: dict[Any, list[int]] = collections.defaultdict(list)
     nd_prims: dict[int, collections.Counter] = {}
+    # intermediate-only nd -> {function: [tensor dims it makes, the dim of its first]}, in program order
+    made_by: dict[int, dict[str, list[int]]] = {}
+    fn_of: dict[int, str] = {}  # op id -> the function it was traced in
     for nd in range(num_nd):
         if input_members[nd]:
             # A named dim holding any layer's leaf is that layer's: its other members (the
@@ -477,6 +530,12 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
         for nd, vid, d in zip(node_nd[sel].tolist(), value_of_node[sel].tolist(), dim_of_node[sel].tolist()):
             p = prod[vid]
             nd_prims[nd][(program.ops[p].primitive if p != NO_PRODUCER else "input", d)] += 1
+            if p != NO_PRODUCER:
+                fn = fn_of.get(p)
+                if fn is None:
+                    fn = fn_of[p] = _function_of(program.ops[p])
+                if fn:
+                    made_by.setdefault(nd, {}).setdefault(fn, [0, d])[0] += 1
         for nd, cnt in nd_prims.items():
             key = ("mid", tuple(sorted(nd_sizes[nd])), int(members[nd]), tuple(sorted(cnt.items())))
             sigs[key].append(nd)
@@ -489,6 +548,8 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     named = _scoped(program, _unwrapped(layered))
     labels = [_label(label_votes[nd], input_members[nd], int(first_node[nd]), values, prod,
                      program, value_of_node, dim_of_node, named) for nd in range(num_nd)]
+    title_bases = tuple(_title_base(label_votes[nds[0]], input_members[nds[0]], made_by.get(nds[0], {}),
+                                    labels[nds[0]]) for nds in raw_groups)
     max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
     groups: list[Group] = []
     seen_labels: collections.Counter[str] = collections.Counter()
@@ -553,7 +614,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     return Analysis(
         program, factors, node_base[:-1], node_nd, named_dims, groups, conflicts,
         dict(cooccur), dict(unknown), time.perf_counter() - t0, edges,
-        units=tuple(recompute_units(program, blocks)),
+        units=tuple(recompute_units(program, blocks)), _title_bases=title_bases,
     )
 
 
@@ -641,6 +702,34 @@ def _scoped(program: Program, named: dict[str, str]) -> dict[str, str]:
         if not unnamed:
             break
     return out
+
+
+def _title_base(votes, inputs, made_by: dict[str, list[int]], label: str) -> _TitleBase:
+    """Where a group's title comes from (``Analysis.titles``): its logical name, its input
+    leaf (the label's own ``w1[1]``), or the function that makes most of its tensor dims
+    (the first in program order on a tie; a library's helper that makes the first one,
+    ``one_hot``'s, is outvoted by the user's function around it), with the dim of the
+    first tensor it makes."""
+    if votes:
+        return _TitleBase(NAMED, label)
+    if inputs:
+        return _TitleBase(INPUT, label)
+    if not made_by:
+        return _TitleBase(MADE, "activation")
+    fn, (_, dim) = max(made_by.items(), key=lambda kv: kv[1][0])  # max keeps the first on a tie
+    return _TitleBase(MADE, f"{fn}[{dim}]")
+
+
+def _function_of(op) -> str:
+    """The user's function an op was traced in, from its source line ``file:line:col (fn)``
+    (``outer.<locals>.inner`` -> ``outer``); else the innermost scope of its name stack."""
+    src = op.source.split(" <- ")[0]
+    fn = src.rpartition(" (")[2].rstrip(")") if src.endswith(")") else ""
+    fn = fn.split(".<locals>")[0].strip("<>")
+    if fn and fn not in ("lambda", "module", "listcomp", "genexpr", "dictcomp"):
+        return fn
+    scope = scope_name(op.scope)
+    return scope.rsplit("/", 1)[-1] if scope else ""
 
 
 def _label(votes, inputs, first_node, values, prod, program, value_of_node, dim_of_node, layered) -> str:

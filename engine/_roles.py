@@ -41,7 +41,14 @@ Nothing here reads a label, a logical axis name or a pytree path: a user's Llama
   activation: the LM head's vocabulary; the last matmul of an MLP contracts its pair group
   and its output is all-reduced instead), plus the indexed dims of an embedding table (a
   weight gathered with data-dependent indices: Megatron's vocab-parallel embedding); not
-  experts.
+  experts. The rule sees one matmul at a time: a concatenate's dim is another named
+  dimension (its factor needs replication and ties nothing), so the output channels of a
+  U-Net block, joined to a skip connection's and contracted only after the join, match it
+  too. They are column-parallel outputs as a vocabulary is, and the hand strategies shard
+  them alike; but they are no vocabulary:
+- **Joined groups**: the vocabulary-like groups that forward concatenates (through any
+  chain of them) join into a dim some param matmul contracts (a U-Net's skip
+  connections). A view names them for what they are.
 - A pair or vocabulary group every tensor of which also holds a bigger group of those kinds
   is dropped: it could never take the model axis (the head dim of ``v`` and ``wo`` beside
   the heads).
@@ -65,6 +72,8 @@ OpId = int
 MATMUL_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
 # Lookups whose indexed weight dims are an embedding's vocabulary.
 GATHER_PRIMITIVES = frozenset({"gather"})
+# Joins along a dim: the operands' dims there feed the result's (another named dimension).
+CONCAT_PRIMITIVES = frozenset({"concatenate"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +90,7 @@ class Roles:
     pair_groups: tuple[GroupId, ...]  # largest first
     vocab_groups: tuple[GroupId, ...]  # largest first
     expert_groups: tuple[GroupId, ...]  # largest first
+    joined_groups: tuple[GroupId, ...]  # vocabulary-like, contracted after a concatenate; largest first
     param_group_bytes: Mapping[GroupId, int]
 
     @property
@@ -257,6 +267,21 @@ class _Contractions:
     weight_batch: set[GroupId] = dataclasses.field(default_factory=set)
     embedding: set[GroupId] = dataclasses.field(default_factory=set)
     other_reduced: set[GroupId] = dataclasses.field(default_factory=set)  # by any other forward op
+    # group -> the groups a forward concatenate along its dim joins it into
+    concatenated: dict[GroupId, set[GroupId]] = dataclasses.field(default_factory=dict)
+
+    def contracted_downstream(self) -> set[GroupId]:
+        """The contracted groups and those concatenated (through any chain of concatenates)
+        into a contracted one."""
+        out = set(self.contracted)
+        changed = True
+        while changed:
+            changed = False
+            for g, into in self.concatenated.items():
+                if g not in out and into & out:
+                    out.add(g)
+                    changed = True
+        return out
 
 
 def infer_roles(an: Analysis) -> Roles:
@@ -296,6 +321,7 @@ def infer_roles(an: Analysis) -> Roles:
              if g not in con.contracted and g not in experts and g in decidable
              and any(not (con.contracts[o] & pairs) for o in ops)}
     vocab |= {g for g in con.embedding if g in decidable and g not in experts and g not in pairs}
+    joined = con.contracted_downstream()  # contracted after a concatenate (or before one)
     pair_list, vocab_list = _drop_dominated(an, _by_bytes(an, pairs), _by_bytes(an, vocab),
                                             varying=lambda v: deps[v] != 0)
 
@@ -310,6 +336,7 @@ def infer_roles(an: Analysis) -> Roles:
         pair_groups=pair_list,
         vocab_groups=vocab_list,
         expert_groups=_by_bytes(an, experts),
+        joined_groups=tuple(g for g in vocab_list if g in joined),
         param_group_bytes=dict(param_bytes),
     )
 
@@ -359,6 +386,13 @@ def _contractions(an: Analysis, forward: frozenset[OpId], is_weight, on_data) ->
         else:
             con.other_reduced |= {an.group_of(op.inputs[i], d) for f in factors
                                   if f.kind == FactorKind.REDUCTION for i, d in f.operands}
+        if op.primitive in CONCAT_PRIMITIVES:
+            axis = op.params["dimension"]
+            into = an.group_of(op.outputs[0], axis)
+            for v in op.inputs:
+                g = an.group_of(v, axis)
+                if g != NO_DIM and into != NO_DIM and g != into:
+                    con.concatenated.setdefault(g, set()).add(into)
     con.other_reduced.discard(NO_DIM)
     return con
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import panel as pn
 import param
 from bokeh.models import (
-    ColumnDataSource, FactorRange, HoverTool, LinearColorMapper, NumeralTickFormatter, Range1d, Span,
+    ColumnDataSource, FactorRange, FixedTicker, HoverTool, LinearColorMapper, NumeralTickFormatter, Range1d, Span,
 )
 from bokeh.plotting import figure
 
-from ._format import esc, fmt_bytes, fmt_pct, fmt_time
+from ._format import esc, fmt_bytes, fmt_pct, fmt_time, fmt_versus, nice_ticks
 from ._widgets import bokeh_update, html
 
 MEMORY_PARTS = ("parameters", "optimizer", "activations", "temporaries")
@@ -78,9 +78,8 @@ class KpiView(pn.viewable.Viewer):
         rate = stats.get("sims_per_s") or 0
         if best is not None:
             r = best.report
-            fitting = [b.report.step_time for b in s.baselines.values() if b.report.fits]
-            vs = (f"{min(fitting) / r.step_time:.2f}× the best baseline" if fitting
-                  else "no baseline fits the budget")
+            fitting = [(b.report.step_time, name) for name, b in s.baselines.items() if b.report.fits]
+            vs = fmt_versus(r.step_time, *min(fitting)) if fitting else "no baseline fits the budget"
             step = (fmt_time(r.step_time), vs)
             mfu = (fmt_pct(r.mfu), "of peak (predicted)")
             mem = (fmt_bytes(r.memory.peak), f"of {fmt_bytes(r.budget)} per device")
@@ -105,7 +104,9 @@ class KpiView(pn.viewable.Viewer):
             f"<div class='kpi wide'><div class='k-label'>Model</div><div class='k-value small'>{model}</div>"
             f"<div class='k-sub'>{where}</div></div>"
             f"<div class='kpi'><div class='k-label'>Best step time</div><div class='k-value'>{step[0]}</div>"
-            f"<div class='k-sub'>{esc(step[1])}</div></div>"
+            # the comparison wraps: cut, "9.7× faster than the b…" loses what it is compared with
+            f"<div class='k-sub' style='white-space:normal;overflow:visible' title='{esc(step[1])}'>"
+            f"{esc(step[1])}</div></div>"
             f"<div class='kpi'><div class='k-label'>MFU</div><div class='k-value'>{mfu[0]}</div>"
             f"<div class='k-sub'>{esc(mfu[1])}</div></div>"
             "<div class='kpi' title='communication the step waits for; the rest runs under compute, as XLA "
@@ -239,16 +240,21 @@ class SearchView(pn.viewable.Viewer):
         self.acts = ColumnDataSource(data=dict(action=[], visits=[], value=[], value_txt=[]))
         # ranges set by _render: an automatic range over no data yet makes Bokeh warn
         # ("could not set initial ranges") on every page that opens before a search
-        h = _fig(name="partex-history", height=250, title="Best predicted step time",
-                 x_axis_label="simulations", y_axis_label="ms", x_range=Range1d(0, 1), y_range=Range1d(0, 1))
+        # titles in HTML above the charts: they wrap where a chart is narrow, where a Bokeh
+        # title runs past the frame's edge and is cut
+        h = _fig(name="partex-history", height=226, x_axis_label="simulations", y_axis_label="ms",
+                 x_range=Range1d(0, 1), y_range=Range1d(0, 1))
         h.step("sim", "ms", source=self.hist, mode="after", line_width=2.5, color="#2563eb")
         h.scatter("sim", "ms", source=self.hist, size=7, color="#2563eb")
-        h.add_tools(HoverTool(tooltips=[("simulation", "@sim"), ("step time", "@ms{0.000} ms"),
-                                        ("after", "@secs{0.00} s")]))
-        h.yaxis.formatter = NumeralTickFormatter(format="0.000")
+        self.hover = HoverTool(tooltips=self._tips(3))
+        h.add_tools(self.hover)
+        # ticks chosen here for the range shown, written with as many decimals as tell them
+        # apart (a fixed format repeats labels over a narrow range: 0.179, 0.179, 0.178)
+        h.yaxis.ticker = FixedTicker(ticks=[0, 0.5, 1])
+        h.yaxis.formatter = NumeralTickFormatter(format="0.0")
         self.hist_fig = h
-        a = _fig(name="partex-root-actions", height=250, y_range=FactorRange(), title="Root actions (colour: mean value)",
-                 x_axis_label="visits", x_range=Range1d(0, 1))
+        a = _fig(name="partex-root-actions", height=226, y_range=FactorRange(), x_axis_label="visits",
+                 x_range=Range1d(0, 1))
         self.cmap = LinearColorMapper(palette=_BLUES, low=0, high=1)
         a.hbar(y="action", right="visits", height=0.7, source=self.acts,
                fill_color={"field": "value", "transform": self.cmap}, line_color=None)
@@ -260,14 +266,26 @@ class SearchView(pn.viewable.Viewer):
         self.state.param.watch(self._render, ["stats"])
         self._render()
         self._panel = pn.Row(
-            pn.pane.Bokeh(h, sizing_mode="stretch_width"),
-            pn.pane.Bokeh(a, sizing_mode="stretch_width"),
+            pn.Column(chart_title("partex-history-title", "Best predicted step time"),
+                      pn.pane.Bokeh(h, sizing_mode="stretch_width"), sizing_mode="stretch_width"),
+            pn.Column(chart_title("partex-root-actions-title", "Root actions", "colour: mean value"),
+                      pn.pane.Bokeh(a, sizing_mode="stretch_width"), sizing_mode="stretch_width"),
             pn.Column(self.tiles, width=210),
             sizing_mode="stretch_width",
         )
 
     def __panel__(self):
         return self._panel
+
+    @staticmethod
+    def _tips(decimals: int) -> list:
+        return [("simulation", "@sim"), ("step time", f"@ms{{0.{'0' * decimals}}} ms"), ("after", "@secs{0.00} s")]
+
+    def _y_axis(self, lo: float, hi: float) -> None:
+        ticks, decimals = nice_ticks(lo, hi)
+        self.hist_fig.yaxis.ticker.ticks = ticks
+        self.hist_fig.yaxis.formatter.format = "0." + "0" * decimals if decimals else "0"
+        self.hover.tooltips = self._tips(decimals + 1)
 
     @bokeh_update
     def _render(self, *_):
@@ -283,10 +301,12 @@ class SearchView(pn.viewable.Viewer):
             pad = (hi - lo) * 0.08 or hi * 0.05 or 1.0
             self.hist_fig.x_range.update(start=0, end=max(xs[-1], 1) * 1.03)
             self.hist_fig.y_range.update(start=max(lo - pad, 0), end=hi + pad)
+            self._y_axis(max(lo - pad, 0), hi + pad)
         else:
             self.hist.data = dict(sim=[], ms=[], secs=[])
             self.hist_fig.x_range.update(start=0, end=1)
             self.hist_fig.y_range.update(start=0, end=1)
+            self._y_axis(0, 1)
         acts = sorted(st.get("root_actions") or [], key=lambda r: -r["visits"])[:12]
         values = [float(r["value"]) for r in acts]
         if values:
@@ -303,6 +323,14 @@ class SearchView(pn.viewable.Viewer):
         self.tiles.object = "<div class='tiles'>" + "".join(
             f"<div class='tile'><div class='t-label'>{k}</div><div class='t-value'>{v}</div></div>" for k, v in tiles
         ) + "</div>"
+
+
+def chart_title(name: str, title: str, note: str = ""):
+    """A chart's title as HTML (it wraps where the chart is narrow), with a note beside it."""
+    extra = f" <span class='muted small'>{esc(note)}</span>" if note else ""
+    return html(f"<div class='chart-title' style='font-size:13px;font-weight:600;color:#0f172a;"
+                f"overflow-wrap:anywhere'>{esc(title)}{extra}</div>", name=name, sizing_mode="stretch_width",
+                margin=(4, 10, 0, 10))
 
 
 _BLUES = ["#dbeafe", "#bfdbfe", "#93c5fd", "#60a5fa", "#3b82f6", "#2563eb", "#1d4ed8", "#1e40af"]

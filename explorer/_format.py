@@ -48,3 +48,39 @@ def fmt_spec(spec: list) -> str:
 
 def esc(text) -> str:
     return html.escape(str(text), quote=True)
+
+
+def fmt_versus(time: float, other: float, name: str) -> str:
+    """How a step time compares with another plan's, in words: '9.7× faster than the best
+    baseline (zero3)', '1.3× slower than …', 'as fast as …' (within 0.5%)."""
+    if not (time > 0 and other > 0 and math.isfinite(time) and math.isfinite(other)):
+        return f"the best baseline is {name}"
+    ratio = other / time
+    if abs(ratio - 1) < 0.005:
+        return f"as fast as the best baseline ({name})"
+    word, x = ("faster", ratio) if ratio > 1 else ("slower", 1 / ratio)
+    return f"{_times(x)}× {word} than the best baseline ({name})"
+
+
+def _times(x: float) -> str:
+    """1.234 -> '1.23', 9.71 -> '9.7', 123.4 -> '123'."""
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 2:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> tuple[list[float], int]:
+    """About ``count`` round ticks (1, 2 or 5 times a power of ten apart) covering
+    [lo, hi], and the decimals that write every one of them differently."""
+    span = hi - lo
+    if not (math.isfinite(span) and span > 0):
+        return [lo], max(0, 3 - math.floor(math.log10(abs(lo)))) if lo else 0
+    raw = span / count
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step - 1e-9)
+    ticks = [k * step for k in range(first, math.floor(hi / step + 1e-9) + 1)]
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return [round(t, decimals + 2) for t in ticks], decimals

@@ -25,6 +25,8 @@ UNSHARDED = "#cbd5e1"
 CONFLICT = "#dc2626"
 PIN_LINE = "#0f172a"
 REMAT = "#9a3412"
+NO_GROUP = "— choose a group —"  # the decision form's group when none is selected (its value: NONE)
+NONE = -1  # a Select shows no option for a None value: the placeholder has a value of its own
 SELECTED = "#f59e0b"  # the clicked (or found) node's outline  # the recompute chips' orange (explorer.css)
 
 
@@ -59,6 +61,13 @@ def assignment(state) -> dict[int, list[str]]:
         if ":" not in a:  # a mesh axis (not a layer stack's recompute, not a conflict's resolution)
             out.setdefault(g, []).append(a)
     return out
+
+
+def decision_text(an, decision, arrow: str = "→") -> str:
+    """A decision as a view writes it: the group's title (``Analysis.titles``) and the axis;
+    a recompute decision names its layer stack."""
+    g, a = decision
+    return an.decision_label(decision, arrow) if is_recompute(decision) else f"{an.titles()[g]}{arrow}{a}"
 
 
 def resolutions(state) -> dict[int, str]:
@@ -152,20 +161,24 @@ class GraphView(pn.viewable.Viewer):
         self.search_note.object = ""
         if self.layout is None:
             self.node_src.data = self._empty_nodes()
+            self.node_src.selected.indices = []
             self.search.options = []
             return
         self._found = search_options(self.state.infos)
         self.search.options = list(self._found)
         self._restyle()
+        self._select_from_state()  # the new drawing's nodes: the selection is found among them anew
 
-    def _show(self, opened) -> None:
-        """Lay the graph out anew with ``opened`` clusters open (None: the first view)."""
+    def _show(self, opened, reveal: bool = True) -> None:
+        """Lay the graph out anew with ``opened`` clusters open (None: the first view); with
+        ``reveal``, open the clusters around the selected group too."""
         ws, lay = self.state.workspace, self.layout
         if ws is None or lay is None:
             return
         self.layout = graph_layout(ws.an, self.state.infos, lay.tree, opened)
         self._restyle()
-        self._select_from_state()
+        if reveal:
+            self._select_from_state()
 
     def _reveal(self, g: int) -> None:
         """Open the clusters around group ``g`` where it is not drawn."""
@@ -243,6 +256,7 @@ class GraphView(pn.viewable.Viewer):
             e["color"].append(CONFLICT if shared else "#94a3b8")
             e["alpha"].append(0.9 if shared else 0.25 + 0.45 * math.sqrt(nb / emax))
         self.edge_src.data = e
+        self._sync_selection()  # new rows: the selected row is found anew, never left at an old index
         colors_html = "".join(f'<span class="lg"><i style="background:{c}"></i>{esc(a)}</span>'
                               for a, c in colors.items())
         closed = [n for n in lay.nodes if isinstance(n, str)]
@@ -268,8 +282,11 @@ class GraphView(pn.viewable.Viewer):
             if self.state.selected_group != gid:
                 self.state.selected_group = gid
             return
-        self.node_src.selected.indices = []
-        self._show(self.layout.tree.open(self.layout.opened, key))
+        self._show(self.layout.tree.open(self.layout.opened, key), reveal=False)
+        g = self.state.selected_group
+        if g is not None and g not in self.layout.nodes:  # the click closed the selected group's cluster
+            self.state.selected_group = None
+        self._sync_selection()
 
     def _on_search(self, event):
         text = (event.new or "").strip()
@@ -291,27 +308,38 @@ class GraphView(pn.viewable.Viewer):
 
     @bokeh_update
     def _select_from_state(self, *_):
+        """The state's selected group, drawn (its clusters opened) and ringed."""
         g = self.state.selected_group
         if g is not None:
             self._reveal(g)
-        keys = self.node_src.data["key"]
-        want = [keys.index(str(g))] if str(g) in keys else []
+        self._sync_selection()
+
+    @bokeh_update
+    def _sync_selection(self) -> None:
+        """Ring the state's selected group, the row whose key is its id: the Decision card
+        shows the same group, or, with none selected (or the group not drawn), no row is."""
+        g = self.state.selected_group
+        keys = list(self.node_src.data["key"])
+        want = [keys.index(str(g))] if g is not None and str(g) in keys else []
         if list(self.node_src.selected.indices) != want:
             self.node_src.selected.indices = want
 
 
 def search_options(infos) -> dict[str, int]:
-    """What the graph's search box offers: each group's label, and each pytree path and dim
-    that holds a group ("params/layers/0/w1 dim 1 · ffn")."""
-    out = {info.label: g for g, info in infos.items()}
+    """What the graph's search box offers: each group's title and its label (the name plan
+    files give it), and each pytree path and dim that holds a group ("params/layers/0/w1
+    dim 1 · ffn")."""
+    out = {info.shown: g for g, info in infos.items()}
+    for g, info in infos.items():
+        out.setdefault(info.label, g)
     for g, info in infos.items():
         for path, _, dim in info.tensors:
-            out.setdefault(f"{path} dim {dim} · {info.label}", g)
+            out.setdefault(f"{path} dim {dim} · {info.shown}", g)
     return out
 
 
 def _cluster_tooltip(c, infos, assigned) -> str:
-    names = ", ".join(esc(infos[g].label) + (f" ({esc('+'.join(assigned[g]))})" if assigned.get(g) else "")
+    names = ", ".join(esc(infos[g].shown) + (f" ({esc('+'.join(assigned[g]))})" if assigned.get(g) else "")
                       for g in c.groups[:12])
     more = f", … {len(c.groups) - 12} more" if len(c.groups) > 12 else ""
     return (f"<div style='font:12px sans-serif;max-width:340px'><b>{esc(c.label)}</b> · {len(c.groups)} groups · "
@@ -339,7 +367,7 @@ def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool, r
                 "regather": "weights gathered again"}.get(remat[1], remat[1])
         warn += (f"<div style='color:{REMAT}'>{esc(remat[0])} → recompute:{esc(remat[1])}: {esc(what)} "
                  "in the backward pass</div>")
-    return (f"<div style='font:12px sans-serif;max-width:340px'><b>{esc(info.label)}</b> · size {info.size} · "
+    return (f"<div style='font:12px sans-serif;max-width:340px'><b>{esc(info.shown)}</b> · size {info.size} · "
             f"{fmt_bytes(info.bytes)} · {info.layers} named dim(s)<br>plan: {esc(state)}{warn}"
             f"<div style='margin-top:4px;color:#475569'>{rows}{more}</div></div>")
 
@@ -362,6 +390,7 @@ class DecisionView(pn.viewable.Viewer):
         self.pin_btn.on_click(lambda e: self._decide(s.pin))
         self.forbid_btn.on_click(lambda e: self._decide(s.forbid))
         self.unpin_btn.on_click(lambda e: self._decide(s.unpin))
+        self._quiet = False  # set while the form is set from the state: its events are not the user's
         self.group.param.watch(self._on_group, ["value"])
         self.detail = html(sizing_mode="stretch_width", css_classes=["detail-scroll"], min_height=200,
                            name="decision-detail")
@@ -383,25 +412,37 @@ class DecisionView(pn.viewable.Viewer):
 
     def _decide(self, fn):
         with self.state.timed():
-            fn(self.group.value, self.axis.value)
+            fn(None if self.group.value == NONE else self.group.value, self.axis.value)
 
     def _options(self, *_):
         s = self.state
         ws = s.workspace
         if ws is None:
             return
-        an = ws.an
-        self.group.options = {an.groups[g].label: g for g in s.infos}
+        # the selected group or none (the first option): the form never picks one itself
+        self._set_group({NO_GROUP: NONE, **{info.shown: g for g, info in s.infos.items()}})
         axes = list(ws.config.mesh.axes)
         self.axis.options = axes
         if self.axis.value not in axes:
             self.axis.value = axes[-1] if axes else None
-        if s.selected_group in s.infos:
-            self.group.value = s.selected_group
+
+    def _set_group(self, options=None) -> None:
+        """The form's group: the state's selected one (``NO_GROUP`` where there is none)."""
+        s = self.state
+        want = s.selected_group if s.selected_group in s.infos else NONE
+        self._quiet = True
+        try:
+            if options is not None:
+                self.group.options = options
+            if self.group.value != want:
+                self.group.value = want
+        finally:
+            self._quiet = False
 
     def _on_group(self, event):
-        if event.new is not None and self.state.selected_group != event.new:
-            self.state.selected_group = event.new
+        g = None if event.new in (None, NONE) else event.new
+        if not self._quiet and self.state.selected_group != g:
+            self.state.selected_group = g
 
     def _render(self, *_):
         s = self.state
@@ -410,10 +451,15 @@ class DecisionView(pn.viewable.Viewer):
             self.detail.object = "<div class='muted'>Loading the model…</div>"
             return
         an = ws.an
-        label = lambda d: an.decision_label(d, "→")  # noqa: E731
+        label = lambda d: decision_text(an, d)  # noqa: E731
+
+        def titled(name: str) -> str:  # a fixed decision's group, by its title
+            group = an.group_by_label(name)
+            return an.titles()[group.id] if group is not None else name
+
         chips = "".join(
             f"<span class='chip user' title='{esc(f['kind'])} at {esc(f['source'])}'>yours: "
-            f"{esc(f['group'])}→{esc(f['axis'] or 'unsharded')}</span>" for f in ws.session.fixed)
+            f"{esc(titled(f['group']))}→{esc(f['axis'] or 'unsharded')}</span>" for f in ws.session.fixed)
         chips += "".join(f"<span class='chip pin'>pinned {esc(label(d))}</span>" for d in s.pins)
         chips += "".join(f"<span class='chip forbid'>forbidden {esc(label(d))}</span>" for d in s.forbidden)
         held_pins, held_forbidden = s.held
@@ -422,14 +468,13 @@ class DecisionView(pn.viewable.Viewer):
                          for how, items in (("pin", held_pins), ("forbid", held_forbidden)) for d in items)
         self.chips.object = f"<div class='chips'>{chips or '<span class=muted>No pins: the search decides everything.</span>'}</div>"
         g = s.selected_group
+        self._set_group()  # the form shows the group the card shows (none: its first option)
         if g is None or g not in s.infos:
             conflicts = "".join(_conflict_html(c) for info in s.infos.values() for c in info.conflicts)
             self.detail.object = (
                 "<div class='muted'>Click a node in the graph (or choose a group above) to see its tensors, "
                 "the source lines that make them and its conflicts.</div>" + conflicts)
             return
-        if self.group.value != g:
-            self.group.value = g
         info = s.infos[g]
         axes = assignment(s).get(g, [])
         cooccur = sorted(((n, b if a == g else a) for (a, b), n in an.cooccur.items() if g in (a, b)), reverse=True)
@@ -441,11 +486,13 @@ class DecisionView(pn.viewable.Viewer):
             lines[short_source(x)] = lines.get(short_source(x), 0) + n
         src = "".join(f"<li><span class='mono'>{esc(x)}</span> <span class='muted'>×{n}</span></li>"
                       for x, n in sorted(lines.items(), key=lambda kv: -kv[1]))
-        co = ", ".join(f"{esc(an.groups[o].label)} <span class='muted'>{fmt_bytes(n)}</span>" for n, o in cooccur[:6])
+        co = ", ".join(f"{esc(an.titles()[o])} <span class='muted'>{fmt_bytes(n)}</span>" for n, o in cooccur[:6])
         plan = ", ".join(esc(a) for a in axes) or "unsharded"
         self.detail.object = (
-            f"<div class='detail'><h3>{esc(info.label)}</h3>"
-            f"<div class='kv'><span>size {info.size}</span><span>{info.layers} named dim(s)</span>"
+            f"<div class='detail'><h3>{esc(info.shown)}</h3>"
+            + (f"<div class='muted small'>named <span class='mono'>{esc(info.label)}</span> in plan and session "
+               "files and pins</div>" if info.label != info.shown else "")
+            + f"<div class='kv'><span>size {info.size}</span><span>{info.layers} named dim(s)</span>"
             f"<span>{fmt_bytes(info.bytes)} touched</span><span>plan: <b>{plan}</b></span></div>"
             + "".join(_conflict_html(c) for c in info.conflicts)
             + (f"<h4>Input tensors (pytree path, shape, dim)</h4><table class='tbl'>{rows}</table>{more}"

@@ -4,14 +4,15 @@ nodes, in a few tens of ms).
 
 **Clusters.** A model of up to ``MAX_NODES`` decision groups is drawn group by group. A larger
 one (a U-Net's 52 groups, a tower of distinct layers' 222) is a tree: groups by *role* (batch,
-experts, tensor-parallel pairs, vocabulary: ``partex``'s roles from the program's structure;
-then the other dims of parameters, and activations no input holds), then by *layer*: the
-module path of the first parameter holding the group (``up/1/block``), or for an activation,
-the function whose ops make it (``group_norm``). A cluster with more than ``MAX_CHILDREN``
-children splits its children into ranges in model order (``0…9``). The first view opens the
-largest clusters while at most ``MAX_NODES`` nodes show; a click opens one more (others close
-to stay within ``MAX_VISIBLE``). Every group is a node or inside a cluster node that counts it:
-none is left out.
+experts, tensor-parallel pairs, vocabulary, outputs joined to skip connections: ``partex``'s
+roles from the program's structure; then the other dims of parameters, and activations no
+input holds), then by *layer*: the module path of the first parameter holding the group
+(``up/1/block``), or for an activation, the function whose ops make it (``made in
+group_norm``). A cluster with more than ``MAX_CHILDREN`` children splits its children into
+ranges in model order (``0…9``). The first view opens the largest clusters while at most
+``MAX_NODES`` nodes show; a click opens one more (others close to stay within
+``MAX_VISIBLE``). Every group is a node or inside a cluster node that counts it: none is left
+out. Nodes show group titles (``Analysis.titles``), shortened from their start (``short``).
 
 **Positions.** Springs are short between nodes that share many bytes of tensors (Kamada-Kawai,
 deterministic); then every node's box, its circle and its two text lines, is pushed apart from
@@ -37,7 +38,7 @@ MAX_CHILDREN = 10  # a cluster with more children splits them into ranges
 MAX_EDGES_PER_NODE = 4
 X_RANGE, Y_RANGE = (-1.7, 1.7), (-1.34, 1.16)  # the figure's data ranges
 PX_W, PX_H = 540, 450  # the drawing's least size in pixels (its min_width; the card's height)
-LABEL_CHARS = 16  # a label longer than this is cut with "…"
+LABEL_CHARS = 20  # a label longer than this is shortened with "…" (``short``)
 LABEL_PX, SUB_PX = 8.0, 6.4  # width per character of the 13 px bold label and the 11 px line under it
 LABEL_H, SUB_H = 17, 15  # their heights, pixels
 PAD = 6  # pixels between two nodes' boxes
@@ -50,8 +51,25 @@ def node_size(nbytes: float, most: float) -> float:
     return 20 + 30 * math.sqrt(nbytes / most) if most > 0 else 20
 
 
+_TAIL = re.compile(r"(\[\d+\])?(#\d+)?$")  # a title's dim and repeat number: "[1]#2"
+
+
 def short(label: str, n: int = LABEL_CHARS) -> str:
-    return label if len(label) <= n else label[: n - 1] + "…"
+    """``label`` in at most ``n`` characters, keeping what tells groups apart: its dim and
+    repeat number, and the end of a path (``…/down_proj[1]``), cutting from its start."""
+    if len(label) <= n:
+        return label
+    tail = _TAIL.search(label).group(0)
+    head = label[: len(label) - len(tail)]
+    if len(tail) > n - 2:
+        return label[: n - 1] + "…"
+    room = n - len(tail) - 1
+    parts = head.split("/")
+    for k in range(1, len(parts)):  # drop leading path components while they do not fit
+        rest = "/".join(parts[k:])
+        if len(rest) + 1 <= room:
+            return "…/" + rest + tail if len(rest) + 2 <= room else "…" + rest + tail
+    return head[: room] + "…" + tail
 
 
 # --------------------------------------------------------------------------- clusters
@@ -68,8 +86,8 @@ class Cluster:
 
 # (role, its cluster's label, what its groups are called under a layer's cluster)
 ROLES = (("batch", "batch", "batch"), ("experts", "experts", "expert"), ("pair", "tensor-parallel", "TP"),
-         ("vocab", "vocabulary", "vocab"), ("param", "parameter dims", "param"), ("data", "data dims", "data"),
-         ("act", "activations", "activation"))
+         ("vocab", "vocabulary", "vocab"), ("joined", "skip-joined outputs", "skip"),
+         ("param", "parameter dims", "param"), ("data", "data dims", "data"), ("act", "activations", "activation"))
 TAGS = {r: t for r, _, t in ROLES}
 
 
@@ -153,8 +171,10 @@ def graph_tree(an, infos) -> GraphTree:
     while param_paths and all(len(q) > root + 1 and q[root] == param_paths[0][root] for q in param_paths):
         root += 1
     by_role = {}
+    # a vocabulary-like group a concatenate joins into a contracted dim (a U-Net's skip
+    # connection) is no vocabulary: its own cluster says what it is
     for r, gs in (("batch", roles.batch_groups), ("experts", roles.expert_groups), ("pair", roles.pair_groups),
-                  ("vocab", roles.vocab_groups)):
+                  ("joined", roles.joined_groups), ("vocab", roles.vocab_groups)):
         for g in gs:
             by_role.setdefault(g, r)
     homes: dict[int, tuple[str, tuple[str, ...]]] = {}
@@ -224,7 +244,9 @@ def graph_tree(an, infos) -> GraphTree:
             return build(key, label, role, gs, depth + 1)
         children: list[Node] = list(direct)
         for name, gs in subs.items():
-            sub_label = "/".join(homes[gs[0]][1][: depth + 1]) + " · " + TAGS[role]
+            where = "/".join(homes[gs[0]][1][: depth + 1])
+            # an activation's layer is the function that makes it: say so (a tag would cut it)
+            sub_label = f"made in {where}" if role == "act" else f"{where} · {TAGS[role]}"
             children.append(build(f"{key}/{name}", sub_label, role, gs, depth + 1))
         children.sort(key=lambda n: order[n] if isinstance(n, int) else order[clusters[n].groups[0]])
         children = ranged(key, role, children, depth)
@@ -320,7 +342,7 @@ def graph_layout(an, infos, tree: GraphTree | None = None, opened: Iterable[str]
         mine = sorted((k for k in weight if n in k), key=lambda k: -weight[k])[:MAX_EDGES_PER_NODE]
         keep.update(mine)
     edges = [(a, b, weight[(a, b)]) for a, b in weight if (a, b) in keep]
-    labels = {n: (short(tree.clusters[n].label) if isinstance(n, str) else short(infos[n].label),
+    labels = {n: (short(tree.clusters[n].label) if isinstance(n, str) else short(infos[n].shown),
                   sub(n)) for n in nodes}
     pos = _positions(nodes, edges)
     most = max((tree.nbytes(n) for n in nodes), default=1)

@@ -18,7 +18,8 @@ from ._widgets import button, html, keyed
 class Table:
     """An HTML table in a Div: replacing the rows sends one string. (Bokeh 3.9's DataTable
     stops repainting after its first data change, and updating a Tabulator costs ~90 ms of
-    the server's loop.) ``max_rows`` caps what is sent; a note says how many were left out."""
+    the server's loop.) ``max_rows`` rows show; the rest wait, folded, in a ``<details>``
+    under the table that opens in the page with no round trip to the server."""
 
     def __init__(self, name: str, columns: list[tuple[str, str]], height: int | None, html_fields=(),
                  wrap_fields=(), max_rows: int = 400, empty: str = ""):
@@ -35,21 +36,26 @@ class Table:
     def pane(self):
         return self.view
 
-    def update(self, rows: list[tuple]) -> None:
+    def _table(self, rows, empty: str = "") -> str:
         head = "".join(f"<th>{esc(title)}</th>" for _, title in self.columns)
         body = []
-        for r in rows[: self.max_rows]:
+        for r in rows:
             cells = "".join(f"<td{' class=wrap' if f in self.wrap_fields else ''}>"
                             f"{v if f in self.html_fields else esc(v)}</td>"
                             for (f, _), v in zip(self.columns, r))
             body.append(f"<tr>{cells}</tr>")
-        if not rows and self.empty:
-            body.append(f"<tr><td colspan='{len(self.columns)}' class='muted'>{self.empty}</td></tr>")
-        more = (f"<div class='muted more'>… {len(rows) - self.max_rows} more rows not shown</div>"
-                if len(rows) > self.max_rows else "")
+        if not rows and empty:
+            body.append(f"<tr><td colspan='{len(self.columns)}' class='muted'>{empty}</td></tr>")
         cap = f" style='max-height:{self.height}px'" if self.height else ""  # None: every row in view
-        self.view.object = (f"<div class='grid-wrap'{cap}><table class='grid'>"
-                            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}")
+        return (f"<div class='grid-wrap'{cap}><table class='grid'>"
+                f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
+    def update(self, rows: list[tuple]) -> None:
+        rest = rows[self.max_rows:]
+        more = (f"<details class='more-rows'><summary class='muted more' style='cursor:pointer'>"
+                f"{len(rest)} more row{'s' if len(rest) > 1 else ''}: show them</summary>"
+                f"{self._table(rest)}</details>" if rest else "")
+        self.view.object = self._table(rows[: self.max_rows], self.empty) + more
 
 
 class PlanView(pn.viewable.Viewer):
@@ -144,6 +150,22 @@ class PlanView(pn.viewable.Viewer):
         self.colls.update([(c.kind, ",".join(c.axes), fmt_bytes(c.bytes), c.count, fmt_time(c.time),
                             fmt_time(c.exposed), c.cause,
                             short_source(c.source) if c.source else f"op {c.op}") for c in colls])
+
+
+def _where(where: str) -> str:
+    """A source line as a file's name, its line and function (not its folders); a
+    parameter's path as it is."""
+    return where.rsplit("/", 1)[-1] if ".py:" in where else where
+
+
+def unmatched_rows(xla_only: list[dict], predicted_only: list[dict]) -> list[tuple]:
+    """Rows of what one side has and the other lacks (``explain``'s collectives that are not
+    matched, and its ``unmatched_predicted``), each side's largest first."""
+    rows = [("XLA only", r["kind"], fmt_bytes(r["bytes"]), _where(r["where"] or r["op_name"] or r["hlo"]),
+             f"no prediction: XLA's {r['hlo']}") for r in sorted(xla_only, key=lambda r: -r["bytes"])]
+    rows += [("predicted only", r["kind"], fmt_bytes(r["bytes"]), _where(r["where"] or r.get("param") or "-"),
+              "; ".join(x for x in (r.get("decision"), r.get("cause")) if x) or "-") for r in predicted_only]
+    return rows
 
 
 def comm_split(r, hw) -> str:
@@ -245,11 +267,19 @@ class VerifyView(pn.viewable.Viewer):
                                                       ("decision", "decision (predicted bytes)")],
                              height=300, wrap_fields=("where", "decision"), max_rows=200,
                              empty="press Verify: each of XLA's collectives appears here with its source line")
+        # what one side has and the other does not: XLA's collectives no prediction explains,
+        # predicted collectives XLA's program does not have
+        self.unmatched_head = html(name="partex-explain-unmatched-head", sizing_mode="stretch_width")
+        self.unmatched = Table("partex-explain-unmatched", [("side", "found in"), ("kind", "collective"),
+                                                            ("bytes", "bytes / step"),
+                                                            ("where", "source line or parameter"),
+                                                            ("why", "decision or cause")],
+                               height=260, wrap_fields=("where", "why"), max_rows=5)
         s.param.watch(self._render, ["verify_result", "verify_status", "busy", "shown_plan"])
         self._render()
         self._panel = pn.Column(pn.Row(self.btn, self.spinner, self.status, sizing_mode="stretch_width"),
                                 self.table.pane, self.cpu_note, self.explain_head, self.explain.pane,
-                                sizing_mode="stretch_width")
+                                self.unmatched_head, self.unmatched.pane, sizing_mode="stretch_width")
 
     def __panel__(self):
         return self._panel
@@ -258,17 +288,28 @@ class VerifyView(pn.viewable.Viewer):
         if not ex:
             self.explain_head.object = ""
             self.explain.update([])
+            self.unmatched_head.object = ""
+            self.unmatched.update([])
+            self.unmatched.view.visible = False
             return
+        xla_only = [r for r in ex["collectives"] if not r["matched"]]
+        predicted_only = ex["unmatched_predicted"]
+        sides = [f"{n} of XLA's that no prediction explains" if what == "xla" else
+                 f"{n} predicted one{'s' if n > 1 else ''} not in XLA's program"
+                 for what, n in (("xla", len(xla_only)), ("pred", len(predicted_only))) if n]
         self.explain_head.object = (
             f"<div class='caption'><b>Where XLA's collectives come from</b>: {ex['matched_fraction']:.0%} of "
             f"{fmt_bytes(ex['xla_bytes'])} matched to a predicted collective on the same source line (or of the "
             "same parameter), with the decision that causes it"
-            + (f"; {len(ex['unmatched_predicted'])} predicted ones not in XLA's program" if ex["unmatched_predicted"]
-               else "") + ".</div>")
+            + (f"; {' and '.join(sides)}: listed under the table" if sides else "") + ".</div>")
+        self.unmatched_head.object = (
+            "<h4 class='sub'>Not matched on one side</h4>" if sides else
+            "<div class='caption'>Every collective is matched on both sides.</div>")
+        self.unmatched.update(unmatched_rows(xla_only, predicted_only))
+        self.unmatched.view.visible = bool(sides)
         rows = []
         for r in ex["collectives"]:
-            # a file's name, its line and function (not its folders); or a parameter's path
-            where = r["where"].rsplit("/", 1)[-1] if ".py:" in r["where"] else r["where"]
+            where = _where(r["where"])
             op = "parameter" if r["where"] == r.get("param") or r["op_name"].startswith("args[") else \
                 (r["op_name"].rsplit("/", 1)[-1] if r["op_name"] else "-")
             dec = (f"{esc(r['decision'])} <span class='muted'>({fmt_bytes(r['predicted_bytes'])})</span>"

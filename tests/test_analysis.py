@@ -275,3 +275,113 @@ def test_layer_stacks_are_found_in_the_op_graph_without_any_name(name):
         named = analyze(m.fn, *m.args).analysis
         counts.append((len(an.decision_groups), len(named.decision_groups)))
     assert counts[0] == counts[1] and counts[0][0] == counts[0][1], counts
+
+
+# --------------------------------------------------------------------------- titles
+
+def test_titles_name_activations_by_the_function_that_makes_them_and_labels_stay():
+    """A group no input holds is titled by the user's function whose ops make it (unet's
+    GroupNorm and upsampling reshapes, the conv's reversed kernel), not by a primitive; its
+    label, the name plan and session files give its decisions, is what it always was."""
+    an = analyze_model("unet").analysis
+    titles = an.titles()
+    by_label = {g.label: titles[g.id] for g in an.decision_groups}
+    assert by_label["reshape[4]"] == "group_norm[4]" and by_label["reshape[4]#4"] == "group_norm[4]#4"
+    assert by_label["broadcast_in_dim[2]"] == "upsample[2]" and by_label["reshape[4]#5"] == "upsample[4]#2"
+    assert by_label["rev[0]"] == "conv[0]"
+    assert by_label["channels#7"] == "channels#7" and by_label["conv*/w[0]"] == "conv*/w[0]"
+    assert len(set(titles.values())) == len(titles)  # one title per group
+    infos = an.group_infos()
+    assert all(info.title == titles[g] for g, info in infos.items())
+    assert {g["label"]: g["title"] for g in an.to_json()["group_list"]}["reshape[4]#5"] == "upsample[4]#2"
+
+
+def test_a_plan_naming_a_group_by_its_label_still_resolves_to_that_group(tmp_path):
+    """Plan and session files name decisions by label (an activation's group has no input
+    anchor): a file written before titles existed names the same group."""
+    import json
+
+    from partex import Plan, Session
+    from partex._plan import resolve_decisions
+
+    s = Session.from_spec("unet", preset="tiny", mesh="data=4,model=2")
+    plan = s.plan([("reshape[4]#5", "model"), ("batch", "data")])
+    d = plan.to_json()
+    for x in d["decisions"]:
+        x.pop("anchor", None)  # by label alone
+    assert [x["group"] for x in d["decisions"]] == ["reshape[4]#5", "batch"]
+    (tmp_path / "plan.json").write_text(json.dumps(d))
+    an = s.analysis
+    (g, axis), _ = resolve_decisions(Plan.load(tmp_path / "plan.json"), an)
+    assert an.titles()[g] == "upsample[4]#2" and axis == "model"
+    assert s.group("reshape[4]#5").id == g  # a pin by label (the CLI's, a session file's)
+    s.pin("reshape[4]#5", "model")
+    assert s.to_json()["pins"] == [{"group": "reshape[4]#5", "axis": "model"}]
+
+
+def test_the_demos_keep_their_familiar_titles():
+    for name in ("transformer", "moe", "llama"):
+        an = analyze_model(name).analysis
+        titles = an.titles()
+        shown = {titles[g.id] for g in an.decision_groups}
+        assert {"batch", "d_model", "ffn", "heads", "vocab"} <= shown, (name, shown)
+        assert all(titles[g.id] == g.label for g in an.decision_groups if g.label.split("#")[0] in
+                   ("batch", "seq", "d_model", "ffn", "heads", "vocab", "experts"))
+
+
+def test_a_models_batch_without_axis_names_is_titled_by_its_role():
+    """No logical names: the data's batch dim is labelled by its leaf (``x[0]``) and titled
+    by its role; a weight's dims by their leaf and dim."""
+    def step(params, x):
+        def loss(p):
+            return jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"])
+        grads = jax.grad(loss)(params)
+        return jax.tree_util.tree_map(lambda p, g: p - g, params, grads), loss(params)
+
+    params = {"w1": jnp.zeros((16, 64)), "w2": jnp.zeros((64, 8))}
+    from partex import analyze as analyze_fn
+
+    an = analyze_fn(step, params, jnp.zeros((32, 16))).analysis
+    titles = {g.label: an.titles()[g.id] for g in an.decision_groups}
+    assert titles["x[0]"] == "batch", titles
+    assert titles["params/w1[1]"] == "params/w1[1]", titles
+
+
+# --------------------------------------------------------------------------- roles through a concatenate
+
+def test_a_unet_block_output_joined_to_a_skip_connection_is_no_vocabulary():
+    """A U-Net block's output channels are joined to an earlier block's by a concatenate
+    whose dim the next block's convs contract. One matmul at a time they look like a
+    vocabulary (produced, never contracted: column-parallel outputs, sharded alike by the
+    hand strategies); the roles say they are joined groups, the LM's head and embedding
+    are not."""
+    an = analyze_model("unet").analysis
+    roles = an.roles()
+    up0 = an.group_by_label("channels#7")  # up/0's conv2 and skip outputs, concatenated into up/1
+    assert roles.joined_groups == (up0.id,)
+    assert set(roles.joined_groups) <= set(roles.vocab_groups)
+    tr = analyze_model("transformer").analysis
+    assert [tr.groups[g].label for g in tr.roles().vocab_groups] == ["vocab", "vocab#2"]
+    assert tr.roles().joined_groups == ()
+
+
+def test_a_matmul_output_concatenated_into_a_contracted_dim_is_joined_not_vocabulary():
+    def step(params, x):
+        def loss(p):
+            a = x @ p["w1"]  # [32, 8]: w1's dim 1, produced
+            c = jnp.concatenate([a, x], axis=1)  # [32, 12]
+            return jnp.mean((c @ p["w2"]) ** 2)  # w2's dim 0 contracts the joined dim
+        grads = jax.grad(loss)(params)
+        return jax.tree_util.tree_map(lambda p, g: p - g, params, grads), loss(params)
+
+    from partex import analyze as analyze_fn
+
+    params = {"w1": jnp.zeros((4, 8)), "w2": jnp.zeros((12, 6))}
+    res = analyze_fn(step, params, jnp.zeros((32, 4)))
+    an, p = res.analysis, res.program
+    w1 = _input(p, "params/w1")
+    w2 = _input(p, "params/w2")
+    roles = an.roles()
+    assert an.group_of(w1, 1) in roles.joined_groups  # contracted by w2, after the concatenate
+    assert an.group_of(w2, 1) in roles.vocab_groups  # produced, never contracted: the head's output
+    assert an.group_of(w2, 1) not in roles.joined_groups

@@ -105,10 +105,68 @@ def test_ranges_and_layers_follow_the_model(model):
         assert tree.clusters[tree.path(g57)[-2]].label.endswith("· TP") and "…" in tree.clusters[tree.path(g57)[-2]].label
 
 
-def test_search_finds_a_group_by_label_or_path(model):
+def test_search_finds_a_group_by_title_label_or_path(model):
     name, an, infos = model
     found = search_options(infos)
     for g, info in infos.items():
-        assert found[info.label] == g
+        assert found[info.title] == g
+        assert found[info.label] == g  # the name plan files give it finds it too
         for path, _, dim in info.tensors[:3]:
-            assert found[f"{path} dim {dim} · {info.label}"] == g
+            assert found[f"{path} dim {dim} · {info.title}"] == g
+
+
+# primitives whose names labelled the groups no input holds ("reshape[4]#5")
+PRIMITIVES = ("reshape", "broadcast_in_dim", "rev", "iota", "concatenate", "transpose", "dot_general",
+              "conv_general_dilated", "squeeze", "expand_dims", "slice", "pad", "gather", "select_n", "const")
+
+
+def test_nodes_show_titles_from_the_program_not_primitive_names(model):
+    """Every node and cluster drawn, at the first view and opened to any group, reads as the
+    model's own names: logical names, input leaves and dims, roles, the functions that make
+    activations (unet: group_norm[4], upsample[2]), each in full or cut at its start."""
+    name, an, infos = model
+    tree = L.graph_tree(an, infos)
+    views = [tree.first_view()] + [tree.open(tree.first_view(), tree.parent[g]) for g in infos if tree.parent[g]]
+    for opened in views[:: max(1, len(views) // 8)]:
+        lay = L.graph_layout(an, infos, tree, opened)
+        for n in lay.nodes:
+            label = lay.labels[n][0]
+            assert label.split("[")[0].split("/")[-1] not in PRIMITIVES, (n, label)
+            if isinstance(n, int):
+                assert label == L.short(infos[n].title)
+                # a cut keeps the dim and the end of the path
+                assert label == infos[n].title or label.startswith("…") or "…" in label, label
+    for info in infos.values():
+        assert info.title.split("[")[0] not in PRIMITIVES, info
+    if name == "unet":
+        titles = {info.label: info.title for info in infos.values()}
+        assert titles["reshape[4]"] == "group_norm[4]" and titles["reshape[4]#5"] == "upsample[4]#2"
+        assert titles["rev[0]"] == "conv[0]" and titles["channels"] == "channels"
+        # a U-Net has no vocabulary: its block output joined to a skip connection is drawn as
+        # what it is (tests/test_analysis.py), never under a "vocabulary" cluster
+        assert not any(c.role == "vocab" for c in tree.clusters.values())
+        joined = an.group_by_label("channels#7").id
+        assert all(tree.clusters[k].role == "joined" for k in tree.path(joined))
+    if name == "transformer":  # the demos' familiar names stay as they were
+        assert {"batch", "seq", "d_model", "ffn", "heads", "vocab"} <= {i.title for i in infos.values()}
+        assert all(i.title == i.label for i in infos.values())
+
+
+@pytest.mark.parametrize("label, want", [
+    ("broadcast_in_dim_long[2]", "broadcast_in_dim…[2]"),
+    ("group_norm[4]#2", "group_norm[4]#2"),
+    ("params/layers/*/attention/wq[1]", "…/*/attention/wq[1]"),
+    ("transformer_layer_*/mlp_gate_proj[1]", "…/mlp_gate_proj[1]"),
+    ("down/1/block/conv1 · param", "…/conv1 · param"),
+])
+def test_short_keeps_a_labels_dim_and_its_paths_end(label, want):
+    assert L.short(label) == want
+    assert len(L.short(label)) <= L.LABEL_CHARS
+
+
+def test_a_full_size_unet_clusters_its_skip_joined_outputs_not_as_vocabulary():
+    an = partex.Session.from_spec("unet", preset="full", mesh="data=4,model=2").model.analysis
+    infos = an.group_infos()
+    tree = L.graph_tree(an, infos)
+    roles = {c.role: c.label for c in tree.clusters.values()}
+    assert "vocab" not in roles and roles["joined"] == "skip-joined outputs", roles

@@ -1,0 +1,233 @@
+"""The explorer's views as a user tours them (headless Chromium, 1440x900, the server and
+helpers of tests/test_explorer.py): the graph's titles and its selection kept in step with
+the Decision card, the search chart's axis and titles, the headline's comparison in words,
+and the verify tables that list every row and every unmatched collective. Each view's
+screenshot lands in tests/screenshots/views_*.png.
+
+A few checks of the views' pure helpers run without a browser."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from partex.explorer._format import fmt_versus, nice_ticks
+from partex.explorer._layout import short
+from partex.explorer._tables import Table, unmatched_rows
+
+from test_explorer import (  # noqa: F401  (fixtures: pytest finds them by name here)
+    SHOTS, _graph_nodes, _load, chromium, click, console_summary, no_browser_errors, run_until, select_group,
+    server, state, tab, verify_in_page, wait_until,
+)
+
+PRIMITIVES = ("reshape", "broadcast_in_dim", "rev", "iota", "concatenate", "transpose", "dot_general")
+
+
+# --------------------------------------------------------------------------- helpers, no browser
+
+@pytest.mark.parametrize("time, other, want", [
+    (1.0, 9.7, "9.7× faster than the best baseline (zero3)"),
+    (1.3, 1.0, "1.30× slower than the best baseline (zero3)"),
+    (1.0, 1.001, "as fast as the best baseline (zero3)"),
+    (1.0, 250.0, "250× faster than the best baseline (zero3)"),
+])
+def test_a_step_time_is_compared_in_words(time, other, want):
+    assert fmt_versus(time, other, "zero3") == want
+
+
+@pytest.mark.parametrize("lo, hi", [(0.1775, 0.1795), (0.17801, 0.17803), (0, 12.3), (150, 950), (2e-6, 3e-6)])
+def test_ticks_are_written_apart_over_any_range(lo, hi):
+    ticks, decimals = nice_ticks(lo, hi)
+    labels = [f"{t:.{decimals}f}" for t in ticks]
+    assert len(ticks) >= 2 and len(set(labels)) == len(labels), labels
+    assert all(lo - 1e-12 <= t <= hi + 1e-12 for t in ticks)
+
+
+def test_a_long_table_keeps_every_row_behind_a_details_element():
+    t = Table("t", [("a", "a"), ("b", "b")], height=100, max_rows=3)
+    t.update([(i, f"row{i}") for i in range(10)])
+    text = t.view.object
+    shown, folded = text.split("<details", 1)
+    assert all(f"row{i}<" in shown for i in range(3)) and "row3<" not in shown
+    assert "7 more rows: show them</summary>" in folded
+    assert all(f"row{i}<" in folded for i in range(3, 10))
+
+
+def test_unmatched_rows_list_both_sides():
+    xla = [{"kind": "all-reduce", "bytes": 256.0, "where": "<neg>", "op_name": "jit(f)/neg", "hlo": "wrapped_negate",
+            "matched": False}]
+    pred = [{"kind": "all-gather", "bytes": 128.0, "where": "/x/m.py:3:1 (f)", "param": None, "cause": "d_model",
+             "decision": "d_model->data"}]
+    rows = unmatched_rows(xla, pred)
+    assert [r[0] for r in rows] == ["XLA only", "predicted only"]
+    assert rows[1][3] == "m.py:3:1 (f)" and "d_model->data" in rows[1][4]
+
+
+# --------------------------------------------------------------------------- page helpers
+
+def _selection(page) -> dict:
+    """The graph's ringed nodes, the decision form's group and the card's heading."""
+    return page.evaluate("""() => {
+        const doc = Bokeh.documents[0];
+        const r = doc.get_model_by_name('partex-graph').renderers.find(r => r.data_source.data.key !== undefined);
+        const d = r.data_source.data;
+        const ring = Array.from(r.data_source.selected.indices).map(i => ({key: d.key[i], label: d.label[i],
+                                                                          cluster: d.gid[i] < 0}));
+        const form = doc.get_model_by_name('partex-pin-group');
+        const opt = form.options.find(o => (Array.isArray(o) ? o[0] : o) === String(form.value));
+        const card = doc.get_model_by_name('decision-detail').text;
+        const h3 = card.match(/<h3>(.*?)<\\/h3>/);
+        return {ring: ring, form: String(form.value), form_label: Array.isArray(opt) ? opt[1] : opt,
+                card: h3 ? h3[1] : null} }""")
+
+
+def _unescape(text: str) -> str:
+    return text.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">").replace("&#x27;", "'")
+
+
+def _in_step(page):
+    """The selection the graph rings is the group the Decision card and its form show (or
+    none anywhere); the selection, or None while they differ."""
+    sel = _selection(page)
+    selected = state(page).get("selected")
+    if selected is None:
+        ok = sel["ring"] == [] and sel["card"] is None and sel["form"] == "-1" and sel["form_label"].startswith("—")
+    else:
+        ok = (len(sel["ring"]) == 1 and not sel["ring"][0]["cluster"] and sel["ring"][0]["key"] == sel["form"]
+              and sel["card"] is not None and _unescape(sel["card"]) == sel["form_label"]
+              and sel["ring"][0]["label"] == short(sel["form_label"]))
+    return sel if ok else None
+
+
+def _tap(page, index: int) -> None:
+    """A click on the graph's node at ``index`` (as a tap selects it)."""
+    page.evaluate("""(i) => { const r = Bokeh.documents[0].get_model_by_name('partex-graph').renderers
+        .find(r => r.data_source.data.key !== undefined); r.data_source.selected.indices = [i] }""", index)
+
+
+def _card(page, title: str):
+    card = page.locator(".card-title", has_text=title).first
+    card.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.mouse.move(0, 0)
+    return card
+
+
+# --------------------------------------------------------------------------- the tests
+
+def test_graph_titles_come_from_the_model_and_the_selection_stays_with_the_card(tab):
+    """Pick ffn in the transformer, switch to the U-Net, click a group, click a cluster,
+    switch back: at every step the ring in the graph and the Decision card show one group
+    (or neither shows any). The U-Net's nodes are titled by its functions (group_norm,
+    upsample), never by primitives, and no cluster calls anything a vocabulary."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    select_group(tab, "ffn")
+    wait_until(lambda: _in_step(tab), what="ffn ringed and in the card")
+    _load(tab, "unet")
+    wait_until(lambda: _in_step(tab), what="the graph and the card in step after the switch")
+    nodes = _graph_nodes(tab)
+    assert not any(n["label"].split("[")[0] in PRIMITIVES for n in nodes), nodes
+    assert "vocabulary" not in [n["label"] for n in nodes]
+    # open the activations: the functions that make them name them
+    acts = next(i for i, n in enumerate(nodes) if n["cluster"] and n["label"] == "activations")
+    _tap(tab, acts)
+    wait_until(lambda: any(n["label"].startswith("made in group_norm") for n in _graph_nodes(tab)),
+               what="the activations' clusters")
+    nodes = _graph_nodes(tab)
+    norm = next(i for i, n in enumerate(nodes) if n["label"].startswith("made in group_norm"))
+    _tap(tab, norm)
+    wait_until(lambda: "group_norm[4]" in [n["label"] for n in _graph_nodes(tab)], what="group_norm[4] drawn")
+    nodes = _graph_nodes(tab)
+    labels = [n["label"] for n in nodes]
+    assert not any(label.split("[")[0] in PRIMITIVES for label in labels), labels
+    _tap(tab, labels.index("group_norm[4]"))
+    sel = wait_until(lambda: (lambda s: s and s["form_label"] == "group_norm[4]" and s)(_in_step(tab)),
+                     what="group_norm[4] ringed and in the card")
+    assert "reshape[4]" in tab.evaluate("Bokeh.documents[0].get_model_by_name('decision-detail').text")  # its file name
+    assert state(tab)["selected"] == "reshape[4]"  # the decision's name in plan and session files
+    _card(tab, "Named dimensions")
+    tab.screenshot(path=SHOTS / "views_graph_unet_titles.png")
+    # a click on another cluster: the group stays ringed if drawn, else neither shows it
+    nodes = _graph_nodes(tab)
+    other = next(i for i, n in enumerate(nodes) if n["cluster"])
+    _tap(tab, other)
+    wait_until(lambda: nodes[other]["key"] not in [n["key"] for n in _graph_nodes(tab)], what="the cluster to open")
+    wait_until(lambda: _in_step(tab), what="the graph and the card in step after a cluster opened")
+    _load(tab, "transformer")
+    wait_until(lambda: _in_step(tab), what="the graph and the card in step after switching back")
+    select_group(tab, "heads")
+    sel = wait_until(lambda: (lambda s: s and s["form_label"] == "heads" and s)(_in_step(tab)), what="heads")
+    assert sel["ring"][0]["label"] == "heads"
+    _card(tab, "Named dimensions")
+    tab.screenshot(path=SHOTS / "views_selection_in_step.png")
+
+
+def test_search_chart_ticks_differ_titles_fit_and_the_headline_says_faster_or_slower(tab):
+    s = run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 200 and s["history"] >= 2,
+                  what="a search with some history")
+    wait_until(lambda: not state(tab)["running"], what="the search to pause")
+    axis = tab.evaluate("""() => {
+        const f = Bokeh.documents[0].get_model_by_name('partex-history');
+        const y = f.left[0];
+        return {ticks: Array.from(y.ticker.ticks || []), format: y.formatter.format, title: f.title ? f.title.text : '',
+                start: f.y_range.start, end: f.y_range.end} }""")
+    decimals = len(axis["format"].split(".")[1]) if "." in axis["format"] else 0
+    labels = [f"{t:.{decimals}f}" for t in axis["ticks"]]
+    assert len(labels) >= 2 and len(set(labels)) == len(labels), (axis, labels)
+    assert all(axis["start"] - 1e-12 <= t <= axis["end"] + 1e-12 for t in axis["ticks"]), axis
+    assert not axis["title"], axis  # the titles are HTML above the charts, and wrap
+    for title in ("Best predicted step time", "Root actions"):
+        box = tab.locator(".chart-title", has_text=title).first
+        assert box.is_visible()
+        assert box.evaluate("e => e.scrollWidth <= e.clientWidth + 1 && e.scrollHeight <= e.clientHeight + 1"), title
+    # the headline: faster or slower, in words, against the named best baseline
+    kpis = _unescape(tab.evaluate("Bokeh.documents[0].get_model_by_name('kpis').text"))
+    m = re.search(r"([\d.]+)× (faster|slower) than the best baseline \((\w+)\)|as fast as the best baseline \((\w+)\)",
+                  kpis)
+    assert m, kpis
+    s = state(tab)
+    best, base = s["best"]["step_time"], s["baselines"][m.group(3) or m.group(4)]
+    if m.group(2):
+        assert (m.group(2) == "faster") == (base > best), (kpis, best, base)
+        ratio = base / best if base > best else best / base
+        assert abs(float(m.group(1)) - ratio) <= 0.051 * ratio, (m.group(0), ratio)
+    assert "the best baseline" in kpis and "× the best baseline" not in kpis
+    sub = tab.locator(".kpi", has_text="Best step time").locator(".k-sub")
+    assert sub.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the comparison is cut"
+    assert m.group(0) in _unescape(sub.inner_text())
+    tab.locator(".kpis").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_kpi.png")
+    _card(tab, "Search")
+    tab.screenshot(path=SHOTS / "views_search_chart.png")
+
+
+def test_verify_lists_every_collective_and_what_each_side_lacks(tab):
+    """zero3 on the tiny transformer: the headline counts the collectives one side has and the
+    other lacks; the table under it lists each of them, the largest in view and the rest
+    behind "show them", which opens in the page."""
+    verify_in_page(tab, "zero3")
+    head = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-explain-head').text")
+    m = re.search(r"(\d+) predicted ones? not in XLA's program", head)
+    x = re.search(r"(\d+) of XLA's that no prediction explains", head)
+    assert m and "listed under the table" in head, head
+    listed = int(m.group(1)) + (int(x.group(1)) if x else 0)
+    table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-explain-unmatched').text")
+    assert table.count("predicted only") + table.count("XLA only") == listed, table
+    assert table.count("predicted only") == int(m.group(1))
+    unmatched = tab.locator(".grid", has_text="predicted only")
+    _card(tab, "Predicted vs XLA")
+    tab.locator(".grid-wrap", has_text="found in").first.evaluate("e => e.scrollIntoView({block: 'center'})")
+    if listed > 5:  # more than the table shows: behind a details element that opens
+        more = tab.locator("summary", has_text="more row")
+        wait_until(lambda: more.count() > 0, what="the 'show them' line")
+        hidden = tab.locator("details.more-rows .grid tr", has_text="only")
+        assert not hidden.first.is_visible()
+        more.first.click()
+        wait_until(lambda: hidden.first.is_visible(), what="the folded rows to open")
+    rows = tab.locator(".grid tr", has_text=re.compile("predicted only|XLA only"))
+    wait_until(lambda: sum(rows.nth(i).is_visible() for i in range(rows.count())) == listed,
+               what="every unmatched collective in view")
+    assert unmatched.count() >= 1
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_verify_unmatched.png")
