@@ -64,11 +64,6 @@ class ModelSpec:
         return {"spec": self.spec, "preset": self.preset, "overrides": list(self.overrides)}
 
     @property
-    def signature(self) -> dict:
-        """The paths, shapes and dtypes of the inputs and outputs (a plan's ``signature``)."""
-        return signature_of(self.program)
-
-    @property
     def title(self) -> str:
         extra = f" [{', '.join(self.overrides)}]" if self.overrides else ""
         return f"{self.spec} ({self.preset}){extra}"
@@ -190,6 +185,11 @@ class Session:
     @property
     def program(self):
         return self.model.program
+
+    @property
+    def signature(self) -> dict:
+        """The paths, shapes and dtypes of the inputs and outputs (a plan's ``signature``)."""
+        return signature_of(self.program)
 
     @property
     def groups(self) -> list[Group]:

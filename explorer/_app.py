@@ -4,6 +4,7 @@ state, the template, and the session's clock (poll) and teardown."""
 from __future__ import annotations
 
 import logging
+import weakref
 
 import panel as pn
 from bokeh.models import CustomJS, Div
@@ -14,7 +15,7 @@ from ._controls import FileControls, MeshControls, ModelControls, SearchControls
 from ._graph import DecisionView, GraphView
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
-from ._teach import TeachView
+from ._teach import CompareChoice, TeachView
 from ._format import esc
 from ._widgets import CSS, bokeh_update, button, html
 
@@ -25,6 +26,23 @@ TICK_MS = 100  # the event-loop lag monitor's period
 TOAST_MS = 10_000  # how long a warning or an error stays in the corner
 TOAST_COLOURS = {"warning": ("#fffbeb", "#fde68a", "#92400e"), "danger": ("#fef2f2", "#fecaca", "#991b1b")}
 ACCENT = "#1d4ed8"
+PANEL_DIST = "static/extensions/panel/"  # where panel serve serves Panel's own CSS and JS
+OFFLINE_JS = "assets/offline.js"  # maps CDN addresses onto this server's copies (static/offline.js)
+
+# Each page's state, by its Bokeh document: an exception in one of its callbacks is reported
+# on that page (``on_exception``).
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def on_exception(exc: BaseException) -> None:
+    """Panel's ``exception_handler``: an exception in a widget, button or periodic callback.
+    Panel calls it in the page's own document context; the page gets one line and goes on,
+    the server's log keeps the traceback."""
+    state = _STATES.get(pn.state.curdoc) if pn.state.curdoc is not None else None
+    if state is None or not isinstance(exc, Exception):
+        log.error("partex: exception in a callback", exc_info=exc)
+        return
+    state.internal_error("handling that", exc)
 
 
 def _card(title: str, body, subtitle: str = "", **kw) -> pn.Column:
@@ -56,29 +74,71 @@ class ProbeView(pn.viewable.Viewer):
         return self._panel
 
 
-# Scroll the main column to the card a walkthrough step points at (its title, before "|") and
-# outline it; an empty text clears the outline. The cards sit in nested shadow roots.
+# Scroll the main column to the card a walkthrough step points at (its title, before "|"),
+# outline it, and move the walkthrough's overlay (.px-teach) where that card is not: over the
+# sidebar left of it, below the sidebar's search controls (the Search step asks for Run); else
+# right of the card, below or above what shows of it. The overlay moves again whenever its
+# size changes (another step's text) or the window's does. An empty text clears the outline.
+# The cards sit in nested shadow roots.
 POINT_AT_CARD = """
 const want = cb_obj.text.split("|")[0];
 if (window._pxTeach) { window._pxTeach.style.outline = ""; window._pxTeach = null; }
 if (!want) return;
-function find(root) {
+function find(root, test) {
   for (const el of root.querySelectorAll("*")) {
-    if (el.classList.contains("card-title") && el.textContent.trim() === want) return el;
-    if (el.shadowRoot) { const hit = find(el.shadowRoot); if (hit) return hit; }
+    if (test(el)) return el;
+    if (el.shadowRoot) { const hit = find(el.shadowRoot, test); if (hit) return hit; }
   }
   return null;
 }
-let el = find(document);
+const has = (name) => (el) => el.classList && el.classList.contains(name);
+let el = find(document, (e) => has("card-title")(e) && e.textContent.trim() === want);
 if (!el) return;
 let card = el;
-while (card && !(card.classList && card.classList.contains("px-card")))
+while (card && !has("px-card")(card))
   card = card.parentElement || (card.getRootNode() instanceof ShadowRoot ? card.getRootNode().host : null);
 card = card || el;
 card.scrollIntoView({block: "start"});
 card.style.outline = "3px solid #f59e0b";
 card.style.outlineOffset = "2px";
 window._pxTeach = card;
+
+function place() {
+  const target = window._pxTeach;
+  const pop = find(document, has("px-teach"));
+  if (!target || !pop || !pop.offsetWidth) return;
+  const vw = window.innerWidth, vh = window.innerHeight, gap = 8, least = 180;
+  const c = target.getBoundingClientRect();
+  const w = pop.offsetWidth;
+  const header = document.querySelector("#header");
+  const below = header ? header.getBoundingClientRect().bottom + gap : gap;
+  const controls = find(document, has("side-section"));
+  const r = controls ? controls.getBoundingClientRect() : null;
+  const free = r && r.width > 0 && r.bottom < vh / 2 ? Math.max(below, r.bottom + gap) : below;
+  let spot = null;
+  if (c.left - 2 * gap >= w) spot = {left: gap, top: free, bottom: vh - gap};
+  else if (vw - c.right - 2 * gap >= w) spot = {left: c.right + gap, top: below, bottom: vh - gap};
+  else if (vh - Math.max(c.bottom, below) - 2 * gap >= least)
+    spot = {left: Math.max(gap, c.left), top: Math.max(c.bottom, below) + gap, bottom: vh - gap};
+  else if (Math.min(c.top, vh) - below - gap >= least)
+    spot = {left: Math.max(gap, c.left), top: below, bottom: Math.min(c.top, vh) - gap};
+  else spot = {left: gap, top: free, bottom: vh - gap};  // no room anywhere: the sidebar's place
+  pop.style.bottom = "auto";
+  pop.style.left = spot.left + "px";
+  pop.style.top = spot.top + "px";
+  pop.style.maxHeight = (spot.bottom - spot.top) + "px";
+}
+window._pxTeachPlace = place;
+if (!window._pxTeachWatch) {
+  const pop = find(document, has("px-teach"));
+  if (pop && window.ResizeObserver) {
+    window._pxTeachWatch = new ResizeObserver(() => window._pxTeachPlace && window._pxTeachPlace());
+    window._pxTeachWatch.observe(pop);
+    window.addEventListener("resize", () => window._pxTeachPlace && window._pxTeachPlace());
+  }
+}
+place();
+requestAnimationFrame(place);
 """
 
 
@@ -116,7 +176,16 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     doc = pn.state.curdoc
     ctx = getattr(doc, "session_context", None) if doc is not None else None
     session_id = ctx.id[:8] if ctx is not None else ""
+    if doc is not None:
+        # Panel resolves a component's stylesheets against the page's dist_url, which it sets
+        # only when it renders the page; a component made before that gets the CDN's address.
+        # Set it first: every stylesheet then comes from this server (static/offline.js
+        # catches any address that slips through).
+        rel = pn.state.rel_path
+        doc.template_variables.setdefault("dist_url", f"{rel}/{PANEL_DIST}" if rel else PANEL_DIST)
     state = ExplorerState(sessions_dir=sessions_dir, session_id=session_id)
+    if doc is not None:
+        _STATES[doc] = state
 
     alert = html(name="partex-alert", margin=(4, 6))
     # the main column scrolls on its own: a warning or an error also shows as a toast fixed
@@ -155,7 +224,8 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
 
     graph = GraphView(state=state)
     decision = DecisionView(state=state)
-    teach = TeachView(state=state)
+    compare = CompareView(state=state)
+    teach = TeachView(state=state, compare=CompareChoice(compare))
     main = [
         pn.Column(alert, toast, teach, TeachPointer(teach), KpiView(state=state), ProbeView(state),
                   sizing_mode="stretch_width", margin=(0, 0)),
@@ -173,7 +243,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
             _card("Baselines", BaselinesView(state=state), "hand-written strategies on the same cost model"),
             sizing_mode="stretch_width",
         ),
-        _card("Compare", CompareView(state=state), "two plans side by side: what B changes against A"),
+        _card("Compare", compare, "two plans side by side: what B changes against A"),
         _card("Plan", PlanView(state=state), "PartitionSpecs and the collectives they imply"),
         _card("Predicted vs XLA", VerifyView(state=state), "the cost model checked against the compiler"),
     ]
@@ -217,6 +287,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         main_max_width="1500px",
     )
     template.config.css_files = [CSS]
+    template.config.js_files = {"partex_offline": OFFLINE_JS}
     if ctx is not None:
         pn.state.add_periodic_callback(state.poll, period=POLL_MS)
         pn.state.add_periodic_callback(lambda: state.tick(TICK_MS / 1e3), period=TICK_MS)

@@ -15,6 +15,33 @@ from ._format import esc
 from ._widgets import bind, button, html, keyed, select, text_input
 
 
+INVALID_CSS = (":host(.invalid) input, :host(.invalid) select { border-color: #dc2626 !important; "
+               "box-shadow: 0 0 0 1px #dc2626 !important; background: #fef2f2; }")
+
+
+class FieldErrors:
+    """A bad input's mark on the form fields of one section: the field outlined in red and
+    its message under the section's fields (``partex-field-error-<section>``). The state's
+    ``field_error`` names the field; a section shows only its own."""
+
+    def __init__(self, state, section: str, fields: dict, labels: dict[str, str] | None = None):
+        self.state, self.fields, self.labels = state, fields, labels or {}
+        for w in fields.values():  # the input inside the widget's shadow root, outlined
+            w.stylesheets = [*w.stylesheets, INVALID_CSS]
+        self.note = html(name=f"partex-field-error-{section}", margin=(0, 10), visible=False)
+        state.param.watch(self._show, ["field_error"])
+
+    def _show(self, *_):
+        errors = {k: v for k, v in self.state.field_error.items() if k in self.fields}
+        for name, w in self.fields.items():
+            w.css_classes = ["invalid"] if name in errors else []
+        label, text = next(iter(errors.items()), ("", ""))
+        self.note.object = (f"<div role='alert' style='color:#991b1b;background:#fef2f2;border:1px solid "
+                            "#fecaca;border-radius:6px;padding:4px 8px;font-size:12.5px;line-height:1.3'>"
+                            f"✕ {esc(self.labels.get(label, label))}: {esc(text)}</div>" if text else "")
+        self.note.visible = bool(text)
+
+
 def _section(title: str, *objects, **kw) -> pn.Column:
     return pn.Column(html(f"<div class='side-title'>{title}</div>", margin=(10, 10, 0, 10)), *objects,
                      sizing_mode="stretch_width", css_classes=["side-section"], **kw)
@@ -84,6 +111,9 @@ class ModelControls(pn.viewable.Viewer):
                                  description="A callable returning (fn, example_args) or (fn, example_args, axis_names)")
         self.analyze = button("partex-analyze", "Analyze", button_type="primary", sizing_mode="stretch_width")
         self.analyze.on_click(lambda e: s.load())
+        # Enter in the overrides applies them as Analyze does (the text typed so far: the value
+        # itself may come after the key press)
+        self.overrides.param.watch(self._on_enter, ["enter_pressed"])
         bind(self.model, s, "model_name")
         bind(self.overrides, s, "overrides")
         bind(self.custom, s, "custom_model")
@@ -93,8 +123,16 @@ class ModelControls(pn.viewable.Viewer):
         self.preset.param.watch(self._on_preset, ["value"])
         s.param.watch(lambda e: setattr(self.preset, "value", e.new), ["preset"])
         s.param.watch(lambda e: setattr(self.analyze, "loading", "load" in e.new), ["busy"])
+        self.errors = FieldErrors(s, "model", {"overrides": self.overrides, "custom": self.custom},
+                                  {"overrides": "config overrides", "custom": "your model"})
         self._panel = _section("Model", self.model, pn.Row(self.preset, self.overrides, sizing_mode="stretch_width"),
-                               self.custom, self.analyze)
+                               self.custom, self.errors.note, self.analyze)
+
+    def _on_enter(self, event):
+        s = self.state
+        with s.timed():
+            s.overrides = self.overrides.value_input if self.overrides.value_input is not None else self.overrides.value
+            s.load()
 
     def _on_preset(self, event):
         if event.new in self.state.param.preset.objects:
@@ -110,10 +148,6 @@ class ModelControls(pn.viewable.Viewer):
 
     def __panel__(self):
         return self._panel
-
-
-INVALID_CSS = (":host(.invalid) input, :host(.invalid) select { border-color: #dc2626 !important; "
-               "box-shadow: 0 0 0 1px #dc2626 !important; background: #fef2f2; }")
 
 
 class MeshControls(pn.viewable.Viewer):
@@ -135,27 +169,13 @@ class MeshControls(pn.viewable.Viewer):
         bind(self.budget, s, "budget_text")
         bind(self.margin, s, "margin_text")
         # a bad input's message under the field it came from, the field outlined in red
-        self.fields = {"mesh": self.mesh, "hardware": self.hardware, "budget": self.budget, "margin": self.margin}
-        for w in self.fields.values():  # the input inside the widget's shadow root, outlined
-            w.stylesheets = [*w.stylesheets, INVALID_CSS]
-        self.field_note = html(name="partex-field-error", margin=(0, 10), visible=False)
-        s.param.watch(self._show_field_error, ["field_error"])
+        self.errors = FieldErrors(s, "mesh", {"mesh": self.mesh, "hardware": self.hardware, "budget": self.budget,
+                                              "margin": self.margin})
         self._panel = _section(
             "Mesh & hardware", self.mesh, pn.Row(self.hardware, self.budget, sizing_mode="stretch_width"),
-            self.margin, self.field_note,
+            self.margin, self.errors.note,
             html("<div class='hint'>Press Enter to apply: the search restarts on the new mesh, pins kept.</div>",
                  margin=(0, 10)))
-
-    def _show_field_error(self, *_):
-        errors = self.state.field_error
-        for name, w in self.fields.items():
-            w.css_classes = ["invalid"] if name in errors else []
-        text = next(iter(errors.values()), "")
-        label = next(iter(errors), "")
-        self.field_note.object = (f"<div role='alert' style='color:#991b1b;background:#fef2f2;border:1px solid "
-                                  "#fecaca;border-radius:6px;padding:4px 8px;font-size:12.5px;line-height:1.3'>"
-                                  f"✕ {esc(label)}: {esc(text)}</div>" if text else "")
-        self.field_note.visible = bool(text)
 
     def __panel__(self):
         return self._panel
@@ -182,13 +202,14 @@ class FileControls(pn.viewable.Viewer):
         self.saved = select("partex-sessions", "Saved sessions", options=list(s.sessions), sizing_mode="stretch_width")
         self.load = button("partex-load", "Load", sizing_mode="stretch_width", margin=(27, 10, 5, 10))
         self.load.on_click(lambda e: s.load_session(self.saved.value))
+        self.errors = FieldErrors(s, "session", {"session": self.session}, {"session": "session name"})
         s.param.watch(self._sessions, ["sessions"])
         s.param.watch(self._plan_ready, ["best", "workspace"])
         self._panel = pn.Column(
             _section("Plan file", self.download,
                      html("<div class='hint'>Upload a plan JSON to inspect and compare it:</div>", margin=(4, 10, 0, 10)),
                      self.upload),
-            _section("Session", pn.Row(self.session, self.save, sizing_mode="stretch_width"),
+            _section("Session", pn.Row(self.session, self.save, sizing_mode="stretch_width"), self.errors.note,
                      pn.Row(self.saved, self.load, sizing_mode="stretch_width")),
             sizing_mode="stretch_width",
         )

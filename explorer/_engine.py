@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gc
+import math
 import threading
 from typing import Any, Callable, Sequence
 
@@ -86,7 +87,14 @@ def settle_heap() -> None:
 
 
 def _analyze(spec: ModelSpec) -> ModelAnalysis:
-    return analyze_model(spec.spec, preset=spec.preset, overrides=list(spec.overrides))
+    """The model's analysis; its bad input names the form field that holds it: a user's
+    model ("custom", its module:attr) or a demo model's config ("overrides": the preset
+    itself is always valid, so a demo fails to build only on what the overrides made)."""
+    try:
+        return analyze_model(spec.spec, preset=spec.preset, overrides=list(spec.overrides))
+    except PartexError as e:
+        field = e.field or ("overrides" if spec.overrides else None) if spec.spec in demo_models.MODELS else "custom"
+        raise PartexError(str(e), field=field) from None
 
 
 ANALYSES = _AnalysisCache()
@@ -119,6 +127,30 @@ def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: s
     budget = (budget_text or "").strip() or None
     hw = _at("budget", as_hardware, hardware, budget) if budget else as_hardware(hardware)
     return Config(mesh, _at("margin", as_hardware, hw, None, margin) if margin is not None else hw)
+
+
+MESH_TRIES = 6  # the larger meshes scored when no baseline fits (the load waits on them)
+
+
+def fitting_mesh(res: ModelAnalysis, config: Config, *, tries: int = MESH_TRIES) -> tuple[MeshSpec | None, int]:
+    """A mesh, with ``config``'s axis names and links, on which a baseline fits the budget:
+    each try doubles one axis (in turn: data=8,model=2, then data=8,model=4, ...). Returns
+    the first that fits (None if none does) and the most devices tried. Each try is a
+    session that scores its baselines (no warm start): about a second on a full-size
+    U-Net, a fraction of that on the tiny demos."""
+    mesh = config.mesh
+    sizes = list(mesh.sizes)
+    for i in range(tries):
+        k = i % len(sizes)
+        sizes[k] = max(2, sizes[k] * 2)
+        candidate = dataclasses.replace(mesh, sizes=tuple(sizes))
+        try:
+            session = Session.from_analysis(res, mesh=candidate, hardware=config.hw, warm_start=False)
+            if any(c.report.fits for c in session.baselines().values()):
+                return candidate, candidate.size
+        except PartexError:  # an axis that divides nothing there: that mesh is no answer
+            continue
+    return None, math.prod(sizes)
 
 
 def _at(field: str, fn, *args):

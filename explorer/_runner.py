@@ -200,11 +200,19 @@ class ProcessRunner:
         raise PartexError(f"the search did not answer {name} within {timeout:.0f} s")
 
     def receive(self) -> SearchSnapshot | None:
-        """Read what the child sent (never blocks); the latest snapshot."""
-        while self._conn.poll(0):
+        """Read what the child sent (never blocks); the latest snapshot. A closed runner's
+        pipe is not read again: it keeps its last snapshot."""
+        while not self._closed and self._poll():
             if self._recv() is None:
                 break
         return self.snapshot
+
+    def _poll(self) -> bool:
+        try:
+            return self._conn.poll(0)
+        except (EOFError, OSError):  # the pipe closed under us: the child is gone
+            self._running = False
+            return False
 
     def _recv(self):
         try:

@@ -24,10 +24,11 @@ from typing import Any, Callable
 
 import param
 
-from partex import HARDWARE, GroupInfo, ModelSpec, PartexError, Session, demo_models
+from partex import HARDWARE, GroupInfo, ModelSpec, PartexError, Session, as_hardware, demo_models, parse_bytes
 
 from ._engine import (
-    ANALYSES, CUSTOM, Config, PlanSummary, Workspace, demo_presets, parse_config, settle_heap, split_overrides,
+    ANALYSES, CUSTOM, MESH_TRIES, Config, PlanSummary, Workspace, demo_presets, fitting_mesh, parse_config,
+    settle_heap, split_overrides,
 )
 from ._format import fmt_bytes, fmt_time
 from ._layout import GraphLayout, graph_layout
@@ -41,6 +42,15 @@ DEFAULT_HARDWARE = "tpu-v4"
 # The tiny demo models need a few MiB per device: a budget in that range makes the
 # trade-offs visible (replicating the tiny transformer does not fit, sharding does).
 DEFAULT_BUDGET = "3MiB"  # the tiny demos': tight enough that sharding matters
+
+
+# The form fields a bad input can be shown at (the sidebar's, always in view): the message
+# goes there and nowhere else. Said also in the banner and a toast it was shown three times,
+# the toast covering the page; a message tied to no field (a broken upload, a failed
+# verification, the search's own failure) has no such place and goes to the banner and toast.
+MODEL_FIELDS = ("overrides", "custom")
+CONFIG_FIELDS = ("mesh", "hardware", "budget", "margin")
+FORM_FIELDS = (*MODEL_FIELDS, *CONFIG_FIELDS, "session")
 
 
 def default_budget(preset: str) -> str:
@@ -69,6 +79,9 @@ class Loaded:
     form: dict | None = None  # form values to show (a loaded session)
     origin: str = ""  # "loaded session NAME" for a saved session
     held: tuple[tuple, tuple] = ((), ())  # pins and forbids that do not apply here, kept for later
+    # where no baseline fits: a larger mesh on which one does (None: none up to tried_devices)
+    fitting_mesh: str | None = None
+    tried_devices: int = 0
 
 
 class ExplorerState(param.Parameterized):
@@ -94,8 +107,8 @@ class ExplorerState(param.Parameterized):
     running = param.Boolean(default=False)
     message = param.String(default="")
     message_level = param.Selector(default="info", objects=["info", "success", "warning", "danger"])
-    # the form field a bad input came from ("mesh", "budget", "margin", ...) and its message:
-    # the field shows it where the user typed it
+    # the form field a bad input came from (one of FORM_FIELDS) and its message: the field
+    # shows it where the user typed it
     field_error = param.Dict(default={})
     workspace = param.Parameter(default=None, doc="The loaded Workspace.")
     config = param.Parameter(default=None, doc="The Config in effect (the last valid form).")
@@ -129,6 +142,10 @@ class ExplorerState(param.Parameterized):
         self.timings = {"max_callback_ms": 0.0, "max_loop_lag_ms": 0.0, "callbacks": 0}
         self._last_tick: float | None = None
         self._warned_budget = False
+        # a warning that no plan fits: "searching" and "paused" messages add to it, never
+        # replace it, until the search finds a plan that fits or another model or mesh loads
+        self._standing = ""
+        self._pausing = False  # paused: the message's count waits for the search's last snapshot
         self.param.watch(self._on_model_name, ["model_name"])
         self.param.watch(self._on_choice_form, ["model_name", "preset"])
         self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text"])
@@ -139,10 +156,27 @@ class ExplorerState(param.Parameterized):
         self.load()
 
     # ------------------------------------------------------------------ messages
-    def _field_error(self, e) -> None:
-        """Show a bad input's message at the form field it came from (if it names one)."""
+    def bad_input(self, e) -> None:
+        """A bad input's message, shown once: at the form field it came from, or (tied to no
+        field) in the banner (see FORM_FIELDS)."""
         field = getattr(e, "field", None)
-        self.field_error = {field: str(e)} if field else {}
+        hidden = "overrides" if self.model_name == CUSTOM else "custom"  # the model picker shows one of the two
+        if field in FORM_FIELDS and field != hidden:
+            self.field_error = {field: str(e)}
+        else:
+            self.notify(e, "danger")
+
+    def clear_field_error(self, *fields: str) -> None:
+        """The inputs of ``fields`` are good (applied, or no longer shown): their marks go."""
+        if any(f in self.field_error for f in fields):
+            self.field_error = {k: v for k, v in self.field_error.items() if k not in fields}
+
+    def _say(self, text: str) -> None:
+        """An info message; with a standing warning, after it (the warning stays)."""
+        if self._standing:
+            self.notify(f"{self._standing}; {text}", "warning")
+        else:
+            self.notify(text, "info")
 
     def notify(self, text: str, level: str = "info") -> None:
         """Show a one-line message on the page (the text and its level change together)."""
@@ -171,6 +205,15 @@ class ExplorerState(param.Parameterized):
 
         threading.Thread(target=run, name=f"partex-{kind}-{self.session_id}", daemon=True).start()
 
+    def internal_error(self, what: str, e: Exception) -> None:
+        """A bug in the explorer or the engine while ``what``: log its traceback, say so on
+        the page in one line, and leave the session usable (the last model stays loaded)."""
+        log.error("partex: internal error while %s (session %s)", what, self.session_id, exc_info=e)
+        if "load" not in self.busy and "session" not in self.busy:
+            self.phase = "ready" if self.workspace is not None and self.runner is not None else "failed"
+        self.notify(f"internal error while {what}: {type(e).__name__}: {e} (the server's log has the "
+                    "traceback); the page goes on", "danger")
+
     def _drain(self) -> None:
         while self._inbox:
             kind, gen, done, (status, value) = self._inbox.popleft()
@@ -178,14 +221,16 @@ class ExplorerState(param.Parameterized):
                 continue  # superseded: its result (a search, say) is dropped
             self.busy = [b for b in self.busy if b != kind]
             if status == "ok":
-                done(value)
+                try:
+                    done(value)
+                except Exception as e:  # partex's own bug: the traceback goes to the log, the page goes on
+                    self.internal_error(f"applying the {kind} job's result", e)
             else:
                 if kind in ("load", "session"):
                     self.phase = "ready" if self.workspace is not None else "failed"
                 if kind == "verify":
                     self.verify_status = "failed"
-                self.notify(value, "danger")
-                self._field_error(value)
+                self.bad_input(value)
 
     # ------------------------------------------------------------------ model / config
     def model_choice(self) -> ModelSpec:
@@ -193,9 +238,14 @@ class ExplorerState(param.Parameterized):
             spec = self.custom_model.strip()
             if not spec:
                 raise PartexError("name your model as module:attr or path/file.py:attr (a callable that "
-                                  "returns (fn, example_args))")
+                                  "returns (fn, example_args))", field="custom")
             return ModelSpec(spec, "custom", ())
-        return ModelSpec(self.model_name, self.preset, tuple(split_overrides(self.overrides)))
+        overrides = split_overrides(self.overrides)
+        try:  # malformed (no key=value) at once; unknown keys and bad values when it loads
+            demo_models.parse_overrides(overrides)
+        except ValueError as e:
+            raise PartexError(str(e), field="overrides") from None
+        return ModelSpec(self.model_name, self.preset, tuple(overrides))
 
     def _on_model_name(self, event) -> None:
         presets = demo_presets(event.new)
@@ -209,18 +259,44 @@ class ExplorerState(param.Parameterized):
         the tiny demos; a full-size preset opens on the chip's HBM, not on "no plan fits")."""
         if self._quiet:
             return
-        if event.name == "preset" and self.budget_text == default_budget(event.old):
+        self.clear_field_error(*MODEL_FIELDS)  # another model: its fields are checked anew on Analyze
+        budget = ""
+        if (event.name == "preset" and self.budget_text == default_budget(event.old)
+                and default_budget(event.new) != self.budget_text):
             self._quiet = True  # the form only: the new budget applies with the new model
             try:
                 self.budget_text = default_budget(event.new)
             finally:
                 self._quiet = False
+            hbm = as_hardware(self.hardware).budget
+            budget = ", " + self._budget_words(parse_bytes(self.budget_text) if self.budget_text else hbm,
+                                               self.hardware, self.preset)
         ws = self.workspace
         if ws is not None and ws.choice.spec == self.model_name and ws.choice.preset == self.preset:
+            if budget:
+                self.notify(f"press Analyze to load {ws.choice.title} again{budget}", "info")
             return
         what = self.custom_model or "your model" if self.model_name == CUSTOM else f"{self.model_name} ({self.preset})"
-        self.notify(f"press Analyze to load {what}; the page still shows {ws.choice.title if ws else 'nothing'}",
-                    "info")
+        self.notify(f"press Analyze to load {what}{budget}; the page still shows "
+                    f"{ws.choice.title if ws else 'nothing'}", "info")
+
+    @staticmethod
+    def _budget_source(budget: float, hardware: str, preset: str) -> str:
+        """Where a budget came from, when the form chose it: the chip's HBM (a full-size
+        preset's default) or the tiny demos' default; "" for one the user typed."""
+        if budget == as_hardware(hardware).budget:
+            return "the chip's HBM" + (", for a full-size preset" if preset not in ("tiny", "custom") else "")
+        if preset == "tiny" and budget == parse_bytes(DEFAULT_BUDGET):
+            return "the tiny demos' default"
+        return ""
+
+    def _budget_words(self, budget: float, hardware: str, preset: str) -> str:
+        """'budget: the chip's HBM, 32.0 GiB, for a full-size preset', 'budget 5.0 MiB'."""
+        source = self._budget_source(budget, hardware, preset)
+        if source.startswith("the chip's HBM"):
+            return "budget: " + source.replace("HBM", f"HBM, {fmt_bytes(budget)}", 1)
+        return f"budget {fmt_bytes(budget)}" + (f" ({source})" if source else "")
+
 
     def load(self) -> None:
         """Analyse the model in the forms on the mesh in the forms (Analyze button)."""
@@ -228,8 +304,7 @@ class ExplorerState(param.Parameterized):
             choice = self.model_choice()
             config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
         except PartexError as e:
-            self.notify(e, "danger")
-            self._field_error(e)
+            self.bad_input(e)
             return
         self.phase = "loading"
         seed = self.seed
@@ -245,10 +320,9 @@ class ExplorerState(param.Parameterized):
         try:
             config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
         except PartexError as e:
-            self.notify(e, "danger")  # the old mesh stays in effect
-            self._field_error(e)
+            self.bad_input(e)  # the old mesh stays in effect
             return
-        self.field_error = {}  # the form reads well: a new search (whose failure may set it again)
+        self.clear_field_error(*CONFIG_FIELDS)  # the form reads well: a new search (whose failure may set it again)
         ws = self.workspace
         if ws is None:
             return self.load()
@@ -260,8 +334,10 @@ class ExplorerState(param.Parameterized):
     def _install(self, loaded: Loaded) -> None:
         if self.runner is not None:
             self.runner.close(wait=0.2)
+            self.runner = None  # should anything below fail, no closed runner is left in place
         ws = loaded.workspace
         was_running = self.running and self.workspace is not None and ws.res is self.workspace.res
+        same_model = self.workspace is not None and ws.res is self.workspace.res
         if loaded.form:
             self._set_forms(loaded.form)
         with param.parameterized.batch_call_watchers(self):
@@ -275,13 +351,19 @@ class ExplorerState(param.Parameterized):
             self.uploaded = None if self.uploaded is None or not ws.same_model(self.uploaded) else self.uploaded
             self.verify_result = None
             self.verify_status = ""
-            if self.selected_group not in loaded.infos:
-                self.selected_group = None
+            if not same_model or self.selected_group not in loaded.infos:
+                self.selected_group = None  # group ids belong to one analysis
             if self.shown_plan not in ("search", "uploaded", *loaded.baselines):
                 self.shown_plan = "search"
         self._seen_version = -1
         self._warned_budget = False
-        self.field_error = {}
+        self._pausing = False
+        self.clear_field_error(*CONFIG_FIELDS, "session")
+        try:  # the form's model is the one loaded: its fields are good too
+            if self.model_choice() == ws.choice:
+                self.clear_field_error(*MODEL_FIELDS)
+        except PartexError:
+            pass
         settle_heap()  # the new page and model are long-lived: keep them out of later collections
         self.runner = make_runner(loaded.session, ws, session=self.session_id)
         self.pins = loaded.session.pins
@@ -289,9 +371,9 @@ class ExplorerState(param.Parameterized):
         self.held = loaded.held
         an = ws.an
         c = ws.config
+        budget = self._budget_words(c.hw.budget, c.hw.name, ws.choice.preset)
         text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
-                f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()} ({c.hw.name}, budget "
-                f"{fmt_bytes(c.hw.budget)})")
+                f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()} ({c.hw.name}, {budget})")
         static = an.static_inputs()
         if static:  # closed over when traced: no part of any plan
             text += (f"; static argument{'s' if len(static) > 1 else ''} left out of the plan: "
@@ -300,13 +382,18 @@ class ExplorerState(param.Parameterized):
         fits = [b for b in loaded.baselines.values() if b.report.fits]
         if not fits:
             smallest = min(loaded.baselines.values(), key=lambda b: b.report.memory.peak)
-            text = (f"no baseline fits the budget of {fmt_bytes(c.hw.budget)} per device (the smallest, "
-                    f"{smallest.name}, needs {fmt_bytes(smallest.report.memory.peak)}): the search may find "
-                    "no plan; raise the budget or grow the mesh")
+            grow = (f"on {loaded.fitting_mesh} one does: try that mesh" if loaded.fitting_mesh else
+                    f"no mesh up to {loaded.tried_devices} devices with these axes fits one either")
+            source = self._budget_source(c.hw.budget, c.hw.name, ws.choice.preset)
+            text = (f"{ws.choice.title} on {c.mesh.text()}: no baseline fits the budget of {fmt_bytes(c.hw.budget)} "
+                    f"per device ({source + '; ' if source else ''}the smallest, {smallest.name}, needs "
+                    f"{fmt_bytes(smallest.report.memory.peak)}); {grow}; the search may find no plan here: raise "
+                    "the budget or grow the mesh")
             level = "warning"
         if loaded.notes:  # after the budget's warning, never in place of it
             text += "; " + "; ".join(loaded.notes)
             level = "warning"
+        self._standing = text if level == "warning" else ""
         self.notify(text, level)
         self.phase = "ready"  # after the message: a page that sees "ready" sees its summary
         if was_running:
@@ -337,8 +424,9 @@ class ExplorerState(param.Parameterized):
             self.running = True
             an = self.workspace.an
             pins = ", ".join(an.decision_label(d) for d in self.pins)
-            self.notify(f"searching on {self.config.mesh.text()}" + (f" from the pinned {pins}" if pins else "")
-                        + "; Pause to stop, pin or forbid a group any time", "info")
+            self._pausing = False
+            self._say(f"searching on {self.config.mesh.text()}" + (f" from the pinned {pins}" if pins else "")
+                      + "; Pause to stop, pin or forbid a group any time")
 
     def pause(self) -> None:
         if self.runner:
@@ -346,8 +434,13 @@ class ExplorerState(param.Parameterized):
         was = self.running
         self.running = False
         if was:  # the "searching on ..." message would outlive the search
-            self.notify(f"paused after {self.stats.get('simulations', 0):,} simulations; Run goes on, Reset "
-                        "starts afresh", "info")
+            # the search stops between two chunks: the count is said again with its last snapshot
+            self._pausing = self.runner is not None
+            self._say_paused()
+
+    def _say_paused(self) -> None:
+        self._say(f"paused after {self.stats.get('simulations', 0):,} simulations; Run goes on, Reset "
+                  "starts afresh")
 
     def _with_held(self):
         """The pins and forbids to carry to a new search: those in force, then those set
@@ -390,7 +483,7 @@ class ExplorerState(param.Parameterized):
         verb = {"pin": "pinned", "forbid": "forbade", "unpin": "released"}[how]
         tail = "" if self.running else "; press Run to resume the search from here"
         # the message first: a page that sees the new pins also sees why
-        self.notify(f"{verb} {lab}{tail}", "info")
+        self._say(f"{verb} {lab}{tail}")
         self.pins, self.forbidden = pins, forbidden
         self._update_probe()
 
@@ -510,7 +603,7 @@ class ExplorerState(param.Parameterized):
         try:
             path = self.session_path(name)
         except PartexError as e:
-            self.notify(e, "danger")
+            self.bad_input(PartexError(str(e), field="session"))
             return
         r = self._need_runner()
         if r is None:
@@ -522,6 +615,7 @@ class ExplorerState(param.Parameterized):
             self.notify(f"could not save session {name}: {e}", "danger")
             return
         self.refresh_sessions()
+        self.clear_field_error("session")
         self.notify(f"saved session {name} ({self.stats.get('simulations', 0)} simulations) to {path}; "
                     f"resume it here or with `partex search {self.workspace.choice.spec} --resume {path} --out plan.json`",
                     "success")
@@ -549,10 +643,13 @@ class ExplorerState(param.Parameterized):
             now = time.perf_counter()
             if (snap is not None and snap.version != self._seen_version
                     and (not snap.running or snap.best is not self.best or now - self._last_apply >= APPLY_SECONDS)):
-                self._seen_version = snap.version
+                self._seen_version = snap.version  # a snapshot that fails below is not applied again
                 self._last_apply = now
                 r.quiet(QUIET_SECONDS)
-                self._apply(snap)
+                try:
+                    self._apply(snap)
+                except Exception as e:
+                    self.internal_error("showing the search's progress", e)
 
     def _apply(self, snap: SearchSnapshot) -> None:
         with param.parameterized.batch_call_watchers(self):
@@ -565,17 +662,28 @@ class ExplorerState(param.Parameterized):
                 self.forbidden = list(snap.forbidden)
             if self.running and self.runner is not None and not self.runner.running and not snap.running:
                 self.running = False
+        if snap.best is not None and snap.best.report.fits:
+            self._standing = ""  # a plan fits after all
         if snap.error:
             self.running = False
+            self._pausing = False
             self.notify(snap.error, "danger")
         elif snap.best is None and snap.stats.get("simulations", 0) >= 200 and not self._warned_budget:
             self._warned_budget = True
             smallest = snap.stats.get("smallest_memory")
             budget = self.config.hw.budget
             tail = f"; the smallest predicted peak so far is {fmt_bytes(smallest)}" if smallest else ""
-            self.notify(f"no plan fits the budget of {fmt_bytes(budget)} per device after "
-                        f"{snap.stats['simulations']} simulations{tail}: raise the budget, grow the mesh "
-                        "or release a pin", "warning")
+            self._standing = (f"no plan fits the budget of {fmt_bytes(budget)} per device after "
+                              f"{snap.stats['simulations']} simulations{tail}: raise the budget, grow the mesh "
+                              "or release a pin")
+            if self._pausing and not snap.running:
+                self._pausing = False
+                self._say_paused()
+            else:
+                self.notify(self._standing, "warning")
+        elif self._pausing and not snap.running:
+            self._pausing = False  # the search has stopped: its count is the one the page shows
+            self._say_paused()
         self._update_probe()
 
     def tick(self, period: float) -> None:
@@ -659,7 +767,13 @@ def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forb
     # mesh where it applies
     notes = [n.replace(" dropped: ", " set aside until it applies again: ", 1) for n in notes]
     ws = Workspace(choice, session)
-    return Loaded(ws, *_details(res), ws.baselines(), session, tuple(notes), held=held)
+    baselines = ws.baselines()
+    fitting, tried = None, 0
+    if not any(b.report.fits for b in baselines.values()):
+        mesh, tried = fitting_mesh(res, config, tries=MESH_TRIES)
+        fitting = mesh.text() if mesh else None
+    return Loaded(ws, *_details(res), baselines, session, tuple(notes), held=held, fitting_mesh=fitting,
+                  tried_devices=tried)
 
 
 def _restore(name: str, path: pathlib.Path) -> Loaded:

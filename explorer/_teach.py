@@ -40,6 +40,7 @@ class Step:
     body: str  # HTML; the model's own text (labels, paths, source lines) escaped
     target: str  # the title of the card that shows it: one of CARDS
     action: dict[str, Any] = dataclasses.field(default_factory=dict)  # ExplorerState params set when shown
+    compare: tuple[str, str] | None = None  # the plans A and B the Compare card shows with it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,15 +308,17 @@ def _compare(m: _Model) -> Step | None:
     if a is None or b is None:
         return None
     ra, rb = a.report, b.report
-    comm_a, comm_b = (sum(r.collective_bytes.values()) for r in (ra, rb))
-    trade = (" zero3 <b>buys memory with communication</b>."
+    # the card's own sums: each collective's bytes times how often it runs
+    comm_a, comm_b = (sum(c.bytes * c.count for c in r.collectives) for r in (ra, rb))
+    trade = (" B <b>buys memory with communication</b>."
              if rb.memory.peak < ra.memory.peak and comm_b > comm_a else "")
-    body = (f"<b>Compare</b> puts two plans side by side: the decisions that differ, memory by kind, and "
-            f"each collective's time. <b>megatron</b> vs <b>zero3</b>: peak {fmt_bytes(ra.memory.peak)} vs "
-            f"{fmt_bytes(rb.memory.peak)} per device, collectives {fmt_bytes(comm_a)} vs {fmt_bytes(comm_b)} "
-            f"per step, step time {fmt_time(ra.step_time)} vs {fmt_time(rb.step_time)}.{trade} "
-            "Pick the search's plan as A to see what it found.")
-    return Step("Compare plans", body, "Compare")
+    body = (f"<b>Compare</b> puts two plans side by side: what plan B changes against plan A, the decisions "
+            f"that differ, memory by kind, and each collective's time. Here A is <b>megatron</b> and B is "
+            f"<b>zero3</b>: step time {fmt_time(ra.step_time)} → {fmt_time(rb.step_time)}, peak "
+            f"{fmt_bytes(ra.memory.peak)} → {fmt_bytes(rb.memory.peak)} per device, communication "
+            f"{fmt_bytes(comm_a)} → {fmt_bytes(comm_b)} per step.{trade} When the walkthrough closes, the card "
+            "goes back to the plans it showed before; choose <b>search</b> there to see what the search found.")
+    return Step("Compare plans", body, "Compare", compare=("megatron", "zero3"))
 
 
 # the steps in order; each returns None where the model lacks its subject
@@ -326,36 +329,79 @@ STEPS: tuple[Callable[[_Model], Step | None], ...] = (
 
 # --------------------------------------------------------------------------- the view
 
+class CompareChoice:
+    """The Compare card's plans A and B, as a step chooses them and the walkthrough puts them
+    back: the values of its selects, and whether the user had picked each (an unpicked one
+    follows the card's defaults, A moving to the search's plan once there is one)."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def shown(self) -> tuple[str | None, str | None]:
+        return self.view.a.value, self.view.b.value
+
+    def save(self) -> tuple:
+        return self.shown(), dict(self.view._picked)
+
+    def show(self, a: str, b: str) -> None:
+        """Show plans a and b, as if the user had picked them (the card keeps them while the
+        step is shown, whatever the search finds)."""
+        if a in self.view.a.options and b in self.view.b.options:
+            self.view.a.value, self.view.b.value = a, b
+
+    def restore(self, saved: tuple) -> None:
+        (a, b), picked = saved
+        self.show(a, b)
+        self.view._picked.update(picked)
+        self.view._refresh()  # an unpicked select takes the card's default again
+
+
 class TeachView(pn.viewable.Viewer):
     """The walkthrough as an overlay: the step's number, title and text, and Back / Next /
-    Close. Hidden until ``start()``. Showing a step applies its action to the state and
-    sets ``target`` (the page scrolls to that card and highlights it)."""
+    Close. Hidden until ``start()``. Showing a step applies its action to the state (and its
+    plans to the Compare card) and sets ``target`` (the page scrolls to that card and
+    highlights it, and moves the overlay off it: see ``POINT_AT_CARD`` in ``_app``).
+
+    What the steps change is put back when the walkthrough closes (Close, Finish on the last
+    step, or another model loaded): the page is then as the user left it, but for what the
+    user changed since (a plan they chose in the Plan card stays)."""
 
     state = param.Parameter()
+    compare = param.Parameter(default=None, doc="A CompareChoice: the Compare card's plans A and B.")
     index = param.Integer(default=None, allow_None=True, doc="The step shown (from 0); None while closed.")
     target = param.String(default="", doc="""
         The title of the card the shown step points at; empty while closed. Triggered on every
         step shown, even when two steps in a row point at one card.""")
 
+    WIDTH = 314  # fits over the sidebar (330 px), where it covers none of the cards
+
     def __init__(self, **params):
         super().__init__(**params)
         self.steps: list[Step] = []
         self._stale = True  # the model changed since the steps were made
+        self._model = None  # the analysed model the walkthrough opened on
+        self._saved: dict[str, Any] = {}  # the state's params before the steps set them
+        self._set: dict[str, Any] = {}  # what the steps set them to last
+        self._saved_compare: tuple | None = None
+        self._set_compare: tuple[str, str] | None = None
         self.head = html(name="partex-teach-head", margin=(4, 10, 0, 10))
         self.body = html(name="partex-teach-step", margin=(0, 10))
-        self.back_btn = button("partex-teach-back", "◀ Back", width=90)
-        self.next_btn = button("partex-teach-next", "Next ▶", button_type="primary", width=90)
-        self.close_btn = button("partex-teach-close", "Close", width=80)
+        self.back_btn = button("partex-teach-back", "◀ Back", width=82)
+        self.next_btn = button("partex-teach-next", "Next ▶", button_type="primary", width=92)
+        self.close_btn = button("partex-teach-close", "Close", width=70)
         self.back_btn.on_click(lambda e: self.back())
         self.next_btn.on_click(lambda e: self.next())
         self.close_btn.on_click(lambda e: self.close())
         self.state.param.watch(self._on_model, ["workspace", "infos", "baselines"])
+        # fixed over the sidebar's lower part at first; the page then moves it where the
+        # card it points at is not (POINT_AT_CARD in _app)
+        # the buttons above the text: a long step scrolls in the overlay, they stay in view
         self._panel = pn.Column(
-            self.head, self.body, pn.Row(self.back_btn, self.next_btn, pn.layout.HSpacer(), self.close_btn),
-            visible=False, width=450, stylesheets=[CSS], css_classes=["px-card"],
-            styles={"position": "fixed", "bottom": "16px", "left": "16px", "z-index": "1001",
+            self.head, pn.Row(self.back_btn, self.next_btn, pn.layout.HSpacer(), self.close_btn), self.body,
+            visible=False, width=self.WIDTH, stylesheets=[CSS], css_classes=["px-card", "px-teach"],
+            styles={"position": "fixed", "bottom": "12px", "left": "8px", "z-index": "1001",
                     "background": "#ffffff", "box-shadow": "0 8px 28px rgba(15, 23, 42, 0.25)",
-                    "border-radius": "10px"})
+                    "border-radius": "10px", "overflow-y": "auto"})
 
     def __panel__(self):
         return self._panel
@@ -371,44 +417,83 @@ class TeachView(pn.viewable.Viewer):
         return self.steps
 
     def _on_model(self, *_) -> None:
-        # made again when next shown; while open, at once (the shown step may have gone)
-        self._stale = True
-        if self.index is not None:
-            steps = self._steps()
-            if steps:
-                self.show(min(self.index, len(steps) - 1))
-            else:
-                self.close()
+        self._stale = True  # made again when next shown
+        if self.index is None:
+            return
+        ws = self.state.workspace
+        if ws is None or ws.res is not self._model:
+            self.close()  # another model: the steps explained the one gone
+            return
+        steps = self._steps()  # the same model on another mesh or budget: its steps again, at once
+        if steps:
+            self.show(min(self.index, len(steps) - 1))
+        else:
+            self.close()
 
     def start(self) -> None:
         """Show step 1."""
         if not self._steps():
             self.state.notify("load a model first: the walkthrough explains the model on the page", "warning")
             return
+        if self.index is None:  # opening: remember what the steps will change
+            self._model = self.state.workspace.res
+            names = {k for step in self.steps for k in step.action}
+            self._saved = {k: getattr(self.state, k) for k in names}
+            self._set = {}
+            self._saved_compare = self.compare.save() if self.compare is not None else None
+            self._set_compare = None
         self.show(0)
 
     def next(self) -> None:
-        if self.index is not None and self.index + 1 < len(self.steps):
+        """The next step; on the last, Finish: close."""
+        if self.index is None:
+            return
+        if self.index + 1 < len(self.steps):
             self.show(self.index + 1)
+        else:
+            self.close()
 
     def back(self) -> None:
         if self.index:
             self.show(self.index - 1)
 
     def close(self) -> None:
+        """Hide the walkthrough and put back what its steps changed."""
+        was_open = self.index is not None
         self._panel.visible = False
         self.param.update(index=None, target="")
+        if was_open:
+            self._restore()
+
+    def _restore(self) -> None:
+        s = self.state
+        # a value the user changed since a step set it is theirs: kept
+        back = {k: v for k, v in self._saved.items() if k in self._set and getattr(s, k) == self._set[k]}
+        plan = back.get("shown_plan")
+        if plan is not None and plan != "search" and s.plan_summary(plan) is None:
+            back["shown_plan"] = "search"  # that plan is gone (another model)
+        if back.get("selected_group") is not None and back["selected_group"] not in s.infos:
+            back["selected_group"] = None
+        s.param.update(**back)
+        if (self.compare is not None and self._saved_compare is not None and self._set_compare is not None
+                and self.compare.shown() == self._set_compare):
+            self.compare.restore(self._saved_compare)
+        self._saved, self._set, self._saved_compare, self._set_compare = {}, {}, None, None
 
     def show(self, i: int) -> None:
         """Show step ``i`` (from 0): set what it sets on the state, then point at its card."""
         steps = self._steps()
         step = steps[i]
         self.state.param.update(**step.action)
+        self._set.update(step.action)
+        if step.compare is not None and self.compare is not None:
+            self.compare.show(*step.compare)
+            self._set_compare = step.compare
         self.head.object = (f"<div class='muted'>Step {i + 1} of {len(steps)}</div>"
                             f"<h3 style='margin:2px 0 4px 0'>{esc(step.title)}</h3>")
-        self.body.object = f"<div style='font-size:15px;line-height:1.45'>{step.body}</div>"
+        self.body.object = f"<div style='font-size:14px;line-height:1.42'>{step.body}</div>"
         self.back_btn.disabled = i == 0
-        self.next_btn.disabled = i == len(steps) - 1
+        self.next_btn.label = "Finish ✓" if i == len(steps) - 1 else "Next ▶"
         self._panel.visible = True
         self.index = i
         if self.target == step.target:

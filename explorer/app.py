@@ -7,7 +7,7 @@ import logging
 
 import panel as pn
 
-from partex.explorer._app import create_app
+from partex.explorer._app import create_app, on_exception
 
 _log = logging.getLogger("partex.explorer")
 if not _log.handlers:  # the server's log shows the explorer's own lines (threads ending, slow callbacks)
@@ -17,5 +17,5 @@ if not _log.handlers:  # the server's log shows the explorer's own lines (thread
     _log.setLevel(logging.INFO)
     _log.propagate = False
 
-pn.extension(notifications=False)
+pn.extension(notifications=False, exception_handler=on_exception)
 create_app().servable(title="partex explorer")

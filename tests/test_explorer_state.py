@@ -160,3 +160,180 @@ def test_the_page_says_what_is_going_on_when_idle_paused_or_choosing(tmp_path):
         assert st.budget_text == "5MiB"
     finally:
         st.close()
+
+
+def test_the_pause_message_counts_what_the_page_shows_once_the_search_stopped(tmp_path):
+    """Pause says the count of the search's last snapshot (the one the KPI shows), not the
+    one the page had when the button was pressed: the search stops between two chunks."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.run()
+        _settle(st, lambda: st.stats.get("simulations", 0) >= 20, "the search to run")
+        # the search goes on past what the page last showed
+        shown = st.stats["simulations"]
+        wait_for(lambda: st.runner.receive().stats.get("simulations", 0) > shown, what="more simulations")
+        st.pause()
+        _settle(st, lambda: not st.runner.receive().running and st.stats is st.runner.receive().stats,
+                "the search's last snapshot")
+        final = st.stats["simulations"]
+        assert final > shown
+        assert st.message.startswith(f"paused after {final:,} simulations"), (st.message, final)
+        assert st.message_level == "info"
+    finally:
+        st.close()
+
+
+def test_bad_input_shows_once_at_its_field_and_clears_when_fixed(tmp_path):
+    """A bad mesh, budget, override or session name is said at the field it was typed in (the
+    banner keeps what it said); the field's mark goes when a good value is applied. A bad
+    input tied to no field (an upload) goes to the banner."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None and not st.busy, "the model to load")
+        loaded = st.message
+        st.mesh_text = "data=four"
+        assert "cannot parse mesh" in st.field_error["mesh"] and st.message == loaded
+        st.mesh_text = "data=4,model=2"  # the mesh in force again
+        assert st.field_error == {} and st.message == loaded and st.message_level == "success"
+
+        st.overrides = "layers"  # no key=value: refused at once
+        st.load()
+        assert "malformed override 'layers'" in st.field_error["overrides"] and st.message == loaded
+        st.overrides = "layers=x"  # an unknown value: refused when the model builds
+        st.load()
+        _settle(st, lambda: not st.busy, "the load to fail")
+        assert "bad value 'x' for transformer config key 'layers'" in st.field_error["overrides"], st.field_error
+        assert st.message == loaded and st.workspace.choice.overrides == ()
+        st.overrides = "layers=1"
+        st.load()
+        _settle(st, lambda: not st.busy and st.workspace.choice.overrides == ("layers=1",), "the override")
+        assert st.field_error == {}
+
+        st.session_name = "../x"
+        st.save_session()
+        assert "session name" in st.field_error["session"] and st.message_level == "success"
+
+        st.upload_plan(b'{"format": "partex-plan", "ver', "broken.json")
+        _settle(st, lambda: not st.busy, "the upload")
+        assert st.message_level == "danger" and "broken.json" in st.message
+    finally:
+        st.close()
+
+
+def test_a_full_size_preset_says_its_budget_suggests_a_mesh_and_keeps_its_warning(tmp_path):
+    """The full-size U-Net on data=4,model=2: the budget (the chip's HBM) is said in words; no
+    baseline fits there, so the message names a larger mesh on which one does; running and
+    pausing the search add to that warning instead of replacing it."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.model_name = "unet"
+        st.preset = "full"
+        assert "budget: the chip's HBM, 32.0 GiB, for a full-size preset" in st.message, st.message
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and not st.busy and st.workspace.choice.preset == "full",
+                "the full-size U-Net", timeout=300)
+        warning = st.message
+        assert st.message_level == "warning" and "no baseline fits the budget of 32.0 GiB" in warning, warning
+        assert "the chip's HBM, for a full-size preset" in warning
+        assert "on data=8,model=2 one does" in warning, warning
+        st.run()
+        assert st.message.startswith(warning) and "searching on" in st.message
+        _settle(st, lambda: st.stats.get("simulations", 0) > 0, "a simulation")
+        st.pause()
+        _settle(st, lambda: not st.runner.receive().running and st.stats is st.runner.receive().stats,
+                "the search to stop")
+        assert st.best is None or not st.best.report.fits  # (a plan that fits would end the warning)
+        assert st.message_level == "warning" and st.message.startswith(warning), st.message
+        assert f"paused after {st.stats['simulations']:,} simulations" in st.message
+    finally:
+        st.close()
+
+
+def test_no_larger_mesh_fitting_is_said_with_the_most_devices_tried(tmp_path):
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.budget_text = "64KiB"
+        _settle(st, lambda: st.phase == "ready" and not st.busy and st.config.hw.budget == 64 * 1024, "the budget")
+        assert "no mesh up to 512 devices with these axes fits one either" in st.message, st.message
+        assert st.message_level == "warning"
+    finally:
+        st.close()
+
+
+def test_an_uploaded_plan_then_another_model_loads_and_the_search_goes_on(tmp_path):
+    """Upload a plan, then load another model: the page keeps the upload only for the same
+    model (by the plan's signature), loads the new one and its search steps."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        text = st.workspace.session.plan(strategy="megatron").dumps()
+        st.upload_plan(text.encode(), "megatron.json")
+        _settle(st, lambda: st.uploaded is not None, "the upload")
+        st.mesh_text = "data=2,model=4"  # same model, another mesh: the upload stays
+        _settle(st, lambda: st.config.mesh.text() == "data=2,model=4" and "load" not in st.busy, "the new mesh")
+        assert st.uploaded is not None and st.phase == "ready"
+        st.model_name = "mlp"
+        st.load()
+        _settle(st, lambda: st.workspace.choice.spec == "mlp" and st.phase == "ready" and "load" not in st.busy,
+                "the mlp to load")
+        assert st.uploaded is None  # another model's plan does not apply here
+        assert st.message_level != "danger", st.message
+        st.step()
+        _settle(st, lambda: st.stats.get("simulations", 0) >= st.step_size, "the mlp's search to step")
+    finally:
+        st.close()
+
+
+def test_an_exception_in_a_jobs_result_is_one_line_and_the_session_goes_on(tmp_path, caplog, monkeypatch):
+    """A bug while applying a finished job (here: installing a newly loaded mesh) shows one
+    line on the page, logs its traceback, and leaves the page usable: the next load works."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+
+        def broken(loaded):
+            raise RuntimeError("a bug while installing the model")
+
+        monkeypatch.setattr(st, "_install", broken)
+        with caplog.at_level(logging.ERROR, logger="partex.explorer"):
+            st.mesh_text = "data=2,model=4"
+            _settle(st, lambda: "load" not in st.busy and st.message_level == "danger", "the error")
+        assert "internal error" in st.message and "a bug while installing the model" in st.message
+        assert "Traceback" not in st.message and st.phase != "loading"
+        assert any("a bug while installing the model" in (r.exc_text or "") or r.exc_info for r in caplog.records)
+        monkeypatch.undo()
+        st.mesh_text = "data=8"
+        _settle(st, lambda: st.config.mesh.text() == "data=8" and st.phase == "ready", "the next mesh")
+        st.step()
+        _settle(st, lambda: st.stats.get("simulations", 0) >= st.step_size, "the search to step")
+    finally:
+        st.close()
+
+
+def test_an_exception_in_a_page_callback_is_shown_on_that_page(tmp_path, caplog):
+    """Panel hands an exception raised in a widget or periodic callback to the explorer's
+    handler in the page's document context: that page shows one line, the log the traceback."""
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    from partex.explorer import _app
+
+    doc = Document()
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _app._STATES[doc] = st
+        _settle(st, lambda: st.phase == "ready", "the model to load")
+        try:
+            raise KeyError("a bug in a button's handler")
+        except KeyError as e:
+            err = e
+        with caplog.at_level(logging.ERROR, logger="partex.explorer"), set_curdoc(doc):
+            _app.on_exception(err)
+        assert st.message_level == "danger" and "a bug in a button's handler" in st.message
+        assert any(r.exc_info for r in caplog.records)
+        assert st.phase == "ready"  # the page goes on
+    finally:
+        st.close()

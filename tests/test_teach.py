@@ -14,7 +14,8 @@ from partex import RESOLUTIONS
 from partex.explorer._engine import short_source
 from partex.explorer._format import esc, fmt_bytes, fmt_time
 from partex.explorer._state import ExplorerState
-from partex.explorer._teach import CARDS, TeachView, walkthrough
+from partex.explorer._compare import CompareView
+from partex.explorer._teach import CARDS, CompareChoice, TeachView, walkthrough
 from test_explorer_state import wait_for
 
 ALLOWED_TAGS = {"b", "i", "code", "ul", "li"}
@@ -178,9 +179,7 @@ def test_next_and_back_walk_the_steps_and_apply_their_actions(state):
         assert step.body in view.body.object
         for name, value in step.action.items():
             assert getattr(state, name) == value, (step.title, name)
-    assert view.next_btn.disabled
-    view.next()  # past the last: stays
-    assert view.index == len(steps) - 1
+    assert view.next_btn.label == "Finish ✓" and not view.next_btn.disabled
     assert targets == [s.target for s in steps]  # one event per step, even on the same card twice
 
     conflict = next(i for i, s in enumerate(steps) if s.title.startswith("A conflict"))
@@ -190,11 +189,12 @@ def test_next_and_back_walk_the_steps_and_apply_their_actions(state):
     assert f"Step {conflict + 1} of {len(steps)}" in view.head.object
     view.back()
     assert state.selected_group == state.workspace.an.roles().pair_groups[0]
+    assert view.next_btn.label == "Next ▶"
     view.close()
     assert not view.visible and view.index is None and view.target == ""
 
 
-def test_on_the_mlp_the_conflict_step_is_left_out_and_the_view_follows_the_model(tmp_path):
+def test_on_the_mlp_the_conflict_step_is_left_out_and_another_model_closes_the_walkthrough(tmp_path):
     st = _loaded(ExplorerState(sessions_dir=tmp_path), "transformer")
     try:
         view = TeachView(state=st)
@@ -202,17 +202,20 @@ def test_on_the_mlp_the_conflict_step_is_left_out_and_the_view_follows_the_model
         view.next()
         view.next()
         assert view.steps[view.index].title.startswith("A conflict")
+        assert st.selected_group is not None
         st.model_name = "mlp"
         st.load()
         _loaded(st, "mlp")
+        # the steps explained the transformer: closed, what they set put back
+        assert not view.visible and view.index is None and view.target == ""
+        assert st.selected_group is None and st.shown_plan == "search"
         an = st.workspace.an
         assert not an.conflicts
-        # made again while open: the conflict's step is gone, the view shows the one now there
+        view.start()
         steps = view.steps
         assert [s.target for s in steps] == ["Named dimensions", "Decision", "Plan", "Plan",
                                              "Memory per device", "Search", "Predicted vs XLA", "Compare"]
         assert not any(s.title.startswith("A conflict") for s in steps)
-        assert view.index == 2 and view.target == "Plan" and st.shown_plan == "dp"
         assert f"<b>{len(an.decision_groups)} decision groups</b>" in steps[0].body
         roles = an.roles()
         assert steps[1].action == {"selected_group": roles.pair_groups[0]}
@@ -220,13 +223,82 @@ def test_on_the_mlp_the_conflict_step_is_left_out_and_the_view_follows_the_model
         _named_collective(steps[2].body, st.baselines["dp"].report, batch, roles.forward_ops, inside=False)
         pair = an.groups[roles.pair_groups[0]].label
         _named_collective(steps[3].body, st.baselines["megatron"].report, pair, roles.forward_ops, inside=True)
-        view.start()
         for step in steps[1:]:
             view.next()
             for name, value in step.action.items():
                 assert getattr(st, name) == value, (step.title, name)
+        # the same model on another mesh: the walkthrough stays open, its steps made again
+        st.mesh_text = "data=2,model=4"
+        _settle(st, lambda: st.config.mesh.text() == "data=2,model=4" and not st.busy, "the new mesh")
+        assert view.visible and view.index == len(steps) - 1 and view.steps is not steps
+        view.next()  # Finish
+        assert not view.visible and st.shown_plan == "search" and st.selected_group is None
     finally:
         st.close()
+
+
+def _walk_to(view: TeachView, start: str) -> None:
+    view.start()
+    while not view.steps[view.index].title.startswith(start):
+        view.next()
+
+
+def test_closing_the_walkthrough_puts_back_the_plan_the_group_and_the_compared_plans(state):
+    """Teach sets the Plan card's plan (zero3 at the end), the selected group and the Compare
+    card's A and B; Close and Finish put back what the user had, so Verify verifies the
+    plan the user chose, not the walkthrough's."""
+    compare = CompareView(state=state)
+    view = TeachView(state=state, compare=CompareChoice(compare))
+    an = state.workspace.an
+    batch = an.roles().batch_groups[0]
+    state.param.update(shown_plan="dp", selected_group=batch)
+    before = (compare.a.value, compare.b.value, dict(compare._picked))
+    assert before[:2] != ("megatron", "zero3")
+    changed = set()
+    view.start()
+    for _ in view.steps[1:]:
+        view.next()
+        changed |= {k for k in ("shown_plan", "selected_group") if getattr(state, k) != {"shown_plan": "dp",
+                                                                                           "selected_group": batch}[k]}
+    assert changed == {"shown_plan", "selected_group"}  # the steps did change both
+    assert (compare.a.value, compare.b.value) == ("megatron", "zero3")
+    view.next()  # Finish
+    assert not view.visible
+    assert state.shown_plan == "dp" and state.selected_group == batch
+    assert (compare.a.value, compare.b.value, compare._picked) == before
+
+    # Close half-way; a plan the user chose while a step showed its own stays theirs
+    view.start()
+    while state.shown_plan != "megatron":
+        view.next()
+    state.shown_plan = "replicated"
+    view.close()
+    assert state.shown_plan == "replicated" and state.selected_group == batch
+    state.param.update(shown_plan="search", selected_group=None)
+
+
+def test_the_compare_step_says_what_the_compare_card_shows(state):
+    """After its action the Compare card shows megatron as A and zero3 as B; the step names
+    them so and quotes the card's own figures."""
+    compare = CompareView(state=state)
+    view = TeachView(state=state, compare=CompareChoice(compare))
+    _walk_to(view, "Compare")
+    step = view.steps[view.index]
+    assert (compare.a.value, compare.b.value) == ("megatron", "zero3") == step.compare
+    assert "A is <b>megatron</b> and B is <b>zero3</b>" in step.body
+    assert "Pick the search" not in step.body
+    a, b = (state.baselines[n].report for n in ("megatron", "zero3"))
+    head, colls = compare.head.object, compare.colls.view.object
+    for shown, quoted in (
+            (f"{fmt_time(a.step_time)} → {fmt_time(b.step_time)}", f"step time {fmt_time(a.step_time)} → "
+                                                                   f"{fmt_time(b.step_time)}"),
+            (f"{fmt_bytes(a.memory.peak)} → {fmt_bytes(b.memory.peak)} per device",
+             f"peak {fmt_bytes(a.memory.peak)} → {fmt_bytes(b.memory.peak)} per device")):
+        assert shown in head and quoted in step.body, (shown, head)
+    comm = [fmt_bytes(sum(c.bytes * c.count for c in r.collectives)) for r in (a, b)]
+    assert f"communication {comm[0]} → {comm[1]} per step" in step.body
+    assert all(f">{c}<" in colls or f"{c}<" in colls for c in comm), colls
+    view.close()
 
 
 def test_before_a_model_is_loaded_the_walkthrough_does_not_open():

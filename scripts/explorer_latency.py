@@ -1,0 +1,138 @@
+"""How fast the explorer answers while its search runs: the benchmark behind the browser
+test that checks the mechanism (tests/test_explorer.py::test_the_page_answers_while_the_search_runs).
+
+Starts ``panel serve`` on a free port, opens the page in headless Chromium (Debian's
+/usr/bin/chromium, as the browser tests), waits for the demo transformer, then for each of
+``--runs`` rounds presses Run and sends ``--pings`` pings through the server's event loop
+(the hidden ``partex-ping`` model, echoed back in ``partex-state``), then Pause. Prints the
+time to the first view, the round trips (median, p90, max), the slowest callback on the
+server's loop and its largest lag, the simulations made meanwhile and the load average.
+
+    .venv/bin/python scripts/explorer_latency.py [--runs 3] [--pings 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from playwright.sync_api import sync_playwright
+
+from partex.explorer import serve_command
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+PINGS_JS = """async (n) => {
+    const doc = Bokeh.documents[0];
+    const ping = doc.get_model_by_name('partex-ping');
+    const probe = doc.get_model_by_name('partex-state');
+    const out = [];
+    for (let i = 0; i < n; i++) {
+        const token = `p${i}-${Math.random()}`;
+        const t0 = performance.now();
+        ping.text = token;
+        while (JSON.parse(probe.text).ping !== token) await new Promise(r => setTimeout(r, 2));
+        out.push(performance.now() - t0);
+        await new Promise(r => setTimeout(r, 60 + Math.random() * 60));
+    }
+    return out }"""
+
+
+def _state(page) -> dict:
+    text = page.evaluate("""() => { const d = window.Bokeh && Bokeh.documents[0];
+        const m = d && d.get_model_by_name('partex-state'); return m ? m.text : null }""")
+    return json.loads(text) if text else {}
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise SystemExit(f"explorer_latency: timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(runs: int, pings: int) -> dict:
+    port = _port()
+    url = f"http://127.0.0.1:{port}/app"
+    tmp = tempfile.mkdtemp(prefix="partex-latency-")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PARTEX_SESSIONS_DIR=tmp)
+    t0 = time.monotonic()
+    server = subprocess.Popen(serve_command(port), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def up():  # a static file: each GET of /app would make a session that loads a model
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/assets/logo.svg", timeout=30) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        _wait(up, 300, "panel serve to answer")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.goto(url)
+            _wait(lambda: _state(page).get("phase") == "ready", 300, "the model to load")
+            first_view = time.monotonic() - t0
+            trips: list[float] = []
+            sims = 0
+            for _ in range(runs):
+                before = _state(page).get("simulations", 0)
+                page.get_by_role("button", name="▶ Run", exact=True).click()
+                _wait(lambda: _state(page).get("simulations", 0) > before, 300, "the search to start")
+                trips += page.evaluate(PINGS_JS, pings)
+                s = _state(page)
+                page.get_by_role("button", name="❚❚ Pause", exact=True).click()
+                sims += s["simulations"] - before
+            timings = _state(page)["timings"]
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+    trips.sort()
+    return {"first_view_s": round(first_view, 2), "pings": len(trips),
+            "ping_ms_median": round(statistics.median(trips), 1),
+            "ping_ms_p90": round(trips[int(len(trips) * 0.9)], 1), "ping_ms_max": round(trips[-1], 1),
+            "max_callback_ms": timings["max_callback_ms"], "max_loop_lag_ms": timings["max_loop_lag_ms"],
+            "simulations_during_pings": sims, "load_average_1min": round(os.getloadavg()[0], 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3, help="Run/ping/Pause rounds (default 3)")
+    ap.add_argument("--pings", type=int, default=30, help="pings per round (default 30)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    if not os.path.exists(CHROMIUM):
+        print(f"explorer_latency: {CHROMIUM} is missing: run `make chromium`", file=sys.stderr)
+        return 2
+    out = measure(args.runs, args.pings)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for k, v in out.items():
+            print(f"{k:>26}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
