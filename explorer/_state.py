@@ -179,7 +179,9 @@ class ExplorerState(param.Parameterized):
             self.notify(text, "info")
 
     def notify(self, text: str, level: str = "info") -> None:
-        """Show a one-line message on the page (the text and its level change together)."""
+        """Show a one-line message on the page (the text and its level change together). A
+        newer message replaces a pause's: its count is no longer rewritten (``pause``)."""
+        self._pausing = False
         with param.parameterized.batch_call_watchers(self):
             self.message_level = level
             self.message = " ".join(str(text).split())
@@ -209,10 +211,14 @@ class ExplorerState(param.Parameterized):
         """A bug in the explorer or the engine while ``what``: log its traceback, say so on
         the page in one line, and leave the session usable (the last model stays loaded)."""
         log.error("partex: internal error while %s (session %s)", what, self.session_id, exc_info=e)
-        if "load" not in self.busy and "session" not in self.busy:
-            self.phase = "ready" if self.workspace is not None and self.runner is not None else "failed"
-        self.notify(f"internal error while {what}: {type(e).__name__}: {e} (the server's log has the "
-                    "traceback); the page goes on", "danger")
+        try:
+            if "load" not in self.busy and "session" not in self.busy:
+                self.phase = "ready" if self.workspace is not None and self.runner is not None else "failed"
+            self.notify(f"internal error while {what}: {type(e).__name__}: {e} (the server's log has the "
+                        "traceback); the page goes on", "danger")
+        except Exception as again:  # saying so failed too: the log has both, nothing is raised
+            log.error("partex: internal error while reporting an internal error (session %s)", self.session_id,
+                      exc_info=again)
 
     def _drain(self) -> None:
         while self._inbox:
@@ -340,6 +346,12 @@ class ExplorerState(param.Parameterized):
         same_model = self.workspace is not None and ws.res is self.workspace.res
         if loaded.form:
             self._set_forms(loaded.form)
+        if not same_model:
+            # pins and forbids are group ids of the old model: gone before the new model comes,
+            # so no view ever reads them against it (the new model's come after it, below)
+            with param.parameterized.batch_call_watchers(self):
+                self.pins, self.forbidden = [], []
+            self.held = ((), ())
         with param.parameterized.batch_call_watchers(self):
             self.workspace = ws
             self.config = ws.config
@@ -435,8 +447,8 @@ class ExplorerState(param.Parameterized):
         self.running = False
         if was:  # the "searching on ..." message would outlive the search
             # the search stops between two chunks: the count is said again with its last snapshot
-            self._pausing = self.runner is not None
             self._say_paused()
+            self._pausing = self.runner is not None
 
     def _say_paused(self) -> None:
         self._say(f"paused after {self.stats.get('simulations', 0):,} simulations; Run goes on, Reset "
@@ -539,11 +551,12 @@ class ExplorerState(param.Parameterized):
         self._submit("upload", work, self._uploaded)
 
     def _uploaded(self, summary: PlanSummary) -> None:
-        self.uploaded = summary
-        self.shown_plan = "uploaded"
         r = summary.report
+        # the message first: a page that sees the uploaded plan also sees what it is
         self.notify(f"uploaded plan: {len(summary.decisions)} decisions on {summary.plan.mesh.text()}, "
                     f"predicted step {fmt_time(r.step_time)}, peak {fmt_bytes(r.memory.peak)} per device", "success")
+        self.uploaded = summary
+        self.shown_plan = "uploaded"
         self._update_probe()
 
     def verify(self) -> None:

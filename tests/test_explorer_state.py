@@ -264,8 +264,9 @@ def test_no_larger_mesh_fitting_is_said_with_the_most_devices_tried(tmp_path):
 
 
 def test_an_uploaded_plan_then_another_model_loads_and_the_search_goes_on(tmp_path):
-    """Upload a plan, then load another model: the page keeps the upload only for the same
-    model (by the plan's signature), loads the new one and its search steps."""
+    """Upload a plan and pin a group, then load another model: the page keeps the upload only
+    for the same model (by the plan's signature), drops the pin with the model, loads the new
+    one and its search steps."""
     st = ExplorerState(sessions_dir=tmp_path)
     try:
         _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
@@ -275,11 +276,13 @@ def test_an_uploaded_plan_then_another_model_loads_and_the_search_goes_on(tmp_pa
         st.mesh_text = "data=2,model=4"  # same model, another mesh: the upload stays
         _settle(st, lambda: st.config.mesh.text() == "data=2,model=4" and "load" not in st.busy, "the new mesh")
         assert st.uploaded is not None and st.phase == "ready"
+        st.pin(st.workspace.an.group_by_label("heads").id, "model")  # a pin on a group the mlp lacks
+        assert st.pins
         st.model_name = "mlp"
         st.load()
         _settle(st, lambda: st.workspace.choice.spec == "mlp" and st.phase == "ready" and "load" not in st.busy,
                 "the mlp to load")
-        assert st.uploaded is None  # another model's plan does not apply here
+        assert st.uploaded is None and st.pins == []  # another model's plan and pins do not apply here
         assert st.message_level != "danger", st.message
         st.step()
         _settle(st, lambda: st.stats.get("simulations", 0) >= st.step_size, "the mlp's search to step")
