@@ -21,6 +21,29 @@ STATIC = next((d for d in (HERE.parent / "static", HERE.parents[1] / "static") i
               HERE.parent / "static")
 
 
+# Round trips through a page's server, run in the page (Playwright's ``page.evaluate(PING_JS,
+# n)``): n times, set the hidden ``partex-ping`` model's text to a new token and wait until the
+# server echoes it back in ``partex-state`` (see ``ProbeView``), 60-120 ms apart. Returns the
+# round trips in ms; a ping unanswered for 60 s ends the list early.
+PING_JS = """async (n) => {
+    const doc = Bokeh.documents[0];
+    const ping = doc.get_model_by_name('partex-ping');
+    const probe = doc.get_model_by_name('partex-state');
+    const out = [];
+    for (let i = 0; i < n; i++) {
+        const token = `p${i}-${Math.random()}`;
+        const t0 = performance.now();
+        ping.text = token;
+        while (JSON.parse(probe.text).ping !== token) {
+            if (performance.now() - t0 > 60000) return out;
+            await new Promise(r => setTimeout(r, 2));
+        }
+        out.push(performance.now() - t0);
+        await new Promise(r => setTimeout(r, 60 + Math.random() * 60));
+    }
+    return out }"""
+
+
 def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = False,
                   session_lifetime_ms: int = 5000) -> list[str]:
     """The ``panel serve`` command line. The static folder is served at /assets (Bokeh
@@ -84,4 +107,4 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False) -> i
                 proc.wait()
 
 
-__all__ = ["serve", "serve_command", "APP", "STATIC"]
+__all__ = ["serve", "serve_command", "APP", "STATIC", "PING_JS"]

@@ -26,26 +26,11 @@ import urllib.request
 
 from playwright.sync_api import sync_playwright
 
-from partex.explorer import serve_command
+from partex.explorer import PING_JS, serve_command
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-PINGS_JS = """async (n) => {
-    const doc = Bokeh.documents[0];
-    const ping = doc.get_model_by_name('partex-ping');
-    const probe = doc.get_model_by_name('partex-state');
-    const out = [];
-    for (let i = 0; i < n; i++) {
-        const token = `p${i}-${Math.random()}`;
-        const t0 = performance.now();
-        ping.text = token;
-        while (JSON.parse(probe.text).ping !== token) await new Promise(r => setTimeout(r, 2));
-        out.push(performance.now() - t0);
-        await new Promise(r => setTimeout(r, 60 + Math.random() * 60));
-    }
-    return out }"""
 
 
 def _state(page) -> dict:
@@ -99,7 +84,7 @@ def measure(runs: int, pings: int) -> dict:
                 before = _state(page).get("simulations", 0)
                 page.get_by_role("button", name="▶ Run", exact=True).click()
                 _wait(lambda: _state(page).get("simulations", 0) > before, 300, "the search to start")
-                trips += page.evaluate(PINGS_JS, pings)
+                trips += page.evaluate(PING_JS, pings)
                 s = _state(page)
                 page.get_by_role("button", name="❚❚ Pause", exact=True).click()
                 sims += s["simulations"] - before

@@ -23,7 +23,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from partex import Plan
-from partex.explorer import serve_command
+from partex.explorer import PING_JS, serve_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "tests" / "screenshots"
@@ -474,23 +474,7 @@ def test_the_page_answers_while_the_search_runs(tab):
     try:
         wait_until(lambda: state(tab)["simulations"] > 0, what="the search to start")
         before = state(tab)["simulations"]
-        trips = tab.evaluate("""async (n) => {
-            const doc = Bokeh.documents[0];
-            const ping = doc.get_model_by_name('partex-ping');
-            const probe = doc.get_model_by_name('partex-state');
-            const out = [];
-            for (let i = 0; i < n; i++) {
-                const token = `p${i}-${Math.random()}`;
-                const t0 = performance.now();
-                ping.text = token;
-                while (JSON.parse(probe.text).ping !== token) {
-                    if (performance.now() - t0 > 60000) return out;  // unanswered: fails below
-                    await new Promise(r => setTimeout(r, 2));
-                }
-                out.push(performance.now() - t0);
-                await new Promise(r => setTimeout(r, 60 + Math.random() * 60));
-            }
-            return out }""", 30)
+        trips = tab.evaluate(PING_JS, 30)  # unanswered for 60 s: fewer than 30, fails below
         s = state(tab)
     finally:
         click(tab, "❚❚ Pause")
