@@ -126,7 +126,7 @@ def test_a_bad_input_is_said_once_at_its_field_and_clears_when_fixed(tab):
     note = tab.locator("[role=alert]", has_text="cannot parse mesh")
     wait_until(lambda: note.count() == 1 and note.first.is_visible(), what="the mesh's message at its field")
     assert tab.locator("[data-toast]", has_text="cannot parse mesh").count() == 0
-    assert _shown(tab, "cannot parse mesh") == 1  # once on the page
+    wait_until(lambda: _shown(tab, "cannot parse mesh") == 1, what="the mesh's message once on the page")
     assert alert_text(tab) == loaded and state(tab)["level"] == "success"
     mesh.fill("data=4,model=2")
     mesh.press("Enter")
@@ -139,7 +139,7 @@ def test_a_bad_input_is_said_once_at_its_field_and_clears_when_fixed(tab):
                    what="the override refused at its field")
     assert "bad value 'x'" in s["field_error"]["overrides"] and s["model"]["overrides"] == []
     wait_until(lambda: tab.locator("[role=alert]", has_text="bad value 'x'").count() == 1, what="its message")
-    assert _shown(tab, "bad value 'x'") == 1
+    wait_until(lambda: _shown(tab, "bad value 'x'") == 1, what="the override's message once on the page")
     overrides.fill("layers=1")
     overrides.press("Enter")  # no Analyze: Enter applies it
     wait_until(lambda: (lambda s: s["model"]["overrides"] == ["layers=1"] and s["phase"] == "ready"

@@ -531,7 +531,7 @@ def test_analysis_never_crashes(prog):
     assert all(0 <= g.id < len(an.groups) for g in an.decision_groups)
 
 
-@_settings(150)
+@_settings(100)
 @given(programs(), st.sampled_from(MESHES), st.data())
 def test_random_decisions_apply_and_match(prog, mesh_text, data):
     fn, args, ma = _analysed(prog)

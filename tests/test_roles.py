@@ -134,11 +134,11 @@ def test_renamed_model_gets_the_same_bench_table(name):
         _input_specs(res, cm, best.decisions)
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer"])
+@pytest.mark.parametrize("name", ["mlp"])
 def test_renamed_model_gets_the_same_ilp_plan(name):
-    """The ILP on the renamed model: the same plan. Small models, whose MILPs solve to
-    optimality in a second or two: the time limit is a safety net far above that, so the
-    outcome does not depend on how busy the machine is."""
+    """The ILP on the renamed model: the same plan. A small model, whose MILPs solve to
+    optimality in a second: the time limit is a safety net far above that, so the outcome
+    does not depend on how busy the machine is."""
     res = _analysed(name)
     renamed, ren = _renamed(name)
     hw0 = get_hardware("tpu-v4")

@@ -52,8 +52,13 @@ def _check(row: dict) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("mesh_text", ["data=4,model=2", "data=8"])
-@pytest.mark.parametrize("model", list(demo_models.MODELS))
+# every demo model on both meshes, but the U-Net only where it is sharded two ways (its
+# data=8 case compiles for 35 s and checks nothing the other meshes do not)
+CASES = [(m, mesh) for m in demo_models.MODELS for mesh in ("data=4,model=2", "data=8")
+         if (m, mesh) != ("unet", "data=8")]
+
+
+@pytest.mark.parametrize("model,mesh_text", CASES)
 def test_predictions_match_xla(tmp_path, model, mesh_text):
     res = analyze_model(model)
     mesh = MeshSpec.parse(mesh_text)
