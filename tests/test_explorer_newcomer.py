@@ -34,14 +34,14 @@ def _ready(page, what: str, check=lambda s: True) -> dict:
 
 
 def _fix(page, placeholder: str, bad: str, good: str, field: str) -> None:
-    """Type a bad value: it is refused at its field and the old configuration stays; type
-    the good one: the mark clears and no error is left standing."""
+    """Type a bad value: it is refused at its field and the page goes on; type the good one:
+    the mark clears and no error is left standing. (That the configuration in force stays
+    is checked field by field in tests/test_explorer.py.)"""
     box = page.locator(f'input[placeholder="{placeholder}"]')
-    before = state(page)["config"]
     box.fill(bad)
     box.press("Enter")
     s = wait_until(lambda: (lambda s: field in s["field_error"] and s)(state(page)), what=f"{bad!r} refused")
-    assert s["config"] == before, s  # the configuration in force did not change
+    assert s["phase"] == "ready" and s["level"] != "danger", s  # refused at the field, the page goes on
     box.fill(good)
     box.press("Enter")
     s = wait_until(lambda: (lambda s: not s["field_error"] and s["phase"] == "ready" and s)(state(page)),
