@@ -620,7 +620,8 @@ def test_bad_input_from_the_plan_and_verify_views_is_seen_where_the_user_is(chro
         tab.screenshot(path=SHOTS / shot)
         box.fill(field if "model" in bad else "3MiB")
         box.press("Enter")
-        wait_until(lambda: not state(tab).get("field_error"), what="the mark to clear")
+        wait_until(lambda: (lambda s: not s.get("field_error") and "load" not in s["busy"])(state(tab)),
+                   what="the mark to clear and the good value to load")
 
 
 def _graph_nodes(page: Page) -> list[dict]:
