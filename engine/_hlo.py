@@ -36,7 +36,7 @@ import numpy as np
 
 from ._errors import PartexError
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+from .cost import KINDS  # the one list of collective kinds
 
 # opcode -> kind. The async ``-start`` forms count as the collective; ``-done`` is skipped.
 _OPCODE_KIND = {k: k for k in KINDS}
@@ -243,10 +243,10 @@ def _parse_module(hlo_text: str) -> _Module:
         if clean.endswith("{") and not _INSTR.match(clean):
             h = _HEADER.match(clean) or _HEADER_NOSIG.match(clean)
             if h:
-                current = h.group(2)
-                computations.setdefault(current, [])
+                current = name = h.group(2)
+                computations.setdefault(name, [])
                 if h.group(1):
-                    entry = current
+                    entry = name
                 continue
         if current is None:
             continue

@@ -22,7 +22,7 @@ from typing import Any
 
 from ._errors import PartexError
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+from .cost import KINDS  # the one list of collective kinds
 
 # XLA:CPU's scheduler: by default it schedules for thread concurrency, starting every op whose
 # operands are ready (a weight's all-gather) as early as it can, and it expands optimisation
@@ -150,7 +150,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     from jax.sharding import NamedSharding
 
     from ._analysis import analyze
-    from ._cost import CostModel
+    from .cost import CostModel
     from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
     from ._loader import axis_names_by_value
     from ._plan import resolve_decisions, spec_from_json
@@ -191,7 +191,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
         from ._explain import explain
 
         explained = explain(text, cm, report, plan, program.arg_names)
-    pred_bytes = dict.fromkeys(KINDS, 0.0)
+    pred_bytes: dict[str, float] = dict.fromkeys(KINDS, 0.0)
     for k, v in report.collective_bytes.items():
         pred_bytes[k] += v
     m = report.memory

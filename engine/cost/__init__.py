@@ -1,0 +1,48 @@
+"""The analytic cost model: step time, collectives and per-device peak memory of a plan.
+
+A plan is an ordered list of decisions (group, mesh axis). From it follow
+- each value's sharding: walking the decisions in order, a decision shards the first dim of
+  the value in that group (an intra conflict: the other dim stays unsharded), unless the
+  value already uses that mesh axis on another dim (an axis conflict: the earlier decision
+  keeps it) or the dim does not divide;
+- each op's sharding, the same way over its factors (need-replication factors never shard);
+- communication where a value's sharding and its consumer's view differ: an axis dropped is
+  an all-gather, an axis moved to another dim an all-to-all, an axis added a free local
+  slice; a sharded reduction factor leaves partial sums: an all-reduce, or a reduce-scatter
+  when the result value is sharded on that axis. Ring (alpha-beta) costs per mesh axis.
+- peak memory per device by liveness over program order, every buffer at its sharded size;
+  arguments and outputs counted whole (as XLA reports them), donated outputs aliased.
+
+Evaluation is memoised per value signature and per op pattern (ops with the same shapes,
+factors and groups), which do not grow with depth, so scoring a plan costs about the same
+for 2 or 48 layers.
+
+The modules, each pure over the immutable tables of one (analysis, mesh, hardware):
+
+- ``_kinds``: ``CollectiveKind``, the one list of collective kinds (HLO parser and
+  verifier import it too);
+- ``_facts``: per-primitive cost facts, a registry beside ``_rules.factor_rules`` (FLOPs,
+  free ops, views, fusible ops, the partitioner's quirks);
+- ``_report``: the public results (``CostReport``, ``MemoryReport``, ``CollectiveCost``);
+- ``_shardings``: axes from ordered decisions (``assign``), an op's view of a tensor;
+- ``_tables``: the tables (value signatures, patterns, live ranges, bitmasks);
+- ``_patterns``: op patterns and the cost of one pattern under decisions;
+- ``_reshard``: collective records, their ring time, reshards, halos, concatenate/split;
+- ``_aggregate``: the summed costs of the patterns of one group mask;
+- ``_cse``: one reshard of a value per computation;
+- ``_liveness``: live ranges and the per-device peak;
+- ``_recompute``: what recompute decisions change, and its price;
+- ``_overlap``: the schedule of collectives under compute;
+- ``_model``: ``CostModel``, the memoising façade, and the only reader of a decision's form.
+"""
+
+from ._facts import CostFacts, cost_facts, facts_of
+from ._kinds import KINDS, CollectiveKind
+from ._model import CostModel
+from ._report import CollectiveCost, CostReport, MemoryReport
+from ._shardings import Spec
+
+__all__ = [
+    "KINDS", "CollectiveCost", "CollectiveKind", "CostFacts", "CostModel", "CostReport", "MemoryReport", "Spec",
+    "cost_facts", "facts_of",
+]

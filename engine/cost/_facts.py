@@ -1,0 +1,176 @@
+"""Per-primitive cost facts: a registry beside ``_rules.factor_rules``.
+
+Owns ``cost_facts`` (primitive name -> ``CostFacts``) and ``facts_of`` (the lookup, with a
+default for primitives nothing is known of: an elementwise op that moves its bytes through
+memory). What the factor rule of a primitive says (which dims move together) is
+``_rules``'; what it costs -- its FLOPs, whether it moves data at all, whether XLA fuses it,
+the quirks of XLA's partitioner on it -- is here, one entry per primitive, registered in
+families right after the helpers that define them.
+
+Imports ``_rules`` only (the factor-rule registry, and the helpers and primitive sets that
+count FLOPs as XLA does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+from .._rules import _MOVES, _REDUCTIONS, PSEUDO_OPS, _conv_flops, conv_halo_ratios, factor_rules, pointwise_rule
+
+Shape = tuple[int, ...]
+FlopsRule = Callable[[dict, Sequence[Shape], Sequence[Shape]], float]
+
+
+class Shift(NamedTuple):
+    """A concatenate's or split's cut dim: XLA moves whole pieces along it."""
+
+    kind: str  # "concatenate" | "split"
+    dim: int
+    sizes: tuple[int, ...]  # the pieces' sizes along dim, in order
+
+
+# ----------------------------------------------------------------------------- FLOPs
+# As XLA's HloCostAnalysis counts them (its FLOPs plus its transcendentals), checked op by
+# op against ``compiled.cost_analysis()`` in tests/test_rules.py (through ``_rules.op_flops``,
+# which counts the same with the same helpers).
+
+def elementwise_flops(params, ins, outs) -> float:
+    """One per element of each result (the default)."""
+    return float(sum(math.prod(s) for s in outs))
+
+
+def no_flops(params, ins, outs) -> float:
+    """An op that only moves or views data, or a loop boundary."""
+    return 0.0
+
+
+def dot_flops(params, ins, outs) -> float:
+    """2 per multiply-add: result elements x contracted size."""
+    (lc, _), _ = params["dimension_numbers"]
+    k = math.prod(ins[0][a] for a in lc)
+    return 2.0 * math.prod(outs[0]) * k
+
+
+def logistic_flops(params, ins, outs) -> float:
+    """XLA expands it: 1 / (1 + exp(-x)), 3 FLOPs and a transcendental per element."""
+    return 4.0 * math.prod(outs[0])
+
+
+def reduction_flops(params, ins, outs) -> float:
+    """One combine per input element beyond the first of each output."""
+    return float(max(math.prod(ins[0]) - math.prod(outs[0]), 0))
+
+
+# ----------------------------------------------------------------------------- structure
+
+def _concatenate_shift(op, values) -> Shift:
+    d = int(op.params["dimension"])
+    return Shift("concatenate", d, tuple(values[i].shape[d] for i in op.inputs))
+
+
+def _split_shift(op, values) -> Shift:
+    d = int(op.params["axis"]) % len(values[op.inputs[0]].shape)
+    return Shift("split", d, tuple(values[o].shape[d] for o in op.outputs))
+
+
+def _scalar_broadcast(op, values) -> bool:
+    return not values[op.inputs[0]].shape
+
+
+def _interior_padded(op) -> set[int]:
+    return {d for d, (_, _, interior) in enumerate(op.params["padding_config"]) if interior}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CostFacts:
+    """What the cost model knows of one primitive beyond its factor rule."""
+
+    flops: FlopsRule = elementwise_flops  # FLOPs of one execution, unsharded
+    # moves no data of its own (a view, a cast XLA folds, a loop boundary): no compute or
+    # memory time
+    free: bool = False
+    # only views its operand: a view of a value there from the start of the step is there
+    # from the start too (a weight's cast or transpose: its gather can be prefetched)
+    view: bool = False
+    # its result is its operand's data in another shape or layout (free ops, transpose): a
+    # value read through it is read where the result is (XLA:CPU's combined reductions)
+    relayout: bool = False
+    # elementwise: XLA fuses it into its consumer, its result never reaching memory
+    fusible: bool = False
+    # reads its operands inside a fusion (elementwise ops and reductions): a fusible value
+    # read by nothing else is never materialised
+    fusion_reader: bool = False
+    # apply pins its result at the sharding the plan computes it in before resharding it:
+    # XLA's partitioner, left to shard a grouped conv's 1-wide output features itself,
+    # emits invalid HLO or wrong values (jax 0.12; the property tests found it)
+    write_at_view: bool = False
+    # concatenate / split: the cut dim and the pieces along it (XLA moves whole pieces)
+    shift: Callable[..., Shift] | None = None
+    # any device can make the result locally at any sharding (an iota, a broadcast scalar):
+    # resharding it is free, XLA just builds it at the sharding wanted; (op, values) -> bool
+    local: Callable[..., bool] | None = None
+    # result dims XLA's SPMD partitioner may not shard: a pad with interior padding is
+    # partitioned wrongly when its result is sharded along the padded dim (wrong values or a
+    # failed HLO verification, jax 0.10.2); op -> dims
+    blocked_dims: Callable[..., set[int]] | None = None
+    # a conv: per lhs spatial dim, the factor its FLOPs per device grow by when that dim is
+    # sharded with a halo exchange (``_rules.conv_halo_ratios``)
+    halo_ratios: Callable[..., dict[int, float]] | None = None
+    # a conv with batch_group_count > 1 (a depthwise conv's weight gradient): XLA all-reduces
+    # its partial results over the whole mesh (patterns.whole_mesh_partials); params -> bool
+    grouped: Callable[[dict], bool] | None = None
+
+
+DEFAULT = CostFacts()
+cost_facts: dict[str, CostFacts] = {}
+
+
+def facts_of(primitive: str) -> CostFacts:
+    """The cost facts of a primitive (the default for one nothing is registered for)."""
+    return cost_facts.get(primitive, DEFAULT)
+
+
+def having(fact: str) -> dict[str, Any]:
+    """Primitive -> its ``fact``, for the primitives where it is set (true, or a function):
+    one dict lookup per op in the loops over a whole program (as fast as the name sets the
+    registry replaced)."""
+    return {n: v for n, f in cost_facts.items() if (v := getattr(f, fact))}
+
+
+def define(names, **facts) -> None:
+    """Set some facts of each of ``names``, keeping the others they have."""
+    for n in names:
+        cost_facts[n] = dataclasses.replace(cost_facts.get(n, DEFAULT), **facts)
+
+
+# Ops that move no data of their own (views, loop boundaries).
+FREE = PSEUDO_OPS | {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
+                     "stop_gradient", "copy", "copy_p", "sharding_constraint", "optimization_barrier"}
+define(FREE, free=True, relayout=True)
+define(["transpose"], relayout=True)
+# Ops that only view their operand (cast, reshape, transpose, slice).
+define((FREE - PSEUDO_OPS) | {"transpose", "slice", "squeeze", "rev"}, view=True)
+
+# Elementwise primitives XLA fuses into their consumers, and the ops that read inside a
+# fusion: those and XLA's reductions (every ``reduce_*`` primitive).
+FUSIBLE = frozenset(name for name, rule in factor_rules.items() if rule is pointwise_rule) | {
+    "broadcast_in_dim", "convert_element_type", "reshape", "transpose", "squeeze", "select_n"}
+define(FUSIBLE, fusible=True, fusion_reader=True)
+define(["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
+        "reduce_precision", "reduce_window", "reduce_window_sum", "reduce_window_max", "reduce_window_min",
+        "reduce_scatter", "reduce_scatter_start", "reduce_scatter_done"], fusion_reader=True)
+
+define(PSEUDO_OPS | _MOVES, flops=no_flops)
+define(_REDUCTIONS, flops=reduction_flops)
+define(["dot_general"], flops=dot_flops)
+define(["logistic"], flops=logistic_flops)
+define(["conv_general_dilated"], flops=_conv_flops, halo_ratios=conv_halo_ratios, write_at_view=True,
+       grouped=lambda params: params["batch_group_count"] > 1)
+
+define(["concatenate"], shift=_concatenate_shift)
+define(["split"], shift=_split_shift)
+define(["iota"], local=lambda op, values: True)
+define(["broadcast_in_dim"], local=_scalar_broadcast)
+define(["pad"], blocked_dims=_interior_padded)

@@ -1,0 +1,302 @@
+"""``CostModel``: the façade that scores plans, memoising what the pure modules compute.
+
+A plan is an ordered list of decisions. ``_decisions`` and ``recompute_of`` turn them into
+what the package works on -- sharding triples (``_shardings``) and sorted (unit, kind)
+recompute pairs -- and are the only code here that reads a decision's form. Everything
+else is a function of the tables (``_tables``, built once per analysis, mesh and
+hardware) and those: the façade holds the memo tables (per signature, per pattern, per
+aggregate, per CSE key, per recompute edit) and sums. Imports every module of the package.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .._analysis import NO_DIM, Analysis
+from .._constraints import NONE as NO_FIXED
+from .._constraints import check_mode
+from .._mesh import Hardware, MeshSpec
+from .._decisions import Decision, Recompute, Resolve, Shard
+from .._recompute import value_readers
+from ._aggregate import aggregate
+from ._cse import Reshards, common_reshards
+from ._facts import facts_of
+from ._liveness import memory_report
+from ._overlap import Timeline, build_timeline, overlapped
+from ._patterns import PatternCost, pattern_cost
+from ._recompute import Edit, build_edit, extra_cost
+from ._report import CollectiveCost, CostReport
+from ._shardings import Spec, assign, shards
+from ._tables import build_tables
+
+# TRANSITION: a decision is read as its (id, slot) pair -- (group id, mesh axis or
+# "resolve:..."), (unit id, "recompute:...") -- a tuple or one of partex._decisions' types
+# (which unpack as their pair), by _decisions and recompute_of only.
+
+
+class CostModel:
+    """Scores plans for one analysed program on one mesh and hardware."""
+
+    def __init__(self, analysis: Analysis, mesh: MeshSpec, hardware: Hardware,
+                 donate: Iterable[int] | None = None, lowering: str = "tpu", user_shardings: str = "keep"):
+        """lowering: "tpu" (TPU and GPU: real reduce-scatters) or "cpu" (XLA:CPU lowers a
+        reduce-scatter to an all-reduce of the whole partial result and a local slice, which
+        takes a second full-size buffer; used to compare with XLA on simulated devices).
+        user_shardings: "keep" (the step's own sharding constraints are fixed decisions ahead
+        of every plan's, as XLA honours them; see _constraints) or "replace"."""
+        if lowering not in ("tpu", "cpu"):
+            raise ValueError(f"lowering must be 'tpu' or 'cpu', got {lowering!r}")
+        self.user_shardings = check_mode(user_shardings)
+        self.fixed = analysis.fixed(mesh) if user_shardings == "keep" else NO_FIXED
+        self.lowering = lowering
+        self.analysis = analysis
+        self.mesh = mesh
+        self.hw = hardware
+        self.program = analysis.program
+        self.units = analysis.units
+        self.tables = t = build_tables(analysis, mesh, hardware, donate, lowering, self.fixed)
+        self.axis_size = t.axis_size
+        self.sigs = t.sigs
+        self.patterns = t.patterns
+        # memo tables, keyed by what each result depends on (a mask's decisions, ...)
+        self._sig_cache: dict = {}  # (signature, decisions) -> its sharding
+        self._pat_cache: dict = {}  # (pattern, decisions) -> PatternCost
+        self._agg_cache: dict = {}  # (mask, decisions) -> Aggregate; (rc, mask, decisions) -> extra cost
+        self._factor_cache: dict = {}  # (mask, decisions) -> the signatures' shard counts
+        self._reshard_cache: dict = {}  # (the plan's operand reshards, rc) -> Reshards
+        self._edits: dict = {}  # recompute decisions -> Edit
+        self._tl: Timeline | None = None  # built on the first overlapped evaluation
+        self._readers: list | None = None  # per value, its readers: built on the first edit
+
+    # ------------------------------------------------------------------ decisions
+    # The only two methods that read decisions: into the triples and pairs the package works on.
+    def _decisions(self, decisions: Sequence[Decision]) -> list[tuple[int, str, int]]:
+        """The sharding decisions, as (group, axis, axis size); recompute decisions left out,
+        a conflict's resolution as (group, resolution, 0) (``_shardings.assign`` reads it;
+        it shards nothing)."""
+        fixed = self.fixed
+        placed: list[Shard | Resolve] = [d for d in decisions if isinstance(d, (Shard, Resolve))]
+        if fixed.groups:  # the user's shardings first; a plan cannot move a group they fix
+            placed = [*fixed.decisions, *(d for d in placed if d.group not in fixed.groups)]
+        return [(d.group, d.axis, self.axis_size[d.axis]) if isinstance(d, Shard) else (d.group, d.resolution, 0)
+                for d in placed]
+
+    @staticmethod
+    def recompute_of(decisions: Sequence[Decision]) -> tuple[tuple[int, str], ...]:
+        """The recompute decisions, as sorted (unit, kind); the last one for a unit counts."""
+        out = {d.unit: d.kind for d in decisions if isinstance(d, Recompute)}
+        return tuple(sorted(out.items()))
+
+    # ------------------------------------------------------------------ memoised pieces
+    def sig_spec(self, sig: int, dec: Sequence[tuple[int, str, int]]) -> list[list[str]]:
+        """A value signature's sharding (per dim, its mesh axes) under decision triples."""
+        m = self.tables.sig_mask[sig]
+        rel = tuple(d for d in dec if (m >> d[0]) & 1)
+        key = (sig, rel)
+        r = self._sig_cache.get(key)
+        if r is None:
+            r = self._sig_cache[key] = assign(self.sigs[sig], rel)
+        return r
+
+    def _pattern_cost(self, pi: int, dec) -> PatternCost:
+        m = self.tables.pat_mask[pi]
+        rel = tuple(d for d in dec if (m >> d[0]) & 1)
+        key = (pi, rel)
+        r = self._pat_cache.get(key)
+        if r is None:
+            r = self._pat_cache[key] = pattern_cost(self.tables, self.patterns[pi], rel, self.sig_spec)
+        return r
+
+    def _edit(self, rc: tuple[tuple[int, str], ...]) -> Edit:
+        e = self._edits.get(rc)
+        if e is None:
+            if self._readers is None:
+                self._readers = value_readers(self.program)
+            e = self._edits[rc] = build_edit(self.tables, rc, self.units, self._readers)
+        return e
+
+    def _extra(self, edit: Edit, dec, detail: bool) -> tuple[float, float, list]:
+        """(compute s, comm s, collectives) of the ops a recompute runs again."""
+        compute = comm = 0.0
+        colls = []
+        for m, items in edit.extra:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            key = (edit.rc, m, rel)
+            r = self._agg_cache.get(key)
+            if r is None:
+                r = self._agg_cache[key] = extra_cost(items, rel, self._pattern_cost)
+            compute += r[0]
+            comm += r[1]
+            if detail:
+                colls += r[2]
+        return compute, comm, colls
+
+    def _timeline(self) -> Timeline:
+        if self._tl is None:
+            self._tl = build_timeline(self.program)
+        return self._tl
+
+    def _local_bytes(self, dec) -> np.ndarray:
+        """Per value, its bytes per device (shard counts memoised per group mask)."""
+        t = self.tables
+        sig_factor = np.empty(len(self.sigs), dtype=np.float64)
+        for m, sigs in t.sig_masks:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            f = self._factor_cache.get((m, rel))
+            if f is None:
+                f = self._factor_cache[(m, rel)] = np.array([shards(t.axis_size, self.sig_spec(si, rel)) for si in sigs])
+            sig_factor[sigs] = f
+        return t.nbytes / sig_factor[t.vsig]
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, decisions: Sequence[Decision], detail: bool = False, overlap: bool | None = None) -> CostReport:
+        """The plan's step time, memory and (``detail``) collectives. ``overlap``: schedule
+        collectives under compute (default: as the hardware does; False: every collective
+        exposed, the step a sum: additive over decisions, as the ILP linearises it)."""
+        t = self.tables
+        if overlap is None:
+            overlap = self.hw.overlap
+        dec = self._decisions(decisions)
+        rc = self.recompute_of(decisions)
+        edit = self._edit(rc) if rc else None
+        local = self._local_bytes(dec)
+        # time: patterns that depend on the same groups share one memoised aggregate
+        compute = comm = 0.0
+        colls, transients, aggs, reshard_keys = [], [], [], []
+        cache = self._agg_cache
+        for m, pis in t.mask_groups:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            agg = cache.get((m, rel))
+            if agg is None:
+                agg = cache[(m, rel)] = aggregate(t, pis, rel, self._pattern_cost)
+            aggs.append(agg)
+            compute += agg.compute
+            comm += agg.comm
+            if agg.resharded:
+                reshard_keys += agg.reshard_keys
+            if agg.transients:
+                transients += agg.transients
+            if detail:
+                colls += agg.colls
+        extra_colls = []
+        xc = xm = 0.0
+        if edit is not None:
+            xc, xm, extra_colls = self._extra(edit, dec, detail)
+            compute += xc
+            comm += xm
+        common = self._common_reshards(aggs, reshard_keys, rc, t.user_late if edit is None else edit.late)
+        buffers = list(common.buffers)
+        buffers += transients
+        comm -= common.saved
+        step = compute + comm
+        exposed = None
+        if overlap and comm > 0:
+            # the recomputation's ops run as one block, their collectives in line
+            secs, exposed = overlapped(t, self._timeline(), aggs, common.dup_ops)
+            step = min(step, secs + xc + xm)
+        ideal = t.total_flops / (self.mesh.size * self.hw.peak_flops)
+        mem = memory_report(t.live, local, detail, buffers, edit)
+        report_colls = ()
+        if detail:
+            report_colls = tuple(self._collective_rows(colls, common.dup, extra_colls, exposed))
+        return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
+                          self.hw.budget, mem.peak <= self.hw.limit, report_colls, max(0.0, compute + comm - step))
+
+    def _common_reshards(self, aggs, reshard_keys: list, rc, late) -> Reshards:
+        """The plan's operand reshards after CSE, memoised on what they depend on: the
+        reshards (pattern, kind, axes, bytes, operand, view) and the recompute decisions
+        (which fix the weights re-taken in the backward pass)."""
+        rkey = (tuple(reshard_keys), rc)
+        common = self._reshard_cache.get(rkey)
+        if common is None:
+            resharded = [x for agg in aggs for x in agg.resharded]
+            common = self._reshard_cache[rkey] = common_reshards(self.tables, resharded, late)
+        return common
+
+    def _collective_rows(self, colls, dup_count, extra=(), exposed=None) -> Iterable[CollectiveCost]:
+        """The collectives, one row per pattern and kind; ``extra``: (pattern, collectives,
+        executions) of the ops a recompute runs again (in line: none hidden); ``exposed``:
+        (pattern, collective) -> seconds per step the step waits for it (None: all of it)."""
+        p = self.program
+        groups = self.analysis.groups
+        rows = [(pi, cl, None) for pi, cl in colls] + list(extra)
+        for pi, cl, n in rows:
+            pat = self.patterns[pi]
+            op = p.ops[pat.ops[0]]
+            for k, c in enumerate(cl):
+                count = int(pat.weight) - dup_count.get((pi, k), 0) if n is None else int(n)
+                if count <= 0:
+                    continue
+                cause = groups[c.cause].label if c.cause != NO_DIM and c.cause < len(groups) else "-"
+                hidden = 0.0
+                if exposed is not None and n is None:
+                    hidden = max(0.0, c.time * count - exposed.get((pi, k), 0.0))
+                yield CollectiveCost(c.kind, tuple(c.axes), c.bytes, count, c.time * count, op.id, op.source, cause,
+                                     tuple(pat.ops), int(c.operand), hidden)
+
+    # ------------------------------------------------------------------ per op and per value
+    def op_costs(self, decisions: Sequence[Decision]) -> np.ndarray:
+        """Per op of the program: [compute seconds, FLOPs per device] per step under
+        ``decisions`` (every trip of a loop body; a recomputation's copies not included)."""
+        dec = self._decisions(decisions)
+        per = np.zeros((len(self.patterns), 2))
+        for m, pis in self.tables.mask_groups:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            for pi in pis:
+                pc = self._pattern_cost(pi, rel)
+                per[pi] = pc.compute, pc.work[0]
+        trips = np.fromiter((op.trip for op in self.program.ops), dtype=np.float64, count=len(self.program.ops))
+        return per[self.tables.op_pattern] * trips[:, None]
+
+    def work(self, decisions: Sequence[Decision], loops_once: bool = False) -> tuple[float, float]:
+        """(FLOPs, bytes of operands and results) per device per step under ``decisions``,
+        recomputed ops included; ``loops_once``: a loop body's ops counted once, not once per
+        trip (XLA's HloCostAnalysis counts a while body once)."""
+        dec = self._decisions(decisions)
+        flops = nbytes = 0.0
+        for m, pis in self.tables.mask_groups:
+            rel = tuple(d for d in dec if (m >> d[0]) & 1)
+            for pi in pis:
+                f, b = self._pattern_cost(pi, rel).work
+                pat = self.patterns[pi]
+                n = len(pat.ops) if loops_once else pat.weight
+                flops += f * n
+                nbytes += b * n
+        rc = self.recompute_of(decisions)
+        if rc:
+            for m, items in self._edit(rc).extra:
+                rel = tuple(d for d in dec if (m >> d[0]) & 1)
+                for pi, _, n in items:
+                    f, b = self._pattern_cost(pi, rel).work
+                    if loops_once:  # the copies' trips: a recomputed loop body runs once more
+                        n = min(n, len(self.patterns[pi].ops))
+                    flops += f * n
+                    nbytes += b * n
+        return flops, nbytes
+
+    def value_specs(self, decisions: Sequence[Decision]) -> dict[int, Spec]:
+        dec = self._decisions(decisions)
+        vsig = self.tables.vsig
+        return {v.id: tuple(tuple(a) for a in self.sig_spec(int(vsig[v.id]), dec))
+                for v in self.program.values}
+
+    def operand_specs(self, decisions: Sequence[Decision]) -> dict[tuple[int, int], Spec]:
+        """(op, operand index) -> the sharding the op consumes the operand in, where it
+        differs from the value's own sharding (the resharding points); and, for the ops
+        whose cost facts say ``write_at_view``, (op, -1 - j) -> the sharding the op writes
+        result j in, where coarser than the value's."""
+        dec = self._decisions(decisions)
+        out = {}
+        for op, pi in zip(self.program.ops, self.tables.op_pattern.tolist()):
+            pat = self.patterns[pi]
+            views = self._pattern_cost(pi, dec).views
+            for i, ((sig, _), view) in enumerate(zip(pat.operands, views)):
+                if tuple(tuple(a) for a in self.sig_spec(sig, dec)) != view:
+                    out[(op.id, i)] = view
+            if facts_of(op.primitive).write_at_view:
+                for j, ((sig, _), view) in enumerate(zip(pat.results, views[len(pat.operands):])):
+                    if view is not None and tuple(tuple(a) for a in self.sig_spec(sig, dec)) != view:
+                        out[(op.id, -1 - j)] = view
+        return out

@@ -1,0 +1,425 @@
+"""Op patterns: ops that cost alike, compiled once; and the cost of one pattern under decisions.
+
+Ops with the same factors, groups, operand and result signatures, byte sizes and cost facts
+are one ``Pattern`` (``PatternKey`` names what makes two ops one). Evaluation is memoised
+per pattern, and the patterns do not grow with depth: scoring a plan costs about the same
+for 2 or 48 layers. ``pattern_cost`` is one execution of a pattern under the decisions on
+its groups: the sharding of each factor (with the corrections XLA's partitioner forces:
+``scatter_major``, ``whole_mesh_partials``, ``unaligned_minors``), compute time, the
+collectives (reshards of operands and results, halos, reductions of partial sums) and the
+transient buffers. Imports ``_facts``, ``_shardings``, ``_reshard`` and the analysis and
+rule types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+import numpy as np
+
+from .._analysis import NO_DIM
+from .._rules import FactorKind
+from ._facts import Shift, facts_of, having
+from ._reshard import AG, AR, RS, Coll, Need, coll_time, halo, reshard, shifted_views
+from ._shardings import assign, prod, shards, view
+
+if TYPE_CHECKING:
+    from ._tables import Tables
+
+REDUCTION = FactorKind.REDUCTION
+SpecFn = Callable[[int, tuple], list]  # (signature, decisions) -> its sharding (memoised)
+
+
+class PatternKey(NamedTuple):
+    """What makes two ops one pattern."""
+
+    factors: tuple[tuple[int, int, int], ...]  # (kind, size, group or NO_DIM) per factor
+    operands: tuple[tuple[int, tuple[int, ...]], ...]  # (value sig, factor index per dim)
+    results: tuple[tuple[int, tuple[int, ...]], ...]
+    free: bool
+    flops: float
+    slot_tensors: tuple[tuple[int, ...], ...]
+    cheap: tuple[bool, ...]
+    shift: Shift | None
+    operand_wire: tuple[float, ...]
+    result_wire: tuple[float, ...]
+    operand_bytes: tuple[float, ...]
+    result_bytes: tuple[float, ...]
+    gather_partials: float
+    halos: tuple
+    minors: tuple  # sorted ((side, tensor, dim), minor factors)
+    grouped: bool
+    operand_hbm: tuple[bool, ...]
+    result_hbm: tuple[bool, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pattern:
+    """Ops with the same factors, groups and operand/result signatures."""
+
+    factors: tuple[tuple[int, int, int], ...]  # (kind, size, group or NO_DIM)
+    operands: tuple[tuple[int, tuple[int, ...]], ...]  # (value sig, factor index per dim)
+    results: tuple[tuple[int, tuple[int, ...]], ...]
+    operand_bytes: tuple[float, ...]
+    result_bytes: tuple[float, ...]
+    flops: float
+    free: bool
+    slot_tensors: tuple[tuple[int, ...], ...]  # per factor: the tensors it spans
+    cheap: tuple[bool, ...]  # per operand: made locally at any sharding for free
+    shift: Shift | None  # a concatenate's or split's cut dim
+    # per operand / result: bytes a collective of it moves per byte held (2 for 16-bit floats
+    # under lowering="cpu": XLA:CPU all-reduces and gathers bf16/f16 in f32)
+    operand_wire: tuple[float, ...]
+    result_wire: tuple[float, ...]
+    # argmax/argmin over a sharded axis: XLA all-gathers each device's partial (value, index)
+    # pairs and reduces them locally; the bytes gathered per result byte (value + index)
+    gather_partials: float
+    halos: tuple  # per factor: the conv spatial factor's Halo, or None
+    grouped: bool  # a conv with batch_group_count > 1 (see whole_mesh_partials)
+    # ("in" | "out", tensor, dim) -> the minor factors of a reshape's merged dim, in order
+    minors: dict
+    # per operand / result: read from / written to memory (False: a value XLA fuses away,
+    # made and read inside one fusion; see liveness.fused_values)
+    operand_hbm: tuple[bool, ...]
+    result_hbm: tuple[bool, ...]
+    # a conv's (spatial factor, FLOPs factor) where sharding that factor with a halo exchange
+    # has each device compute on its block extended by the halo rows, the SAME padding's taps
+    # included (conv_halo_ratios)
+    halo_flops: tuple[tuple[int, float], ...]
+    weight: float  # executions per step: sum of trips
+    ops: tuple[int, ...]
+    doubled: dict  # group -> the tensors holding two of its dims (frozensets)
+
+
+class Transient(NamedTuple):
+    """A buffer a result needs beside its value's own."""
+
+    result: int
+    bytes: float
+    partial: bool  # a partial result (waits for its reduction)
+
+
+class PatternCost(NamedTuple):
+    """One execution of a pattern under some decisions."""
+
+    compute: float  # seconds
+    comm: float  # seconds of its collectives
+    colls: tuple[Coll, ...]
+    transients: tuple[Transient, ...]
+    # each operand's sharding as the op reads it, then each result's as the op writes it
+    # (None for a partial result)
+    views: tuple
+    work: tuple[float, float]  # (FLOPs, bytes its operands and results hold) per device
+
+
+# ----------------------------------------------------------------------------- compiling
+
+def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused) -> tuple[tuple, float, tuple]:
+    """The pattern key of one op, its FLOPs and its conv halo FLOPs factors (not part of the
+    key: the key's factors and shapes fix them). The key is a plain tuple in ``PatternKey``'s
+    field order (equal to the record, which is made once per pattern rather than once per
+    op: a NamedTuple costs a Python call to make). ids: (analysis.node_base, .node_nd, group
+    per nd); vsig, nbytes, cheap, wire, fused: per value, as lists."""
+    base, nd, gnd = ids
+    facts = facts_of(op.primitive)
+    fkeys, ftensors = [], []
+    n_in = len(op.inputs)
+    dim_factor_in = [[-1] * len(values[i].shape) for i in op.inputs]
+    dim_factor_out = [[-1] * len(values[o].shape) for o in op.outputs]
+    minors: dict[tuple[str, int, int], list[int]] = {}
+    for k, f in enumerate(fs):
+        g = NO_DIM
+        if f.ties or f.minor_of:
+            # a minor part of a merged dim is sharded as its split-side dim is
+            i, d = (f.operands[0] if f.operands and f.minor_of != "operand" else (None, None))
+            node = (base[op.inputs[i]] + d) if i is not None else (base[op.outputs[f.results[0][0]]] + f.results[0][1])
+            g = int(gnd[nd[node]]) if nd[node] != NO_DIM else NO_DIM
+        fkeys.append((int(f.kind), f.size, g))
+        spans = {i for i, _ in f.operands} | {n_in + j for j, _ in f.results}
+        if f.kind == REDUCTION:
+            # partial sums over an axis leave the results unshardable along it
+            spans |= {n_in + j for j in range(len(op.outputs))}
+        ftensors.append(tuple(sorted(spans)))
+        for i, d in f.operands:
+            if f.minor_of == "operand":
+                minors.setdefault(("in", i, d), []).append(k)
+            else:
+                dim_factor_in[i][d] = k
+        for j, d in f.results:
+            if f.minor_of == "result":
+                minors.setdefault(("out", j, d), []).append(k)
+            else:
+                dim_factor_out[j][d] = k
+    ins = [values[i].shape for i in op.inputs]
+    outs = [values[o].shape for o in op.outputs]
+    flops = facts.flops(op.params, ins, outs)
+    halo_flops = ()
+    if facts.halo_ratios is not None and any(f.halo is not None for f in fs):
+        r = facts.halo_ratios(op.params, ins, outs)
+        halo_flops = tuple((k, r.get(f.halo.dim, 1.0)) for k, f in enumerate(fs)
+                           if f.halo is not None and f.halo.operand == 0 and r.get(f.halo.dim, 1.0) != 1.0)
+    pairs = 0.0
+    if any(f.kind == REDUCTION and f.reduce == "index" for f in fs):
+        pairs = 1.0 + values[op.inputs[0]].dtype.itemsize / values[op.outputs[0]].dtype.itemsize
+    key = (tuple(fkeys),  # factors
+           tuple((vsig[i], tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),  # operands
+           tuple((vsig[o], tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),  # results
+           facts.free, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
+           facts.shift(op, values) if facts.shift is not None else None,  # shift
+           tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
+           tuple(nbytes[i] for i in op.inputs), tuple(nbytes[o] for o in op.outputs), pairs,
+           tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),  # halos, minors
+           facts.grouped is not None and facts.grouped(op.params),  # grouped
+           tuple(not fused[i] for i in op.inputs), tuple(not fused[o] for o in op.outputs))  # operand/result_hbm
+    return key, flops, halo_flops
+
+
+def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str
+                     ) -> tuple[tuple[Pattern, ...], np.ndarray, float]:
+    """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step)."""
+    p = analysis.program
+    values = p.values
+    # values any device can make locally at any sharding (broadcast scalars, iotas):
+    # resharding them costs nothing, XLA just builds them at the sharding wanted
+    cheap = [False] * len(values)
+    local = having("local")
+    for op in p.ops:
+        made_here = local.get(op.primitive)
+        if made_here is not None:
+            for o in op.outputs:
+                cheap[o] = made_here(op, values)
+    wire = [2.0 if lowering == "cpu" and str(v.dtype) in ("bfloat16", "float16") else 1.0 for v in values]
+    ids = (analysis.node_base, analysis.node_nd,
+           np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64))
+    per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist())
+    index: dict[tuple, int] = {}
+    keys: list[tuple[PatternKey, tuple]] = []
+    members: list[list[int]] = []
+    weights: list[float] = []
+    op_pattern = np.zeros(len(p.ops), dtype=np.int64)
+    total_flops = 0.0
+    for op, fs in zip(p.ops, analysis.factors):
+        key, flops, halo_flops = _op_key(op, fs, values, ids, *per_value)
+        total_flops += flops * op.trip
+        pi = index.get(key)
+        if pi is None:
+            pi = index[key] = len(keys)
+            keys.append((PatternKey._make(key), halo_flops))
+            members.append([])
+            weights.append(0.0)
+        weights[pi] += op.trip
+        members[pi].append(op.id)
+        op_pattern[op.id] = pi
+    patterns = tuple(_pattern(key, halo_flops, weights[pi], tuple(members[pi]), sigs)
+                     for pi, (key, halo_flops) in enumerate(keys))
+    return patterns, op_pattern, total_flops
+
+
+def _pattern(key: PatternKey, halo_flops, weight: float, ops: tuple[int, ...], sigs) -> Pattern:
+    doubled: dict[int, set[int]] = {}
+    for t, (sig, _) in enumerate(key.operands + key.results):  # where a resolution applies
+        groups = [g for g, _ in sigs[sig] if g != NO_DIM]
+        for g in {g for g in groups if groups.count(g) > 1}:
+            doubled.setdefault(g, set()).add(t)
+    return Pattern(
+        key.factors, key.operands, key.results, key.operand_bytes, key.result_bytes, key.flops, key.free,
+        key.slot_tensors, key.cheap, key.shift, key.operand_wire, key.result_wire, key.gather_partials,
+        key.halos, key.grouped, dict(key.minors), key.operand_hbm, key.result_hbm, halo_flops, weight, ops,
+        {g: frozenset(ts) for g, ts in doubled.items()})
+
+
+# ----------------------------------------------------------------------------- costing
+
+def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
+    """(compute s, comm s, collectives, transient buffers, views, work) of one execution
+    of the pattern's ops under decisions dec (those on its groups). ``spec``: a value
+    signature's sharding under decisions (memoised by the caller)."""
+    axis_size = t.axis_size
+    fslots = [(g, size) for _, size, g in pat.factors]  # g is NO_DIM unless the factor ties
+    fax = assign(fslots, dec, pat.slot_tensors, pat.doubled)
+    scatter_major(pat, dec, fax, spec)
+    whole_mesh_partials(t, pat, fax)
+    unaligned_minors(axis_size, pat, fax)
+    shard = shards(axis_size, fax)
+    colls: list[Need] = []
+    in_view, out_view = shifted_views(t, pat, dec, colls, spec)
+    views: list = []
+    local_bytes = _operands(t, pat, dec, fax, in_view, spec, colls, views)
+    transient: list[Transient] = []
+    local_bytes = _results(t, pat, dec, fax, out_view, spec, colls, views, transient, local_bytes)
+    flops = pat.flops / shard
+    for k, ratio in pat.halo_flops:
+        if fax[k]:
+            flops *= ratio
+    if pat.free:
+        compute = 0.0
+    else:
+        compute = max(flops / t.hw.peak_flops, local_bytes / t.hw.hbm_bandwidth)
+    work = (0.0, 0.0) if pat.free else (flops, local_bytes)
+    comm = 0.0
+    out = []
+    for c in colls:
+        secs = coll_time(t, c.kind, c.axes, c.bytes)
+        comm += secs
+        out.append(Coll(c.kind, c.axes, c.bytes, secs, c.cause, c.operand, c.view, c.view_bytes))
+    return PatternCost(compute, comm, tuple(out), tuple(transient), tuple(views), work)
+
+
+def _operands(t: "Tables", pat: Pattern, dec, fax, in_view, spec: SpecFn, colls: list, views: list) -> float:
+    """Each operand's reshard to the sharding the op reads it in, and its halo; appends the
+    views; returns the bytes per device the op reads from memory."""
+    axis_size, sigs = t.axis_size, t.sigs
+    local_bytes = 0.0
+    for i, ((sig, fmap), nb) in enumerate(zip(pat.operands, pat.operand_bytes)):
+        vspec = spec(sig, dec)
+        ospec = in_view.get(i) or view(fax, fmap, pat.minors, "in", i)
+        views.append(tuple(tuple(a) for a in ospec))
+        if pat.operand_hbm[i]:
+            local_bytes += nb / shards(axis_size, ospec)
+        n0 = len(colls)
+        if not pat.cheap[i]:
+            reshard(axis_size, vspec, ospec, nb * pat.operand_wire[i], sigs[sig], colls)
+        key = tuple(tuple(a) for a in ospec)
+        held = nb / shards(axis_size, ospec)  # the resharded buffer the op reads
+        colls[n0:] = [Need(c.kind, c.axes, c.bytes, c.cause, i, key, held) for c in colls[n0:]]
+        # not a reshard of the value (no CSE: XLA exchanges halos per conv)
+        halo(axis_size, pat, i, fax, held * pat.operand_wire[i], colls)
+    return local_bytes
+
+
+def _results(t: "Tables", pat: Pattern, dec, fax, out_view, spec: SpecFn, colls: list, views: list,
+             transient: list, local_bytes: float) -> float:
+    """Each result's reduction of partial sums (all-reduce, reduce-scatter, or the gathered
+    partials of an argmax) and reshard to its value's sharding; appends the views and the
+    transient buffers; returns ``local_bytes`` plus the bytes per device the op writes to
+    memory (added in order, as one running sum with the operands')."""
+    axis_size, sigs = t.axis_size, t.sigs
+    partial = [a for (kind, _, g), axes in zip(pat.factors, fax) if kind == REDUCTION for a in axes]
+    pgroup = next((g for (kind, _, g), axes in zip(pat.factors, fax) if kind == REDUCTION and axes), NO_DIM)
+    for j, ((sig, fmap), nb) in enumerate(zip(pat.results, pat.result_bytes)):
+        vspec = spec(sig, dec)
+        ospec = out_view.get(j) or view(fax, fmap, pat.minors, "out", j)
+        lb = nb / shards(axis_size, ospec)
+        n0 = len(colls)
+        if pat.result_hbm[j]:
+            local_bytes += lb
+        views.append(None if partial else tuple(tuple(a) for a in ospec))
+        # The op writes its result at its own (larger) sharding before the reshard; a
+        # partial result is a buffer of its own beside the reduced one. XLA combines the
+        # reductions of partial results and issues them late, so such a buffer is taken
+        # to live as long as the value (an over-estimate on TPU).
+        extra = lb if partial else lb - nb / shards(axis_size, vspec)
+        if extra > 0:
+            transient.append(Transient(j, extra, bool(partial)))
+        if partial and pat.gather_partials:
+            gathered = lb * prod(axis_size, partial) * pat.gather_partials
+            colls.append(Need(AG, tuple(partial), gathered, pgroup))
+            transient.append(Transient(j, gathered, False))
+        elif partial:
+            ospec = _reduce_partials(t, pat, fax, partial, pgroup, vspec, ospec, lb, colls, transient, j)
+        reshard(axis_size, ospec, vspec, nb, sigs[sig], colls)
+        w = pat.result_wire[j]
+        if w != 1.0:
+            colls[n0:] = [Need(c.kind, c.axes, c.bytes * w, c.cause, c.operand, c.view, c.view_bytes)
+                          for c in colls[n0:]]
+    return local_bytes
+
+
+def _reduce_partials(t: "Tables", pat: Pattern, fax, partial, pgroup, vspec, ospec, lb: float, colls: list,
+                     transient: list, j: int) -> list:
+    """The reduction of result j's partial sums: a reduce-scatter over the axes its value
+    is sharded on (under lowering="cpu" an all-reduce and a slice), an all-reduce per
+    reduction factor over the rest; returns the result's sharding after it."""
+    axis_size = t.axis_size
+    vaxes = {a for axes in vspec for a in axes}
+    rs = tuple(a for a in partial if a in vaxes)
+    ar = tuple(a for a in partial if a not in vaxes)
+    if rs and t.lowering == "cpu":
+        colls.append(Need(AR, rs, lb, pgroup))
+        transient.append(Transient(j, lb, False))  # the all-reduced whole, before the slice
+    elif rs:
+        colls.append(Need(RS, rs, lb, pgroup))
+    # XLA sums the partials of each reduction factor with an all-reduce of its own (a
+    # matmul contracting batch on data and sequence on model: over model, then over data;
+    # a conv's filter gradient: over its spatial dims after the others); the factors' own
+    # groups, spatial ones last
+    parts: dict[tuple, list[str]] = {}
+    owner = {}
+    for k, ((kind, _, g), axes, h) in enumerate(zip(pat.factors, fax, pat.halos)):
+        if kind == REDUCTION:
+            for a in axes:
+                owner[a] = (h is not None, k, g)
+    for a in ar:
+        parts.setdefault(owner[a], []).append(a)
+    for (_, _, g), part in sorted(parts.items()):
+        colls.append(Need(AR, tuple(part), lb / prod(axis_size, rs), g))
+    # after the reduce-scatter the result holds those axes: treat them as present
+    ospec = [list(o) for o in ospec]
+    for a in rs:
+        for d, axes in enumerate(vspec):
+            if a in axes:
+                ospec[d].append(a)
+    return ospec
+
+
+# ------------------------------------------------------- XLA's partitioner, corrected for
+
+def unaligned_minors(axis_size: dict[str, int], pat: Pattern, fax) -> None:
+    """A merged dim's blocks are its minor dims' blocks only where every factor before the
+    minor one is sharded all the way (block size 1): a minor factor after a partly
+    sharded one is not sharded here (its split-side dim is resharded instead)."""
+    for (side, t, d), ms in pat.minors.items():
+        fmap = (pat.operands if side == "in" else pat.results)[t][1]
+        k = fmap[d]
+        full = k < 0 or prod(axis_size, fax[k]) == pat.factors[k][1]
+        for m in ms:
+            if not full:
+                fax[m] = []
+            full = full and prod(axis_size, fax[m]) == pat.factors[m][1]
+
+
+def whole_mesh_partials(t: "Tables", pat: Pattern, fax) -> None:
+    """XLA's SPMD partitioner (jax 0.12, Shardy and GSPMD alike) all-reduces over *every*
+    device, copies included, the partial filter gradient of a conv whose spatial dims are
+    sharded, and of a grouped conv (``batch_group_count`` > 1: a depthwise conv's weight
+    gradient) whose batch is: with a mesh axis left out of the reduction the gradient
+    comes out that many times too large. Such a conv takes the rest of the mesh on its
+    batch (the other reduction; each device then holds a distinct partial sum), or, where
+    the batch cannot take it, leaves those reductions unsharded (operands gathered)."""
+    affected = [k for k, ((kind, _, _), h) in enumerate(zip(pat.factors, pat.halos))
+                if fax[k] and kind == REDUCTION and (h is not None or pat.grouped)]
+    if not affected:
+        return
+    axis_size = t.axis_size
+    reduced = {a for (kind, _, _), axes in zip(pat.factors, fax) if kind == REDUCTION for a in axes}
+    used = {a for axes in fax for a in axes}
+    rest = [a for a in t.axes if a not in reduced and axis_size[a] > 1]
+    if not rest:
+        return
+    if not any(a in used for a in rest):
+        for k, (kind, size, _) in enumerate(pat.factors):
+            if (kind == REDUCTION and pat.halos[k] is None
+                    and size % (prod(axis_size, fax[k]) * prod(axis_size, rest)) == 0):
+                fax[k] = fax[k] + rest
+                return
+    for k in affected:
+        fax[k] = []
+
+
+def scatter_major(pat: Pattern, dec, fax, spec: SpecFn) -> None:
+    """A partial result scattered over an axis that its value puts *major* to the axes the
+    op already shards that dim with cannot be a plain reduce-scatter: XLA computes that
+    dim whole (gathering the operands along it) and scatters over all its axes. The
+    factor of such a dim is unsharded here (in place)."""
+    partial = {a for (kind, _, _), axes in zip(pat.factors, fax) if kind == REDUCTION for a in axes}
+    if not partial:
+        return
+    for sig, fmap in pat.results:
+        vspec = spec(sig, dec)
+        for d, k in enumerate(fmap):
+            if k < 0 or not fax[k]:
+                continue
+            want = tuple(vspec[d])
+            if any(a in partial for a in want) and tuple(fax[k]) != want[:len(fax[k])]:
+                fax[k] = []

@@ -1,0 +1,133 @@
+"""The cost model's tables: everything about one (analysis, mesh, hardware) that no plan changes.
+
+Owns ``Tables`` (frozen; built once by ``build_tables``) and the value signatures: per
+value, (group or NO_DIM, size) per dim, deduplicated -- values with one signature shard
+alike under every plan. The patterns (``_patterns``), the live ranges (``_liveness``) and
+the bitmasks that key the memo tables are built here too. Every other module of the
+package is pure over these tables. Imports ``_facts``, ``_shardings``, ``_patterns``,
+``_liveness``, the analysis, mesh and program types and ``partex._recompute``'s
+``backward_span``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from .._analysis import NO_DIM, Analysis
+from .._mesh import Hardware, MeshSpec
+from .._program import NO_PRODUCER, Program
+from .._recompute import backward_span
+from ._facts import having
+from ._liveness import Liveness, build_liveness, cpu_combined, fused_values
+from ._patterns import Pattern, compile_patterns
+from ._shardings import Sig, mask
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Tables:
+    """One analysed program on one mesh and hardware, as the cost model reads it."""
+
+    analysis: Analysis
+    program: Program
+    mesh: MeshSpec
+    hw: Hardware
+    lowering: str  # "tpu" | "cpu" (CostModel's docstring)
+    axes: tuple[str, ...]  # the mesh axes, in order
+    axis_size: dict[str, int]
+    axis_bw: dict[str, float]  # bytes/s of each axis's links
+    axis_lat: dict[str, float]  # seconds per hop
+    nbytes: np.ndarray  # per value: its bytes, unsharded
+    sigs: list[Sig]  # the distinct value signatures
+    vsig: np.ndarray  # per value: its signature
+    sig_mask: list[int]  # per signature: its groups, as a bitmask
+    sig_masks: list[tuple[int, list[int]]]  # (mask, the signatures with it)
+    patterns: tuple[Pattern, ...]
+    op_pattern: np.ndarray  # per op: its pattern
+    pat_mask: list[int]  # per pattern: the groups of its factors and signatures, as a bitmask
+    mask_groups: list[tuple[int, list[int]]]  # (mask, the patterns with it)
+    total_flops: float  # per step, unsharded
+    fused: np.ndarray  # per value: XLA fuses it away (liveness.fused_values)
+    live: Liveness
+    combined_until: np.ndarray | None  # lowering "cpu": liveness.cpu_combined
+    # The step's own jax.checkpoint: its backward (the recomputation and its transpose)
+    # reads the weights through an optimisation barrier (prevent_cse), so a weight the
+    # plan gathers is gathered again there, as under a re-gather decision: weight ->
+    # the backward pass's ops
+    user_late: dict[int, tuple[int, int]]
+
+
+def _signatures(analysis: Analysis, fixed) -> tuple[list[Sig], np.ndarray]:
+    """The distinct value signatures, and each value's."""
+    p = analysis.program
+    base, nd = analysis.node_base, analysis.node_nd
+    gnd = np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64)
+    # Dims held whole in one value: those the user's shardings leave replicated there, and
+    # those XLA's partitioner may not shard (CostFacts.blocked_dims: an interior pad's).
+    unshardable = {v: set(ds) for v, ds in fixed.replicated.items()}
+    blocking = having("blocked_dims")
+    for op in p.ops:
+        blocked = blocking.get(op.primitive)
+        if blocked is not None:
+            dims = blocked(op)
+            if dims:
+                unshardable.setdefault(op.outputs[0], set()).update(dims)
+    index: dict[Sig, int] = {}
+    sigs: list[Sig] = []
+    vsig = np.zeros(len(p.values), dtype=np.int64)
+    for v in p.values:
+        b = base[v.id]
+        held = unshardable.get(v.id, ())
+        sig = tuple((int(gnd[nd[b + d]]) if nd[b + d] != NO_DIM and d not in held else NO_DIM, s)
+                    for d, s in enumerate(v.shape))
+        i = index.get(sig)
+        if i is None:
+            i = index[sig] = len(sigs)
+            sigs.append(sig)
+        vsig[v.id] = i
+    return sigs, vsig
+
+
+def _by_mask(masks: list[int]) -> list[tuple[int, list[int]]]:
+    out: dict[int, list[int]] = collections.defaultdict(list)
+    for i, m in enumerate(masks):
+        out[m].append(i)
+    return list(out.items())
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate, lowering: str,
+                 fixed) -> Tables:
+    """``fixed``: the user's own shardings the plans keep (``Analysis.fixed``), or none."""
+    p = analysis.program
+    values = p.values
+    nbytes = np.fromiter((v.nbytes for v in values), dtype=np.float64, count=len(values))
+    sigs, vsig = _signatures(analysis, fixed)
+    fused = fused_values(p)
+    patterns, op_pattern, total_flops = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering)
+    # groups each signature / pattern depends on, as bitmasks (hot path)
+    sig_mask = [mask(g for g, _ in sig) for sig in sigs]
+    pat_mask = []
+    for pt in patterns:
+        m = mask(g for _, _, g in pt.factors)
+        for sg, _ in pt.operands + pt.results:
+            m |= sig_mask[sg]
+        pat_mask.append(m)
+    span = backward_span(p)
+    user_late = {} if span is None else {
+        v: span for v in p.barrier_reads if values[v].producer == NO_PRODUCER and v not in p.constants}
+    return Tables(
+        analysis=analysis, program=p, mesh=mesh, hw=hardware, lowering=lowering, axes=tuple(mesh.axes),
+        axis_size=dict(zip(mesh.axes, mesh.sizes)),
+        axis_bw={a: mesh.axis_bandwidth(a, hardware) for a in mesh.axes},
+        axis_lat={a: mesh.axis_latency(a, hardware) for a in mesh.axes},
+        nbytes=_read_only(nbytes), sigs=sigs, vsig=_read_only(vsig), sig_mask=sig_mask, sig_masks=_by_mask(sig_mask),
+        patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask, mask_groups=_by_mask(pat_mask),
+        total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused),
+        combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late)
