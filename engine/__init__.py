@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ._analysis import RESOLUTIONS, Analysis, Conflict, Group, GroupInfo, NamedDim, is_resolution
-from ._cost import CostReport, MemoryReport
+from ._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
+from .cost import CostReport, MemoryReport
+from ._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, Shard
 from ._errors import PartexError
 from ._exhaustive import ExhaustiveResult
 from ._export import FORMATS as EXPORT_FORMATS, RulesExport
@@ -31,7 +32,7 @@ from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, 
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._plan import Plan, PlanDecision, PlannedFunction
 from ._program import Op, Program, Value, trace
-from ._recompute import KINDS as RECOMPUTE_KINDS, Unit, is_recompute
+from ._recompute import Unit
 from ._rules import CONSERVATIVE, Factor, FactorKind, factor_rules
 from ._search import SearchResult
 from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh
@@ -127,7 +128,7 @@ __all__ = [
     "export", "flax_rules", "export_table", "EXPORT_FORMATS", "RulesExport",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
-    "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "is_recompute", "RESOLUTIONS", "is_resolution",
+    "Decision", "Shard", "Resolve", "Recompute", "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "RESOLUTIONS",
     # the analysis, for those who look inside
     "ModelAnalysis", "LoadedModel", "Analysis", "Unit", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",
     "Factor", "FactorKind", "CONSERVATIVE", "factor_rules", "trace", "analyze_model", "load_model",

@@ -21,14 +21,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._constraints import Fixed, UserSharding, fixed_decisions, user_shardings
+from ._decisions import NO_DIM, Decision, GroupId, NamedDimId, Resolve
 from ._program import NO_PRODUCER, Program
+from ._recompute import Unit, units as recompute_units
+from ._roles import Roles, infer_roles
 from ._rules import Factor, PSEUDO_OPS, rule_for
-from ._recompute import PREFIX as RECOMPUTE, Unit, units as recompute_units
 from ._stacks import layer_blocks, scope_name, stack_roles
-
-NamedDimId = int
-GroupId = int
-NO_DIM = -1  # node of a size-1 dim: never sharded, in no named dimension
 
 _DIGITS = re.compile(r"\d+")
 
@@ -89,17 +88,11 @@ class Group:
     decidable: bool  # worth a decision: not a loop axis, not tiny
 
 
-# A conflict's resolution as a decision on its group: (group, "resolve:second"). With no
+# A conflict's resolution is a decision on its group: Resolve(group, "second"). With no
 # such decision a tensor holding two dims of the group shards the first (attention's query
 # sequence: K/V are all-gathered); "second" shards the other (the key sequence: Q is gathered
 # and the attention output reduce-scattered), "neither" leaves the group unsharded in those
 # tensors (attention computed on the whole sequence: Q, K, V gathered).
-RESOLVE = "resolve:"
-RESOLUTIONS = ("second", "neither")
-
-
-def is_resolution(decision) -> bool:
-    return decision[1].startswith(RESOLVE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +154,7 @@ class Analysis:
     cooccur: dict[tuple[GroupId, GroupId], int]  # group pair -> bytes of tensors holding both
     unknown_primitives: dict[str, int]
     seconds: float
-    edges: tuple[np.ndarray, np.ndarray, np.ndarray] = dataclasses.field(repr=False, default=None)
+    edges: tuple[np.ndarray, np.ndarray, np.ndarray] | None = dataclasses.field(repr=False, default=None)
     units: tuple[Unit, ...] = ()  # forward layer stacks a recompute decision can cover (_recompute)
     _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
     _user: Any = dataclasses.field(repr=False, compare=False, default=None)
@@ -202,28 +195,22 @@ class Analysis:
         (path, what it is)."""
         return [(path, f"{type(v).__name__} {v!r:.40}") for _, path, v in self.program.static_inputs]
 
-    def user_shardings(self):
+    def user_shardings(self) -> list[UserSharding]:
         """The step's own shardings (``_constraints.UserSharding``: with_sharding_constraint,
         reshard, a called jit's in/out shardings), in program order, read once."""
         if self._user is None:
-            from ._constraints import user_shardings
-
             self._user = user_shardings(self.program)
         return self._user
 
-    def fixed(self, mesh):
+    def fixed(self, mesh) -> Fixed:
         """What the user's shardings fix on ``mesh`` (``_constraints.Fixed``); PartexError
         if one names a mesh axis the plan's mesh lacks."""
-        from ._constraints import fixed_decisions
-
         return fixed_decisions(self.user_shardings(), self.group_of, mesh)
 
-    def roles(self):
+    def roles(self) -> Roles:
         """The inputs' and groups' roles from the program's structure (``_roles.Roles``),
         computed once."""
         if self._roles is None:
-            from ._roles import infer_roles
-
             self._roles = infer_roles(self)
         return self._roles
 
@@ -235,12 +222,11 @@ class Analysis:
         nd = self.nd_of(vid, dim)
         return NO_DIM if nd == NO_DIM else self.named_dims[nd].group
 
-    def decision_label(self, decision, arrow: str = "->") -> str:
-        """``group->axis`` for a sharding decision, ``layers ...->recompute:kind`` for a
-        recompute one."""
-        g, a = decision
-        name = self.units[g].label if a.startswith(RECOMPUTE) else self.groups[g].label
-        return f"{name}{arrow}{a}"
+    def decision_label(self, decision: Decision, arrow: str = "->") -> str:
+        """``group->axis`` for a sharding decision, ``group->resolve:second`` for a
+        resolution, ``layers ...->recompute:kind`` for a recompute one."""
+        name = self.groups[decision.id].label if decision.ON_GROUP else self.units[decision.id].label
+        return f"{name}{arrow}{decision.slot}"
 
     def conflicted_groups(self) -> list[int]:
         """Decision groups with an intra conflict: those a resolution decision can take."""
@@ -455,7 +441,9 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
                 first = nodes[0]
                 for n in nodes[1:]:
                     if uf.union(first, n):
-                        ea.append(first); eb.append(n); eo.append(op.id)
+                        ea.append(first)
+                        eb.append(n)
+                        eo.append(op.id)
             elif op.primitive in ("scan_enter", "scan_exit"):
                 loop_nodes.extend(nodes)
 
@@ -488,11 +476,11 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     label_votes: list[collections.Counter] = [collections.Counter() for _ in range(num_nd)]
     for vid in program.inputs:
         v = values[vid]
-        for d, s in enumerate(v.shape):
+        for d in range(len(v.shape)):
             nd = int(node_nd[base[vid] + d])
             if nd == NO_DIM:
                 continue
-            input_members[nd].append((v.name, d, v.nbytes))
+            input_members[nd].append((v.path, d, v.nbytes))
             logical = names.get(vid)
             if logical is not None and d < len(logical) and logical[d]:
                 label_votes[nd][logical[d]] += v.nbytes
@@ -501,13 +489,13 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     prod = np.fromiter((v.producer for v in values), dtype=np.int64, count=len(values))
 
     # ---- layer groups: same role = same sizes, same input paths modulo layer index
-    layered = layer_paths([values[v].name for v in program.inputs], [values[v].shape for v in program.inputs],
+    layered = layer_paths([values[v].path for v in program.inputs], [values[v].shape for v in program.inputs],
                           [str(values[v].dtype) for v in program.inputs])
     # A leaf's place in a layer stack: its path with the index starred where the names show
     # the stack; else its role in a stack found in the op graph (a list, a leaf-name index).
     blocks = layer_blocks(program)
     roles = stack_roles(program, blocks)
-    stacked = {values[v].name: (layered[values[v].name] if "*" in layered[values[v].name] else roles.get(v))
+    stacked = {values[v].path: (layered[values[v].path] if "*" in layered[values[v].path] else roles.get(v))
                for v in program.inputs}
     sigs: dict[Any, list[int]] = collections.defaultdict(list)
     nd_prims: dict[int, collections.Counter] = {}
@@ -528,7 +516,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
         # Intermediate-only nds: signature by sizes, member count and producing primitives.
         sel = np.isin(node_nd, np.fromiter(nd_prims, dtype=np.int64))
         for nd, vid, d in zip(node_nd[sel].tolist(), value_of_node[sel].tolist(), dim_of_node[sel].tolist()):
-            p = prod[vid]
+            p = int(prod[vid])
             nd_prims[nd][(program.ops[p].primitive if p != NO_PRODUCER else "input", d)] += 1
             if p != NO_PRODUCER:
                 fn = fn_of.get(p)
@@ -607,8 +595,8 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
         lab = named_dims[nd].label
         options = (f"keep {lab} sharded on dim {a}: gather dim {b}'s operand (e.g. all-gather K/V); the default",
                    f"keep {lab} sharded on dim {b}: gather dim {a}'s operand, reduce-scatter the result "
-                   f"({lab}->{RESOLVE}second)",
-                   f"leave {lab} unsharded in these tensors: gather both operands ({lab}->{RESOLVE}neither)")
+                   f"({lab}->{Resolve.PREFIX}second)",
+                   f"leave {lab} unsharded in these tensors: gather both operands ({lab}->{Resolve.PREFIX}neither)")
         conflicts.append(Conflict(cid, "intra", nd, int(gnd[nd]), tuple(vals), path, options))
 
     return Analysis(
@@ -682,9 +670,9 @@ def _unwrapped(layered: dict[str, str]) -> dict[str, str]:
 def _scoped(program: Program, named: dict[str, str]) -> dict[str, str]:
     """Names for leaves whose path has none (a list position, ``trainable_variables/2``): the
     scope JAX traced the first op that reads it in (keras' layer names), layer index starred."""
-    unnamed = {}
+    unnamed: dict[int, str] = {}
     for vid in program.inputs:
-        path = program.values[vid].name
+        path = program.values[vid].path
         parts = named[path].split("/")
         if len(parts) > 1 and all(_DIGITS.fullmatch(q) for q in parts[1:]):
             unnamed[vid] = path
@@ -695,7 +683,7 @@ def _scoped(program: Program, named: dict[str, str]) -> dict[str, str]:
         for vid in op.inputs:
             path = unnamed.pop(vid, None)
             scope = scope_name(op.scope) if path is not None else ""
-            if scope:
+            if path is not None and scope:
                 parts = [_DIGITS.sub("*", q) if _DIGITS.search(q) and not q.isdigit() else q
                          for q in scope.split("/")]
                 out[path] = "/".join([named[path].split("/")[0]] + parts)

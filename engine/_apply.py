@@ -279,8 +279,8 @@ class _Interpreter:
                     outs = handler(self, eqn, op_id, invals)
                 elif op_id is None and name in _REMAT and "jaxpr" in eqn.params:
                     outs = self.remat(eqn, invals)
-                elif op_id is None and _called_jaxpr(eqn) is not None:
-                    outs = self.inline(eqn, invals)
+                elif op_id is None and (called := _called_jaxpr(eqn)) is not None:
+                    outs = self.inline(called, invals)
                 else:
                     outs = self.bind(eqn, op_id, invals)
                     constrain_outs = True
@@ -369,7 +369,8 @@ class _Interpreter:
     def bind(self, eqn, op_id, invals) -> list:
         if op_id is not None:
             invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
-        if self.user_specs is not None and eqn.primitive.name in USER_SHARDING and op_id in self.user_specs:
+        if (self.user_specs is not None and eqn.primitive.name in USER_SHARDING and op_id is not None
+                and op_id in self.user_specs):
             spec = self.user_specs[op_id]
             if spec is None:
                 return list(invals)
@@ -419,8 +420,8 @@ class _Interpreter:
             *[_sds(v.aval, promote=True) for v in inner.invars])
         return closed if isinstance(j, ClosedJaxpr) else closed.jaxpr
 
-    def inline(self, eqn, invals) -> list:
-        inner = _called_jaxpr(eqn)
+    def inline(self, inner, invals) -> list:
+        """Evaluate a called jaxpr (``_called_jaxpr`` of the eqn) in place."""
         if isinstance(inner, ClosedJaxpr):
             return self.eval(inner.jaxpr, inner.consts, invals, constrain_invars=False)
         return self.eval(inner, (), invals, constrain_invars=False)
@@ -438,7 +439,7 @@ class _Interpreter:
 
         closed = jax.make_jaxpr(body)(*[_sds(v.aval, self.promote) for v in inner.invars])
         new_jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
-        params = dict(eqn.params, jaxpr=new_jaxpr)
+        params: dict[str, Any] = dict(eqn.params, jaxpr=new_jaxpr)
         prevent_cse = params.get("prevent_cse")
         if isinstance(prevent_cse, tuple):
             params["prevent_cse"] = (False,) * len(closed.consts) + prevent_cse
@@ -459,6 +460,8 @@ class _Interpreter:
         carry, xs = rest[:ncarry], rest[ncarry:]
         mask = [False] * nc + [True] * (len(invals) - nc)
         fwd, bwd = self.loops_f.get(enter_id), self.loops_b.get(enter_id)
+        xs_leaves: list = []  # set when fwd is not None, read only then
+        fed: dict[int, int] = {}  # set when bwd is not None, read only then
         if fwd is not None:  # leaves the backward loop slices again: of the forward loop's xs operands
             xs_leaves = [(v, xs[k - ncarry]) for k, v in enumerate(self.program.ops[enter_id].outputs)
                          if k >= ncarry and v in fwd.leaves and v not in dict(fwd.reuse)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from ._decisions import Shard
 from ._errors import PartexError
 
 MODES = ("keep", "replace")
@@ -60,7 +61,7 @@ class UserSharding:
 class Fixed:
     """What the user's shardings fix on one mesh."""
 
-    decisions: tuple[tuple[int, str], ...] = ()  # (group, axis), in program order
+    decisions: tuple[Shard, ...] = ()  # in program order
     groups: frozenset[int] = frozenset()  # groups whose sharding is fixed
     by_group: dict = dataclasses.field(default_factory=dict)  # group -> the UserSharding that fixed it
     notes: tuple[str, ...] = ()  # user shardings that disagree on one group (the first wins)
@@ -111,7 +112,7 @@ def fixed_decisions(items: Sequence[UserSharding], group_of, mesh) -> Fixed:
     if not items:
         return NONE
     plan_axes = dict(zip(mesh.axes, mesh.sizes))
-    decisions: list[tuple[int, str]] = []
+    decisions: list[Shard] = []
     chosen: dict[int, tuple[tuple[str, ...], UserSharding]] = {}
     replicated: dict[int, set[int]] = {}
     notes = []
@@ -151,7 +152,7 @@ def fixed_decisions(items: Sequence[UserSharding], group_of, mesh) -> Fixed:
                                  f"({first.spec_text()}) on one dimension group; partex follows the first")
                 continue
             chosen[g] = (axes, us)
-            decisions += [(g, a) for a in axes]
+            decisions += [Shard(g, a) for a in axes]
     return Fixed(tuple(decisions), frozenset(chosen), {g: us for g, (_, us) in chosen.items()}, tuple(notes),
                  {v: frozenset(ds) for v, ds in replicated.items()})
 

@@ -19,10 +19,8 @@ import time
 from typing import Callable, Sequence
 
 from ._analysis import NO_DIM
-from ._cost import CostModel, CostReport
-from ._recompute import is_recompute
-
-Decision = tuple[int, str]
+from .cost import CostModel, CostReport
+from ._decisions import Decision, Recompute, Shard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +77,15 @@ def space(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> list[lis
     """The independent choices a plan makes, each as its options: per mesh axis, its
     decision sequences; per layer stack with recompute actions, saving or one kind."""
     clash = conflicts(cm)
-    axes = [a for a in cm.mesh.axes if any(ax == a for _, ax in actions)]
-    slots = [[tuple((g, a) for g in seq) for seq in axis_sequences([g for g, ax in actions if ax == a], per_axis, clash)]
+    shards = [d for d in actions if isinstance(d, Shard)]
+    axes = [a for a in cm.mesh.axes if any(d.axis == a for d in shards)]
+    slots: list[list[tuple[Decision, ...]]] = [[tuple(Shard(g, a) for g in seq)
+              for seq in axis_sequences([d.group for d in shards if d.axis == a], per_axis, clash)]
              for a in axes]
     recompute: dict[int, list[Decision]] = {}
-    for g, a in actions:
-        if is_recompute((g, a)):
-            recompute.setdefault(g, []).append((g, a))
+    for d in actions:
+        if isinstance(d, Recompute):
+            recompute.setdefault(d.unit, []).append(d)
     slots += [[(), *((d,) for d in ds)] for _, ds in sorted(recompute.items())]
     return slots
 

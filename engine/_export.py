@@ -22,9 +22,11 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
+from ._decisions import Recompute
 from ._errors import PartexError
+from ._mesh import format_bytes
 from ._plan import Plan, resolve_decisions, spec_to_json
-from ._recompute import kind_of
+from .cost import KINDS
 
 FORMATS = ("specs", "flax-rules")
 LOGICAL_MARK = "partex.logical:"  # checkpoint_name marking an activation's logical names while tracing
@@ -128,7 +130,7 @@ def flax_rules(plan: Plan, model) -> RulesExport:
     logical names of its inputs (``axis_names``); the model's own
     ``nn.with_logical_constraint`` calls give those of its activations."""
     from ._analysis import analyze
-    from ._cost import CostModel
+    from .cost import CostModel
     from ._loader import axis_names_by_value
     from ._program import trace
 
@@ -139,11 +141,11 @@ def flax_rules(plan: Plan, model) -> RulesExport:
         program = trace(model.fn, model.args)
     names = {vid: tuple(n) for vid, n in axis_names_by_value(program, model.axis_names).items()}
     an = analyze(program, names)
-    sharding = dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions if kind_of(d.axis) is None))
+    sharding = dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions if d.kind is not Recompute))
     cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, user_shardings=plan.user_shardings)
     specs = cm.value_specs(resolve_decisions(sharding, an))
     # the named arrays: input leaves, and the operands of the marks left by flax's constraints
-    arrays: list[tuple[tuple, list[Axes], int, str]] = []
+    arrays: list[tuple[tuple, list[Axes], int, str | None]] = []  # (names, axes, bytes, where: path or source)
     for vid, n in names.items():
         arrays.append((n, [tuple(a) for a in specs[vid]], program.values[vid].nbytes, program.values[vid].name))
     acts = 0
@@ -161,7 +163,7 @@ def flax_rules(plan: Plan, model) -> RulesExport:
     unnamed = sorted({f"{path}:{d}" for vid, path in zip(program.inputs, program.input_paths)
                       for d, a in enumerate(specs[vid]) if a and not (names.get(vid) and d < len(names[vid])
                                                                       and names[vid][d])})
-    lost = [f"recompute of {d.group} ({d.axis})" for d in plan.decisions if kind_of(d.axis) is not None]
+    lost = [f"recompute of {d.group} ({d.axis})" for d in plan.decisions if d.kind is Recompute]
     lost.append("the plan's constraints on intermediates the model does not name (XLA's propagation places them)")
     return RulesExport(rules, matched, conflicts, unnamed, lost, acts)
 
@@ -239,7 +241,7 @@ def rules_in_shardings(program, names: dict, rules, mesh) -> list:
 
     out = []
     for vid, path in zip(program.inputs, program.input_paths):
-        n = names.get(vid)
+        n = names.get(vid) or ()
         spec = spec_from_json(spec_to_json(logical_spec(n, rules))) if n else spec_from_json([])
         shape = program.values[vid].shape
         for d, axes in enumerate(spec):
@@ -441,9 +443,6 @@ def export_text(plan: Plan, fmt: str, model=None, comparison: dict | None = None
 
 def comparison_table(c: dict) -> list[str]:
     """The side-by-side lines: XLA's memory and collective bytes, full plan vs export alone."""
-    from ._mesh import format_bytes
-    from ._verify import KINDS
-
     full, alone = c["plan"], c["export"]
     w = max(len(c["format"]) + 6, 12)
     rows = [f"  {'':<22}{'full plan':>12}  {c['format'] + ' alone':>{w}}",

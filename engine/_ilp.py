@@ -44,23 +44,24 @@ import dataclasses
 import itertools
 import math
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from ._cost import CostModel, CostReport
-from ._recompute import PREFIX as RECOMPUTE
+from ._analysis import Group
+from .cost import CostModel, CostReport
+from ._decisions import Decision, Recompute, Shard
 
-Strategy = tuple[str, ...]  # mesh axes sharding the group, major to minor; () = unsharded
+Strategy = tuple[str, ...]  # mesh axes sharding the group, major to minor (a layer stack: its recompute kind); () = none
 
 _STATUS = {0: "optimal", 1: "time_limit", 2: "infeasible", 3: "unbounded", 4: "error"}
 
 
 @dataclasses.dataclass(frozen=True)
 class ILPResult:
-    decisions: tuple[tuple[int, str], ...]  # ordered decisions for CostModel.evaluate
+    decisions: tuple[Decision, ...]  # ordered decisions for CostModel.evaluate
     report: CostReport | None  # the true cost-model evaluation (None: no fitting plan)
     status: str  # "optimal", "time_limit", "infeasible", "unbounded", "error"
     solve_seconds: float
@@ -74,7 +75,7 @@ class ILPResult:
 
     def to_json(self) -> dict:
         return {
-            "decisions": [list(d) for d in self.decisions],
+            "decisions": [d.to_json() for d in self.decisions],
             "status": self.status,
             "solve_seconds": self.solve_seconds,
             "build_seconds": self.build_seconds,
@@ -120,14 +121,33 @@ class _Linear:
     ym: np.ndarray  # per y: memory interaction
 
 
+class _Rows:
+    """The MILP's constraint rows, added one at a time: lo <= sum(vals * x[cols]) <= hi."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+
+    def add(self, cols: list[int], vals: list[float], lo: float, hi: float) -> None:
+        self.rows += [len(self.lo)] * len(cols)
+        self.cols += cols
+        self.vals += vals
+        self.lo.append(lo)
+        self.hi.append(hi)
+
+
 class _ILP:
     def __init__(self, cm: CostModel, budget: float, max_pairs: int):
         self.cm = cm
         self.budget = budget
         an = cm.analysis
-        self.groups = sorted(an.decision_groups, key=lambda g: (-g.bytes, g.id))
+        groups = sorted(an.decision_groups, key=lambda g: (-g.bytes, g.id))
         axes = tuple(cm.mesh.axes)
-        self.strategies = {g.id: group_strategies(g.size, axes, cm.axis_size) for g in self.groups}
+        self.strategies = {g.id: group_strategies(g.size, axes, cm.axis_size) for g in groups}
+        self.groups: list[Group | _UnitChoice] = list(groups)  # and the layer stacks' choices, below
         ids = set(self.strategies)
         pairs = [(a, b) for (a, b), n in an.cooccur.items() if a in ids and b in ids and a != b and n > 0]
         pairs.sort(key=lambda p: (-an.cooccur[p], p))
@@ -140,17 +160,17 @@ class _ILP:
         self.pairs = pairs[:max_pairs]
         for u in cm.units:
             self.groups.append(_UnitChoice(-1 - u.id))
-            self.strategies[-1 - u.id] = [(), *((RECOMPUTE + k,) for k in u.kinds)]
+            self.strategies[-1 - u.id] = [(), *((k,) for k in u.kinds)]  # save, or one recompute kind
             self.pairs += [(-1 - u.id, g) for g in big]
         self.rank = {g.id: k for k, g in enumerate(self.groups)}
         self._cache: dict[tuple, CostReport] = {}
         self.evaluations = 0
 
     # ---------------------------------------------------------------- plans
-    def decisions(self, plan: dict[int, Strategy]) -> tuple[tuple[int, str], ...]:
-        out = []
+    def decisions(self, plan: dict[int, Strategy]) -> tuple[Decision, ...]:
+        out: list[Decision] = []
         for g in self.groups:  # a unit's key is -1 - its id
-            out += [(g.id if g.id >= 0 else -1 - g.id, a) for a in plan.get(g.id, ())]
+            out += [Shard(g.id, a) if g.id >= 0 else Recompute(-1 - g.id, a) for a in plan.get(g.id, ())]
         return tuple(out)
 
     def evaluate(self, plan: dict[int, Strategy], overlap: bool | None = None) -> CostReport:
@@ -177,12 +197,14 @@ class _ILP:
                 index[(g.id, s)] = len(xs)
                 xs.append((g.id, s))
                 if s == ref.get(g.id, ()):
-                    ct.append(0.0); cmem.append(0.0)
+                    ct.append(0.0)
+                    cmem.append(0.0)
                     continue
                 r = self.evaluate({**ref, g.id: s}, overlap=False)
                 dt, dm = r.step_time - t0, r.memory.peak - m0
                 single[(g.id, s)] = (dt, dm)
-                ct.append(dt); cmem.append(dm)
+                ct.append(dt)
+                cmem.append(dm)
         ys: list[tuple[int, int]] = []
         yt, ym = [], []
         tol_t = 1e-9 * max(t0, 1e-12)
@@ -200,7 +222,8 @@ class _ILP:
                     if abs(it) <= tol_t and abs(im) <= tol_m:
                         continue
                     ys.append((index[(g, s)], index[(h, t)]))
-                    yt.append(it); ym.append(im)
+                    yt.append(it)
+                    ym.append(im)
         return _Linear(dict(ref), t0, m0, xs, np.array(ct), np.array(cmem), ys, np.array(yt), np.array(ym))
 
     # ---------------------------------------------------------------- the MILP
@@ -214,42 +237,36 @@ class _ILP:
             c = np.concatenate([lin.ct, lin.yt]) / tscale
         else:  # peak memory (finding a plan that fits)
             c = np.concatenate([lin.cm, lin.ym]) / mscale
-        rows, cols, vals, lo, hi = [], [], [], [], []
-        r = 0
+        rows = _Rows()
         # one strategy per group
+        by_group: list[list[int]] = [[] for _ in self.groups]
         for k, (g, _) in enumerate(lin.xs):
-            rows.append(self.rank[g]); cols.append(k); vals.append(1.0)
-        r = len(self.groups)
-        lo += [1.0] * r; hi += [1.0] * r
+            by_group[self.rank[g]].append(k)
+        for ks in by_group:
+            rows.add(ks, [1.0] * len(ks), 1.0, 1.0)
         # y = x_a * x_b
         for j, (a, b) in enumerate(lin.ys):
             y = nx + j
-            rows += [r, r, r]; cols += [y, a, b]; vals += [1.0, -1.0, -1.0]  # y - xa - xb >= -1
-            lo.append(-1.0); hi.append(np.inf); r += 1
-            rows += [r, r]; cols += [y, a]; vals += [1.0, -1.0]  # y - xa <= 0
-            lo.append(-np.inf); hi.append(0.0); r += 1
-            rows += [r, r]; cols += [y, b]; vals += [1.0, -1.0]  # y - xb <= 0
-            lo.append(-np.inf); hi.append(0.0); r += 1
+            rows.add([y, a, b], [1.0, -1.0, -1.0], -1.0, np.inf)  # y - xa - xb >= -1
+            rows.add([y, a], [1.0, -1.0], -np.inf, 0.0)  # y - xa <= 0
+            rows.add([y, b], [1.0, -1.0], -np.inf, 0.0)  # y - xb <= 0
         # memory
         mem = np.concatenate([lin.cm, lin.ym]) / mscale
         nz = np.flatnonzero(mem)
-        rows += [r] * len(nz); cols += nz.tolist(); vals += mem[nz].tolist()
-        lo.append(-np.inf)
-        hi.append((self.budget - margin - lin.m0) / mscale if objective == "time" else np.inf)
-        r += 1
+        rows.add(nz.tolist(), mem[nz].tolist(), -np.inf,
+                 (self.budget - margin - lin.m0) / mscale if objective == "time" else np.inf)
         # no-good cuts: plans that the true model says do not fit
         for cut in cuts:
-            rows += [r] * len(cut); cols += cut; vals += [1.0] * len(cut)
-            lo.append(-np.inf); hi.append(len(cut) - 1.0); r += 1
+            rows.add(cut, [1.0] * len(cut), -np.inf, len(cut) - 1.0)
         # trust region: at most max_changes groups leave their reference strategy
         if max_changes is not None:
             keep = [k for k, (g, st) in enumerate(lin.xs) if lin.ref.get(g, ()) == st]
-            rows += [r] * len(keep); cols += keep; vals += [1.0] * len(keep)
-            lo.append(len(self.groups) - float(max_changes)); hi.append(np.inf); r += 1
-        A = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
+            rows.add(keep, [1.0] * len(keep), len(self.groups) - float(max_changes), np.inf)
+        A = coo_matrix((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.lo), n)).tocsr()
         integrality = np.concatenate([np.ones(nx), np.zeros(ny)])
-        res = milp(c, integrality=integrality, bounds=Bounds(0.0, 1.0),
-                   constraints=LinearConstraint(A, np.array(lo), np.array(hi)),
+        # per-row bounds as arrays, as scipy takes them (its stubs say float)
+        constraints = LinearConstraint(A, np.array(rows.lo), np.array(rows.hi))  # pyright: ignore[reportArgumentType]
+        res = milp(c, integrality=integrality, bounds=Bounds(0.0, 1.0), constraints=constraints,
                    options={"time_limit": max(time_limit, 1e-3), "disp": False})
         status = _STATUS.get(res.status, "error")
         plan = None
@@ -263,7 +280,7 @@ class _ILP:
             if res.fun is not None:
                 pred = (lin.t0 + float(res.fun) * tscale if objective == "time"
                         else lin.m0 + float(res.fun) * mscale)
-        return status, plan, pred, n, r, res.message
+        return status, plan, pred, n, len(rows.lo), res.message
 
     def cut_of(self, lin: _Linear, plan: dict[int, Strategy]) -> list[int]:
         return [k for k, (g, s) in enumerate(lin.xs) if plan.get(g, ()) == s]
@@ -296,8 +313,8 @@ def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float 
     explicit = budget is not None
     budget = float(cost_model.hw.limit if budget is None else budget)
     ilp = _ILP(cost_model, budget, max_pairs)
-    st = dict(build=0.0, solve=0.0, nvars=0, ncons=0, solves=0, timed_out=False, deadline=None,
-              statuses=[], messages=[])
+    st: dict[str, Any] = dict(build=0.0, solve=0.0, nvars=0, ncons=0, solves=0, timed_out=False, deadline=None,
+                              statuses=[], messages=[])
     best: list = []  # [step time, plan, report, predicted time]
     bad: list[dict[int, Strategy]] = []  # plans that do not fit: cut off
 

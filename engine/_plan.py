@@ -17,11 +17,12 @@ import math
 import os
 from typing import Any, Callable, Sequence
 
-from ._analysis import RESOLUTIONS, RESOLVE
+from ._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, slot_kind
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
-from ._program import is_array_leaf
-from ._recompute import KINDS, is_recompute, kind_of, plan_unit
+from ._program import Program, is_array_leaf
+from ._recompute import plan_unit
+from ._space import anchor_of, from_plan
 
 FORMAT = "partex-plan"
 VERSION = 1
@@ -31,10 +32,19 @@ SpecJSON = list  # per dim: null | "axis" | ["axis", ...]
 
 @dataclasses.dataclass(frozen=True)
 class PlanDecision:
-    group: str  # the group's label
-    axis: str
-    anchor: str | None = None  # "input/path:dim" of a member of the group
+    """A decision as a plan file writes it (``Decision``'s file form): the label of its
+    group or layer stack, its slot (a mesh axis, ``resolve:...`` or ``recompute:...``),
+    its anchor, whether it was pinned."""
+
+    group: str  # the group's (or layer stack's) label
+    axis: str  # the slot
+    anchor: str | None = None  # "input/path:dim" of a member of the group; a layer stack's signature
     pinned: bool = False
+
+    @property
+    def kind(self) -> type[Decision]:
+        """The decision class the slot spells (Shard, Resolve, Recompute)."""
+        return slot_kind(self.axis)
 
     def to_json(self) -> dict:
         d = {"group": self.group, "axis": self.axis, "pinned": self.pinned}
@@ -122,15 +132,18 @@ class Plan:
         for i, x in enumerate(d["decisions"] if isinstance(d["decisions"], list) else [None]):
             if not isinstance(x, dict) or not isinstance(x.get("group"), str) or not isinstance(x.get("axis"), str):
                 raise PartexError(f"{where}: decision {i} must be {{\"group\": str, \"axis\": str}}")
-            kind = kind_of(x["axis"])
-            if x["axis"].startswith(RESOLVE):
-                if x["axis"][len(RESOLVE):] not in RESOLUTIONS:
+            kind = slot_kind(x["axis"])
+            value = x["axis"][len(kind.PREFIX):]
+            if kind is Resolve:
+                if value not in RESOLUTIONS:
                     raise PartexError(f"{where}: decision {i} has conflict resolution {x['axis']!r}; known: "
-                                      f"{', '.join(RESOLVE + r for r in RESOLUTIONS)}")
-            elif kind is None:
+                                      f"{', '.join(Resolve.PREFIX + r for r in RESOLUTIONS)}")
+            elif kind is Recompute:
+                if value not in RECOMPUTE_KINDS:
+                    raise PartexError(f"{where}: decision {i} has recompute kind {value!r}; known: "
+                                      f"{', '.join(RECOMPUTE_KINDS)}")
+            else:
                 mesh.index(x["axis"])  # unknown axis -> clear error
-            elif kind not in KINDS:
-                raise PartexError(f"{where}: decision {i} has recompute kind {kind!r}; known: {', '.join(KINDS)}")
             decisions.append(PlanDecision(x["group"], x["axis"], x.get("anchor"), bool(x.get("pinned", False))))
         for field in ("inputs", "outputs"):
             if not isinstance(d[field], dict):
@@ -206,6 +219,7 @@ class Plan:
         """The PartitionSpec (JSON) of each array leaf of ``args``, matched in order with the
         plan's signature; a leaf of another shape or dtype is a clear error."""
         import jax
+        import jax.numpy as jnp
         import numpy as np
 
         leaves = [x for x in jax.tree_util.tree_leaves(tuple(args)) if is_array_leaf(x)]
@@ -216,7 +230,7 @@ class Plan:
         out = []
         for x, (path, shape, dtype) in zip(leaves, sig):
             have, dt = tuple(np.shape(x)), getattr(x, "dtype", None)
-            typed = dt is not None and not jax.dtypes.issubdtype(dt, jax.dtypes.extended)  # not a PRNG key
+            typed = dt is not None and not jnp.issubdtype(dt, jax.dtypes.extended)  # not a PRNG key
             if have != tuple(shape) or (typed and str(dt) != dtype):
                 raise PartexError(f"argument leaf {path} is {have} {dt or ''} here but {tuple(shape)} {dtype} "
                                   "in the plan")
@@ -323,7 +337,7 @@ class PlannedFunction:
         self._mesh = mesh
         self.axis_names = axis_names
         self._jitted = None
-        self.program = None
+        self.program: Program | None = None  # traced by build()
         self.num_constraints = (0, 0)
 
     @property
@@ -333,14 +347,14 @@ class PlannedFunction:
         return self._mesh
 
     def build(self, args: Sequence[Any]):
-        if self._jitted is not None and self.program.static_mismatch(args) is None:
+        if self._jitted is not None and self.program is not None and self.program.static_mismatch(args) is None:
             return self._jitted
         import jax
         from jax.sharding import NamedSharding
 
         from ._analysis import analyze
         from ._apply import constrained_function
-        from ._cost import CostModel
+        from .cost import CostModel
         from ._loader import axis_names_by_value
         from ._program import trace
 
@@ -390,8 +404,10 @@ class PlannedFunction:
         from ._program import dynamic_args
 
         jitted = self.build(args)
-        _check_global(self.program, args)
-        return self.program.full_outputs(jitted(*dynamic_args(args)))
+        program = self.program
+        assert program is not None  # build() traced it
+        _check_global(program, args)
+        return program.full_outputs(jitted(*dynamic_args(args)))
 
     def lower(self, *args):
         from ._program import dynamic_args
@@ -416,6 +432,9 @@ def check_processes(plan: Plan) -> None:
     from jax._src import distributed
 
     client = distributed.global_state.client
+    if client is None:  # process_count() > 1 comes from jax.distributed.initialize, which makes it
+        raise PartexError("a multi-process job without JAX's coordination service: call "
+                          "jax.distributed.initialize() before applying a plan")
     key = f"partex/apply/{next(_AGREEMENTS)}"
     me = {"plan": plan.digest(), "devices": jax.local_device_count(), "mesh": plan.mesh.text()}
     client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(me))
@@ -496,65 +515,16 @@ def constraint_specs(cm, decisions):
     return value_specs, operand_specs
 
 
-def resolve_decisions(plan: Plan, an) -> list[tuple[int, str]]:
-    """Plan decisions -> (group id, axis), found by anchor first, then by label; a recompute
-    decision -> (unit id, "recompute:<kind>"), its unit found by its layers' signature."""
-    out = []
-    for d in plan.decisions:
-        if kind_of(d.axis) is not None:
-            u = next((u for u in an.units if unit_anchor(u) == d.anchor), None) \
-                or next((u for u in an.units if u.label == d.group), None)
-            if u is None:
-                raise PartexError(f"plan decision recomputes {d.group!r}, a layer stack this function does not have; "
-                                  f"its stacks: {', '.join(u.label for u in an.units) or 'none'}")
-            out.append((u.id, d.axis))
-            continue
-        gid = group_at(an, d.anchor) if d.anchor else None
-        if gid is None:
-            g = an.group_by_label(d.group)
-            if g is None:
-                raise PartexError(f"plan decision names group {d.group!r}, which this function does not have; "
-                                  f"its groups: {', '.join(x.label for x in an.decision_groups)}")
-            gid = g.id
-        out.append((gid, d.axis))
-    return out
+def resolve_decisions(plan: Plan, an) -> list[Decision]:
+    """The plan's decisions on this analysis, found by anchor first, then by label."""
+    return from_plan(an, plan.decisions)
 
 
-def unit_anchor(u) -> str:
-    """A recompute unit's anchor: its layers' signature and count."""
-    if u.block is None:  # a scan: its source line and length
-        return f"scan:{u.where}x{u.layers}"
-    return f"layers:{u.block.key}x{u.block.count}"
-
-
-def decision_json(an, decision, pinned: bool) -> PlanDecision:
-    g, a = decision
-    if kind_of(a) is not None:
-        u = an.units[g]
-        return PlanDecision(u.label, a, unit_anchor(u), pinned)
-    return PlanDecision(an.groups[g].label, a, group_anchor(an, g), pinned)
-
-
-def group_at(an, anchor: str) -> int | None:
-    """The group of an anchor "input/path:dim" (an input leaf and a dim of it), or None."""
-    path, sep, dim = anchor.rpartition(":")
-    vid = dict(zip(an.program.input_paths, an.program.inputs)).get(path) if sep else None
-    if vid is None or not dim.isdigit() or int(dim) >= len(an.program.values[vid].shape):
-        return None
-    g = an.group_of(vid, int(dim))
-    return g if g >= 0 else None
-
-
-def group_anchor(an, gid: int) -> str | None:
-    """An input leaf and dim in group gid (largest leaf first)."""
-    p = an.program
-    best = None
-    for vid, path in zip(p.inputs, p.input_paths):
-        v = p.values[vid]
-        for d in range(len(v.shape)):
-            if an.group_of(vid, d) == gid and (best is None or v.nbytes > best[0]):
-                best = (v.nbytes, f"{path}:{d}")
-    return best[1] if best else None
+def decision_json(an, decision: Decision, pinned: bool) -> PlanDecision:
+    """A decision as its plan file writes it: the group's (or layer stack's) label, its
+    slot, its anchor."""
+    name = an.groups[decision.id].label if decision.ON_GROUP else an.units[decision.id].label
+    return PlanDecision(name, decision.slot, anchor_of(an, decision), pinned)
 
 
 def default_donate(program) -> tuple[int, ...]:
@@ -587,21 +557,21 @@ def user_specs(cm) -> dict:
 def fixed_json(cm) -> tuple[dict, ...]:
     """The decisions the step's own shardings fix, for the plan file and the views."""
     an = cm.analysis
-    return tuple({"group": an.groups[g].label, "axis": a, "source": cm.fixed.by_group[g].source,
-                  "kind": cm.fixed.by_group[g].kind} for g, a in cm.fixed.decisions)
+    return tuple({"group": an.groups[d.group].label, "axis": d.axis, "source": cm.fixed.by_group[d.group].source,
+                  "kind": cm.fixed.by_group[d.group].kind} for d in cm.fixed.decisions)
 
 
 def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, strategy=None,
               pinned=(), donate=None, cost_model=None, user_shardings: str = "keep") -> Plan:
-    """Build a Plan from decisions [(group id, axis)] on an analysed model."""
-    from ._cost import CostModel
+    """Build a Plan from decisions on an analysed model."""
+    from .cost import CostModel
 
     program = model_analysis.program
     an = model_analysis.analysis
     if donate is None:
         donate = default_donate(program)
     cm = cost_model or CostModel(an, mesh, hardware, donate=donate, user_shardings=user_shardings)
-    decisions = [d for d in decisions if is_recompute(d) or int(d[0]) not in cm.fixed.groups]
+    decisions = [d for d in decisions if not d.ON_GROUP or d.id not in cm.fixed.groups]
     specs = cm.value_specs(decisions)
     report = cm.evaluate(decisions, detail=True)
     pinned = set(pinned)

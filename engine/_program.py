@@ -72,6 +72,13 @@ class Value:
     name: str | None = None  # pytree path for inputs and outputs
 
     @property
+    def path(self) -> str:
+        """The pytree path of an input or output (the tracer names every one; other values have none)."""
+        if self.name is None:
+            raise ValueError(f"value %{self.id} is neither an input nor an output of the step: it has no pytree path")
+        return self.name
+
+    @property
     def nbytes(self) -> int:
         return int(math.prod(self.shape)) * self.dtype.itemsize
 
@@ -467,8 +474,8 @@ class _Tracer:
             self.scope = _join_scope(outer, str(eqn.source_info.name_stack))
             if handler is not None:
                 handler(self, eqn, region, trip)
-            elif name in _INLINE_PARAM and _called_jaxpr(eqn) is not None:
-                self.inline(eqn, region, trip)
+            elif name in _INLINE_PARAM and (called := _called_jaxpr(eqn)) is not None:
+                self.inline(eqn, called, region, trip)
             else:
                 inputs = [self.read(a) for a in eqn.invars]
                 op = self.emit(
@@ -481,8 +488,8 @@ class _Tracer:
                     self.user_shardings.append((op.outputs[0], sharding, _call_site(eqn), name, op.id))
         self.scope = outer
 
-    def inline(self, eqn, region: int, trip: int) -> None:
-        inner = _called_jaxpr(eqn)
+    def inline(self, eqn, inner, region: int, trip: int) -> None:
+        """Trace the jaxpr the eqn calls (``inner``: ``_called_jaxpr(eqn)``) in place."""
         if isinstance(inner, ClosedJaxpr):
             self.bind_consts(inner)
             inner = inner.jaxpr

@@ -40,21 +40,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from ._decisions import LOOP_RECOMPUTE_KINDS, RECOMPUTE_KINDS
 from ._program import NO_PRODUCER, TOP_REGION, Program, ValueId
 from ._stacks import Block, layer_blocks
 
-KINDS = ("regather", "dots", "full")  # "save" is no decision
-LOOP_KINDS = ("dots", "full")  # under scan every iteration gathers its weights anew
-PREFIX = "recompute:"  # the pseudo mesh axis a recompute decision carries: (unit, "recompute:full")
-
-
-def kind_of(axis: str) -> str | None:
-    """The recompute kind a decision's axis names, or None for a mesh axis."""
-    return axis[len(PREFIX):] if axis.startswith(PREFIX) else None
-
-
-def is_recompute(decision) -> bool:
-    return decision[1].startswith(PREFIX)
+KINDS = RECOMPUTE_KINDS
+LOOP_KINDS = LOOP_RECOMPUTE_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +249,8 @@ def plan_loop(program: Program, u: Unit, kind: str, readers=None) -> LoopPlan:
     """What recomputing scan unit ``u`` under ``kind`` changes in its two loops."""
     readers = value_readers(program) if readers is None else readers
     ops, values = program.ops, program.values
+    if u.loop is None:
+        raise ValueError(f"{u.description}: not a scan, so no loops to plan (plan_loop takes scan units)")
     f_enter, b_enter = u.loop
     enter, exit_ = ops[f_enter], ops[u.copies[0][1] - 1]
     nc = exit_.params["num_carry"]

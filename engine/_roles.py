@@ -59,11 +59,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from ._analysis import NO_DIM, Analysis, GroupId
+from ._decisions import NO_DIM, GroupId
 from ._program import Program
 from ._rules import FactorKind
+
+if TYPE_CHECKING:  # the analysis calls infer_roles: its type only, no import at run time
+    from ._analysis import Analysis
 
 ValueId = int
 OpId = int

@@ -47,9 +47,11 @@ def _batch(args, dims, *, axis, shift):
     return roll_p.bind(x, axis=axis + (b <= axis), shift=shift), b
 
 
-roll_p = lax_internal.standard_primitive(_shape_rule, lax_internal.input_dtype, "roll",
-                                          sharding_rule=_sharding_rule,
-                                          vma_rule=lambda x, **_: jcore.standard_vma_rule("roll", x))
+# jax._src.lax.lax imports these helpers from jax._src.lax.utils without re-exporting them;
+# roll_p is built with them as lax's own primitives are (the ignores: that re-export rule only).
+roll_p = lax_internal.standard_primitive(  # pyright: ignore[reportPrivateImportUsage]
+    _shape_rule, lax_internal.input_dtype, "roll",  # pyright: ignore[reportPrivateImportUsage]
+    sharding_rule=_sharding_rule, vma_rule=lambda x, **_: jcore.standard_vma_rule("roll", x))
 ad.deflinear2(roll_p, lambda ct, x, *, axis, shift: [roll_p.bind(ct, axis=axis, shift=-shift)])
 batching.primitive_batchers[roll_p] = _batch
 mlir.register_lowering(roll_p, mlir.lower_fun(_impl, multiple_results=False))
@@ -84,7 +86,7 @@ def _full_but(shape, start, limit, strides, axis) -> bool:
 
 class _Rewriter:
     def __init__(self):
-        self.memo: dict[int, object] = {}
+        self.memo: dict[int, jcore.Jaxpr] = {}
 
     def closed(self, cj):
         new = self.jaxpr(cj.jaxpr)
@@ -130,7 +132,7 @@ class _Rewriter:
         k = made[v]
         e = eqns[k]
         src = e.invars[0]
-        if not isinstance(src, jcore.Var):
+        if not isinstance(src, jcore.Var) or not isinstance(src.aval, jcore.ShapedArray):  # slices of arrays only
             return None
         shape = src.aval.shape
         if e.primitive.name == "slice":

@@ -173,7 +173,7 @@ def register(*names: str):
 def pointwise_rule(params, ins, outs) -> list[Factor]:
     """Operands of the result's rank tie dim d with result dim d (rank-0 take no part)."""
     fs = []
-    for j0, out in enumerate(outs[:1]):
+    for out in outs[:1]:
         for d, s in enumerate(out):
             ops = [(i, d) for i, sh in enumerate(ins) if len(sh) == len(out) and sh[d] == s]
             res = [(j, d) for j, o in enumerate(outs) if len(o) == len(out) and o[d] == s]
@@ -301,16 +301,16 @@ def _conv_spatial(params, lsp, rsp, osp, lhs, rhs, out) -> list[Factor | None]:
     pads, strides = params["padding"], params["window_strides"]
     ldil, rdil = params["lhs_dilation"], params["rhs_dilation"]
     for s, (a, k, o) in enumerate(zip(lsp, rsp, osp)):
-        L, K, O = lhs[a], rhs[k], out[o]
+        n_l, n_k, n_o = lhs[a], rhs[k], out[o]  # the lhs's, kernel's and output's sizes
         lo, st, ld, rd = int(pads[s][0]), int(strides[s]), int(ldil[s]), int(rdil[s])
-        if min(L, K, O) > 1 and K * rd == L * ld and O < K:
-            halo = Halo(0, a, L, K, rd, O, st, lo, ld)
-            fs += [Factor(min(L, K), R, ((0, a), (1, k)), halo=halo), _f(O, M, results=[(0, o)])]
-        elif min(L, O) > 1 and L * ld == O * st and K < L:
-            halo = Halo(0, a, L, O, st, K, rd, lo, ld)
-            fs += [Factor(min(L, O), M, ((0, a),), ((0, o),), halo=halo), _f(K, M, [(1, k)])]
+        if min(n_l, n_k, n_o) > 1 and n_k * rd == n_l * ld and n_o < n_k:
+            halo = Halo(0, a, n_l, n_k, rd, n_o, st, lo, ld)
+            fs += [Factor(min(n_l, n_k), R, ((0, a), (1, k)), halo=halo), _f(n_o, M, results=[(0, o)])]
+        elif min(n_l, n_o) > 1 and n_l * ld == n_o * st and n_k < n_l:
+            halo = Halo(0, a, n_l, n_o, st, n_k, rd, lo, ld)
+            fs += [Factor(min(n_l, n_o), M, ((0, a),), ((0, o),), halo=halo), _f(n_k, M, [(1, k)])]
         else:
-            fs += [_f(L, M, [(0, a)]), _f(O, M, results=[(0, o)]), _f(K, M, [(1, k)])]
+            fs += [_f(n_l, M, [(0, a)]), _f(n_o, M, results=[(0, o)]), _f(n_k, M, [(1, k)])]
     return fs
 
 
@@ -361,9 +361,13 @@ def reshape_blocks(a: Shape, b: Shape) -> list[tuple[list[int], list[int]]]:
                 # absorb trailing size-1 dims into this block
                 break
             if (pa <= pb and i < len(a)) or j >= len(b):
-                pa *= a[i]; bi.append(i); i += 1
+                pa *= a[i]
+                bi.append(i)
+                i += 1
             else:
-                pb *= b[j]; bj.append(j); j += 1
+                pb *= b[j]
+                bj.append(j)
+                j += 1
             if i >= len(a) and j >= len(b):
                 break
         blocks.append((bi, bj))
@@ -532,7 +536,7 @@ def _pad(params, ins, outs):
             fs.append(_f(ins[0][d], P, [(0, d)], [(0, d)]))
         elif interior == 0:
             fs.append(_shifted(ins[0][d], outs[0][d], d, 1, int(lo)))
-        else:  # XLA's partitioner gets a sharded interior pad wrong (see _cost): unshardable
+        else:  # XLA's partitioner gets a sharded interior pad wrong (see cost._facts): unshardable
             fs += [_f(ins[0][d], M, [(0, d)]), _f(outs[0][d], M, results=[(0, d)])]
     return _keep(fs)
 
@@ -850,8 +854,7 @@ def _scan_exit(params, ins, outs):
     fs = []
     for j, out in enumerate(outs):
         if j < nc:
-            ops = lambda d: [(j, d), (nc + ny + j, d)]
-            fs += [_f(s, P, ops(d), [(j, d)]) for d, s in enumerate(out)]
+            fs += [_f(s, P, [(j, d), (nc + ny + j, d)], [(j, d)]) for d, s in enumerate(out)]
         else:
             fs += [_f(s, P, [(j, d - 1)], [(j, d)]) for d, s in enumerate(out) if d > 0]
             # the stacked loop axis: result-only, free to shard (Shardy's rule; XLA keeps ys

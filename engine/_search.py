@@ -20,20 +20,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ._analysis import RESOLUTIONS, RESOLVE
-from ._cost import CostModel, CostReport
+from .cost import CostModel, CostReport
+from ._decisions import Decision, Recompute, Resolve, Shard, decision_of
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
-from ._recompute import KINDS as RECOMPUTE_KINDS, PREFIX as RECOMPUTE
+from ._space import DecisionSpace
 
 # The most mark_infeasible scales every prediction by: the cost model's memory is within
 # +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
 XLA_SCALE_CAP = 1.5
-Decision = tuple[int, str]
 PENALTIES = (0.3, 1.0, 3.0, 10.0, 100.0)  # _oscillate: memory penalty weights, in turn
 STOP = -1  # the stop action
 
@@ -44,6 +43,15 @@ class SearchResult:
     report: CostReport
     simulation: int  # the simulation that first found it
     seconds: float  # search seconds until it was first found (time-to-best)
+
+
+class _Best(NamedTuple):
+    """The fastest plan that fits met so far."""
+
+    step_time: float
+    decisions: tuple[Decision, ...]
+    simulation: int  # the simulation that first found it
+    seconds: float  # search seconds until then
 
 
 @dataclasses.dataclass
@@ -88,25 +96,11 @@ class Search:
         self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate,
                                           user_shardings=user_shardings)
         self.rng = np.random.default_rng(seed)
-        # candidate actions: decidable groups x axes that divide some size of the group
-        self.actions: list[Decision] = []
-        for g in self.an.decision_groups:
-            if g.id in self.cm.fixed.groups:  # the user's own sharding fixes it
-                continue
-            sizes = {s for nd in g.named_dims for s in self.an.named_dims[nd].sizes}
-            for a, n in zip(mesh.axes, mesh.sizes):
-                if n > 1 and any(s % n == 0 for s in sizes):
-                    self.actions.append((g.id, a))
-        # recompute decisions: one kind per layer stack of the forward pass
-        self.recompute_axes = tuple(RECOMPUTE + k for k in RECOMPUTE_KINDS)
-        for u in self.cm.units:
-            self.actions += [(u.id, RECOMPUTE + k) for k in u.kinds]
-        # a conflict's other resolutions: one per conflicted group, once the group is sharded
-        self.resolve_axes = tuple(RESOLVE + k for k in RESOLUTIONS)
-        for g in self.an.conflicted_groups():
-            if g not in self.cm.fixed.groups:
-                self.actions += [(g, a) for a in self.resolve_axes]
-        self._axes = (*mesh.axes, *self.recompute_axes, *self.resolve_axes)
+        # candidate actions: groups on the mesh axes that divide them, layer stacks'
+        # recompute kinds, conflicts' resolutions (DecisionSpace)
+        self.space = DecisionSpace(self.an, mesh, self.cm.fixed)
+        self.actions: list[Decision] = list(self.space.actions)
+        self._axes = self.space.slots
         self.pins: list[Decision] = []
         self.forbidden: set[Decision] = set()
         self.xla_scale = 1.0  # XLA's / the model's memory, the most seen (mark_infeasible)
@@ -115,14 +109,14 @@ class Search:
         self.simulations = 0
         self.seconds = 0.0
         self.history: list[tuple[int, float, float]] = []  # (simulation, seconds, step time)
-        self._best: tuple[float, tuple[Decision, ...], int, float] | None = None
+        self._best: _Best | None = None
         self.smallest_memory = (math.inf, ())
         base = self.cm.evaluate([])
         self.t_ref = base.step_time if base.step_time > 0 else 1e-9
         base_score = self._score(())  # the replicated plan is a candidate too
         # Priors: how much each decision alone improves on replication. Expansion tries the
         # most promising actions first and rollouts sample in proportion to exp(prior / tau).
-        self.prior = np.array([self._score(((g, a),)) - base_score for g, a in self.actions], dtype=np.float64)
+        self.prior = np.array([self._score((d,)) - base_score for d in self.actions], dtype=np.float64)
         tau = float(self.prior.std()) if len(self.prior) else 1.0
         top = float(self.prior.max()) if len(self.prior) else 0.0
         self._weights = np.exp((self.prior - top) / (tau or 1.0)) + 1e-6
@@ -139,8 +133,8 @@ class Search:
     # ------------------------------------------------------------------ keys and scores
     def _key(self, decisions: Sequence[Decision]) -> tuple:
         per_axis: dict[str, list[int]] = {}
-        for g, a in decisions:
-            per_axis.setdefault(a, []).append(g)
+        for d in decisions:
+            per_axis.setdefault(d.slot, []).append(d.id)
         return tuple((a, tuple(per_axis[a])) for a in self._axes if a in per_axis)
 
     def _score(self, decisions: tuple[Decision, ...]) -> float:
@@ -158,23 +152,24 @@ class Search:
             e = self._evals[key] = (r.step_time, r.memory.peak, self._fits(r.memory.peak))
             if r.memory.peak < self.smallest_memory[0]:
                 self.smallest_memory = (r.memory.peak, decisions)
-            if e[2] and (self._best is None or r.step_time < self._best[0] * (1 - 1e-9)):
-                self._best = (r.step_time, decisions, self.simulations, self.seconds + self._elapsed())
-                self.history.append((self.simulations, self._best[3], r.step_time))
+            if e[2] and (self._best is None or r.step_time < self._best.step_time * (1 - 1e-9)):
+                self._best = _Best(r.step_time, decisions, self.simulations, self.seconds + self._elapsed())
+                self.history.append((self.simulations, self._best.seconds, r.step_time))
         return e
 
     def _elapsed(self) -> float:
-        return time.perf_counter() - self._t0 if getattr(self, "_t0", None) else 0.0
+        t0 = getattr(self, "_t0", None)
+        return time.perf_counter() - t0 if t0 else 0.0
 
     # ------------------------------------------------------------------ tree
     def _legal(self, decisions: Sequence[Decision]) -> list[int]:
         taken = set(decisions)
-        recomputed = {g for g, a in decisions if a.startswith(RECOMPUTE)}  # one kind per stack
-        resolved = {g for g, a in decisions if a.startswith(RESOLVE)}  # one resolution per group ...
-        sharded = {g for g, a in decisions if ":" not in a}  # ... of a group the plan shards
+        recomputed = {d.unit for d in decisions if isinstance(d, Recompute)}  # one kind per stack
+        resolved = {d.group for d in decisions if isinstance(d, Resolve)}  # one resolution per group ...
+        sharded = {d.group for d in decisions if isinstance(d, Shard)}  # ... of a group the plan shards
         return [i for i, d in enumerate(self.actions) if d not in taken and d not in self.forbidden
-                and not (d[0] in recomputed and d[1].startswith(RECOMPUTE))
-                and not (d[1].startswith(RESOLVE) and (d[0] in resolved or d[0] not in sharded))]
+                and not (isinstance(d, Recompute) and d.unit in recomputed)
+                and not (isinstance(d, Resolve) and (d.group in resolved or d.group not in sharded))]
 
     def _node(self, decisions: tuple[Decision, ...]) -> _Node:
         key = self._key(decisions)
@@ -232,12 +227,12 @@ class Search:
             # replace or an insert may leave it before one or without one)
             sharded: set[int] = set()
             kept = []
-            for g, a in cand:
-                if a.startswith(RESOLVE) and g not in sharded:
+            for d in cand:
+                if isinstance(d, Resolve) and d.group not in sharded:
                     continue
-                if ":" not in a:
-                    sharded.add(g)
-                kept.append((g, a))
+                if isinstance(d, Shard):
+                    sharded.add(d.group)
+                kept.append(d)
             cand = tuple(kept)
             if cand != current and len(cand) >= len(self.pins):
                 yield cand
@@ -251,7 +246,7 @@ class Search:
             yield current[:i] + current[i + 1:]
         for i in range(first, len(current)):
             for j in range(i + 1, len(current)):
-                if current[i][1] == current[j][1]:
+                if current[i].slot == current[j].slot:
                     yield current[:i] + (current[j],) + current[i + 1:j] + (current[i],) + current[j + 1:]
         # two mesh axes exchanged in every decision (the 4-way axis for tensor parallelism and
         # the 2-way one for the batch, say): a plan no chain of single changes reaches
@@ -260,7 +255,8 @@ class Search:
         for x in range(len(axes)):
             for y in range(x + 1, len(axes)):
                 swap = {axes[x]: axes[y], axes[y]: axes[x]}
-                cand = current[:first] + tuple((g, swap.get(a, a)) for g, a in current[first:])
+                cand = current[:first] + tuple(Shard(d.group, swap.get(d.axis, d.axis)) if isinstance(d, Shard) else d
+                                               for d in current[first:])
                 if cand != current and all(d in actions and d not in self.forbidden for d in cand[first:]):
                     yield cand
         for i in range(first, len(current)):
@@ -272,7 +268,7 @@ class Search:
                     yield current[:i] + (self.actions[a],) + current[i + 1:]
         for i in range(first, len(current)):
             for a in legal:
-                if self.actions[a][1] == current[i][1]:
+                if self.actions[a].slot == current[i].slot:
                     yield current[:i] + (self.actions[a],) + current[i:]
 
     def _polish(self) -> None:
@@ -282,13 +278,13 @@ class Search:
         the cache; a better plan found becomes the best."""
         if self._best is None:
             return
-        self._descend(tuple(self._best[1]), lambda d: -self._score(d))
-        start = self._best[1]
-        self._oscillate()
-        if self._best is not None and self._best[1] != start:
-            self._descend(tuple(self._best[1]), lambda d: -self._score(d))
+        self._descend(tuple(self._best.decisions), lambda d: -self._score(d))
+        start = self._best
+        self._oscillate(start)
+        if self._best is not None and self._best.decisions != start.decisions:
+            self._descend(tuple(self._best.decisions), lambda d: -self._score(d))
 
-    def _oscillate(self) -> None:
+    def _oscillate(self, best: _Best) -> None:
         """Strategic oscillation: where the budget is tight the plans that fit form islands
         no chain of fitting single changes joins (Llama at its leanest hand plan's memory:
         the warm start is a local optimum 8% above plans ten changes away). The descent
@@ -296,7 +292,7 @@ class Search:
         ``PENALTIES`` times the best step time per unit of relative excess, a weight that
         grows: first the plan drifts over the limit to faster plans, then the penalty pulls
         it back to fit elsewhere. Every fitting plan met on the way is a candidate."""
-        t_best = self._best[0]
+        t_best = best.step_time
         limit = min(self.hw.limit, self.hw.budget / self.xla_scale)
 
         def penalised(weight):
@@ -305,7 +301,7 @@ class Search:
                 return t + weight * t_best * max(0.0, peak / limit - 1.0)
             return objective
 
-        current = tuple(self._best[1])
+        current = tuple(best.decisions)
         for weight in PENALTIES:
             current = self._descend(current, penalised(weight))
 
@@ -365,8 +361,8 @@ class Search:
             n.value += reward
         self.simulations += 1
         if self.simulations % self.polish_every == 0 and self._best is not None \
-                and self._best[1] != self._polished:
-            self._polished = self._best[1]
+                and self._best.decisions != self._polished:
+            self._polished = self._best.decisions
             self._polish()
 
     # ------------------------------------------------------------------ public API
@@ -412,11 +408,15 @@ class Search:
         decision (the bench's row beside the search's best)."""
         best = None
         for key, (t, _, fits) in self._evals.items():
-            if fits and not any(a.startswith(RECOMPUTE) for a, _ in key) and (best is None or t < best[0]):
+            if fits and all(self.space.on_group(a) for a, _ in key) and (best is None or t < best[0]):
                 best = (t, key)
         if best is None:
             return None
-        return tuple((g, a) for a, gs in best[1] for g in gs)
+        return self._decisions_of(best[1])
+
+    def _decisions_of(self, key) -> tuple[Decision, ...]:
+        """The decisions of a tree key (``_key``), by slot."""
+        return tuple(self.space.make(a, g) for a, gs in key for g in gs)
 
     def best_plan(self, strategy: str = "mcts"):
         from ._plan import make_plan
@@ -451,7 +451,7 @@ class Search:
             "evaluations": len(self._evals),
             "seconds": self.seconds,
             "sims_per_s": self.simulations / self.seconds if self.seconds > 0 else 0.0,
-            "best_step_time": self._best[0] if self._best else None,
+            "best_step_time": self._best.step_time if self._best else None,
             "best_history": [list(h) for h in self.history],
             "smallest_memory": self.smallest_memory[0],
             "root_actions": actions,
@@ -460,63 +460,9 @@ class Search:
         }
 
     # ------------------------------------------------------------------ pins
-    def _resolve(self, group, axis: str) -> Decision:
-        if axis.startswith(RECOMPUTE):
-            return self._resolve_recompute(group, axis)
-        if not axis.startswith(RESOLVE):
-            self.mesh.index(axis)  # unknown axis -> PartexError
-        if isinstance(group, (int, np.integer)):
-            if not 0 <= group < len(self.an.groups):
-                raise PartexError(f"no decision group {group}")
-            g = self.an.groups[int(group)]
-        else:
-            g = self.an.group_by_label(str(group))
-            if g is None:
-                raise PartexError(f"unknown dimension {group!r}; known: "
-                                  f"{', '.join(x.label for x in self.an.decision_groups)}")
-        if axis.startswith(RESOLVE):
-            return self._resolve_conflict(g, axis)
-        if g.id in self.cm.fixed.groups:
-            us = self.cm.fixed.by_group[g.id]
-            raise PartexError(f"dimension {g.label!r} is fixed by the step's own {us.kind} at {us.source}; "
-                              "use user_shardings='replace' (CLI: --user-shardings replace) to let partex place it")
-        if not g.decidable:
-            raise PartexError(f"dimension {g.label!r} is not shardable (a loop axis or too small)")
-        d = (g.id, axis)
-        if d not in self.actions:
-            raise PartexError(f"mesh axis {axis!r} (size {self.mesh.axis_size(axis)}) does not divide "
-                              f"dimension {g.label!r} (size {g.size})")
-        return d
-
-    def _resolve_conflict(self, g, axis: str) -> Decision:
-        if axis not in self.resolve_axes:
-            raise PartexError(f"unknown conflict resolution {axis[len(RESOLVE):]!r}; known: {', '.join(RESOLUTIONS)} "
-                              "(the default shards each tensor's first dim in the group)")
-        if g.id not in self.an.conflicted_groups():
-            raise PartexError(f"dimension {g.label!r} has no conflict to resolve (no tensor holds two of its dims)")
-        if g.id in self.cm.fixed.groups:
-            raise PartexError(f"dimension {g.label!r} is fixed by the step's own sharding")
-        return (g.id, axis)
-
-    def _resolve_recompute(self, unit, axis: str) -> Decision:
-        if axis not in self.recompute_axes:
-            raise PartexError(f"unknown recompute kind {axis[len(RECOMPUTE):]!r}; known: {', '.join(RECOMPUTE_KINDS)}")
-        units = self.cm.units
-        if not units:
-            raise PartexError("this step has no layer stack to recompute (recompute needs a differentiated "
-                              "step with a stack of layers, unrolled or under scan)")
-        u = units[int(unit)] if isinstance(unit, (int, np.integer)) and 0 <= unit < len(units) \
-            else self.an.unit_by_label(str(unit))
-        if u is None:
-            raise PartexError(f"unknown layer stack {unit!r}; known: {', '.join(x.label for x in units)}")
-        if axis[len(RECOMPUTE):] not in u.kinds:
-            raise PartexError(f"{u.label} is a layer stack under scan, whose weights every iteration gathers anew: "
-                              f"its recompute kinds are {', '.join(u.kinds)}")
-        return (u.id, axis)
-
-    def pin(self, group, axis: str) -> Decision:
+    def pin(self, d: Decision) -> Decision:
         """Fix a decision: the search keeps it, first, and never undoes it."""
-        d = self._resolve(group, axis)
+        self.space.check_takeable(d)
         if d in self.forbidden:
             raise PartexError(f"cannot pin {self.label(d)}: it is forbidden (unpin the forbid first)")
         if d in self.pins:
@@ -525,18 +471,17 @@ class Search:
         self._invalidate_best()
         return d
 
-    def forbid(self, group, axis: str) -> Decision:
+    def forbid(self, d: Decision) -> Decision:
         """Never take this decision."""
-        d = self._resolve(group, axis)
+        self.space.check_takeable(d)
         if d in self.pins:
             raise PartexError(f"cannot forbid {self.label(d)}: it is pinned (unpin it first)")
         self.forbidden.add(d)
         self._invalidate_best()
         return d
 
-    def unpin(self, group, axis: str) -> Decision:
+    def unpin(self, d: Decision) -> Decision:
         """Remove a pin or a forbid."""
-        d = self._resolve(group, axis)
         if d not in self.pins and d not in self.forbidden:
             raise PartexError(f"{self.label(d)} is neither pinned nor forbidden")
         if d in self.pins:
@@ -573,21 +518,21 @@ class Search:
         self.history = []
         pins = list(self.pins)
         best = None
-        for key, (t, peak, fits) in self._evals.items():
+        for key, (t, _, fits) in self._evals.items():
             if not fits:
                 continue
-            decisions = tuple((g, a) for a, gs in key for g in gs)
+            decisions = self._decisions_of(key)
             if any(p not in decisions for p in pins) or any(f in decisions for f in self.forbidden):
                 continue
             if best is None or t < best[0]:
                 best = (t, decisions)
         if best is not None:
-            e = None if old is None else self._evals.get(self._key(old[1]))
-            if e is not None and e[2] and e[0] <= best[0] and all(p in old[1] for p in pins) \
-                    and not any(f in old[1] for f in self.forbidden):
-                best = (e[0], old[1])  # still the best (or as good): it keeps its order
+            e = None if old is None else self._evals.get(self._key(old.decisions))
+            if old is not None and e is not None and e[2] and e[0] <= best[0] \
+                    and all(p in old.decisions for p in pins) and not any(f in old.decisions for f in self.forbidden):
+                best = (e[0], old.decisions)  # still the best (or as good): it keeps its order
             ordered = tuple(pins) + tuple(d for d in best[1] if d not in pins)
-            self._best = (best[0], ordered, self.simulations, self.seconds)
+            self._best = _Best(best[0], ordered, self.simulations, self.seconds)
             self.history.append((self.simulations, self.seconds, best[0]))
 
     # ------------------------------------------------------------------ persistence
@@ -599,9 +544,9 @@ class Search:
             "params": {"seed": self.seed, "exploration": self.exploration,
                        "rollout_width": self.rollout_width, "polish_every": self.polish_every,
                        "warm_start": self.warm_start, "donate": list(self.donate)},
-            "actions": [[g, a] for g, a in self.actions],
-            "pins": [[g, a] for g, a in self.pins],
-            "forbidden": [[g, a] for g, a in sorted(self.forbidden)],
+            "actions": [d.to_json() for d in self.actions],
+            "pins": [d.to_json() for d in self.pins],
+            "forbidden": [d.to_json() for d in sorted(self.forbidden)],
             "nodes": [[_key_text(k), n.visits, n.value,
                        [[a, _key_text(c)] for a, c in n.children.items()], n.untried]
                       for k, n in self.nodes.items()],
@@ -610,9 +555,10 @@ class Search:
             "simulations": self.simulations, "seconds": self.seconds,
             "history": [list(h) for h in self.history],
             "best": None if self._best is None else
-            [self._best[0], [[g, a] for g, a in self._best[1]], self._best[2], self._best[3]],
-            "smallest_memory": [self.smallest_memory[0], [[g, a] for g, a in self.smallest_memory[1]]],
-            "polished": [[g, a] for g, a in self._polished],
+            [self._best.step_time, [d.to_json() for d in self._best.decisions], self._best.simulation,
+             self._best.seconds],
+            "smallest_memory": [self.smallest_memory[0], [d.to_json() for d in self.smallest_memory[1]]],
+            "polished": [d.to_json() for d in self._polished],
             "rng": self.rng.bit_generator.state, "t_ref": self.t_ref,
         }
 
@@ -626,12 +572,9 @@ class Search:
                 warm_start=bool(p["warm_start"]), donate=[int(i) for i in p["donate"]], **kw)
         if [_decision(x) for x in state["actions"]] != s.actions:
             raise ValueError("it was saved for a different model or mesh (its decision space differs)")
-        n_groups, axes = len(s.an.groups), set(s._axes)
-        n_units = len(s.cm.units)
-
         def dec(x) -> Decision:
             d = _decision(x)
-            if not (0 <= d[0] < (n_units if d[1].startswith(RECOMPUTE) else n_groups) and d[1] in axes):
+            if not s.space.in_range(d):
                 raise ValueError(f"decision {x!r} names no group or axis of this model and mesh")
             return d
 
@@ -639,7 +582,7 @@ class Search:
             return tuple(dec(x) for x in xs)
 
         def key(text):
-            return _key_parse(text, n_groups, axes, n_units)
+            return _key_parse(text, s.space)
 
         s.pins = list(decs(state["pins"]))
         s.forbidden = set(decs(state["forbidden"]))
@@ -666,7 +609,7 @@ class Search:
         s.simulations, s.seconds = int(state["simulations"]), float(state["seconds"])
         s.history = [(int(a), float(b), float(c)) for a, b, c in state["history"]]
         b = state["best"]
-        s._best = None if b is None else (float(b[0]), decs(b[1]), int(b[2]), float(b[3]))
+        s._best = None if b is None else _Best(float(b[0]), decs(b[1]), int(b[2]), float(b[3]))
         sm = state["smallest_memory"]
         s.smallest_memory = (float(sm[0]), decs(sm[1]))
         s._polished = decs(state["polished"])
@@ -682,7 +625,7 @@ def _decision(x) -> Decision:
     g, a = x
     if not isinstance(g, int) or not isinstance(a, str):
         raise TypeError(f"a decision is [group id, axis], got {x!r}")
-    return (g, a)
+    return decision_of(g, a)
 
 
 def _key_text(key) -> str:
@@ -692,17 +635,17 @@ def _key_text(key) -> str:
     return "|".join(f"{a}:{','.join(map(str, gs))}" for a, gs in key)
 
 
-def _key_parse(text: str, n_groups: int, axes: set[str], n_units: int = 0):
+def _key_parse(text: str, space: DecisionSpace):
     if not isinstance(text, str):
         raise TypeError(f"a tree key is text, got {type(text).__name__}")
     if text.startswith("stop@"):
-        return ("stop", _key_parse(text[5:], n_groups, axes, n_units))
+        return ("stop", _key_parse(text[5:], space))
     key = []
     for part in text.split("|") if text else ():
         a, _, gs = part.rpartition(":")
         groups = tuple(int(g) for g in gs.split(","))
-        n = n_units if a.startswith(RECOMPUTE) else n_groups
-        if a not in axes or not all(0 <= g < n for g in groups):
+        n = 0 if a not in space.slots else len(space.an.groups) if space.on_group(a) else len(space.units)
+        if not all(0 <= g < n for g in groups):
             raise ValueError(f"tree key {text!r} names no group or axis of this model and mesh")
         key.append((a, groups))
     return tuple(key)
@@ -712,7 +655,7 @@ def check_mesh_axes(search: "Search") -> None:
     """A mesh axis that divides no dimension a decision could shard is bad input (every
     decision on it would do nothing): Session refuses it for the CLI, the explorer and the
     API. (The search itself runs on any mesh: the property tests drive it so.)"""
-    used = {a for _, a in search.actions} | {a for _, a in search.cm.fixed.decisions if a}
+    used = {d.axis for d in search.actions if isinstance(d, Shard)} | {d.axis for d in search.cm.fixed.decisions}
     for a, n in zip(search.mesh.axes, search.mesh.sizes):
         if n > 1 and a not in used:
             raise PartexError(useless_axis(a, n, search.an), field="mesh")

@@ -28,27 +28,24 @@ import json
 import os
 import tempfile
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, overload
 
 from ._analysis import Group
-from ._cost import CostModel, CostReport
+from .cost import CostModel, CostReport
 from ._errors import PartexError
+from ._exhaustive import ExhaustiveResult, exhaustive, exhaustive_limits, space_size
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._plan import (
-    Plan, _hardware_from_json, check_signature, group_at, make_plan, resolve_decisions, signature_of,
-)
-from ._analysis import is_resolution
-from ._recompute import is_recompute
+from ._decisions import Decision
+from ._plan import Plan, _hardware_from_json, check_signature, make_plan, resolve_decisions, signature_of
 from ._search import Search, SearchResult, check_mesh_axes
+from ._space import GroupRef
 from ._strategies import baseline_names, strategy_decisions
 
 FORMAT = "partex-session"
 VERSION = 1
 DEFAULT_HARDWARE = "tpu-v4"
 
-Decision = tuple[int, str]
-GroupRef = int | str  # a group id, its label, or an anchor "input/path:dim"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,41 +229,19 @@ class Session:
 
     def group(self, ref: GroupRef) -> Group:
         """A group by id, label, or anchor ``input/path:dim`` (an input leaf and dim in it)."""
-        an = self.analysis
-        if isinstance(ref, int) and not isinstance(ref, bool):
-            if 0 <= ref < len(an.groups):
-                return an.groups[ref]
-            raise PartexError(f"no decision group {ref}; there are {len(an.groups)}")
-        if isinstance(ref, str):
-            g = an.group_by_label(ref)
-            if g is not None:
-                return g
-            gid = group_at(an, ref)
-            if gid is not None:
-                return an.groups[gid]
-            raise PartexError(f"unknown dimension {ref!r}; known: {', '.join(g.label for g in self.groups)} "
-                              "(or name an input leaf and dim, e.g. params/w1:1)")
-        raise PartexError(f"a dimension is a group id, a label or 'path:dim', got {type(ref).__name__}")
+        return self._search.space.group(ref)
 
     def label(self, decision: Decision) -> str:
         return self._search.label(decision)
 
-    def decisions(self, items: Sequence[tuple[GroupRef, str]]) -> list[Decision]:
-        """[(group id / label / anchor, axis)] -> [(group id, axis)]."""
-        out = []
-        for ref, axis in items:
-            if is_recompute((ref, axis)):
-                out.append(self._search._resolve_recompute(ref, axis))
-                continue
-            if is_resolution((ref, axis)):
-                out.append(self._search._resolve_conflict(self.group(ref), axis))
-                continue
-            self.mesh.index(axis)
-            out.append((self.group(ref).id, axis))
-        return out
+    def decisions(self, items: Sequence[Decision | tuple[GroupRef, str]]) -> list[Decision]:
+        """Decisions from what a user writes: [(group id / label / anchor, slot)], the slot
+        a mesh axis, ``resolve:<resolution>`` or ``recompute:<kind>`` (its group a layer
+        stack's id or label); a ``Decision`` passes as it is."""
+        return self._search.space.decisions(items)
 
     # ------------------------------------------------------------------ plans and baselines
-    def evaluate(self, decisions: Sequence[tuple[GroupRef, str]], detail: bool = True) -> CostReport:
+    def evaluate(self, decisions: Sequence[Decision | tuple[GroupRef, str]], detail: bool = True) -> CostReport:
         """The cost model's figures for these decisions (step time, memory, collectives)."""
         return self.cost_model.evaluate(self.decisions(decisions), detail=detail)
 
@@ -274,7 +249,7 @@ class Session:
         """A hand strategy's decisions: replicated, dp, megatron, zero3, expert (MoE)."""
         return strategy_decisions(name, self.analysis, self.mesh)
 
-    def plan(self, decisions: Sequence[tuple[GroupRef, str]] | None = None, *, strategy: str | None = None,
+    def plan(self, decisions: Sequence[Decision | tuple[GroupRef, str]] | None = None, *, strategy: str | None = None,
              pinned: Sequence[Decision] = ()) -> Plan:
         """A Plan from decisions, or from a hand strategy (``plan(strategy="megatron")``)."""
         if decisions is None:
@@ -357,25 +332,24 @@ class Session:
         """Fix a decision: the search keeps it, first, and never undoes it. ``axis`` is a mesh
         axis, or ``recompute:<kind>`` (regather, dots, full) with ``group`` a layer stack
         (``Session.units``)."""
-        return self._search.pin(*self._ref(group, axis))
+        return self._search.pin(self._ref(group, axis))
 
     def forbid(self, group: GroupRef, axis: str) -> Decision:
         """Never take this decision."""
-        return self._search.forbid(*self._ref(group, axis))
+        return self._search.forbid(self._ref(group, axis))
 
     def unpin(self, group: GroupRef, axis: str) -> Decision:
         """Remove a pin or a forbid."""
-        return self._search.unpin(*self._ref(group, axis))
+        return self._search.unpin(self._ref(group, axis))
 
     def _ref(self, group: GroupRef, axis: str) -> Decision:
-        """(group id, axis); for a recompute decision (``recompute:<kind>``), the layer
-        stack's id (by id or label)."""
-        return self.decisions([(group, axis)])[0]
+        """The decision a pin, forbid or unpin names (``decisions``)."""
+        return self._search.space.decision(group, axis)
 
     def mark_infeasible(self, decisions: Sequence[Decision], measured_bytes: float) -> None:
         """XLA measured this plan over the budget: it no longer counts as fitting, and the
         best plan becomes the next best that fits."""
-        self._search.mark_infeasible([(int(g), a) for g, a in decisions], float(measured_bytes))
+        self._search.mark_infeasible(list(decisions), float(measured_bytes))
 
     # ------------------------------------------------------------------ XLA's check
     def verify(self, plan: Plan | None = None, *, run: bool = False, constrain: bool = True,
@@ -459,17 +433,22 @@ class Session:
                     user_shardings=self.user_shardings)
         return self.apply_pins(pins, forbidden)
 
-    def apply_pins(self, pins: Sequence[tuple[GroupRef, str]] = (),
-                   forbidden: Sequence[tuple[GroupRef, str]] = ()) -> list[str]:
-        """Pin and forbid what still applies; a note for each that does not (its group or
-        axis is gone, or the axis does not divide the group)."""
+    def apply_pins(self, pins: Sequence[Decision | tuple[GroupRef, str]] = (),
+                   forbidden: Sequence[Decision | tuple[GroupRef, str]] = ()) -> list[str]:
+        """Pin and forbid what still applies: decisions of this model (another session's,
+        on another mesh, say) or what a user names; a note for each that does not apply (its
+        group or axis is gone, or the axis does not divide the group)."""
+        space = self._search.space
         notes = []
         for how, items in (("pin", pins), ("forbid", forbidden)):
-            for g, a in items:
+            for item in items:
                 try:
-                    getattr(self, how)(g, a)
+                    d = space.adopt(item) if isinstance(item, Decision) else self._ref(*item)
+                    getattr(self._search, how)(d)
                 except PartexError as e:
-                    notes.append(f"{how} {self.group(g).label if isinstance(g, int) else g}->{a} dropped: {e}")
+                    what = self.label(item) if isinstance(item, Decision) else \
+                        f"{self.group(item[0]).label if isinstance(item[0], int) else item[0]}->{item[1]}"
+                    notes.append(f"{how} {what} dropped: {e}")
         return notes
 
     # ------------------------------------------------------------------ the bench
@@ -483,18 +462,22 @@ class Session:
     def exhaustive_size(self, per_axis: int = 3) -> int:
         """How many plans of at most ``per_axis`` decisions per mesh axis ``exhaustive``
         would score."""
-        from ._exhaustive import space_size
-
         return space_size(self.cost_model, self._search.actions, per_axis)
 
+    @overload
     def exhaustive(self, per_axis: int = 3, *, seconds: float | None = None,
-                   budgets: Sequence[str | float] | None = None):
+                   budgets: None = None) -> ExhaustiveResult: ...
+
+    @overload
+    def exhaustive(self, per_axis: int = 3, *, seconds: float | None = None,
+                   budgets: Sequence[str | float]) -> list[ExhaustiveResult]: ...
+
+    def exhaustive(self, per_axis: int = 3, *, seconds: float | None = None,
+                   budgets: Sequence[str | float] | None = None) -> ExhaustiveResult | list[ExhaustiveResult]:
         """The true optimum over every plan of at most ``per_axis`` decisions per mesh axis
         (the actions the search takes): an ``ExhaustiveResult``. With ``budgets`` (per-device
         memory budgets, the hardware's margin kept free of each), one result per budget from
         one pass. ``seconds``: give up once the first plans project the space past it."""
-        from ._exhaustive import exhaustive, exhaustive_limits
-
         if budgets is None:
             return exhaustive(self.cost_model, self._search.actions, per_axis, seconds=seconds)
         hw = self.hardware
@@ -518,7 +501,7 @@ class Session:
         rows = []
 
         def row(name, decisions, report, search_s, **extra):
-            rows.append({"strategy": name, "decisions": [list(d) for d in decisions],
+            rows.append({"strategy": name, "decisions": tuple(decisions),
                          "step_time_s": report.step_time if report else None,
                          "mfu": report.mfu if report else None,
                          "memory_bytes": report.memory.peak if report else None,
@@ -573,8 +556,7 @@ class Session:
         m = self.model.model
 
         def named(decs):
-            return [{"group": an.units[g].label if is_recompute((g, a)) else an.groups[g].label, "axis": a}
-                    for g, a in decs]
+            return [{"group": (an.groups if d.ON_GROUP else an.units)[d.id].label, "axis": d.slot} for d in decs]
 
         return {
             "format": FORMAT,

@@ -33,9 +33,7 @@ from typing import Callable, Iterable
 from ._analysis import NO_DIM, Analysis, GroupId
 from ._errors import PartexError
 from ._mesh import MeshSpec
-from ._recompute import PREFIX as RECOMPUTE
-
-Decision = tuple[int, str]
+from ._decisions import Decision, Recompute, Shard
 
 
 def _axes(mesh: MeshSpec) -> tuple[str, str]:
@@ -44,33 +42,33 @@ def _axes(mesh: MeshSpec) -> tuple[str, str]:
     return data, model
 
 
-def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> list[Decision]:
-    """(group, axis) for the groups whose size the axis divides."""
+def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> list[Shard]:
+    """Shard(group, axis) for the groups whose size the axis divides."""
     n = mesh.axis_size(axis)
-    return [(g, axis) for g in groups if an.groups[g].size % n == 0]
+    return [Shard(g, axis) for g in groups if an.groups[g].size % n == 0]
 
 
-def _dp(an: Analysis, mesh: MeshSpec) -> list[Decision]:
+def _dp(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     data, _ = _axes(mesh)
     return _on(an, mesh, an.roles().batch_groups, data)
 
 
-def _tp(an: Analysis, mesh: MeshSpec) -> list[Decision]:
+def _tp(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     _, model = _axes(mesh)
     r = an.roles()
     return _on(an, mesh, r.pair_groups + r.vocab_groups, model)
 
 
-def _megatron(an: Analysis, mesh: MeshSpec) -> list[Decision]:
+def _megatron(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     return _dp(an, mesh) + _tp(an, mesh)
 
 
-def _zero3(an: Analysis, mesh: MeshSpec) -> list[Decision]:
+def _zero3(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     data, _ = _axes(mesh)
     n = mesh.axis_size(data)
     dec = _megatron(an, mesh)
-    decided = {g for g, _ in dec}
-    on_data = {g for g, a in dec if a == data}
+    decided = {d.group for d in dec}
+    on_data = {d.group for d in dec if d.axis == data}
     decidable = {g.id for g in an.decision_groups}
     p = an.program
     r = an.roles()
@@ -84,25 +82,25 @@ def _zero3(an: Analysis, mesh: MeshSpec) -> list[Decision]:
         for d in sorted(range(len(shape)), key=lambda d: -shape[d]):
             g = gs[d]
             if g != NO_DIM and g in decidable and g not in decided and an.groups[g].size % n == 0:
-                dec.append((g, data))
+                dec.append(Shard(g, data))
                 decided.add(g)
                 on_data.add(g)
                 break
     return dec
 
 
-def _expert(an: Analysis, mesh: MeshSpec) -> list[Decision]:
+def _expert(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     data, _ = _axes(mesh)
     experts = an.roles().expert_groups
     if not experts:
         raise PartexError("the expert strategy needs an expert dimension: a parameter dim that "
                           "is a batch dim of a matmul with the activations (a mixture-of-experts "
                           "model); use dp, megatron or zero3 for this model")
-    tp = [(g, a) for g, a in _tp(an, mesh) if g not in experts]
+    tp = [d for d in _tp(an, mesh) if d.group not in experts]
     return _on(an, mesh, experts, data) + _dp(an, mesh) + tp
 
 
-STRATEGIES: dict[str, Callable[[Analysis, MeshSpec], list[Decision]]] = {
+STRATEGIES: dict[str, Callable[[Analysis, MeshSpec], list[Shard]]] = {
     "replicated": lambda an, mesh: [],
     "dp": _dp,
     "megatron": _megatron,
@@ -119,12 +117,12 @@ def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec) -> list[Decision
     if base not in STRATEGIES:
         raise PartexError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}, each optionally "
                           f"with {REMAT} (every layer stack fully rematerialised)")
-    dec = STRATEGIES[base](an, mesh)
+    dec: list[Decision] = list(STRATEGIES[base](an, mesh))
     if base != name:
         if not an.units:
             raise PartexError(f"strategy {name!r} needs a layer stack to recompute, and this step has none "
                               "(it has no repeated layers, or it takes no gradients)")
-        dec = dec + [(u.id, RECOMPUTE + "full") for u in an.units]
+        dec = dec + [Recompute(u.id, "full") for u in an.units]
     return dec
 
 

@@ -9,10 +9,10 @@ import os
 import signal
 import sys
 import time
-from typing import Sequence
+from typing import Sequence, overload
 
 from ._errors import PartexError
-from ._mesh import format_bytes
+from ._mesh import Hardware, format_bytes
 from ._verify import KINDS
 
 
@@ -63,7 +63,11 @@ def _number(flag: str, text: str | None) -> float | None:
         raise PartexError(f"{flag} must be a number, got {text!r}") from None
 
 
-def _hardware(args, base=None):
+@overload
+def _hardware(args, base: None = None) -> Hardware: ...
+@overload
+def _hardware(args, base: Hardware) -> Hardware | None: ...
+def _hardware(args, base: Hardware | None = None) -> Hardware | None:
     """The --hardware preset (default tpu-v4) with the figures overridden on the command
     line. Resuming (``base``: the session's hardware), flags not given change nothing:
     None when no hardware flag is given at all."""
@@ -421,6 +425,7 @@ def cmd_search(args) -> int:
         with _model_output():
             s = Session.load(args.resume)
         ms = s.spec
+        assert ms is not None  # Session.load without fn= loads MODEL-spec sessions only
         if (args.model != ms.spec or (args.preset and args.preset != ms.preset)
                 or (args.config and sorted(_overrides(args.config)) != sorted(ms.overrides))):
             raise PartexError(f"{args.resume} is a session of {ms.title}, not of the model given here: "
@@ -480,6 +485,7 @@ def cmd_search(args) -> int:
             s.save(state_path)  # with the plans XLA rejected marked
         xla = out["memory"]["xla"]
     plan = s.best_plan()
+    assert plan is not None  # best is not None: a plan fits
     plan.save(args.out)
     st = s.stats()
     r = best.report
@@ -518,14 +524,14 @@ def cmd_bench(args) -> int:
         os.makedirs(args.out_dir, exist_ok=True)
         for r in rows:
             if r["step_time_s"] is not None:
-                s.plan([tuple(d) for d in r["decisions"]], strategy=r["strategy"]).save(
+                s.plan(list(r["decisions"]), strategy=r["strategy"]).save(
                     os.path.join(args.out_dir, f"{r['strategy']}.json"))
     hw = s.hardware
     if args.json:
         print(json.dumps({"model": s.model.model.name, "preset": s.model.model.preset, "mesh": s.mesh.text(),
                           "hardware": hw.name, "budget_bytes": hw.budget,
                           "rows": [{**{k: v for k, v in r.items() if k != "decisions"},
-                                    "plan": [s.label(tuple(d)) for d in r["decisions"]]} for r in rows]}))
+                                    "plan": [s.label(d) for d in r["decisions"]]} for r in rows]}))
         return 0
     print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""

@@ -7,6 +7,7 @@ import panel as pn
 import param
 from bokeh.models import (
     ColumnDataSource, FactorRange, FixedTicker, HoverTool, LinearColorMapper, NumeralTickFormatter, Range1d, Span,
+    Title,
 )
 from bokeh.plotting import figure
 
@@ -38,8 +39,9 @@ def _fig(**kw):
     p.axis.axis_label_text_font_style = "normal"
     p.axis.axis_label_text_color = "#475569"
     p.grid.grid_line_color = "#e2e8f0"
-    p.title.text_font_size = "13px"
-    p.title.text_color = "#0f172a"
+    if isinstance(p.title, Title):  # figure() makes one (its type allows a str or None too)
+        p.title.text_font_size = "13px"
+        p.title.text_color = "#0f172a"
     return p
 
 
@@ -65,7 +67,8 @@ class KpiView(pn.viewable.Viewer):
         self.state.param.watch(self._render, ["best", "stats", "running", "baselines", "phase", "workspace"])
         self._render()
 
-    def __panel__(self):
+    # an Html viewer: Panel renders what __panel__ returns through pn.panel(), which unwraps viewers
+    def __panel__(self):  # pyright: ignore[reportIncompatibleMethodOverride]
         return self._pane
 
     @bokeh_update
@@ -130,7 +133,7 @@ def memory_figure(name: str, src: ColumnDataSource, height: int, bar: float) -> 
     """Per-device memory as stacked bars, one row per plan (``memory_columns``), each with
     its peak written after it (in red when over) and an outline when over the budget; and
     the budget's dashed line (a Span, placed by the caller). Returns (figure, span)."""
-    p = _fig(name=name, y_range=FactorRange(), x_range=Range1d(0, 1), height=height,
+    p = _fig(name=name, y_range=FactorRange(), x_range=Range1d(start=0, end=1), height=height,
              x_axis_label="per-device memory")
     bars = p.hbar_stack(list(MEMORY_PARTS), y="row", height=bar, color=list(MEMORY_COLORS), source=src,
                         legend_label=list(MEMORY_PARTS), line_color="white", line_width=0.5)
@@ -144,7 +147,7 @@ def memory_figure(name: str, src: ColumnDataSource, height: int, bar: float) -> 
                text_font_size="12px", text_color=colour)
     budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
     p.add_layout(budget)
-    p.add_tools(HoverTool(renderers=bars, tooltips=[("plan", "@row"), *((k, f"@{k}_txt") for k in MEMORY_PARTS),
+    p.add_tools(HoverTool(renderers=[*bars], tooltips=[("plan", "@row"), *((k, f"@{k}_txt") for k in MEMORY_PARTS),
                                                     ("peak", "@peak_txt")]))
     p.legend.orientation = "horizontal"
     p.legend.location = "top_left"
@@ -243,18 +246,19 @@ class SearchView(pn.viewable.Viewer):
         # titles in HTML above the charts: they wrap where a chart is narrow, where a Bokeh
         # title runs past the frame's edge and is cut
         h = _fig(name="partex-history", height=226, x_axis_label="simulations", y_axis_label="ms",
-                 x_range=Range1d(0, 1), y_range=Range1d(0, 1))
+                 x_range=Range1d(start=0, end=1), y_range=Range1d(start=0, end=1))
         h.step("sim", "ms", source=self.hist, mode="after", line_width=2.5, color="#2563eb")
         h.scatter("sim", "ms", source=self.hist, size=7, color="#2563eb")
         self.hover = HoverTool(tooltips=self._tips(3))
         h.add_tools(self.hover)
         # ticks chosen here for the range shown, written with as many decimals as tell them
         # apart (a fixed format repeats labels over a narrow range: 0.179, 0.179, 0.178)
-        h.yaxis.ticker = FixedTicker(ticks=[0, 0.5, 1])
-        h.yaxis.formatter = NumeralTickFormatter(format="0.0")
+        self.y_ticker, self.y_format = FixedTicker(ticks=[0, 0.5, 1]), NumeralTickFormatter(format="0.0")
+        h.yaxis.ticker, h.yaxis.formatter = self.y_ticker, self.y_format
         self.hist_fig = h
-        a = _fig(name="partex-root-actions", height=226, y_range=FactorRange(), x_axis_label="visits",
-                 x_range=Range1d(0, 1))
+        self.acts_range = FactorRange()
+        a = _fig(name="partex-root-actions", height=226, y_range=self.acts_range, x_axis_label="visits",
+                 x_range=Range1d(start=0, end=1))
         self.cmap = LinearColorMapper(palette=_BLUES, low=0, high=1)
         a.hbar(y="action", right="visits", height=0.7, source=self.acts,
                fill_color={"field": "value", "transform": self.cmap}, line_color=None)
@@ -283,8 +287,8 @@ class SearchView(pn.viewable.Viewer):
 
     def _y_axis(self, lo: float, hi: float) -> None:
         ticks, decimals = nice_ticks(lo, hi)
-        self.hist_fig.yaxis.ticker.ticks = ticks
-        self.hist_fig.yaxis.formatter.format = "0." + "0" * decimals if decimals else "0"
+        self.y_ticker.ticks = ticks
+        self.y_format.format = "0." + "0" * decimals if decimals else "0"
         self.hover.tooltips = self._tips(decimals + 1)
 
     @bokeh_update
@@ -311,7 +315,7 @@ class SearchView(pn.viewable.Viewer):
         values = [float(r["value"]) for r in acts]
         if values:
             self.cmap.low, self.cmap.high = min(values), max(max(values), min(values) + 1e-9)
-        self.acts_fig.y_range.factors = [r["action"] for r in reversed(acts)]
+        self.acts_range.factors = [r["action"] for r in reversed(acts)]
         self.acts.data = dict(action=[r["action"] for r in acts], visits=[r["visits"] for r in acts],
                               value=values, value_txt=[f"{v:.3f}" for v in values])
         self.acts_fig.x_range.update(start=0, end=max([r["visits"] for r in acts], default=1) * 1.05)

@@ -19,7 +19,7 @@ import panel as pn
 import param
 from bokeh.models import ColumnDataSource
 
-from partex import is_recompute, is_resolution
+from partex import Decision, Recompute, Resolve
 
 from ._charts import MEMORY_PARTS, OVER, _unit, memory_columns, memory_figure, plan_rows
 from ._engine import PlanSummary
@@ -70,10 +70,10 @@ def _pair(a: float, b: float) -> dict:
     return {"a": a, "b": b, "delta": b - a, "ratio": b / a if a else None}
 
 
-def _subject(decision) -> tuple[str, int]:
+def _subject(decision: Decision) -> tuple[str, int]:
     """What a decision decides on: a recompute decision's id is a layer stack's (a unit),
     every other's a decision group's; the two numberings overlap."""
-    return ("stack" if is_recompute(decision) else "group", decision[0])
+    return ("group" if decision.ON_GROUP else "stack", decision.id)
 
 
 def _decision_rows(a_decisions, b_decisions, an) -> list[dict]:
@@ -91,7 +91,7 @@ def _decision_rows(a_decisions, b_decisions, an) -> list[dict]:
         da, db = by_a.get((kind, i), []), by_b.get((kind, i), [])
         rows.append({
             "kind": kind, "id": i, "label": (an.units if kind == "stack" else an.groups)[i].label,
-            "a": tuple(d[1] for d in da), "b": tuple(d[1] for d in db),
+            "a": tuple(da), "b": tuple(db),
             "a_labels": tuple(an.decision_label(d, "→") for d in da),
             "b_labels": tuple(an.decision_label(d, "→") for d in db),
             "same": da == db,
@@ -158,7 +158,8 @@ def _delta(p: dict, fmt) -> str:
 def _cells(p: dict, fmt) -> tuple[str, str, str]:
     """A and B and the change; nothing (a collective one plan does not have, no
     communication at all) is a dash, not '0 B'."""
-    return (*(fmt(p[side]) if p[side] else "—" for side in ("a", "b")), _delta(p, fmt))
+    a, b = (fmt(p[side]) if p[side] else "—" for side in ("a", "b"))
+    return a, b, _delta(p, fmt)
 
 
 def _names(a: str, b: str) -> tuple[str, str]:
@@ -180,10 +181,10 @@ def _collective_columns(a: str, b: str) -> list[tuple[str, str]]:
 def _chips(summary: PlanSummary, row: dict, side: str) -> str:
     """A plan's choices for one row as the plan view's chips: pinned, recompute, resolution."""
     chips = []
-    for axis in row[side]:
-        d = (row["id"], axis)
-        cls = "pin" if d in summary.pinned else "remat" if is_recompute(d) else "resolve" if is_resolution(d) else ""
-        chips.append(f"<span class='chip {cls}'>{'pinned ' if d in summary.pinned else ''}{esc(axis)}</span>")
+    for d in row[side]:
+        cls = "pin" if d in summary.pinned else "remat" if isinstance(d, Recompute) \
+            else "resolve" if isinstance(d, Resolve) else ""
+        chips.append(f"<span class='chip {cls}'>{'pinned ' if d in summary.pinned else ''}{esc(d.slot)}</span>")
     if not chips:
         return f"<span class='muted'>{'kept' if row['kind'] == 'stack' else 'unsharded'}</span>"
     return f"<div class='chips'>{''.join(chips)}</div>"
@@ -370,7 +371,7 @@ class CompareView(pn.viewable.Viewer):
 
     @bokeh_update
     def _draw_memory(self, sa: PlanSummary | None, sb: PlanSummary | None, budget: float | None) -> None:
-        if sa is None or sb is None:
+        if sa is None or sb is None or budget is None:
             self.src.data = self._empty()
             self.fig.y_range.factors = []
             self.caption.object = ""

@@ -14,11 +14,10 @@ import threading
 from typing import Any, Callable, Sequence
 
 from partex import (
-    HARDWARE, CostReport, Hardware, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Plan, Session, analyze_model,
-    as_hardware, as_mesh, demo_models, is_recompute,
+    HARDWARE, CostReport, Decision, Hardware, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Plan, Recompute,
+    Session, analyze_model, as_hardware, as_mesh, demo_models,
 )
 
-Decision = tuple[int, str]
 CUSTOM = "custom"  # the model picker's entry for a user's own module:attr
 
 
@@ -205,8 +204,8 @@ class Workspace:
     def summarize(self, name: str, decisions: Sequence[Decision], pinned=(), plan: Plan | None = None,
                   simulation: int | None = None, report: CostReport | None = None) -> PlanSummary:
         """A PlanSummary; given both the plan and its detailed report, no evaluation."""
-        decisions = tuple((int(g), a) for g, a in decisions)
-        sharding = tuple(d for d in decisions if not is_recompute(d))
+        decisions = tuple(decisions)
+        sharding = tuple(d for d in decisions if not isinstance(d, Recompute))
         saving_all = None
         if report is None or plan is None or len(sharding) < len(decisions):
             with self.lock:

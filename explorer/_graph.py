@@ -7,13 +7,14 @@ it comes from, its conflicts, and the pin / forbid form). Node positions: ``_lay
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import panel as pn
 import param
 from bokeh.models import ColumnDataSource, HoverTool, Range1d, TapTool
 from bokeh.plotting import figure
 
-from partex import GroupInfo, is_recompute, is_resolution
+from partex import GroupInfo, Recompute, Resolve, Shard
 
 from ._engine import short_source
 from ._format import esc, fmt_bytes
@@ -43,10 +44,10 @@ def recomputed(state) -> dict[int, tuple[str, str]]:
         return {}
     an = ws.an
     out = {}
-    for u, a in decisions:
-        if is_recompute((u, a)):
-            for g in an.unit_groups().get(u, ()):
-                out[g] = (an.units[u].label, a.split(":", 1)[1])
+    for d in decisions:
+        if isinstance(d, Recompute):
+            for g in an.unit_groups().get(d.unit, ()):
+                out[g] = (an.units[d.unit].label, d.kind)
     return out
 
 
@@ -57,23 +58,24 @@ def assignment(state) -> dict[int, list[str]]:
     ws = getattr(state, "workspace", None)
     fixed = ws.session.cost_model.fixed.decisions if ws is not None else ()
     out: dict[int, list[str]] = {}
-    for g, a in [*fixed, *decisions]:
-        if ":" not in a:  # a mesh axis (not a layer stack's recompute, not a conflict's resolution)
-            out.setdefault(g, []).append(a)
+    for d in [*fixed, *decisions]:
+        if isinstance(d, Shard):  # not a layer stack's recompute, not a conflict's resolution
+            out.setdefault(d.group, []).append(d.axis)
     return out
 
 
 def decision_text(an, decision, arrow: str = "→") -> str:
     """A decision as a view writes it: the group's title (``Analysis.titles``) and the axis;
     a recompute decision names its layer stack."""
-    g, a = decision
-    return an.decision_label(decision, arrow) if is_recompute(decision) else f"{an.titles()[g]}{arrow}{a}"
+    if isinstance(decision, Recompute):
+        return an.decision_label(decision, arrow)
+    return f"{an.titles()[decision.group]}{arrow}{decision.slot}"
 
 
 def resolutions(state) -> dict[int, str]:
     """Group id -> the conflict resolution the current plan takes for it (none: the default)."""
     decisions = state.best.decisions if state.best is not None else state.pins
-    return {g: a.split(":", 1)[1] for g, a in decisions if is_resolution((g, a))}
+    return {d.group: d.resolution for d in decisions if isinstance(d, Resolve)}
 
 
 class GraphView(pn.viewable.Viewer):
@@ -125,7 +127,8 @@ class GraphView(pn.viewable.Viewer):
     def _figure(self):
         p = figure(name="partex-graph", tools="", toolbar_location=None, sizing_mode="stretch_both",
                    min_width=PX_W, min_height=PX_H,
-                   x_range=Range1d(*X_RANGE), y_range=Range1d(*Y_RANGE), min_border=0,
+                   x_range=Range1d(start=X_RANGE[0], end=X_RANGE[1]),
+                   y_range=Range1d(start=Y_RANGE[0], end=Y_RANGE[1]), min_border=0,
                    outline_line_color=None, background_fill_color=None, border_fill_color=None)
         p.xaxis.visible = p.yaxis.visible = False
         p.xgrid.visible = p.ygrid.visible = False
@@ -137,11 +140,13 @@ class GraphView(pn.viewable.Viewer):
                   nonselection_line_alpha="ring_alpha")
         nodes = p.scatter("x", "y", source=self.node_src, size="size", marker="marker", fill_color="fill",
                           line_color="line", line_width="line_width", selection_fill_alpha=1.0,
-                          selection_line_color=SELECTED, selection_line_width=4,
+                          selection_line_color=SELECTED,
+                          # bokeh takes any selection_line_* visual; its stubs list colour and alpha only
+                          selection_line_width=4,  # pyright: ignore[reportCallIssue]
                           nonselection_fill_alpha=0.6, nonselection_line_alpha=1.0)
         p.text("x", "y", text="badge", source=self.node_src, text_align="center", text_baseline="middle",
                text_color="white", text_font_size="11px", text_font_style="bold", nonselection_text_alpha=1.0)
-        label_bg = dict(background_fill_color="#ffffff", background_fill_alpha=0.8, padding=1,
+        label_bg: dict[str, Any] = dict(background_fill_color="#ffffff", background_fill_alpha=0.8, padding=1,
                         nonselection_text_alpha=1.0)
         p.text("x", "y", text="label", source=self.node_src, y_offset="label_dy", text_align="center",
                text_baseline="top", text_font_size="13px", text_font_style="bold", text_color="#0f172a", **label_bg)
@@ -199,10 +204,11 @@ class GraphView(pn.viewable.Viewer):
         assigned = assignment(s)
         remat = recomputed(s)
         resolved = resolutions(s)
-        pinned = {g for g, a in s.pins if ":" not in a}
-        forbidden = {}
-        for g, a in (d for d in s.forbidden if ":" not in d[1]):
-            forbidden.setdefault(g, []).append(a)
+        pinned = {d.group for d in s.pins if isinstance(d, Shard)}
+        forbidden: dict[int, list[str]] = {}
+        for d in s.forbidden:
+            if isinstance(d, Shard):
+                forbidden.setdefault(d.group, []).append(d.axis)
         conflicted = {c.group for c in an.conflicts}
         most = max(tree.nbytes(n) for n in lay.nodes) or 1
         d = self._empty_nodes()
@@ -243,14 +249,15 @@ class GraphView(pn.viewable.Viewer):
                 d["tip"].append(_tooltip(s.infos[n], assigned.get(n, []), n in pinned, forbidden.get(n, []),
                                          n in conflicted, rc, resolved.get(n)))
         self.node_src.data = d
-        e = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[])
+        e: dict[str, Any] = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[])
         emax = max((b for *_, b in lay.edges), default=1)
         for a, b, nb in lay.edges:
             # two groups on one axis: a tensor holding both gathers one (clusters: not said)
             shared = (isinstance(a, int) and isinstance(b, int)
                       and set(assigned.get(a, [])) & set(assigned.get(b, [])))
             (x0, y0), (x1, y1) = lay.pos[a], lay.pos[b]
-            e["x0"].append(x0); e["y0"].append(y0); e["x1"].append(x1); e["y1"].append(y1)
+            for key, coord in (("x0", x0), ("y0", y0), ("x1", x1), ("y1", y1)):
+                e[key].append(coord)
             w = 1 + 5 * math.sqrt(nb / emax)
             e["width"].append(w + (1.5 if shared else 0))
             e["color"].append(CONFLICT if shared else "#94a3b8")
@@ -274,17 +281,19 @@ class GraphView(pn.viewable.Viewer):
 
     # ------------------------------------------------------------------ selection
     def _on_tap(self, attr, old, new):
-        if not new:
+        lay = self.layout
+        if not new or lay is None:
             return
-        key = self.node_src.data["key"][new[0]]
-        gid = self.node_src.data["gid"][new[0]]
+        data: dict[str, Any] = self.node_src.data  # the columns _rebuild wrote
+        key, gid = data["key"][new[0]], data["gid"][new[0]]
         if gid >= 0:
             if self.state.selected_group != gid:
                 self.state.selected_group = gid
             return
-        self._show(self.layout.tree.open(self.layout.opened, key), reveal=False)
+        self._show(lay.tree.open(lay.opened, key), reveal=False)
         g = self.state.selected_group
-        if g is not None and g not in self.layout.nodes:  # the click closed the selected group's cluster
+        lay = self.layout  # laid out anew
+        if g is not None and lay is not None and g not in lay.nodes:  # the click closed the selected group's cluster
             self.state.selected_group = None
         self._sync_selection()
 

@@ -59,7 +59,8 @@ def short(label: str, n: int = LABEL_CHARS) -> str:
     repeat number, and the end of a path (``…/down_proj[1]``), cutting from its start."""
     if len(label) <= n:
         return label
-    tail = _TAIL.search(label).group(0)
+    m = _TAIL.search(label)  # always matches (both parts optional), at worst the empty end
+    tail = m.group(0) if m else ""
     head = label[: len(label) - len(tail)]
     if len(tail) > n - 2:
         return label[: n - 1] + "…"
@@ -251,7 +252,7 @@ def graph_tree(an, infos) -> GraphTree:
         children.sort(key=lambda n: order[n] if isinstance(n, int) else order[clusters[n].groups[0]])
         children = ranged(key, role, children, depth)
         children.sort(key=lambda n: -_nbytes(clusters, group_bytes, n))
-        clusters[key] = Cluster(key, label, role, tuple(sorted(members, key=order.get)), tuple(children),
+        clusters[key] = Cluster(key, label, role, tuple(sorted(members, key=order.__getitem__)), tuple(children),
                                 sum(group_bytes[g] for g in members))
         for n in children:
             parent[n] = key

@@ -37,7 +37,6 @@ from ._engine import PlanSummary, Workspace
 log = logging.getLogger("partex.explorer")
 
 COMMANDS = ("pin", "forbid", "unpin", "save", "mark_infeasible")  # what ``call`` may ask of the session
-UNCHANGED = "unchanged"  # a snapshot's best when it is the one sent before
 # Where cores are few, the page (server loop, browser) comes before the search: the child
 # runs at a lower priority. With a core to itself it runs at full speed all the same.
 CHILD_NICENESS = 5
@@ -53,6 +52,9 @@ class SearchSnapshot:
     forbidden: tuple
     error: str | None = None
     traceback: str | None = None  # of the error, for the server's log
+    # from the child process: ``best`` is left out (None), being the one sent before (the
+    # parent puts that back in before anyone reads the snapshot)
+    best_unchanged: bool = False
 
 
 class _Stepper:
@@ -86,8 +88,8 @@ class _Stepper:
 
     def snapshot(self, running: bool, error: str | None = None, *, changes_only: bool = False,
                  tb: str | None = None) -> SearchSnapshot:
-        """The search's state now. changes_only: ``best`` is UNCHANGED when it is the one
-        sent before (a pipe need not carry the plan again)."""
+        """The search's state now. changes_only: ``best`` is left out (``best_unchanged``)
+        when it is the one sent before (a pipe need not carry the plan again)."""
         s = self.session
         stats = s.stats()
         pins = tuple(s.pins)
@@ -101,8 +103,9 @@ class _Stepper:
                 "search", best.decisions, pinned=pins, plan=s.best_plan(), simulation=best.simulation,
                 report=best.report)
         self.version += 1
-        best = self._best if changed or not changes_only else UNCHANGED
-        return SearchSnapshot(self.version, running, stats, best, pins, forbidden, error, tb)
+        unchanged = changes_only and not changed
+        return SearchSnapshot(self.version, running, stats, None if unchanged else self._best, pins, forbidden,
+                              error, tb, best_unchanged=unchanged)
 
 
 def make_runner(search_session, workspace: Workspace, session: str = ""):
@@ -222,8 +225,9 @@ class ProcessRunner:
             return None
         if msg[0] == "snapshot":
             snap = msg[1]
-            if isinstance(snap.best, str):  # UNCHANGED
-                snap = dataclasses.replace(snap, best=self.snapshot.best if self.snapshot else None)
+            if snap.best_unchanged:
+                snap = dataclasses.replace(snap, best=self.snapshot.best if self.snapshot else None,
+                                           best_unchanged=False)
             self.snapshot = snap
             if snap.error:
                 self._running = False

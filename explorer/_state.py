@@ -640,7 +640,7 @@ class ExplorerState(param.Parameterized):
         try:
             path = self.session_path(name)
         except PartexError as e:
-            self.notify(e, "danger")
+            self.notify(str(e), "danger")
             return
         self.pause()
         self.phase = "loading"
@@ -654,7 +654,7 @@ class ExplorerState(param.Parameterized):
             r = self.runner
             snap = r.receive() if r is not None else None
             now = time.perf_counter()
-            if (snap is not None and snap.version != self._seen_version
+            if (r is not None and snap is not None and snap.version != self._seen_version
                     and (not snap.running or snap.best is not self.best or now - self._last_apply >= APPLY_SECONDS)):
                 self._seen_version = snap.version  # a snapshot that fails below is not applied again
                 self._last_apply = now
@@ -793,6 +793,7 @@ def _restore(name: str, path: pathlib.Path) -> Loaded:
     """A saved session (from the explorer or `partex search`), its search resumed."""
     session = Session.load(path, analyses=ANALYSES.get)
     choice = session.spec
+    assert choice is not None  # Session.load without fn= loads MODEL-spec sessions only
     ws = Workspace(choice, session)
     form = {"mesh_text": session.mesh.text(), "hardware": session.hardware.name,
             "budget_text": _budget_text(session.hardware.memory_budget),
@@ -814,7 +815,7 @@ def _budget_text(budget: float | None) -> str:
     return f"{budget:g}"
 
 
-def _details(res) -> tuple:
+def _details(res) -> tuple[dict[int, GroupInfo], GraphLayout]:
     """Group details and the graph's layout (shared by the sessions on one demo model)."""
     infos = ANALYSES.derived(res, "infos", lambda: res.analysis.group_infos())
     return infos, ANALYSES.derived(res, "layout", lambda: graph_layout(res.analysis, infos))

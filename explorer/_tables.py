@@ -8,7 +8,7 @@ import math
 import panel as pn
 import param
 
-from partex import is_recompute, is_resolution
+from partex import Recompute, Resolve
 
 from ._charts import plan_rows
 from ._engine import short_source
@@ -178,19 +178,19 @@ def comm_split(r, hw) -> str:
 def _chip_class(d) -> str:
     if d.pinned:
         return "pin"
-    return "remat" if is_recompute((d.group, d.axis)) else "resolve" if is_resolution((d.group, d.axis)) else ""
+    return "remat" if d.kind is Recompute else "resolve" if d.kind is Resolve else ""
 
 
 def _chip_title(ws, d) -> str:
     """A recompute chip's tooltip: the layer stack it covers; a resolution's: what it keeps."""
-    if is_resolution((d.group, d.axis)):
+    if d.kind is Resolve:
         g = ws.an.group_by_label(d.group)
         c = next((c for c in ws.an.conflicts if g is not None and c.group == g.id), None)
         if c is None:
             return ""
-        text = c.options[1] if d.axis.endswith(":second") else c.options[2]
+        text = c.options[1] if d.axis == Resolve.PREFIX + "second" else c.options[2]
         return f" title='{esc(text)}'"
-    if not is_recompute((d.group, d.axis)):
+    if d.kind is not Recompute:
         return ""
     u = ws.an.unit_by_label(d.group)
     return f" title='{esc(u.description)}'" if u is not None else ""
@@ -226,7 +226,8 @@ class BaselinesView(pn.viewable.Viewer):
         self.state.param.watch(self._render, ["best", "uploaded", "baselines"])
         self._render()
 
-    def __panel__(self):
+    # an Html viewer: Panel renders what __panel__ returns through pn.panel(), which unwraps viewers
+    def __panel__(self):  # pyright: ignore[reportIncompatibleMethodOverride]
         return self.table.pane
 
     def _render(self, *_):

@@ -12,14 +12,13 @@ subject the model lacks (a conflict, a tensor-parallel pair, a baseline) is left
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Callable
 
 import panel as pn
 import param
 
-from partex import RESOLUTIONS, CostReport
+from partex import RESOLUTIONS, CostReport, Decision, Resolve, Shard
 
 from ._engine import PlanSummary, Workspace, short_source
 from ._format import esc, fmt_bytes, fmt_time
@@ -58,13 +57,15 @@ class _Model:
     def label(self, g: int) -> str:
         return self.an.groups[g].label
 
-    def decision(self, d) -> str:
+    def decision(self, d: Decision) -> str:
         return esc(self.an.decision_label(d, arrow=" → "))
 
     def axis_of(self, plan: str, g: int) -> str | None:
         """The mesh axis baseline ``plan`` gives group ``g`` (None: it leaves it alone)."""
         summary = self.baselines.get(plan)
-        return next((a for h, a in summary.decisions if h == g), None) if summary else None
+        if summary is None:
+            return None
+        return next((d.axis for d in summary.decisions if isinstance(d, Shard) and d.group == g), None)
 
 
 def walkthrough(state) -> list[Step]:
@@ -176,28 +177,29 @@ def _resolution_costs(m: _Model, g: int) -> tuple[str, list[str]] | None:
     resolutions, and the step time; with the decisions priced. None where no mesh axis
     divides the group."""
     an, mesh = m.an, m.ws.config.mesh
-    base = [d for d in (m.baselines["dp"].decisions if "dp" in m.baselines else ()) if d[0] != g]
-    taken = {a for _, a in base}
+    base = [d for d in (m.baselines["dp"].decisions if "dp" in m.baselines else ())
+            if not (isinstance(d, Shard) and d.group == g)]
+    taken = {d.axis for d in base if isinstance(d, Shard)}
     fits = [a for a in mesh.axes if mesh.axis_size(a) > 1 and an.groups[g].size % mesh.axis_size(a) == 0]
     # an axis the batch leaves free: the conflict's own collectives are then not mixed with
     # what the batch and the group fighting over one axis cost
     axis = next((a for a in fits if a not in taken), fits[0] if fits else None)
     if axis is None:
         return None
-    sharded = [*base, (g, axis)]
-    plans = [sharded, *([*sharded, (g, f"resolve:{k}")] for k in RESOLUTIONS)]
+    sharded: list[Decision] = [*base, Shard(g, axis)]
+    plans = [sharded, *([*sharded, Resolve(g, k)] for k in RESOLUTIONS)]
     with m.ws.lock:  # the cost model caches as it goes
         reports = [m.ws.session.evaluate(p) for p in plans]
     label = an.groups[g].label
     totals = []
     for r in reports:
-        t: collections.Counter[str] = collections.Counter()
+        t: dict[str, float] = {}  # collective kind -> bytes
         for c in r.collectives:
             if c.cause == label:
-                t[c.kind] += c.bytes * c.count
+                t[c.kind] = t.get(c.kind, 0.0) + c.bytes * c.count
         totals.append(t)
-    kinds = sorted({k for t in totals for k in t if len({u[k] for u in totals}) > 1})
-    costs = [(", ".join(f"{esc(k)} {fmt_bytes(t[k])}" for k in kinds if t[k]) or "none of those collectives")
+    kinds = sorted({k for t in totals for k in t if len({u.get(k, 0.0) for u in totals}) > 1})
+    costs = [(", ".join(f"{esc(k)} {fmt_bytes(t[k])}" for k in kinds if t.get(k)) or "none of those collectives")
              + f"; step {fmt_time(r.step_time)}" for t, r in zip(totals, reports)]
     return "<b>" + " + ".join(m.decision(d) for d in sharded) + "</b>", costs
 
@@ -205,9 +207,9 @@ def _resolution_costs(m: _Model, g: int) -> tuple[str, list[str]] | None:
 def _data_parallel(m: _Model) -> Step | None:
     r = m.an.roles()
     batch = next((g for g in r.batch_groups if m.axis_of("dp", g)), None)
-    if batch is None:
+    axis = None if batch is None else m.axis_of("dp", batch)
+    if batch is None or axis is None:
         return None
-    axis = m.axis_of("dp", batch)
     dp = m.baselines["dp"]
     # the batch is in no parameter: a backward op that sums over it makes a gradient
     c = (_caused(dp.report, m.label(batch), axis, r.forward_ops, inside=False)
@@ -229,9 +231,9 @@ def _data_parallel(m: _Model) -> Step | None:
 def _tensor_parallel(m: _Model) -> Step | None:
     r = m.an.roles()
     pair = next((g for g in r.pair_groups if m.axis_of("megatron", g)), None)
-    if pair is None:
+    axis = None if pair is None else m.axis_of("megatron", pair)
+    if pair is None or axis is None:
         return None
-    axis = m.axis_of("megatron", pair)
     mg = m.baselines["megatron"]
     label = m.label(pair)
     fwd = _caused(mg.report, label, axis, r.forward_ops, inside=True)
@@ -240,7 +242,7 @@ def _tensor_parallel(m: _Model) -> Step | None:
         return None
     found = [f"in the forward pass by {_collective(fwd)}" if fwd else "",
              f"in the backward pass by {_collective(bwd)}" if bwd else ""]
-    body = (f"<b>megatron</b> adds <b>{m.decision((pair, axis))}</b>: the matmul that makes {_b(label)} is split "
+    body = (f"<b>megatron</b> adds <b>{m.decision(Shard(pair, axis))}</b>: the matmul that makes {_b(label)} is split "
             f"by columns, the one that contracts it by rows. Each device then holds partial sums, added up "
             + " and ".join(f for f in found if f)
             + f". That is the price of storing 1/{m.ws.config.mesh.axis_size(axis)} of those weights per device.")
@@ -262,7 +264,7 @@ def _memory(m: _Model) -> Step | None:
                 f"{fmt_bytes(b.get('optimizer', 0))}: peak <b>{fmt_bytes(s.report.memory.peak)}</b>, {fits}")
 
     added = ", ".join(m.decision(d) for d in extra)
-    axes = ", ".join(esc(a) for a in dict.fromkeys(a for _, a in extra))
+    axes = ", ".join(esc(a) for a in dict.fromkeys(d.slot for d in extra))
     how = (f"<b>zero3</b> = {esc(before.name) + ' + ' if before else ''}<b>{added}</b>: parameters, gradients "
            f"and <b>optimizer state are sharded</b> over {axes} too, and gathered just before use"
            if extra else "<b>zero3</b> shards parameters, gradients and <b>optimizer state</b>")
@@ -283,7 +285,8 @@ def _search(m: _Model) -> Step:
         f" and {len(over) - BASELINES_SHOWN} more" if len(over) > BASELINES_SHOWN else "")
     unfit = f" ({named} {'does' if len(over) == 1 else 'do'} not fit here)" if over else ""
     pair = next((g for g in an.roles().pair_groups if m.axis_of("megatron", g)), None)
-    example = f" (e.g. {m.decision((pair, m.axis_of('megatron', pair)))})" if pair is not None else ""
+    pair_axis = None if pair is None else m.axis_of("megatron", pair)
+    example = f" (e.g. {m.decision(Shard(pair, pair_axis))})" if pair is not None and pair_axis else ""
     body = (f"<b>Monte Carlo tree search</b> explores ordered <b>(group, axis)</b> decisions: up to "
             f"{space['decisions']} here{resolutions}. Each simulation completes a plan and scores it on the cost "
             f"model; a plan over the {fmt_bytes(m.ws.config.hw.budget)} budget never wins{unfit}. Press "
@@ -426,7 +429,7 @@ class TeachView(pn.viewable.Viewer):
             return
         steps = self._steps()  # the same model on another mesh or budget: its steps again, at once
         if steps:
-            self.show(min(self.index, len(steps) - 1))
+            self.show_step(min(self.index, len(steps) - 1))
         else:
             self.close()
 
@@ -442,20 +445,20 @@ class TeachView(pn.viewable.Viewer):
             self._set = {}
             self._saved_compare = self.compare.save() if self.compare is not None else None
             self._set_compare = None
-        self.show(0)
+        self.show_step(0)
 
     def next(self) -> None:
         """The next step; on the last, Finish: close."""
         if self.index is None:
             return
         if self.index + 1 < len(self.steps):
-            self.show(self.index + 1)
+            self.show_step(self.index + 1)
         else:
             self.close()
 
     def back(self) -> None:
         if self.index:
-            self.show(self.index - 1)
+            self.show_step(self.index - 1)
 
     def close(self) -> None:
         """Hide the walkthrough and put back what its steps changed."""
@@ -480,7 +483,7 @@ class TeachView(pn.viewable.Viewer):
             self.compare.restore(self._saved_compare)
         self._saved, self._set, self._saved_compare, self._set_compare = {}, {}, None, None
 
-    def show(self, i: int) -> None:
+    def show_step(self, i: int) -> None:
         """Show step ``i`` (from 0): set what it sets on the state, then point at its card."""
         steps = self._steps()
         step = steps[i]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 
 import panel as pn
+from bokeh.core.enums import SizingModeType
 from bokeh.models import Div
 from panel.io import unlocked
 
@@ -66,7 +67,7 @@ class Html(pn.viewable.Viewer):
     is one string sent to the page. (Updating a pn.pane.HTML rebuilds its stylesheet
     models, which makes Bokeh re-walk the whole document: ~100 ms on this page.)"""
 
-    def __init__(self, text: str = "", *, name: str | None = None, sizing_mode: str = "stretch_width",
+    def __init__(self, text: str = "", *, name: str | None = None, sizing_mode: SizingModeType = "stretch_width",
                  margin=(5, 10), **params):
         super().__init__()
         self.div = Div(text=text, name=name, sizing_mode=sizing_mode, disable_math=True)

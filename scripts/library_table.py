@@ -1,4 +1,4 @@
-"""The per-library table of issue 10 on the tiny configs (8 simulated CPU devices, mesh
+"""The per-library table on the tiny configs (8 simulated CPU devices, mesh
 data=4,model=2): ops, decision groups at 2 and 4 layers, the hand plans' shardings, their
 predicted/XLA memory and collective-byte ratios, and the searched plan (budget 0.5x the
 replicated plan's memory): its numerics against the unsharded step and whether it fits per XLA.

@@ -1,8 +1,8 @@
-"""The five-problem bench with and without overlap (issue 15).
+"""The five-problem bench with and without overlap (docs/results.md, "Overlap").
 
 For each problem, ``Session.bench`` runs twice on the same cost model but for
-``Hardware.overlap``: off (every collective charged in full, the step time before overlap
-was modelled) and on (collectives overlap independent compute as XLA's scheduler runs them
+``Hardware.overlap``: off (every collective charged in full, as if XLA ran them in line)
+and on (collectives overlap independent compute as XLA's scheduler runs them
 on TPU and GPU). Printed per problem: each plan's step time both ways, its exposed share of
 communication, its rank both ways; the plans whose rank changes are marked, and the MCTS
 plan of each run is scored under the other model too (is the overlap-aware search finding a
@@ -48,7 +48,7 @@ def run(name: str, budget: float, ilp_time: float, hardware: str) -> dict:
             if r["step_time_s"] is None:
                 continue
             label = r["strategy"] if r["strategy"] not in ("ilp", "mcts", "mcts-no-remat") else f"{r['strategy']} ({mode})"
-            plans.setdefault(label, [tuple(d) for d in r["decisions"]])
+            plans.setdefault(label, list(r["decisions"]))
     table = []
     for label, dec in plans.items():
         rep = {m: sessions[m].evaluate(dec) for m in ("off", "on")}

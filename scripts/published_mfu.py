@@ -1,4 +1,4 @@
-"""Published MaxText runs reproduced on partex's cost model (issue 15).
+"""Published MaxText runs reproduced on partex's cost model (docs/results.md, "Published MFU").
 
 Each run is a `llama` demo preset that mirrors a published MaxText configuration (model dims,
 chips and mesh, per-device batch x chips, sequence, bf16 compute over float32 weights, the
@@ -69,7 +69,8 @@ def run(name: str, budget: float, overlap: bool) -> dict:
     if mesh["tensor"] > 1:  # MaxText's activation_embed -> tensor: the embed dim of the
         # activations (the weights' FSDP dim) over the tensor axis between the layers
         batch = set(s.analysis.roles().batch_groups)
-        dec += [(g, "tensor") for g, a in list(dec) if a == axes[0] and g not in batch]
+        dec += [partex.Shard(d.group, "tensor") for d in list(dec)
+                if isinstance(d, partex.Shard) and d.axis == axes[0] and d.group not in batch]
     r = s.evaluate(dec)
     # the attention scores: ops that make or read a [..., seq, seq] block (the scores, the
     # probabilities, the causal mask and their gradients). The demo computes

@@ -1,4 +1,4 @@
-"""The checks every library model goes through (issue 10, item 8), shared by the
+"""The checks every library model goes through, shared by the
 ``tests/test_lib_*.py`` files and ``scripts/library_table.py``.
 
 A library model module (``scripts/libmodels/<lib>.py``) gives ``make(layers=2, size="tiny")``

@@ -161,8 +161,8 @@ def test_nested_calls_are_inlined_and_loops_kept():
 
 def test_axis_names_match_the_args_structure_with_empty_containers():
     """optax.adamw's state holds EmptyState(), an empty NamedTuple: names mirroring it
-    label the arrays around it (they used to be dropped silently), and a leaf whose names do
-    not fit is left out with a warning naming it."""
+    label the arrays around it (not dropped silently), and a leaf whose names do not fit is
+    left out with a warning naming it."""
     from typing import NamedTuple
 
     import jax.numpy as jnp
@@ -282,7 +282,7 @@ def test_layer_stacks_are_found_in_the_op_graph_without_any_name(name):
 def test_titles_name_activations_by_the_function_that_makes_them_and_labels_stay():
     """A group no input holds is titled by the user's function whose ops make it (unet's
     GroupNorm and upsampling reshapes, the conv's reversed kernel), not by a primitive; its
-    label, the name plan and session files give its decisions, is what it always was."""
+    label, the name plan and session files give its decisions, stays the structural one."""
     an = analyze_model("unet").analysis
     titles = an.titles()
     by_label = {g.label: titles[g.id] for g in an.decision_groups}
@@ -296,9 +296,9 @@ def test_titles_name_activations_by_the_function_that_makes_them_and_labels_stay
     assert {g["label"]: g["title"] for g in an.to_json()["group_list"]}["reshape[4]#5"] == "upsample[4]#2"
 
 
-def test_a_plan_naming_a_group_by_its_label_still_resolves_to_that_group(tmp_path):
+def test_a_plan_naming_a_group_by_its_label_resolves_to_that_group_whatever_its_title(tmp_path):
     """Plan and session files name decisions by label (an activation's group has no input
-    anchor): a file written before titles existed names the same group."""
+    anchor): the label resolves to the same group whatever title the group is shown with."""
     import json
 
     from partex import Plan, Session

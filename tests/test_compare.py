@@ -8,6 +8,7 @@ import collections
 import dataclasses
 
 import panel as pn
+import partex
 import pytest
 
 from partex.explorer._charts import MEMORY_PARTS, plan_rows
@@ -58,8 +59,9 @@ def test_compare_plans_reports_exactly_the_decisions_that_differ(state, plans):
     assert {r["label"] for r in rows if r["same"]} == same
     assert [r["same"] for r in rows] == sorted(r["same"] for r in rows)  # the differing first
     for r in rows:
-        assert set(r["a"]) == da.get(r["label"], set()) and set(r["b"]) == db.get(r["label"], set())
-        assert set(r["b_labels"]) == {f"{r['label']}→{axis}" for axis in r["b"]}
+        assert {d.slot for d in r["a"]} == da.get(r["label"], set())
+        assert {d.slot for d in r["b"]} == db.get(r["label"], set())
+        assert set(r["b_labels"]) == {f"{r['label']}→{d.slot}" for d in r["b"]}
 
 
 def test_a_recompute_decision_is_labelled_by_its_layer_stack(state, plans):
@@ -70,8 +72,9 @@ def test_a_recompute_decision_is_labelled_by_its_layer_stack(state, plans):
     rows = [r for r in compare_plans(dp, remat, an)["decisions"] if not r["same"]]
     assert len(rows) == 1
     row = rows[0]
-    assert row["kind"] == "stack" and row["label"] == an.units[d[0]].label != an.groups[d[0]].label
-    assert row["a"] == () and row["b"] == (d[1],) and row["b_labels"] == (an.decision_label(d, "→"),)
+    assert isinstance(d, partex.Recompute)
+    assert row["kind"] == "stack" and row["label"] == an.units[d.unit].label != an.groups[d.unit].label
+    assert row["a"] == () and row["b"] == (d,) and row["b_labels"] == (an.decision_label(d, "→"),)
 
 
 def test_compare_plans_deltas_are_b_minus_a_from_the_reports(state, plans):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from partex import PartexError, analyze_model
-from partex._cost import CostModel
+from partex.cost import CostModel
 from partex import MeshSpec, Plan, get_hardware, parse_bytes
 from partex._plan import default_donate, make_plan
 from partex._strategies import strategy_decisions

@@ -11,7 +11,7 @@ import pytest
 import partex
 from partex import demo_models
 from partex._analysis import analyze
-from partex._cost import CostModel
+from partex.cost import CostModel
 from partex._explain import explain, xla_collectives
 from partex._loader import axis_names_by_value
 from partex._plan import resolve_decisions
@@ -29,7 +29,7 @@ def plans(model: str) -> dict[str, partex.Plan]:
 
 @pytest.mark.parametrize("model", ["transformer", "transformer-scan"])
 def test_xla_collective_bytes_are_matched_to_predicted_ones_by_source_line(model):
-    """The issue's goal: >= 90% of XLA's collective bytes matched to a predicted collective
+    """At least 90% of XLA's collective bytes matched to a predicted collective
     of the same kind and source line (or the same parameter), for zero3 and a searched plan."""
     m = demo_models.build(model, "tiny")
     for name, plan in plans(model).items():

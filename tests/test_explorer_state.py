@@ -114,7 +114,7 @@ def test_the_explorer_says_which_arguments_are_static(tmp_path):
 
 
 def test_a_pin_that_stops_applying_is_set_aside_with_a_message_and_comes_back(tmp_path):
-    """The issue's case: a budget nothing fits, then a mesh on which a pin no longer applies.
+    """A budget nothing fits, then a mesh on which a pin does not apply.
     The page says so beside the budget's warning (one never hides the other), keeps the pin
     aside, and a mesh where it applies again brings it back."""
     st = ExplorerState(sessions_dir=tmp_path)
@@ -240,7 +240,8 @@ def test_a_full_size_preset_says_its_budget_suggests_a_mesh_and_keeps_its_warnin
         assert "on data=8,model=2 one does" in warning, warning
         st.run()
         assert st.message.startswith(warning) and "searching on" in st.message
-        _settle(st, lambda: st.stats.get("simulations", 0) > 0, "a simulation")
+        # a full-size U-Net's first simulations take seconds each: the same wait as its loading
+        _settle(st, lambda: st.stats.get("simulations", 0) > 0, "a simulation", timeout=300)
         st.pause()
         _settle(st, lambda: not st.runner.receive().running and st.stats is st.runner.receive().stats,
                 "the search to stop")

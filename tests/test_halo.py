@@ -28,7 +28,7 @@ def _conv_ops(fn, *shapes):
 @pytest.mark.parametrize("stride", [1, 2])
 def test_halo_rows_of_a_conv_its_transpose_and_its_weight_gradient(stride):
     """Each of the three convs of a 3x3 "SAME" conv's VJP reads, on 4 devices, the rows XLA
-    sends it (measured: tests below and the README): stride 1, one row each side for all
+    sends it (measured: tests below and docs/results.md): stride 1, one row each side for all
     three; stride 2 (padding (0, 1)), one row from the right for the conv and its weight
     gradient, one from the left for the transposed conv (lhs dilation 2, padding (2, 1))."""
 
@@ -68,8 +68,8 @@ def test_halo_rows_at_the_edges_of_a_small_block():
 def test_unet_height_and_width_are_one_decision_group_each():
     """Every conv of the U-Net ties its image rows (and columns) to its output's: stride-1
     convs at one level, stride-2 downsamplings and the nearest-neighbour upsampling across
-    levels. Before, each conv output's height and width was a group of its own (16 spatial
-    groups in the tiny U-Net)."""
+    levels: the tiny U-Net has one height and one width group, not one per conv output (16
+    spatial groups)."""
     an = partex.analyze_model("unet", "tiny").analysis
     spatial = set()
     for op in an.program.ops:

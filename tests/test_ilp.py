@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from partex import analyze_model, is_recompute
-from partex._cost import CostModel
+from partex import Recompute, analyze_model
+from partex.cost import CostModel
 from partex._ilp import ILPResult, group_strategies, solve_ilp
 from partex._mesh import GiB, MeshSpec, get_hardware
 from partex._strategies import strategy_decisions
@@ -46,13 +46,13 @@ def _check_result(out: ILPResult, cm, an):
     assert again.memory.peak == pytest.approx(out.report.memory.peak)
     # decisions: decidable groups, biggest groups first, each group's axes together
     decidable = {g.id: g for g in an.decision_groups}
-    order = [g for g, a in out.decisions if not is_recompute((g, a))]
+    order = [d.group for d in out.decisions if not isinstance(d, Recompute)]
     assert all(g in decidable for g in order)
     firsts = list(dict.fromkeys(order))
     assert order == [g for g in firsts for _ in range(order.count(g))]
     assert [decidable[g].bytes for g in firsts] == sorted((decidable[g].bytes for g in firsts), reverse=True)
     for g in firsts:
-        axes = [a for h, a in out.decisions if h == g]
+        axes = [d.axis for d in out.decisions if not isinstance(d, Recompute) and d.group == g]
         assert len(axes) == len(set(axes)) <= 2
 
 

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from partex import FactorKind, ModelAnalysis, trace
 from partex._analysis import analyze
-from partex import LoadedModel, MeshSpec, get_hardware
+from partex import LoadedModel, MeshSpec, Shard, get_hardware
 from partex._plan import make_plan
 from partex._search import Search
 
@@ -536,13 +536,13 @@ def test_analysis_never_crashes(prog):
 def test_random_decisions_apply_and_match(prog, mesh_text, data):
     fn, args, ma = _analysed(prog)
     mesh = MeshSpec.parse(mesh_text)
-    pairs = [(g.id, a) for g in ma.analysis.decision_groups for a in mesh.axes]
+    pairs = [Shard(g.id, a) for g in ma.analysis.decision_groups for a in mesh.axes]
     decisions = []
     if pairs:
         order = data.draw(st.lists(st.integers(0, len(pairs) - 1), unique=True, min_size=1,
                                    max_size=min(len(pairs), 6)), label="decision indices")
         decisions = [pairs[i] for i in order]
-    labels = [(ma.analysis.groups[g].label, ma.analysis.groups[g].size, a) for g, a in decisions]
+    labels = [(ma.analysis.groups[d.group].label, ma.analysis.groups[d.group].size, d.axis) for d in decisions]
     note(f"decisions (group label, size, axis): {labels}")
     ref = jax.jit(fn)(*args)
     plan = make_plan(ma, mesh, get_hardware("cpu"), decisions)
@@ -584,15 +584,16 @@ FOUND = {
         "def f(x0):\n    return (jnp.concatenate([x0, x0], axis=0),)\n",
         (("x0", (8,), "float32", None),), 0),
     # a depthwise conv whose windows span the whole image (a 1-wide output), channels sharded
-    # over part of the mesh: XLA's partitioner crashed the process ("free(): invalid pointer")
+    # over part of the mesh: XLA's partitioner crashes the process ("free(): invalid pointer")
     "depthwise_conv_one_wide": GenProgram(
         "def f(x0, w1):\n    def loss(x0, w1):\n        v = lax.conv_general_dilated(x0, w1, (1,), 'VALID', "
         "dimension_numbers=('NHC', 'HIO', 'NHC'), feature_group_count=4)\n        return jnp.sum(v * v)\n"
         "    return jax.value_and_grad(loss, argnums=(0, 1))(x0, w1)\n",
         (("x0", (4, 3, 4), "float32", None), ("w1", (3, 1, 4), "float32", None)), 0),
     # the same with 2 outputs per group: a plan sharding the conv's output features after the
-    # conv left XLA to shard the conv itself ("output feature dimension ... divisible by
-    # feature_group_count"); apply now pins the conv's result at the plan's view first
+    # conv, were XLA left to shard the conv itself, compiles to invalid HLO ("output feature
+    # dimension ... divisible by feature_group_count"); apply pins the conv's result at the
+    # plan's view first
     "grouped_conv_one_wide": GenProgram(
         "def f(x0, w1):\n    def loss(x0, w1):\n        v = lax.conv_general_dilated(x0, w1, (1,), 'VALID', "
         "dimension_numbers=('NHC', 'HIO', 'NHC'), feature_group_count=4)\n        return jnp.sum(v * v)\n"

@@ -137,11 +137,11 @@ def test_the_cost_model_charges_the_recomputation():
     cm = s.cost_model
     dec = s.decisions(s.strategy("dp"))
     save = cm.evaluate(dec, detail=True)
-    full = cm.evaluate([*dec, (0, "recompute:full")], detail=True)
+    full = cm.evaluate([*dec, partex.Recompute(0, "full")], detail=True)
     assert full.compute_time > save.compute_time and full.memory.peak < save.memory.peak
     assert full.memory.arguments == save.memory.arguments
     # a recompute decision shards nothing
-    assert cm.value_specs([*dec, (0, "recompute:full")]) == cm.value_specs(dec)
+    assert cm.value_specs([*dec, partex.Recompute(0, "full")]) == cm.value_specs(dec)
 
 
 def test_the_search_takes_recompute_when_only_that_fits_and_the_plan_file_keeps_it(tmp_path):
@@ -156,7 +156,7 @@ def test_the_search_takes_recompute_when_only_that_fits_and_the_plan_file_keeps_
     s = _session("transformer", memory="1000KiB")
     s.step(150)
     best = s.best()
-    assert best is not None and any(partex.is_recompute(d) for d in best.decisions)
+    assert best is not None and any(isinstance(d, partex.Recompute) for d in best.decisions)
     plan = s.best_plan()
     path = tmp_path / "p.json"
     plan.save(path)
@@ -174,9 +174,9 @@ def test_pins_name_a_layer_stack_and_a_kind():
     s = _session("transformer")
     (u,) = s.units
     d = s.pin(u.label, "recompute:full")
-    assert d == (u.id, "recompute:full") and s.label(d).endswith("->recompute:full")
+    assert d == partex.Recompute(u.id, "full") and s.label(d).endswith("->recompute:full")
     s.step(20)
-    assert (u.id, "recompute:full") in s.best().decisions
+    assert d in s.best().decisions
     with pytest.raises(partex.PartexError, match="unknown recompute kind 'some'"):
         s.pin(u.label, "recompute:some")
     with pytest.raises(partex.PartexError, match="unknown layer stack"):

@@ -40,12 +40,12 @@ def test_the_search_offers_a_resolution_once_the_group_is_sharded_and_pins_name_
     an = s.analysis
     seq = an.group_by_label("seq").id
     search = s._search
-    resolve = [i for i, d in enumerate(search.actions) if d[1].startswith("resolve:")]
-    assert {search.actions[i] for i in resolve} == {(seq, "resolve:second"), (seq, "resolve:neither")}
+    resolve = [i for i, d in enumerate(search.actions) if isinstance(d, partex.Resolve)]
+    assert {search.actions[i] for i in resolve} == {partex.Resolve(seq, "second"), partex.Resolve(seq, "neither")}
     assert not set(resolve) & set(search._legal(()))
-    legal = search._legal(((seq, "model"),))
+    legal = search._legal((partex.Shard(seq, "model"),))
     assert set(resolve) <= set(legal)
-    assert not set(resolve) & set(search._legal(((seq, "model"), (seq, "resolve:second"))))
+    assert not set(resolve) & set(search._legal((partex.Shard(seq, "model"), partex.Resolve(seq, "second"))))
     plan = s.plan([("seq", "model"), ("seq", "resolve:neither")])
     path = tmp_path / "plan.json"
     plan.save(path)

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from partex import LoadedModel, PartexError, analyze_loaded, analyze_model, load_model
+from partex import LoadedModel, PartexError, Shard, analyze_loaded, analyze_model, load_model
 from partex import demo_models
-from partex._cost import CostModel
+from partex.cost import CostModel
 from partex._ilp import solve_ilp
 from partex._mesh import MeshSpec, get_hardware
 from partex._plan import default_donate
@@ -174,10 +174,10 @@ def test_megatron_finds_llama_heads_and_ffn_without_axis_names():
     assert _anchor_group(res, "params/layers/w_down", 1) == hidden
     assert _anchor_group(res, "params/layers/wk", 2) == heads  # grouped-query: kv heads follow
     megatron = strategy_decisions("megatron", an, MESH)
-    assert (heads, "model") in megatron and (hidden, "model") in megatron
-    assert (_anchor_group(res, "batch/tokens", 0), "data") in megatron
+    assert Shard(heads, "model") in megatron and Shard(hidden, "model") in megatron
+    assert Shard(_anchor_group(res, "batch/tokens", 0), "data") in megatron
     d_model = _anchor_group(res, "params/layers/wq", 1)
-    assert all(g != d_model for g, _ in megatron)  # normed: not tensor-parallel
+    assert all(d.group != d_model for d in megatron)  # normed: not tensor-parallel
 
     cm = CostModel(an, MESH, get_hardware("tpu-v4"), donate=default_donate(res.program))
     rep, meg = cm.evaluate([]), cm.evaluate(megatron)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import partex
-from partex import MeshSpec, PartexError, Plan, Session, analyze_model, get_hardware, parse_bytes
+from partex import MeshSpec, PartexError, Plan, Session, Shard, analyze_model, get_hardware, parse_bytes
 from partex._search import Search
 from partex._strategies import strategy_decisions
 from partex.cli import main
@@ -52,8 +52,8 @@ def test_impossible_budget_returns_nothing_and_reports_smallest(tiny):
 
 def test_pins_and_forbids_are_honoured(tiny):
     s = _search(tiny, memory="2MiB")
-    s.pin("ffn", "model")
-    s.forbid("batch", "model")
+    s.pin(s.space.decision("ffn", "model"))
+    s.forbid(s.space.decision("batch", "model"))
     s.step(120)
     best = s.best()
     labels = [s.label(d) for d in best.decisions]
@@ -63,16 +63,16 @@ def test_pins_and_forbids_are_honoured(tiny):
     assert any(d.group == "ffn" and d.axis == "model" and d.pinned for d in plan.decisions)
     entry = plan.inputs["params/layers/0/w1"][1]
     assert entry == "model" or (isinstance(entry, list) and entry[0] == "model")
-    s.unpin("ffn", "model")
+    s.unpin(s.space.decision("ffn", "model"))
     assert s.pins == []
 
 
 @pytest.mark.parametrize("call,needle", [
-    (lambda s: s.pin("nonsense", "model"), "unknown dimension 'nonsense'"),
-    (lambda s: s.pin("ffn", "pipe"), "unknown mesh axis 'pipe'"),
-    (lambda s: (s.forbid("ffn", "model"), s.pin("ffn", "model")), "forbidden"),
-    (lambda s: (s.pin("ffn", "model"), s.forbid("ffn", "model")), "pinned"),
-    (lambda s: s.unpin("ffn", "data"), "neither pinned nor forbidden"),
+    (lambda s: s.pin(s.space.decision("nonsense", "model")), "unknown dimension 'nonsense'"),
+    (lambda s: s.pin(s.space.decision("ffn", "pipe")), "unknown mesh axis 'pipe'"),
+    (lambda s: (s.forbid(s.space.decision("ffn", "model")), s.pin(s.space.decision("ffn", "model"))), "forbidden"),
+    (lambda s: (s.pin(s.space.decision("ffn", "model")), s.forbid(s.space.decision("ffn", "model"))), "pinned"),
+    (lambda s: s.unpin(s.space.decision("ffn", "data")), "neither pinned nor forbidden"),
 ])
 def test_bad_pins_are_clear_errors(tiny, call, needle):
     with pytest.raises(PartexError, match=needle):
@@ -81,8 +81,8 @@ def test_bad_pins_are_clear_errors(tiny, call, needle):
 
 def _per_axis(decisions):
     out = {}
-    for g, a in decisions:
-        out.setdefault(a, []).append(g)
+    for d in decisions:
+        out.setdefault(d.slot, []).append(d.id)
     return out
 
 
@@ -180,8 +180,8 @@ def test_cli_search_writes_plan_and_state_and_resumes(tmp_path, capsys):
 
 
 def test_cli_resume_with_another_budget_or_hardware_uses_it(tmp_path, capsys):
-    """--memory / --hardware given on --resume reconfigure the session (they used to be
-    ignored: the old cost model and budget stayed)."""
+    """--memory / --hardware given on --resume reconfigure the session: the search goes on
+    with the new cost model and budget, not the saved ones."""
     out, state = tmp_path / "plan.json", tmp_path / "plan.session.json"
     assert main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "2MiB", "--simulations", "30",
                  "--pin", "ffn=model", "--out", str(out), "--json"]) == 0
@@ -232,8 +232,8 @@ def test_cli_bench_json_rows(capsys):
     assert s.evaluate([tuple(x.split("->")) for x in mcts["plan"]]).step_time == pytest.approx(mcts["step_time_s"])
     # the best plan without recompute the search met: no faster than its best
     assert rows["mcts-no-remat"]["step_time_s"] >= mcts["step_time_s"] * (1 - 1e-9)
-    one = [c for c in s.baselines().values() if c.report.fits and len({a for _, a in c.decisions}) == len(c.decisions)]
-    per_axis = [sum(1 for _, a in s._search.actions if a == axis) for axis in ("data", "model")]
+    one = [c for c in s.baselines().values() if c.report.fits and len({d.slot for d in c.decisions}) == len(c.decisions)]
+    per_axis = [sum(1 for d in s._search.actions if d.slot == axis) for axis in ("data", "model")]
     # and one more choice: the layer stack saved or recomputed one of three ways
     assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1]) * 4
     assert one and all(ex["step_time_s"] <= c.report.step_time * (1 + 1e-9) for c in one)
@@ -300,7 +300,7 @@ def test_cli_resume_of_a_foreign_file_is_one_line(tmp_path, capsys):
 
 def test_cli_bench_verify_reports_the_mcts_plans_memory_per_xla(capsys):
     # 6 MiB: the replicated plan fits, so the plan needs no recompute (XLA:CPU's scheduler
-    # does not always realise a recomputation's savings: see the README's Recompute notes)
+    # does not always realise a recomputation's savings: see docs/results.md, "Long sequences")
     assert main(["bench", "transformer", "--mesh", "data=4,model=2", "--memory", "6MiB", "--simulations", "50",
                  "--ilp-time", "5", "--verify", "--exhaustive", "0", "--json"]) == 0
     mcts = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["strategy"] == "mcts")
@@ -321,12 +321,13 @@ def test_exhaustive_finds_the_optimum_of_every_ordering_and_the_search_reaches_i
     cm, actions = s.cost_model, s._search.actions
     ex = exhaustive(cm, actions, 2)
     assert ex.complete and ex.report is not None and ex.report.fits
-    axes = [a for a in cm.mesh.axes if any(x == a for _, x in actions)]
-    every = [[()] + [p for r in (1, 2) for p in itertools.permutations([g for g, x in actions if x == a], r)]
+    shards = [d for d in actions if isinstance(d, Shard)]
+    axes = [a for a in cm.mesh.axes if any(d.axis == a for d in shards)]
+    every = [[()] + [p for r in (1, 2) for p in itertools.permutations([d.group for d in shards if d.axis == a], r)]
              for a in axes]
     best = math.inf
     for combo in itertools.product(*every):
-        r = cm.evaluate(tuple((g, a) for a, seq in zip(axes, combo) for g in seq))
+        r = cm.evaluate(tuple(Shard(g, a) for a, seq in zip(axes, combo) for g in seq))
         if r.fits:
             best = min(best, r.step_time)
     assert ex.report.step_time == pytest.approx(best, rel=1e-12)
@@ -350,6 +351,6 @@ def test_session_exhaustive_scores_several_budgets_in_one_pass():
         assert one.complete and one.plans == alone.exhaustive_size(2)
         assert (ex.decisions, ex.report.step_time) == (one.decisions, one.report.step_time)
         ilp = alone.ilp(10)
-        if all(n <= 2 for n in (sum(1 for _, a in ilp.decisions if a == x) for x in ("data", "model"))):
+        if all(n <= 2 for n in (sum(1 for d in ilp.decisions if d.slot == x) for x in ("data", "model"))):
             assert ilp.report.step_time >= one.report.step_time * (1 - 1e-9)
     assert both[1].report.step_time <= both[0].report.step_time

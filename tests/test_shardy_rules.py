@@ -3,9 +3,9 @@
 
 Every case either agrees factor by factor with Shardy or is listed in ``DIFFERENCES`` with
 partex's and Shardy's rule as they stand and the verdict, backed by what XLA compiles (the
-collectives of the README's "Factor rules against Shardy" table; ``XLA_EVIDENCE`` checks
-them). A new disagreement, a listed one whose rules changed, or a listed one that now agrees
-fails: the table stays the truth."""
+collectives of the "Factor rules against Shardy" table in docs/results.md; ``XLA_EVIDENCE``
+checks them). A disagreement not listed, a listed one whose rules differ from the listing, or
+a listed one that agrees fails: the table stays the truth."""
 
 from __future__ import annotations
 
@@ -53,13 +53,13 @@ def test_factor_rule_agrees_with_shardy_or_is_listed(name):
     mine, theirs = compare(CASES[name])
     if name not in DIFFERENCES:
         assert mine == theirs, (f"{name}: partex and Shardy disagree (new: fix the rule, or list it in DIFFERENCES "
-                                f"and the README's table with XLA's evidence)\n  partex: {mine.describe()}\n"
+                                f"and docs/results.md's table with XLA's evidence)\n  partex: {mine.describe()}\n"
                                 f"  shardy: {theirs.describe()}")
         return
     want_mine, want_theirs, _ = DIFFERENCES[name]
-    assert mine != theirs, f"{name} now agrees with Shardy: take it out of DIFFERENCES and the README's table"
+    assert mine != theirs, f"{name} agrees with Shardy: take it out of DIFFERENCES and docs/results.md's table"
     assert (mine.describe(), theirs.describe()) == (want_mine, want_theirs), (
-        f"{name}: the rules changed since they were listed\n  partex: {mine.describe()}\n  shardy: {theirs.describe()}")
+        f"{name}: the rules differ from their listing\n  partex: {mine.describe()}\n  shardy: {theirs.describe()}")
 
 
 def test_the_comparison_sees_factors_kinds_and_compound_dims():
@@ -82,7 +82,7 @@ def _collectives(fn, shapes, in_specs, out_spec, dtypes=None) -> set[str]:
     return {m.group(1) for m in _COLLECTIVE.finditer(text)}
 
 
-# The README table's XLA column: a dim sharded on 2 simulated devices, the collectives XLA emits.
+# The XLA column of docs/results.md's table: a dim sharded on 2 simulated devices, the collectives XLA emits.
 XLA_EVIDENCE = {
     "reshape_split": (lambda a: a.reshape(16, 4, 64), [(16, 256)], [(None, "x")], (None, "x", None), set()),
     "reshape_gcd": (lambda a: a.reshape(4, 12), [(8, 6)], [("x", None)], ("x", None), set()),
@@ -163,9 +163,9 @@ def test_argmax_over_a_sharded_vocabulary_is_a_reduction_priced_as_xla_does():
 
 
 def test_batched_linear_algebra_shards_its_batch_dims_with_vector_results_too():
-    """eigh's eigenvalues are a vector per matrix: the batch dim still ties the matrices, the
-    eigenvectors and the eigenvalues (the rule used to take the minimum rank over all
-    tensors and leave no batch dim); XLA shards it with no collective (CPU lowers linalg to
+    """eigh's eigenvalues are a vector per matrix: the batch dim ties the matrices, the
+    eigenvectors and the eigenvalues alike (the rule counts batch dims from each tensor's own
+    rank, not the smallest rank of all, which would leave none); XLA shards it with no collective (CPU lowers linalg to
     LAPACK custom calls, which Shardy has no rule for: XLA is the reference here)."""
     from partex import analyze
 
@@ -250,8 +250,8 @@ def test_more_devices_than_heads_split_the_axis_in_the_mesh(mesh, heads_on, head
 
 def test_scan_outputs_stay_sharded_along_the_loop_axis():
     """A scan's stacked ys sharded along the loop axis: each device keeps its iterations'
-    rows, no collective (XLA does so; partex used to make the loop axis need-replication and
-    price the whole stack on every device)."""
+    rows, no collective (XLA does so; a need-replication loop axis would price the whole stack
+    on every device)."""
     import partex
 
     def step(c0, w):

@@ -1,4 +1,4 @@
-"""The step's own shardings (issue 10, item 2): with_sharding_constraint, reshard and a called
+"""The step's own shardings: with_sharding_constraint, reshard and a called
 jit's in/out shardings are fixed decisions, as XLA honours them; a constraint over another
 mesh is one clear line naming its source; "replace" lets the plan re-place them."""
 
@@ -59,7 +59,7 @@ def test_kept_constraints_are_fixed_decisions_the_search_cannot_move():
     assert all(CONSTRAINT_LINE in f["source"] or "jit" in f["kind"] for f in s.fixed)
     fixed_ids = {s.group(g).id for g, _ in fixed}
     assert fixed_ids
-    assert not any(g in fixed_ids for g, _ in s._search.actions)
+    assert not any(d.id in fixed_ids for d in s._search.actions if d.ON_GROUP)
     with pytest.raises(partex.PartexError, match="fixed by the step's own"):
         s.pin("params/w1[1]", "data")
     # every plan honours them, hand plans too: even "replicated" pays the Megatron collectives
@@ -93,7 +93,7 @@ def test_a_dim_a_constraint_leaves_replicated_is_replicated_in_that_value_only()
     s = partex.Session(step, args, mesh="data=4,model=2")
     assert {(f["group"], f["axis"]) for f in s.fixed} == {("x[0]", "data")}
     hidden = s.group("params/w1:1")
-    assert hidden.id in {g for g, _ in s._search.actions}
+    assert hidden.id in {d.id for d in s._search.actions if d.ON_GROUP}
     plan = s.plan([(hidden.label, "model")])
     assert plan.inputs["params/w1"] == [None, "model"]
     gathers = s.evaluate([(hidden.label, "model")]).collective_bytes.get("all-gather", 0)

@@ -1,10 +1,10 @@
 """The cost model against XLA: every demo model x hand strategy on two 8-device meshes.
 
 Each (model, mesh) compiles its four plans in one fresh process with 8 simulated CPU
-devices (``verify_many``), runs them and compares with the unsharded function. Bounds
-(issue 3): argument bytes within 1%, peak memory within 35%, collective bytes per kind
-within 25%, per-device FLOPs within 10% of XLA's cost analysis (the U-Net's 16%: see
-_check; issue 15), loss and outputs within 1e-4 relative.
+devices (``verify_many``), runs them and compares with the unsharded function. Bounds:
+argument bytes within 1%, peak memory within 35%, collective bytes per kind within 25%,
+per-device FLOPs within 10% of XLA's cost analysis (the U-Net's 16%: see _check), loss and
+outputs within 1e-4 relative.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from partex import demo_models
 from partex import analyze_model
-from partex._cost import CostModel
+from partex.cost import CostModel
 from partex import MeshSpec, get_hardware
 from partex._plan import default_donate, make_plan
 from partex._strategies import strategy_decisions
@@ -40,7 +40,7 @@ def _check(row: dict) -> list[str]:
     # tests/test_rules.py): XLA:CPU's fusion copies cheap elementwise producers into every
     # consumer fusion and counts each copy (5.8% replicated, 12-13% at per-device batch 1-2;
     # with XLA's fusion pass off partex is within 1%), and the rows plans' halo masks
-    # (README, "FLOPs and bytes accessed vs XLA"): a counting effect, bounded, not hidden
+    # (docs/results.md, "FLOPs and bytes accessed"): a counting effect, bounded, not hidden
     bound = 0.16 if row["model"] == "unet" else 0.10
     if not (f["xla"] > 0 and abs(f["ratio"] - 1) <= bound):
         bad.append(f"{where}: FLOPs predicted {f['predicted']:.3g} vs XLA {f['xla']:.3g}")
