@@ -301,7 +301,7 @@ def test_a_plan_naming_a_group_by_its_label_resolves_to_that_group_whatever_its_
     anchor): the label resolves to the same group whatever title the group is shown with."""
     import json
 
-    from partex import Plan, Session
+    from partex import Plan, Session, Shard
     from partex._plan import resolve_decisions
 
     s = Session.from_spec("unet", preset="tiny", mesh="data=4,model=2")
@@ -312,8 +312,10 @@ def test_a_plan_naming_a_group_by_its_label_resolves_to_that_group_whatever_its_
     assert [x["group"] for x in d["decisions"]] == ["reshape[4]#5", "batch"]
     (tmp_path / "plan.json").write_text(json.dumps(d))
     an = s.analysis
-    (g, axis), _ = resolve_decisions(Plan.load(tmp_path / "plan.json"), an)
-    assert an.titles()[g] == "upsample[4]#2" and axis == "model"
+    d0, _ = resolve_decisions(Plan.load(tmp_path / "plan.json"), an)
+    assert isinstance(d0, Shard) and d0.axis == "model"
+    g = d0.group
+    assert an.titles()[g] == "upsample[4]#2"
     assert s.group("reshape[4]#5").id == g  # a pin by label (the CLI's, a session file's)
     s.pin("reshape[4]#5", "model")
     assert s.to_json()["pins"] == [{"group": "reshape[4]#5", "axis": "model"}]

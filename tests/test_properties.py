@@ -612,10 +612,10 @@ def test_found_programs(name):
     failures = []
     for mesh_text in MESHES:
         mesh = MeshSpec.parse(mesh_text)
-        runs = [[(g.id, a)] for g in ma.analysis.decision_groups for a in mesh.axes] + ["search"]
+        runs = [[Shard(g.id, a)] for g in ma.analysis.decision_groups for a in mesh.axes] + ["search"]
         for decisions in runs:
             what = f"{mesh_text}: " + ("search" if decisions == "search" else
-                                       f"{ma.analysis.groups[decisions[0][0]].label} -> {decisions[0][1]}")
+                                       f"{ma.analysis.groups[decisions[0].group].label} -> {decisions[0].axis}")
             try:
                 if decisions == "search":
                     search = Search(ma, mesh, get_hardware("cpu"), seed=0)
