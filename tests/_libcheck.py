@@ -49,8 +49,8 @@ def sharded_groups(s: partex.Session, strategy: str) -> dict[str, str]:
     """{group label: mesh axis} of the groups a hand strategy shards, with those the step's
     own sharding constraints fix (kept: they are part of every plan)."""
     fixed = {f["group"]: f["axis"] for f in s.fixed if f["axis"]}
-    return {**fixed, **{s.group(gid).label: axis for gid, axis in s.strategy(strategy)
-                        if s.group(gid).label not in fixed}}
+    shards = [d for d in s.strategy(strategy) if isinstance(d, partex.Shard)]
+    return {**fixed, **{s.group(d.group).label: d.axis for d in shards if s.group(d.group).label not in fixed}}
 
 
 def replicated_bytes(s: partex.Session) -> float:

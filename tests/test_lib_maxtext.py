@@ -86,7 +86,7 @@ def test_maxtext_dp_shards_the_batch_when_an_rng_follows_it():
 
     s = partex.Session(step, (state, data, jax.random.PRNGKey(0)), mesh=lc.MESH, axis_names=names + (None,))
     batch = s.group("data/inputs:0").id
-    assert (batch, "data") in s.strategy("dp")
+    assert partex.Shard(batch, "data") in s.strategy("dp")
 
 
 def test_maxtext_zero3_plan_runs_maxtexts_step_with_unsharded_numerics():
