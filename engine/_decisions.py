@@ -18,6 +18,7 @@ prefix in ``_PREFIXED``. This module imports nothing of partex: every stage may 
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import ClassVar, Iterable, Sequence
 
@@ -31,7 +32,7 @@ LOOP_RECOMPUTE_KINDS = ("dots", "full")  # under scan every iteration gathers it
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
-class Decision:
+class Decision(abc.ABC):
     """One decision of a plan. ``id`` is a decision group's id (``Shard``, ``Resolve``) or
     a recompute unit's (``Recompute``); ``slot`` is its second field in files."""
 
@@ -45,13 +46,14 @@ class Decision:
         object.__setattr__(self, "_pair", (self.id, self.slot))
 
     @property
+    @abc.abstractmethod
     def id(self) -> int:
-        raise NotImplementedError
+        """The decision group's id, or the recompute unit's."""
 
     @property
+    @abc.abstractmethod
     def value(self) -> str:
         """The axis, resolution or kind (the slot without its prefix)."""
-        raise NotImplementedError
 
     @property
     def slot(self) -> str:
