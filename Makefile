@@ -62,9 +62,12 @@ lint: install
 	  sed -e 's|$(CURDIR)/$(TYPECHECK)/partex/explorer/|explorer/|' \
 	      -e 's|$(CURDIR)/$(TYPECHECK)/partex/|engine/|' $(TYPECHECK)/report.txt; exit $$status
 
-# lint first (seconds to a minute), then the suite.
+# lint first (seconds to a minute), then the suite on one pytest-xdist worker per core, at most
+# four (each worker is a process with its own JAX); a test file stays on one worker, so
+# its module fixtures are built once. `make test WORKERS=0` runs it in this process.
+WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: install chromium lint
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadfile)
 
 # The suite in a virtualenv of its own (.venv-latest) on the newest releases that pyproject's
 # ranges allow (the test libraries' newest too), then what moved against the lock.
