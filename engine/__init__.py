@@ -22,21 +22,26 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
-from .cost import CostReport, MemoryReport
 from ._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, Shard
 from ._errors import PartexError
 from ._exhaustive import ExhaustiveResult
-from ._export import FORMATS as EXPORT_FORMATS, RulesExport
+from ._export import FORMATS as EXPORT_FORMATS
+from ._export import RulesExport, comparison_table, export_text
+from ._export import flax_rules as rules_of
 from ._ilp import ILPResult
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._plan import Plan, PlanDecision, PlannedFunction
+from ._plan import Plan, PlanDecision
+from ._planned import PlannedFunction
 from ._program import Op, Program, Value, trace
 from ._recompute import Unit
+from ._results import CollectiveCompared, Compared, Numerics, RootAction, SearchStats, VerifyReport, WorkCompared
 from ._rules import CONSERVATIVE, Factor, FactorKind, factor_rules
 from ._search import SearchResult
 from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh
 from ._verify import KINDS as COLLECTIVE_KINDS
+from ._verify import verify_loaded
+from .cost import CostReport, MemoryReport
 
 
 def analyze(fn: Callable, *args, axis_names=None) -> ModelAnalysis:
@@ -71,17 +76,15 @@ def search(fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware 
 
 
 def verify(plan: Plan, fn: Callable, args: Sequence[Any], *, run: bool = False, axis_names=None,
-           export: str | None = None, explain: bool = False) -> dict:
+           export: str | None = None, explain: bool = False) -> VerifyReport:
     """Compile ``plan`` applied to ``fn`` with XLA on this process's devices and compare with
-    the prediction: ``out["memory"]`` (predicted / xla / ratio, per device),
-    ``out["collectives"]`` (bytes by kind), ``out["fits"]``; with ``run`` (real arrays), also
-    run it and compare with the unsharded ``fn`` (``out["numerics"]``). ``export`` ("specs",
-    "flax-rules"): also compile that export alone, ``out["comparison"]`` holding XLA's
-    figures of both (``export_table(out)`` prints them). ``explain``: ``out["explain"]``,
+    the prediction, a ``VerifyReport``: ``out.memory`` (predicted / xla / ratio, per device),
+    ``out.collectives`` (bytes by kind), ``out.fits``; with ``run`` (real arrays), also
+    run it and compare with the unsharded ``fn`` (``out.numerics``). ``export`` ("specs",
+    "flax-rules"): also compile that export alone, ``out.comparison`` holding XLA's
+    figures of both (``export_table(out)`` prints them). ``explain``: ``out.explain``,
     XLA's collectives each with its source line and op, matched to the predicted collective
     and the decision that causes it (``matched_fraction``: the share of XLA's bytes matched)."""
-    from ._verify import verify_loaded
-
     name = getattr(fn, "__name__", "fn")
     return verify_loaded(LoadedModel(name, fn, tuple(args), axis_names, "custom", None), plan, run=run,
                          export=export, explain=explain)
@@ -95,8 +98,6 @@ def export(plan: Plan, format: str, fn: Callable | None = None, args: Sequence[A
     ``nn.logical_axis_rules`` / MaxText's ``logical_axis_rules``, which needs ``fn``,
     ``args`` and the inputs' logical ``axis_names`` (activations' names come from the
     model's ``nn.with_logical_constraint``). ``flax_rules`` gives the rules as data."""
-    from ._export import export_text
-
     model = None
     if fn is not None:
         model = LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args or ()), axis_names, "custom", None)
@@ -107,19 +108,15 @@ def flax_rules(plan: Plan, fn: Callable, args: Sequence[Any], *, axis_names) -> 
     """``plan`` as logical-axis rules: ``.rules`` [(name, mesh axes)], ``.flax()`` as
     ``nn.logical_axis_rules`` takes them, ``.matched`` (share of the named arrays' bytes the
     rules shard as the plan does), ``.conflicts`` (names the plan shards two ways)."""
-    from ._export import flax_rules as rules_of
-
     return rules_of(plan, LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names, "custom", None))
 
 
-def export_table(verified: dict) -> str:
+def export_table(verified: VerifyReport) -> str:
     """The side-by-side lines of ``verify(..., export=...)``: XLA's memory and collective
     bytes of the full plan and of the export alone."""
-    from ._export import comparison_table
-
-    if "comparison" not in verified:
+    if verified.comparison is None:
         raise PartexError("export_table needs the result of verify(..., export=\"specs\" or \"flax-rules\")")
-    return "\n".join(comparison_table(verified["comparison"]))
+    return "\n".join(comparison_table(verified.comparison))
 
 
 __all__ = [
@@ -128,6 +125,7 @@ __all__ = [
     "export", "flax_rules", "export_table", "EXPORT_FORMATS", "RulesExport",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
+    "VerifyReport", "Compared", "WorkCompared", "CollectiveCompared", "Numerics", "SearchStats", "RootAction",
     "Decision", "Shard", "Resolve", "Recompute", "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "RESOLUTIONS",
     # the analysis, for those who look inside
     "ModelAnalysis", "LoadedModel", "Analysis", "Unit", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",

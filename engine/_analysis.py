@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import re
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -142,77 +142,28 @@ class _TitleBase:
     text: str  # "ffn", "w1[1]", "group_norm[4]"
 
 
-@dataclasses.dataclass
-class Analysis:
+@dataclasses.dataclass(frozen=True)
+class DimAnalysis:
+    """The named-dimension analysis proper, frozen: the program's named dimensions, their layer
+    groups and conflicts (``analyze``'s four stages), with the lookups every later stage uses.
+    The roles (``_roles.infer_roles``) and the rest of ``Analysis`` are built on it."""
+
     program: Program
-    factors: list[list[Factor]]  # per op
-    node_base: np.ndarray  # [num_values] first node id of each value
-    node_nd: np.ndarray  # [num_nodes] named dim of each (value, dim) node, NO_DIM if size 1
-    named_dims: list[NamedDim]
-    groups: list[Group]
-    conflicts: list[Conflict]
-    cooccur: dict[tuple[GroupId, GroupId], int]  # group pair -> bytes of tensors holding both
-    unknown_primitives: dict[str, int]
-    seconds: float
-    edges: tuple[np.ndarray, np.ndarray, np.ndarray] | None = dataclasses.field(repr=False, default=None)
-    units: tuple[Unit, ...] = ()  # forward layer stacks a recompute decision can cover (_recompute)
-    _roles: Any = dataclasses.field(repr=False, compare=False, default=None)
-    _user: Any = dataclasses.field(repr=False, compare=False, default=None)
-    _unit_groups: Any = dataclasses.field(repr=False, compare=False, default=None)
-    _title_bases: tuple = dataclasses.field(repr=False, compare=False, default=())  # per group
-    _titles: Any = dataclasses.field(repr=False, compare=False, default=None)
-
-    def titles(self) -> dict[GroupId, str]:
-        """Every group's readable title, from the program's structure: the logical axis name
-        the model gives it (``ffn``); else its role where that names it better than a leaf
-        (the data's ``batch``, an MoE's ``experts``); else its largest input leaf and dim
-        (``w1[1]``); else, for a group no input holds, the function whose op first makes it
-        and the dim there (``group_norm[4]``), never a primitive's name. Repeats are
-        numbered (``#2``), largest group first.
-
-        A title is for reading only. The label stays each decision's name in plan and
-        session files (``group_by_label``): files written with today's labels keep naming
-        the same groups, and no decision depends on how a title is spelled."""
-        if self._titles is not None:
-            return self._titles
-        roles = self.roles() if self._title_bases else None
-        by_role = {}
-        if roles is not None:
-            by_role.update((g, "batch") for g in roles.batch_groups)
-            by_role.update((g, "experts") for g in roles.expert_groups)
-        out: dict[GroupId, str] = {}
-        seen: collections.Counter[str] = collections.Counter()
-        for g in self.groups:
-            base = self._title_bases[g.id] if self._title_bases else _TitleBase(NAMED, g.label)
-            text = base.text if base.kind == NAMED or g.id not in by_role else by_role[g.id]
-            seen[text] += 1
-            out[g.id] = text if seen[text] == 1 else f"{text}#{seen[text]}"
-        self._titles = out
-        return out
+    factors: tuple[tuple[Factor, ...], ...]  # per op
+    node_base: np.ndarray  # [num_values] first node id of each value (read-only)
+    node_nd: np.ndarray  # [num_nodes] named dim of each (value, dim) node, NO_DIM if size 1 (read-only)
+    named_dims: tuple[NamedDim, ...]
+    groups: tuple[Group, ...]
+    conflicts: tuple[Conflict, ...]
+    cooccur: Mapping[tuple[GroupId, GroupId], int]  # group pair -> bytes of tensors holding both
+    unknown_primitives: Mapping[str, int]
+    edges: tuple[np.ndarray, np.ndarray, np.ndarray] = dataclasses.field(repr=False)  # (node, node, op) ties
+    units: tuple[Unit, ...]  # forward layer stacks a recompute decision can cover (_recompute)
 
     def static_inputs(self) -> list[tuple[str, str]]:
         """The args' static (non-array) leaves, closed over and left out of every plan:
         (path, what it is)."""
         return [(path, f"{type(v).__name__} {v!r:.40}") for _, path, v in self.program.static_inputs]
-
-    def user_shardings(self) -> list[UserSharding]:
-        """The step's own shardings (``_constraints.UserSharding``: with_sharding_constraint,
-        reshard, a called jit's in/out shardings), in program order, read once."""
-        if self._user is None:
-            self._user = user_shardings(self.program)
-        return self._user
-
-    def fixed(self, mesh) -> Fixed:
-        """What the user's shardings fix on ``mesh`` (``_constraints.Fixed``); PartexError
-        if one names a mesh axis the plan's mesh lacks."""
-        return fixed_decisions(self.user_shardings(), self.group_of, mesh)
-
-    def roles(self) -> Roles:
-        """The inputs' and groups' roles from the program's structure (``_roles.Roles``),
-        computed once."""
-        if self._roles is None:
-            self._roles = infer_roles(self)
-        return self._roles
 
     # ---- lookups
     def nd_of(self, vid: int, dim: int) -> NamedDimId:
@@ -231,29 +182,6 @@ class Analysis:
     def conflicted_groups(self) -> list[int]:
         """Decision groups with an intra conflict: those a resolution decision can take."""
         return sorted({c.group for c in self.conflicts if self.groups[c.group].decidable})
-
-    def unit_groups(self) -> dict[int, frozenset[GroupId]]:
-        """Per recompute unit, the groups local to its layers: those whose tensors the forward
-        pass makes only in the unit's ops (a layer's ffn, heads), not the ones that run
-        through the whole step (batch, d_model). A view shows the unit's decision on them."""
-        if self._unit_groups is not None:
-            return self._unit_groups
-        p, base, nd = self.program, self.node_base, self.node_nd
-        out = {}
-        for u in self.units:
-            inside, outside = set(), set()
-            spans = [range(lo, hi) for lo, hi in u.copies]
-            for op in p.ops[:u.boundary]:
-                if op.primitive.endswith(("_enter", "_exit")):
-                    continue
-                side = inside if any(op.id in r for r in spans) else outside
-                for v in op.outputs:
-                    b = base[v]
-                    side.update(self.named_dims[n].group for n in nd[b:b + len(p.values[v].shape)].tolist()
-                                if n != NO_DIM)
-            out[u.id] = frozenset(inside - outside)
-        self._unit_groups = out
-        return out
 
     def unit_by_label(self, label: str) -> Unit | None:
         return next((u for u in self.units if u.label == label), None)
@@ -279,6 +207,46 @@ class Analysis:
             "raw_decisions": raw * num_axes,
         }
 
+    def describe_conflict(self, c: Conflict) -> dict[str, Any]:
+        p = self.program
+        vid, a, b = c.values[0]
+        v = p.values[vid]
+        return {
+            "id": c.id,
+            "kind": c.kind,
+            "named_dim": self.named_dims[c.named_dim].label,
+            "group": self.groups[c.group].label,
+            "value": v.name or f"%{vid}",
+            "shape": list(v.shape),
+            "dims": [a, b],
+            "producer": (p.ops[v.producer].primitive if v.producer != NO_PRODUCER else "input"),
+            "source": (p.ops[v.producer].source if v.producer != NO_PRODUCER else v.name),
+            "values": len(c.values),
+            "path": [f"{p.ops[o].primitive} @ {p.ops[o].source}" for o in c.path],
+            "options": list(c.options),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis(DimAnalysis):
+    """What ``analyze`` returns, frozen: the ``DimAnalysis`` and what is built on it once, after
+    it: the roles of inputs and groups (``_roles.Roles``), the step's own shardings
+    (``_constraints.UserSharding``: with_sharding_constraint, reshard, a called jit's in/out
+    shardings, in program order), each recompute unit's local groups and each group's title."""
+
+    roles: Roles
+    user_shardings: tuple[UserSharding, ...]
+    # per recompute unit, the groups local to its layers (see _unit_groups)
+    unit_groups: Mapping[int, frozenset[GroupId]]
+    # every group's readable title (see _titles); the label stays each decision's name in files
+    titles: Mapping[GroupId, str]
+    seconds: float
+
+    def fixed(self, mesh) -> Fixed:
+        """What the user's shardings fix on ``mesh`` (``_constraints.Fixed``); PartexError
+        if one names a mesh axis the plan's mesh lacks."""
+        return fixed_decisions(self.user_shardings, self.group_of, mesh)
+
     def summary(self) -> dict[str, Any]:
         return {
             "ops": self.program.num_ops,
@@ -287,7 +255,7 @@ class Analysis:
             "named_dims": len(self.named_dims),
             "groups": len(self.decision_groups),
             "conflicts": len(self.conflicts),
-            "user_shardings": len(self.user_shardings()),
+            "user_shardings": len(self.user_shardings),
             "unknown_primitives": dict(sorted(self.unknown_primitives.items())),
             "seconds": round(self.seconds, 3),
         }
@@ -301,7 +269,7 @@ class Analysis:
             for n in self.named_dims
         ]
         out["group_list"] = [
-            {"id": g.id, "label": g.label, "title": self.titles()[g.id], "named_dims": list(g.named_dims),
+            {"id": g.id, "label": g.label, "title": self.titles[g.id], "named_dims": list(g.named_dims),
              "size": g.size,
              "bytes": g.bytes, "decidable": g.decidable}
             for g in self.groups
@@ -315,7 +283,7 @@ class Analysis:
             {**us.to_json(), "groups": [None if self.group_of(us.value, d) == NO_DIM
                                         else self.groups[self.group_of(us.value, d)].label
                                         for d in range(len(us.spec))]}
-            for us in self.user_shardings()
+            for us in self.user_shardings
         ]
         out["cooccur"] = [
             {"groups": [self.groups[a].label, self.groups[b].label], "bytes": n}
@@ -345,7 +313,7 @@ class Analysis:
         for c in self.conflicts:
             conflicts[c.group].append(self.describe_conflict(c))
         out = {}
-        titles = self.titles()
+        titles = self.titles
         for g in self.decision_groups:
             tensors = []
             for nd in g.named_dims:
@@ -358,25 +326,6 @@ class Analysis:
                                   tuple(sources[g.id].most_common(max_sources)), tuple(conflicts[g.id]),
                                   titles[g.id])
         return out
-
-    def describe_conflict(self, c: Conflict) -> dict[str, Any]:
-        p = self.program
-        vid, a, b = c.values[0]
-        v = p.values[vid]
-        return {
-            "id": c.id,
-            "kind": c.kind,
-            "named_dim": self.named_dims[c.named_dim].label,
-            "group": self.groups[c.group].label,
-            "value": v.name or f"%{vid}",
-            "shape": list(v.shape),
-            "dims": [a, b],
-            "producer": (p.ops[v.producer].primitive if v.producer != NO_PRODUCER else "input"),
-            "source": (p.ops[v.producer].source if v.producer != NO_PRODUCER else v.name),
-            "values": len(c.values),
-            "path": [f"{p.ops[o].primitive} @ {p.ops[o].source}" for o in c.path],
-            "options": list(c.options),
-        }
 
 
 # --------------------------------------------------------------------------- union-find
@@ -401,12 +350,56 @@ class _UnionFind:
         self.parent[ra] = rb
         return True
 
+# --------------------------------------------------------------------------- the analysis, in stages
 
-# --------------------------------------------------------------------------- the analysis
+@dataclasses.dataclass(frozen=True)
+class DimGraph:
+    """Stage 1, the dimension graph: a node per (value, dim) (``node_base[v] + d``), joined by
+    each op's tying factors. ``roots``: each node's component; ``edges``: the ties that joined
+    two components (node, node, op); ``loop_nodes``: the dims a scan boundary carries."""
+
+    factors: tuple[tuple[Factor, ...], ...]  # per op
+    node_base: np.ndarray  # [num_values + 1]
+    roots: np.ndarray  # [num_nodes]
+    edges: tuple[np.ndarray, np.ndarray, np.ndarray]
+    loop_nodes: tuple[int, ...]
+    unknown: Mapping[str, int]  # primitive -> ops with no factor rule
+
+
+@dataclasses.dataclass(frozen=True)
+class DimComponents:
+    """Stage 2, the named dimensions: the graph's components over dims of size > 1
+    (``node_nd[node]``, NO_DIM for a size-1 dim) and, per named dim, its distinct sizes, member
+    count, bytes, input members (path, dim, bytes) and the logical names its inputs give it."""
+
+    node_nd: np.ndarray  # [num_nodes]
+    live: np.ndarray  # [num_nodes] the dim's size is > 1
+    value_of_node: np.ndarray  # [num_nodes]
+    dim_of_node: np.ndarray  # [num_nodes]
+    sizes: tuple[frozenset[int], ...]
+    members: np.ndarray
+    nbytes: np.ndarray
+    inputs: tuple[tuple[tuple[str, int, int], ...], ...]
+    votes: tuple[collections.Counter, ...]  # logical name -> input bytes carrying it
+    loop: frozenset[int]  # named dims a scan boundary carries
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerGroups:
+    """Stage 3: named dimensions with the same role (one per layer) as one group each, with
+    their labels, the named dims that now know their group, and where each title comes from."""
+
+    groups: tuple[Group, ...]
+    named_dims: tuple[NamedDim, ...]
+    group_of_nd: np.ndarray
+    title_bases: tuple[_TitleBase, ...]  # per group
+
 
 def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
             min_group_fraction: float = 1e-4) -> Analysis:
-    """Run the named-dimension analysis.
+    """Run the named-dimension analysis: dimension graph -> named dimensions -> layer groups
+    -> conflicts (each stage a frozen result), then the roles, user shardings, recompute units'
+    local groups and titles built on it.
 
     axis_names: optional logical axis names of input values (value id -> one name per dim),
       like flax's logical partitioning; used only for readable labels.
@@ -414,6 +407,24 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
       bytes is not worth a decision (its tensors are tiny).
     """
     t0 = time.perf_counter()
+    graph = dim_graph(program)
+    dims = dim_components(program, graph, axis_names or {})
+    blocks = layer_blocks(program)
+    grouped = layer_groups(program, dims, blocks, min_group_fraction)
+    conflicts, cooccur = conflicts_of(program, graph, dims, grouped)
+    node_base = graph.node_base[:-1]
+    for arr in (node_base, dims.node_nd):
+        arr.setflags(write=False)
+    core = DimAnalysis(program, graph.factors, node_base, dims.node_nd, grouped.named_dims, grouped.groups,
+                       conflicts, cooccur, graph.unknown, graph.edges, tuple(recompute_units(program, blocks)))
+    roles = infer_roles(core)
+    return Analysis(**{f.name: getattr(core, f.name) for f in dataclasses.fields(core)},
+                    roles=roles, user_shardings=tuple(user_shardings(program)), unit_groups=_unit_groups(core),
+                    titles=_titles(core, roles, grouped.title_bases), seconds=time.perf_counter() - t0)
+
+
+def dim_graph(program: Program) -> DimGraph:
+    """Stage 1: each op's factor rule (``_rules.rule_for``) ties the (value, dim) nodes it spans."""
     values = program.values
     ranks = np.fromiter((len(v.shape) for v in values), dtype=np.int64, count=len(values))
     node_base = np.zeros(len(values) + 1, dtype=np.int64)
@@ -421,7 +432,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     num_nodes = int(node_base[-1])
     uf = _UnionFind(num_nodes)
     ea, eb, eo = [], [], []
-    factors: list[list[Factor]] = []
+    factors: list[tuple[Factor, ...]] = []
     unknown: collections.Counter[str] = collections.Counter()
     loop_nodes: list[int] = []
     base = node_base.tolist()
@@ -433,7 +444,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
         if not known:
             unknown[op.primitive] += 1
         fs = rule(op.params, ins, outs)
-        factors.append(fs)
+        factors.append(tuple(fs))
         for f in fs:
             nodes = [base[op.inputs[i]] + d for i, d in f.operands]
             nodes += [base[op.outputs[j]] + d for j, d in f.results]
@@ -446,12 +457,20 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
                         eo.append(op.id)
             elif op.primitive in ("scan_enter", "scan_exit"):
                 loop_nodes.extend(nodes)
-
-    # Components -> named dims (only nodes of size > 1).
-    sizes = np.fromiter((s for v in values for s in v.shape), dtype=np.int64, count=num_nodes)
     roots = np.fromiter((uf.find(n) for n in range(num_nodes)), dtype=np.int64, count=num_nodes)
+    edges = (np.asarray(ea, dtype=np.int64), np.asarray(eb, dtype=np.int64), np.asarray(eo, dtype=np.int64))
+    return DimGraph(tuple(factors), node_base, roots, edges, tuple(loop_nodes), dict(unknown))
+
+
+def dim_components(program: Program, graph: DimGraph, axis_names: dict[int, tuple]) -> DimComponents:
+    """Stage 2: the graph's components (over dims of size > 1) as named dims, numbered in the
+    order of their roots, with what stage 3 groups them by."""
+    values = program.values
+    node_base, num_nodes = graph.node_base, len(graph.roots)
+    ranks = np.diff(node_base)
+    sizes = np.fromiter((s for v in values for s in v.shape), dtype=np.int64, count=num_nodes)
     live = sizes > 1
-    uniq, nd_of_node = np.unique(np.where(live, roots, -1), return_inverse=True)
+    uniq, nd_of_node = np.unique(np.where(live, graph.roots, -1), return_inverse=True)
     has_neg = len(uniq) and uniq[0] == -1
     node_nd = nd_of_node.astype(np.int64) - (1 if has_neg else 0)
     node_nd[~live] = NO_DIM
@@ -468,12 +487,12 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     nd_sizes: list[set[int]] = [set() for _ in range(num_nd)]
     for nd, s in zip(node_nd[live].tolist(), sizes[live].tolist()):
         nd_sizes[nd].add(s)
-    loop_nd = {int(node_nd[n]) for n in loop_nodes if node_nd[n] != NO_DIM}
+    loop_nd = frozenset(int(node_nd[n]) for n in graph.loop_nodes if node_nd[n] != NO_DIM)
 
     # Input members of each nd (path, dim) and their logical names.
     input_members: list[list[tuple[str, int, int]]] = [[] for _ in range(num_nd)]
-    names = axis_names or {}
     label_votes: list[collections.Counter] = [collections.Counter() for _ in range(num_nd)]
+    base = node_base.tolist()
     for vid in program.inputs:
         v = values[vid]
         for d in range(len(v.shape)):
@@ -481,10 +500,22 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
             if nd == NO_DIM:
                 continue
             input_members[nd].append((v.path, d, v.nbytes))
-            logical = names.get(vid)
+            logical = axis_names.get(vid)
             if logical is not None and d < len(logical) and logical[d]:
                 label_votes[nd][logical[d]] += v.nbytes
+    return DimComponents(node_nd, live, value_of_node, dim_of_node, tuple(frozenset(s) for s in nd_sizes),
+                         members, nd_bytes, tuple(tuple(m) for m in input_members), tuple(label_votes), loop_nd)
 
+
+def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fraction: float) -> LayerGroups:
+    """Stage 3: named dims with one signature are one group. An input's named dim is keyed by
+    its sizes and its leaves' places in a layer stack (the path with the layer index starred,
+    or the role in a stack found in the op graph, ``_stacks``); an intermediate-only one by its
+    sizes, member count and producing primitives."""
+    values = program.values
+    node_nd, live, nd_bytes, nd_sizes = dims.node_nd, dims.live, dims.nbytes, dims.sizes
+    value_of_node, dim_of_node = dims.value_of_node, dims.dim_of_node
+    num_nd = len(nd_sizes)
     # Producer primitives of each nd's members (signature of intermediate-only nds).
     prod = np.fromiter((v.producer for v in values), dtype=np.int64, count=len(values))
 
@@ -493,7 +524,6 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
                           [str(values[v].dtype) for v in program.inputs])
     # A leaf's place in a layer stack: its path with the index starred where the names show
     # the stack; else its role in a stack found in the op graph (a list, a leaf-name index).
-    blocks = layer_blocks(program)
     roles = stack_roles(program, blocks)
     stacked = {values[v].path: (layered[values[v].path] if "*" in layered[values[v].path] else roles.get(v))
                for v in program.inputs}
@@ -503,11 +533,11 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     made_by: dict[int, dict[str, list[int]]] = {}
     fn_of: dict[int, str] = {}  # op id -> the function it was traced in
     for nd in range(num_nd):
-        if input_members[nd]:
+        if dims.inputs[nd]:
             # A named dim holding any layer's leaf is that layer's: its other members (the
             # optimizer's moments of those leaves) are the same in every layer.
-            where = {(stacked[p], d) for p, d, _ in input_members[nd] if stacked[p]}
-            where = where or {(layered[p], d) for p, d, _ in input_members[nd]}
+            where = {(stacked[p], d) for p, d, _ in dims.inputs[nd] if stacked[p]}
+            where = where or {(layered[p], d) for p, d, _ in dims.inputs[nd]}
             key = ("in", tuple(sorted(nd_sizes[nd])), tuple(sorted(where)))
             sigs[key].append(nd)
         else:
@@ -525,7 +555,7 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
                 if fn:
                     made_by.setdefault(nd, {}).setdefault(fn, [0, d])[0] += 1
         for nd, cnt in nd_prims.items():
-            key = ("mid", tuple(sorted(nd_sizes[nd])), int(members[nd]), tuple(sorted(cnt.items())))
+            key = ("mid", tuple(sorted(nd_sizes[nd])), int(dims.members[nd]), tuple(sorted(cnt.items())))
             sigs[key].append(nd)
 
     group_of_nd = np.zeros(num_nd, dtype=np.int64)
@@ -534,9 +564,9 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
     live_idx = np.flatnonzero(live)
     first_node[node_nd[live_idx][::-1]] = live_idx[::-1]
     named = _scoped(program, _unwrapped(layered))
-    labels = [_label(label_votes[nd], input_members[nd], int(first_node[nd]), values, prod,
+    labels = [_label(dims.votes[nd], dims.inputs[nd], int(first_node[nd]), values, prod,
                      program, value_of_node, dim_of_node, named) for nd in range(num_nd)]
-    title_bases = tuple(_title_base(label_votes[nds[0]], input_members[nds[0]], made_by.get(nds[0], {}),
+    title_bases = tuple(_title_base(dims.votes[nds[0]], dims.inputs[nds[0]], made_by.get(nds[0], {}),
                                     labels[nds[0]]) for nds in raw_groups)
     max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
     groups: list[Group] = []
@@ -549,21 +579,27 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
         if seen_labels[lab] > 1:
             lab = f"{lab}#{seen_labels[lab]}"
         gbytes = int(sum(nd_bytes[n] for n in nds))
-        is_loop = any(n in loop_nd for n in nds)
+        is_loop = any(n in dims.loop for n in nds)
         decidable = bool((not is_loop) and gbytes >= min_group_fraction * max_bytes)
         groups.append(Group(gid, lab, tuple(nds), max(max(nd_sizes[n]) for n in nds), gbytes, decidable))
 
-    named_dims = [
-        NamedDim(nd, groups[group_of_nd[nd]].label, tuple(sorted(nd_sizes[nd])), int(members[nd]),
-                 int(nd_bytes[nd]), int(group_of_nd[nd]), nd in loop_nd,
-                 tuple((p, d) for p, d, _ in sorted(input_members[nd], key=lambda t: -t[2])))
+    named_dims = tuple(
+        NamedDim(nd, groups[group_of_nd[nd]].label, tuple(sorted(nd_sizes[nd])), int(dims.members[nd]),
+                 int(nd_bytes[nd]), int(group_of_nd[nd]), nd in dims.loop,
+                 tuple((p, d) for p, d, _ in sorted(dims.inputs[nd], key=lambda t: -t[2])))
         for nd in range(num_nd)
-    ]
+    )
+    return LayerGroups(tuple(groups), named_dims, group_of_nd, title_bases)
 
-    # ---- conflicts and co-occurrence, per value
+
+def conflicts_of(program: Program, graph: DimGraph, dims: DimComponents,
+                 grouped: LayerGroups) -> tuple[tuple[Conflict, ...], dict[tuple[GroupId, GroupId], int]]:
+    """Stage 4, per value: its intra conflicts (two dims in one named dim), with the tie path
+    that joins them and the candidate resolutions; and the bytes each pair of groups co-occurs in."""
+    values, node_nd, gnd = program.values, dims.node_nd, grouped.group_of_nd
+    base = graph.node_base.tolist()
     intra: dict[int, list[tuple[int, int, int]]] = collections.defaultdict(list)
     cooccur: collections.Counter[tuple[int, int]] = collections.Counter()
-    gnd = group_of_nd
     for vid, v in enumerate(values):
         r = len(v.shape)
         if r < 2:
@@ -583,27 +619,65 @@ def analyze(program: Program, axis_names: dict[int, tuple] | None = None,
             for j in range(i + 1, len(gs)):
                 cooccur[(gs[i], gs[j])] += v.nbytes
 
-    edges = (np.asarray(ea, dtype=np.int64), np.asarray(eb, dtype=np.int64),
-             np.asarray(eo, dtype=np.int64))
     conflicts = []
-    for cid, (nd, vals) in enumerate(sorted(intra.items(), key=lambda kv: -nd_bytes[kv[0]])):
+    for cid, (nd, vals) in enumerate(sorted(intra.items(), key=lambda kv: -dims.nbytes[kv[0]])):
         # representative: the largest tensor made by a real op (not a loop boundary)
         vals = sorted(vals, key=lambda t: (_real_producer(program, values[t[0]]),
                                            values[t[0]].nbytes, -t[0]), reverse=True)
         vid, a, b = vals[0]
-        path = _path(edges, node_nd, nd, base[vid] + a, base[vid] + b)
-        lab = named_dims[nd].label
+        path = _path(graph.edges, node_nd, nd, base[vid] + a, base[vid] + b)
+        lab = grouped.named_dims[nd].label
         options = (f"keep {lab} sharded on dim {a}: gather dim {b}'s operand (e.g. all-gather K/V); the default",
                    f"keep {lab} sharded on dim {b}: gather dim {a}'s operand, reduce-scatter the result "
                    f"({lab}->{Resolve.PREFIX}second)",
                    f"leave {lab} unsharded in these tensors: gather both operands ({lab}->{Resolve.PREFIX}neither)")
         conflicts.append(Conflict(cid, "intra", nd, int(gnd[nd]), tuple(vals), path, options))
+    return tuple(conflicts), dict(cooccur)
 
-    return Analysis(
-        program, factors, node_base[:-1], node_nd, named_dims, groups, conflicts,
-        dict(cooccur), dict(unknown), time.perf_counter() - t0, edges,
-        units=tuple(recompute_units(program, blocks)), _title_bases=title_bases,
-    )
+
+def _unit_groups(an: DimAnalysis) -> dict[int, frozenset[GroupId]]:
+    """Per recompute unit, the groups local to its layers: those whose tensors the forward
+    pass makes only in the unit's ops (a layer's ffn, heads), not the ones that run
+    through the whole step (batch, d_model). A view shows the unit's decision on them."""
+    p, base, nd = an.program, an.node_base, an.node_nd
+    out = {}
+    for u in an.units:
+        inside, outside = set(), set()
+        spans = [range(lo, hi) for lo, hi in u.copies]
+        for op in p.ops[:u.boundary]:
+            if op.primitive.endswith(("_enter", "_exit")):
+                continue
+            side = inside if any(op.id in r for r in spans) else outside
+            for v in op.outputs:
+                b = base[v]
+                side.update(an.named_dims[n].group for n in nd[b:b + len(p.values[v].shape)].tolist()
+                            if n != NO_DIM)
+        out[u.id] = frozenset(inside - outside)
+    return out
+
+
+def _titles(an: DimAnalysis, roles: Roles, bases: tuple[_TitleBase, ...]) -> dict[GroupId, str]:
+    """Every group's readable title, from the program's structure: the logical axis name
+    the model gives it (``ffn``); else its role where that names it better than a leaf
+    (the data's ``batch``, an MoE's ``experts``); else its largest input leaf and dim
+    (``w1[1]``); else, for a group no input holds, the function whose op first makes it
+    and the dim there (``group_norm[4]``), never a primitive's name. Repeats are
+    numbered (``#2``), largest group first.
+
+    A title is for reading only. The label stays each decision's name in plan and
+    session files (``group_by_label``): files written with today's labels keep naming
+    the same groups, and no decision depends on how a title is spelled."""
+    by_role = {}
+    by_role.update((g, "batch") for g in roles.batch_groups)
+    by_role.update((g, "experts") for g in roles.expert_groups)
+    out: dict[GroupId, str] = {}
+    seen: collections.Counter[str] = collections.Counter()
+    for g in an.groups:
+        base = bases[g.id]
+        text = base.text if base.kind == NAMED or g.id not in by_role else by_role[g.id]
+        seen[text] += 1
+        out[g.id] = text if seen[text] == 1 else f"{text}#{seen[text]}"
+    return out
 
 
 def _real_producer(program: Program, v) -> bool:

@@ -22,7 +22,10 @@ import dataclasses
 import math
 import os
 import re
+from typing import Any, Mapping
+
 from ._hlo import _OPCODE_KIND, _multipliers, _parse_module, shape_bytes
+from ._mesh import format_bytes
 
 _TABLE = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\s*$")
 _ROW = re.compile(r"^(\d+)\s+(.*)$")
@@ -266,9 +269,7 @@ def explain(text: str, cm, report, plan, arg_names=()) -> dict:
             "unmatched_predicted": sorted(unmatched, key=lambda r: -r["bytes"])}
 
 
-def explain_table(ex: dict, top: int = 25) -> list[str]:
-    from ._mesh import format_bytes
-
+def explain_table(ex: Mapping[str, Any], top: int = 25) -> list[str]:
     lines = [f"XLA's collectives by source line: {ex['matched_fraction']:.0%} of "
              f"{format_bytes(ex['xla_bytes'])} matched to a predicted collective",
              f"  {'kind':<18} {'bytes':>10}  {'source':<48} {'decision (predicted)':<28}"]

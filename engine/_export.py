@@ -20,13 +20,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from ._analysis import analyze
 from ._decisions import Recompute
 from ._errors import PartexError
+from ._loader import axis_names_by_value
 from ._mesh import format_bytes
-from ._plan import Plan, resolve_decisions, spec_to_json
-from .cost import KINDS
+from ._plan import Plan
+from ._planned import resolve_decisions, spec_from_json
+from ._program import StaticSplit, abstract, dynamic_args, trace
+from ._specs import spec_to_json
+from .cost import KINDS, CostModel
 
 FORMATS = ("specs", "flax-rules")
 LOGICAL_MARK = "partex.logical:"  # checkpoint_name marking an activation's logical names while tracing
@@ -129,11 +134,6 @@ def flax_rules(plan: Plan, model) -> RulesExport:
     rule list can: ``model`` (a LoadedModel) gives the function, its example args and the
     logical names of its inputs (``axis_names``); the model's own
     ``nn.with_logical_constraint`` calls give those of its activations."""
-    from ._analysis import analyze
-    from .cost import CostModel
-    from ._loader import axis_names_by_value
-    from ._program import trace
-
     if model.axis_names is None:
         raise PartexError("flax-rules needs the logical axis names of the step's inputs (axis_names, e.g. "
                           "flax's nn.get_partition_spec of the state); this model gives none: export specs instead")
@@ -237,8 +237,6 @@ def rules_in_shardings(program, names: dict, rules, mesh) -> list:
     """The NamedSharding of each input leaf under ``rules`` (unnamed leaves replicated)."""
     from jax.sharding import NamedSharding
 
-    from ._plan import spec_from_json
-
     out = []
     for vid, path in zip(program.inputs, program.input_paths):
         n = names.get(vid) or ()
@@ -264,9 +262,6 @@ class RulesFunction:
     def __init__(self, fn, args, axis_names, rules, mesh, donate: Sequence[int] = ()):
         import jax
 
-        from ._loader import axis_names_by_value
-        from ._program import StaticSplit, trace
-
         self.mesh, self.rules = mesh, rules
         self.program = trace(fn, args)
         names = {vid: tuple(n) for vid, n in axis_names_by_value(self.program, axis_names).items()}
@@ -279,8 +274,6 @@ class RulesFunction:
                               donate_argnums=tuple(i for i in donate if i < len(args)))
 
     def lower(self, *args):
-        from ._program import abstract, dynamic_args
-
         import jax
 
         with rules_context(self.rules, self.mesh):
@@ -305,7 +298,7 @@ def arg_names(plan: Plan) -> list[str]:
     return out
 
 
-def _header(plan: Plan, what: str, comparison: dict | None) -> list[str]:
+def _header(plan: Plan, what: str, comparison: Mapping[str, Any] | None) -> list[str]:
     m = plan.model or {}
     name = m.get("spec") or m.get("name") or "the model"
     lines = [f"{what} of partex's plan for {name} ({plan.strategy or 'searched'}) on mesh "
@@ -319,7 +312,7 @@ def _header(plan: Plan, what: str, comparison: dict | None) -> list[str]:
     return lines
 
 
-def specs_python(plan: Plan, comparison: dict | None = None) -> str:
+def specs_python(plan: Plan, comparison: Mapping[str, Any] | None = None) -> str:
     """A standalone Python module (needs only jax) with the mesh and the specs."""
     doc = _header(plan, "PartitionSpecs of the inputs and outputs", comparison) + [
         "", "Only the step's inputs and outputs: XLA's sharding propagation places every intermediate.",
@@ -399,7 +392,7 @@ def out_shardings(mesh, outputs):
 '''
 
 
-def rules_python(plan: Plan, export: RulesExport, comparison: dict | None = None) -> str:
+def rules_python(plan: Plan, export: RulesExport, comparison: Mapping[str, Any] | None = None) -> str:
     doc = _header(plan, "Logical-axis rules", comparison) + [
         "", f"The rules shard {export.matched:.0%} of the named arrays' bytes as the plan does"
         + (f" ({len(export.conflicts)} names the plan shards two ways: see CONFLICTS)" if export.conflicts else "")
@@ -420,7 +413,8 @@ def rules_python(plan: Plan, export: RulesExport, comparison: dict | None = None
     return "\n".join(body) + "\n"
 
 
-def export_text(plan: Plan, fmt: str, model=None, comparison: dict | None = None, as_json: bool = False) -> str:
+def export_text(plan: Plan, fmt: str, model=None, comparison: Mapping[str, Any] | None = None,
+                as_json: bool = False) -> str:
     """The file ``partex export`` writes: ``specs`` or ``flax-rules`` (which needs ``model``,
     a LoadedModel, for the logical names), as standalone Python or as JSON; ``comparison``
     (verify's side by side) goes into its header / a "comparison" field."""
@@ -441,7 +435,7 @@ def export_text(plan: Plan, fmt: str, model=None, comparison: dict | None = None
 
 # --------------------------------------------------------------------------- side by side
 
-def comparison_table(c: dict) -> list[str]:
+def comparison_table(c: Mapping[str, Any]) -> list[str]:
     """The side-by-side lines: XLA's memory and collective bytes, full plan vs export alone."""
     full, alone = c["plan"], c["export"]
     w = max(len(c["format"]) + 6, 12)

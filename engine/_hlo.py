@@ -129,8 +129,6 @@ def _sanitize(line: str) -> str:
     return _DQ_STRING.sub('""', _strip_comments(line))
 
 
-
-
 def _matching(s: str, i: int) -> int:
     """Index of the bracket closing the one at s[i] (or len(s)-1 if unbalanced)."""
     depth = 0

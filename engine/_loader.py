@@ -18,7 +18,10 @@ from typing import Any, Callable
 
 import jax
 
+from . import demo_models
+from ._analysis import analyze
 from ._errors import PartexError
+from ._program import path_str, trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +48,6 @@ def analyze_loaded(model: LoadedModel) -> ModelAnalysis:
     """Trace a loaded model and run the named-dimension analysis."""
     import time
 
-    from ._analysis import analyze
-    from ._program import trace
-
     t0 = time.perf_counter()
     program = trace(model.fn, model.args)
     t1 = time.perf_counter()
@@ -61,15 +61,11 @@ def analyze_model(spec: str, preset: str = "tiny", overrides=None) -> ModelAnaly
 
 
 def demo_names() -> list[str]:
-    from . import demo_models
-
     return list(demo_models.MODELS)
 
 
 def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | None = None) -> LoadedModel:
     """Resolve a MODEL spec to a function and example args. Bad input -> PartexError."""
-    from . import demo_models
-
     if not spec or not isinstance(spec, str):
         raise PartexError("no MODEL given: name a demo model "
                           f"({', '.join(demo_names())}) or module:attr / path/file.py:attr")
@@ -179,8 +175,6 @@ def _names_by_path(program, names, is_names) -> dict[int, tuple]:
     """axis_names that do not mirror the args: each leaf takes the names at its own path, or
     at the longest prefix of it that has names; a warning names the first leaf left without
     and the first names that match no leaf."""
-    from ._program import path_str
-
     given: dict[str, Any] = {}
     stray = []
     for kp, n in jax.tree_util.tree_flatten_with_path(names, is_leaf=is_names)[0]:

@@ -66,7 +66,7 @@ from ._program import Program
 from ._rules import FactorKind
 
 if TYPE_CHECKING:  # the analysis calls infer_roles: its type only, no import at run time
-    from ._analysis import Analysis
+    from ._analysis import DimAnalysis
 
 ValueId = int
 OpId = int
@@ -287,8 +287,8 @@ class _Contractions:
         return out
 
 
-def infer_roles(an: Analysis) -> Roles:
-    """The roles of ``an``'s inputs and groups. Cached: use ``an.roles()``."""
+def infer_roles(an: DimAnalysis) -> Roles:
+    """The roles of ``an``'s inputs and groups; ``analyze`` builds them once (``Analysis.roles``)."""
     p = an.program
     deps = dependencies(p)
     mirror = mirror_map(p, deps)
@@ -344,17 +344,17 @@ def infer_roles(an: Analysis) -> Roles:
     )
 
 
-def _groups_of(an: Analysis, vid: ValueId) -> list[GroupId]:
+def _groups_of(an: DimAnalysis, vid: ValueId) -> list[GroupId]:
     """The groups of a value's dims (size-1 dims have none)."""
     gs = (an.group_of(vid, d) for d in range(len(an.program.values[vid].shape)))
     return [g for g in gs if g != NO_DIM]
 
 
-def _by_bytes(an: Analysis, groups) -> tuple[GroupId, ...]:
+def _by_bytes(an: DimAnalysis, groups) -> tuple[GroupId, ...]:
     return tuple(sorted(groups, key=lambda g: (-an.groups[g].bytes, g)))
 
 
-def _contractions(an: Analysis, forward: frozenset[OpId], is_weight, on_data) -> _Contractions:
+def _contractions(an: DimAnalysis, forward: frozenset[OpId], is_weight, on_data) -> _Contractions:
     p = an.program
     con = _Contractions()
     for op in p.ops:
@@ -400,7 +400,7 @@ def _contractions(an: Analysis, forward: frozenset[OpId], is_weight, on_data) ->
     return con
 
 
-def _batch_groups(an: Analysis, data: list[ValueId], carried_by_state: set[GroupId],
+def _batch_groups(an: DimAnalysis, data: list[ValueId], carried_by_state: set[GroupId],
                   decidable: set[GroupId]) -> tuple[GroupId, ...]:
     p = an.program
     conflicted = {c.group for c in an.conflicts}
@@ -426,7 +426,7 @@ def _weight_operand(op, is_weight, on_data) -> int | None:
     return None
 
 
-def _drop_dominated(an: Analysis, pairs: tuple[GroupId, ...], vocab: tuple[GroupId, ...],
+def _drop_dominated(an: DimAnalysis, pairs: tuple[GroupId, ...], vocab: tuple[GroupId, ...],
                     varying) -> tuple[tuple[GroupId, ...], tuple[GroupId, ...]]:
     """Drop the groups every tensor of which also holds a bigger kept group: on the one
     model axis the bigger group keeps the axis there, so the smaller one never shards.

@@ -24,11 +24,15 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from .cost import CostModel, CostReport
 from ._decisions import Decision, Recompute, Resolve, Shard, decision_of
 from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec
+from ._planned import default_donate
+from ._planning import make_plan
+from ._results import RootAction, SearchStats
 from ._space import DecisionSpace
+from ._strategies import baseline_names, strategy_decisions
+from .cost import CostModel, CostReport
 
 # The most mark_infeasible scales every prediction by: the cost model's memory is within
 # +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
@@ -79,8 +83,6 @@ class Search:
                  exploration: float = 0.5, rollout_width: int = 4, polish_every: int = 32,
                  warm_start: bool = True, donate=None,
                  cost_model: CostModel | None = None, user_shardings: str = "keep"):
-        from ._plan import default_donate
-
         self.model = model
         self.an = model.analysis
         self.mesh = mesh
@@ -124,7 +126,6 @@ class Search:
         if warm_start:
             # PartIR composes hand tactics with the search: the expert strategies are the
             # first candidates, and the first polish starts from the best of them.
-            from ._strategies import baseline_names, strategy_decisions
 
             for name in baseline_names(self.an):
                 dec = tuple(d for d in strategy_decisions(name, self.an, mesh) if d in self.actions)
@@ -419,8 +420,6 @@ class Search:
         return tuple(self.space.make(a, g) for a, gs in key for g in gs)
 
     def best_plan(self, strategy: str = "mcts"):
-        from ._plan import make_plan
-
         b = self.best()
         if b is None:
             return None
@@ -431,33 +430,23 @@ class Search:
     def label(self, decision: Decision) -> str:
         return self.an.decision_label(decision)
 
-    def stats(self) -> dict:
+    def stats(self) -> SearchStats:
         root = self.nodes.get(self._key(tuple(self.pins)))
         actions = []
         if root is not None:
             for a, key in root.children.items():
                 child = self.nodes[key]
-                actions.append({
-                    "action": "stop" if a == STOP else self.label(self.actions[a]),
-                    "visits": child.visits,
-                    "value": child.value / child.visits if child.visits else 0.0,
-                })
-        actions.sort(key=lambda d: -d["visits"])
+                actions.append(RootAction("stop" if a == STOP else self.label(self.actions[a]), child.visits,
+                                          child.value / child.visits if child.visits else 0.0))
+        actions.sort(key=lambda d: -d.visits)
         depth = max((sum(len(gs) for _, gs in k) for k in self.nodes if k and k[0] != "stop"), default=0)
-        return {
-            "simulations": self.simulations,
-            "nodes": len(self.nodes),
-            "depth": depth - len(self.pins),
-            "evaluations": len(self._evals),
-            "seconds": self.seconds,
-            "sims_per_s": self.simulations / self.seconds if self.seconds > 0 else 0.0,
-            "best_step_time": self._best.step_time if self._best else None,
-            "best_history": [list(h) for h in self.history],
-            "smallest_memory": self.smallest_memory[0],
-            "root_actions": actions,
-            "pins": [self.label(p) for p in self.pins],
-            "forbidden": sorted(self.label(f) for f in self.forbidden),
-        }
+        return SearchStats(
+            simulations=self.simulations, nodes=len(self.nodes), depth=depth - len(self.pins),
+            evaluations=len(self._evals), seconds=self.seconds,
+            sims_per_s=self.simulations / self.seconds if self.seconds > 0 else 0.0,
+            best_step_time=self._best.step_time if self._best else None, best_history=tuple(self.history),
+            smallest_memory=self.smallest_memory[0], root_actions=tuple(actions),
+            pins=tuple(self.label(p) for p in self.pins), forbidden=tuple(sorted(self.label(f) for f in self.forbidden)))
 
     # ------------------------------------------------------------------ pins
     def pin(self, d: Decision) -> Decision:

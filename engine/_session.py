@@ -30,22 +30,28 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence, overload
 
+from . import demo_models
 from ._analysis import Group
-from .cost import CostModel, CostReport
+from ._decisions import Decision
 from ._errors import PartexError
 from ._exhaustive import ExhaustiveResult, exhaustive, exhaustive_limits, space_size
+from ._ilp import solve_ilp
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._decisions import Decision
-from ._plan import Plan, _hardware_from_json, check_signature, make_plan, resolve_decisions, signature_of
+from ._plan import Plan, _hardware_from_json
+from ._planned import fixed_json, resolve_decisions
+from ._planning import make_plan
+from ._results import BenchRow, SearchStats, VerifyReport
 from ._search import Search, SearchResult, check_mesh_axes
 from ._space import GroupRef
+from ._specs import check_signature, signature_of
 from ._strategies import baseline_names, strategy_decisions
+from ._verify import verify, verify_loaded, verify_many
+from .cost import CostModel, CostReport
 
 FORMAT = "partex-session"
 VERSION = 1
 DEFAULT_HARDWARE = "tpu-v4"
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,8 +217,6 @@ class Session:
     def fixed(self) -> list[dict]:
         """The user's own pins: what the step's sharding constraints fix on this mesh
         ({group, axis (None: unsharded), source, kind}); empty under "replace"."""
-        from ._plan import fixed_json
-
         return list(fixed_json(self.cost_model))
 
     @property
@@ -300,7 +304,7 @@ class Session:
     def stop_requested(self) -> bool:
         return self._search.stop_requested
 
-    def stats(self) -> dict:
+    def stats(self) -> SearchStats:
         """Simulations, nodes, depth, speed, best step time over time, root actions."""
         return self._search.stats()
 
@@ -353,15 +357,15 @@ class Session:
 
     # ------------------------------------------------------------------ XLA's check
     def verify(self, plan: Plan | None = None, *, run: bool = False, constrain: bool = True,
-               mark: bool = True, timeout: float = 1800, explain: bool = False) -> dict:
+               mark: bool = True, timeout: float = 1800, explain: bool = False) -> VerifyReport:
         """Compile ``plan`` (default: the best plan) with XLA and compare with the prediction:
-        per-device memory, argument bytes and collective bytes by kind (``verify --json``'s
-        dict). With ``run``, also run it (real example arrays) and compare the outputs with
+        per-device memory, argument bytes and collective bytes by kind (a ``VerifyReport``;
+        ``verify --json`` prints its ``to_json()``). With ``run``, also run it (real example arrays) and compare the outputs with
         the unsharded function. A MODEL-spec session compiles in a fresh process on
         simulated CPU devices; a function session compiles here, on this process's devices.
         With ``mark`` (default), a plan XLA puts over the budget is marked infeasible and
-        the search's best moves to the next plan that fits (``out["marked_infeasible"]``).
-        With ``explain``, ``out["explain"]``: XLA's collectives by source line, matched to
+        the search's best moves to the next plan that fits (``out.marked_infeasible``).
+        With ``explain``, ``out.explain``: XLA's collectives by source line, matched to
         the predicted ones (``matched_fraction``: the share of XLA's bytes matched)."""
         if plan is None:
             plan = self.best_plan()
@@ -369,20 +373,18 @@ class Session:
                 raise PartexError("nothing to verify: the search has found no plan that fits yet")
         out = verify_plan(plan, spec=self.spec, model=self.model.model, run=run, constrain=constrain,
                           timeout=timeout, explain=explain)
-        out["marked_infeasible"] = False
-        if mark and not out["fits"]:
-            self.mark_infeasible(resolve_decisions(plan, self.analysis), out["memory"]["xla"])
-            out["marked_infeasible"] = True
-        return out
+        marked = mark and not out.fits
+        if marked:
+            self.mark_infeasible(resolve_decisions(plan, self.analysis), out.memory.xla)
+        return out.replace(marked_infeasible=marked)
 
-    def verify_all(self, plans: Sequence[Plan], *, timeout: float = 1800) -> list[dict]:
+    def verify_all(self, plans: Sequence[Plan], *, timeout: float = 1800) -> list[VerifyReport]:
         """Compile several plans with XLA (compile-only; a MODEL-spec session in one fresh
-        process) and return ``verify``'s dict for each. Marks nothing."""
+        process) and return ``verify``'s report for each. Marks nothing."""
         if not plans:
             return []
         if self.spec is None:
             return [self.verify(p, mark=False, timeout=timeout) for p in plans]
-        from ._verify import verify_many
 
         paths = []
         try:
@@ -398,8 +400,8 @@ class Session:
                 with contextlib.suppress(OSError):
                     os.remove(path)
 
-    def verified_best(self, tries: int = 5, on_reject: Callable[[SearchResult, dict], None] | None = None
-                      ) -> tuple[SearchResult, dict]:
+    def verified_best(self, tries: int = 5, on_reject: Callable[[SearchResult, VerifyReport], None] | None = None
+                      ) -> tuple[SearchResult, VerifyReport]:
         """The best plan checked by XLA: while XLA puts it over the budget, it is marked
         infeasible and the next best is checked (up to ``tries`` plans)."""
         for _ in range(tries):
@@ -407,7 +409,7 @@ class Session:
             if best is None:
                 break
             out = self.verify(self.plan(list(best.decisions), strategy="mcts", pinned=self._search.pins))
-            if not out["marked_infeasible"]:
+            if not out.marked_infeasible:
                 return best, out
             if on_reject is not None:
                 on_reject(best, out)
@@ -455,8 +457,6 @@ class Session:
     def ilp(self, time_limit: float = 30.0):
         """The Alpa-style ILP baseline's plan on this session's cost model (an ``ILPResult``:
         decisions, report, status, solve seconds)."""
-        from ._ilp import solve_ilp
-
         return solve_ilp(self.cost_model, time_limit=time_limit)
 
     def exhaustive_size(self, per_axis: int = 3) -> int:
@@ -487,7 +487,7 @@ class Session:
     def bench(self, seconds: float = 60.0, *, ilp_time: float = 30.0, simulations: int | None = None,
               callback: Callable[["Session"], None] | None = None, verify: bool = False,
               exhaustive: int = 3, exhaustive_limit: int = 200_000,
-              exhaustive_seconds: float | None = None) -> list[dict]:
+              exhaustive_seconds: float | None = None) -> list[BenchRow]:
         """Hand plans, the Alpa-style ILP and the MCTS search side by side, on this cost
         model: one row per strategy (step time, MFU, memory, fits, search seconds); where
         the step has layer stacks to recompute, the hand plans again with every layer
@@ -498,14 +498,10 @@ class Session:
         at most ``exhaustive_limit`` plans, an ``exhaustive`` row gives its optimum (0: no
         such row); a larger space gets the row with its size and no plan, and so does a
         space whose first plans project it past ``exhaustive_seconds`` (``projected_s``)."""
-        rows = []
+        rows: list[BenchRow] = []
 
         def row(name, decisions, report, search_s, **extra):
-            rows.append({"strategy": name, "decisions": tuple(decisions),
-                         "step_time_s": report.step_time if report else None,
-                         "mfu": report.mfu if report else None,
-                         "memory_bytes": report.memory.peak if report else None,
-                         "fits": bool(report.fits) if report else False, "search_s": search_s, **extra})
+            rows.append(BenchRow.make(name, decisions, report, search_s, **extra))
 
         for name, c in self.baselines().items():
             row(name, c.decisions, c.report, 0.0)
@@ -518,12 +514,12 @@ class Session:
         xla = None
         if verify and self.best() is not None:
             _, out = self.verified_best()
-            xla = out["memory"]["xla"]
+            xla = out.memory.xla
         best = self.best()
         st = self.stats()
         row("mcts", best.decisions if best else (), best.report if best else None,
-            best.seconds if best else None, simulations=st["simulations"], total_s=st["seconds"],
-            smallest_memory=st["smallest_memory"], xla_memory_bytes=xla,
+            best.seconds if best else None, simulations=st.simulations, total_s=st.seconds,
+            smallest_memory=st.smallest_memory, xla_memory_bytes=xla,
             memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
         if self.units:  # the best plan without recompute that the search scored
             dec = self._search.best_without_recompute()
@@ -541,12 +537,11 @@ class Session:
             else:
                 row("exhaustive", (), None, None, plans=0, space=size, per_axis=exhaustive, complete=False)
         if verify:  # every other row's plan too, compile-only, in one process
-            others = [r for r in rows if r["strategy"] != "mcts" and r["memory_bytes"] is not None]
-            outs = self.verify_all([self.plan(r["decisions"], strategy=r["strategy"]) for r in others])
-            for r, out in zip(others, outs):
-                r["xla_memory_bytes"] = out["memory"]["xla"]
-                r["memory_ratio"] = out["memory"]["ratio"]
-                r["xla_fits"] = out["fits"]
+            others = [k for k, r in enumerate(rows) if r.strategy != "mcts" and r.memory_bytes is not None]
+            outs = self.verify_all([self.plan(list(rows[k].decisions), strategy=rows[k].strategy) for k in others])
+            for k, out in zip(others, outs):
+                rows[k] = rows[k].with_(xla_memory_bytes=out.memory.xla, memory_ratio=out.memory.ratio,
+                                        xla_fits=out.fits)
         return rows
 
     # ------------------------------------------------------------------ files
@@ -663,8 +658,6 @@ class Session:
 
 
 def _model_spec(spec: str, preset: str, overrides) -> ModelSpec:
-    from . import demo_models
-
     if isinstance(overrides, Mapping):
         overrides = [f"{k}={v}" for k, v in overrides.items()]
     if spec not in demo_models.MODELS:  # presets are the demo models'; a module:attr has none
@@ -674,10 +667,8 @@ def _model_spec(spec: str, preset: str, overrides) -> ModelSpec:
 
 def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None = None, run: bool = False,
                 constrain: bool = True, timeout: float = 1800, export: str | None = None,
-                explain: bool = False) -> dict:
+                explain: bool = False) -> VerifyReport:
     """XLA's figures for a plan: in a fresh process for a MODEL spec, else in this one."""
-    from ._verify import verify, verify_loaded
-
     if spec is not None:
         fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
         os.close(fd)

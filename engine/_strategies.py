@@ -50,12 +50,12 @@ def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> l
 
 def _dp(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     data, _ = _axes(mesh)
-    return _on(an, mesh, an.roles().batch_groups, data)
+    return _on(an, mesh, an.roles.batch_groups, data)
 
 
 def _tp(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     _, model = _axes(mesh)
-    r = an.roles()
+    r = an.roles
     return _on(an, mesh, r.pair_groups + r.vocab_groups, model)
 
 
@@ -71,7 +71,7 @@ def _zero3(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     on_data = {d.group for d in dec if d.axis == data}
     decidable = {g.id for g in an.decision_groups}
     p = an.program
-    r = an.roles()
+    r = an.roles
     params = sorted((v for v in p.inputs if v in r.parameters), key=lambda v: -p.values[v].nbytes)
     for vid in params:
         shape = p.values[vid].shape
@@ -91,7 +91,7 @@ def _zero3(an: Analysis, mesh: MeshSpec) -> list[Shard]:
 
 def _expert(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     data, _ = _axes(mesh)
-    experts = an.roles().expert_groups
+    experts = an.roles.expert_groups
     if not experts:
         raise PartexError("the expert strategy needs an expert dimension: a parameter dim that "
                           "is a batch dim of a matmul with the activations (a mixture-of-experts "
@@ -128,7 +128,7 @@ def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec) -> list[Decision
 
 def baseline_names(an: Analysis) -> list[str]:
     names = ["replicated", "dp", "megatron", "zero3"]
-    if an.roles().expert_groups:
+    if an.roles.expert_groups:
         names.append("expert")
     if an.units:  # the hand plans as users run them at long sequences: remat every layer
         names += [n + REMAT for n in names if n != "replicated"]

@@ -18,10 +18,17 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
 
+from ._apply import USER_SHARDING, constrained_function, is_low
 from ._errors import PartexError
-
+from ._explain import explain
+from ._export import RulesFunction, flax_rules, rules_context
+from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
+from ._loader import load_model
+from ._plan import Plan
+from ._planned import spec_from_json
+from ._program import StaticSplit, abstract, dynamic_args
+from ._results import CollectiveCompared, Compared, Numerics, VerifyReport, WorkCompared
 from .cost import KINDS  # the one list of collective kinds
 
 # XLA:CPU's scheduler: by default it schedules for thread concurrency, starting every op whose
@@ -39,7 +46,7 @@ CPU_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[str] | None = None,
            run: bool = False, timeout: float = 1800, constrain: bool = True, export: str | None = None,
-           explain: bool = False) -> dict:
+           explain: bool = False) -> VerifyReport:
     """Verify one plan in a fresh process; returns the comparison dict (see ``_worker``)."""
     return verify_many(model, [plan_path], preset=preset, overrides=overrides, run=run, timeout=timeout,
                        constrain=constrain, export=export, explain=explain)[0]
@@ -47,10 +54,8 @@ def verify(model: str, plan_path: str, *, preset: str = "tiny", overrides: list[
 
 def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
                 overrides: list[str] | None = None, run: bool = False, timeout: float = 1800,
-                constrain: bool = True, export: str | None = None, explain: bool = False) -> list[dict]:
+                constrain: bool = True, export: str | None = None, explain: bool = False) -> list[VerifyReport]:
     """Verify several plans of one model (all on meshes of one size) in one fresh process."""
-    from ._plan import Plan
-
     plans = [Plan.load(p) for p in plan_paths]  # fail early, with a clear message, here
     sizes = {p.mesh.size for p in plans}
     if len(sizes) != 1:
@@ -76,11 +81,11 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
         raise PartexError(out["error"])
     if "crash" in out:  # anything else keeps its traceback
         raise RuntimeError(f"verify's worker process failed:\n{out['crash']}")
-    return out["results"]
+    return [VerifyReport.from_json(r) for r in out["results"]]
 
 
 def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, export: str | None = None,
-                  explain: bool = False) -> dict:
+                  explain: bool = False) -> VerifyReport:
     """Verify a plan in this process, on the first ``plan.mesh.size`` of JAX's devices (a
     function given in Python cannot be re-built in a fresh process). ``export`` ("specs",
     "flax-rules"): also compile that export alone; ``out["comparison"]`` holds both."""
@@ -97,10 +102,10 @@ def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, exp
     return _verify_with_export(model, plan, spec, n, mesh=plan.mesh.jax_mesh(jax.devices()[:n]))
 
 
-def _work(compiled, cm, decisions) -> dict:
+def _work(compiled, cm, decisions) -> tuple[WorkCompared, WorkCompared]:
     """Per-device FLOPs and bytes accessed, predicted beside XLA's HloCostAnalysis
     (``compiled.cost_analysis()``). XLA counts a while loop's body once, whatever its trip
-    count: the prediction compared counts loop bodies once too (``"predicted_per_step"``:
+    count: the prediction compared counts loop bodies once too (``predicted_per_step``:
     every trip). XLA counts transcendental ops apart from its FLOPs; partex counts each
     element of an elementwise op as one FLOP: the XLA figure compared is FLOPs plus
     transcendentals."""
@@ -108,19 +113,15 @@ def _work(compiled, cm, decisions) -> dict:
     ca = (ca[0] if ca else {}) if isinstance(ca, (list, tuple)) else (ca or {})
     flops, nbytes = cm.work(decisions, loops_once=True)
     step_flops, step_bytes = cm.work(decisions)
-    xla_flops = float(ca.get("flops", 0.0)) + float(ca.get("transcendentals", 0.0))
+    transcendentals = float(ca.get("transcendentals", 0.0))
+    xla_flops = float(ca.get("flops", 0.0)) + transcendentals
     xla_bytes = float(ca.get("bytes accessed", 0.0))
-    return {"flops": {"predicted": flops, "xla": xla_flops, "ratio": _ratio(flops, xla_flops),
-                      "predicted_per_step": step_flops, "xla_transcendentals": float(ca.get("transcendentals", 0.0))},
-            "bytes_accessed": {"predicted": nbytes, "xla": xla_bytes, "ratio": _ratio(nbytes, xla_bytes),
-                               "predicted_per_step": step_bytes}}
+    c_flops, c_bytes = Compared.of(flops, xla_flops), Compared.of(nbytes, xla_bytes)
+    return (WorkCompared(c_flops.predicted, c_flops.xla, c_flops.ratio, step_flops, transcendentals),
+            WorkCompared(c_bytes.predicted, c_bytes.xla, c_bytes.ratio, step_bytes))
 
 
-def _ratio(pred: float, xla: float) -> float | None:
-    return None if not xla else pred / xla
-
-
-def _worker(spec: dict) -> list[dict]:
+def _worker(spec: dict) -> list[VerifyReport]:
     import jax
 
     n = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1"))
@@ -129,36 +130,27 @@ def _worker(spec: dict) -> list[dict]:
     if cache:
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    from ._loader import load_model
-    from ._plan import Plan
 
     model = load_model(spec["model"], spec["preset"], spec["overrides"])
     return [_verify_with_export(model, Plan.load(path), spec, n) for path in spec["plans"]]
 
 
-def _verify_with_export(model, plan, spec: dict, n: int, mesh=None) -> dict:
+def _verify_with_export(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     """``_verify_one``, and with ``spec["export"]`` the export's figures beside the plan's."""
     out = _verify_one(model, plan, spec, n, mesh)
     if spec.get("export"):
-        out["comparison"] = _side_by_side(out, _export_figures(model, plan, spec, n, mesh), spec["export"])
+        out = out.replace(comparison=_side_by_side(out, _export_figures(model, plan, spec, n, mesh), spec["export"]))
     return out
 
 
-def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
+def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
 
-    from ._analysis import analyze
-    from .cost import CostModel
-    from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
-    from ._loader import axis_names_by_value
-    from ._plan import resolve_decisions, spec_from_json
-
     t0 = time.perf_counter()
     planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=spec.get("constrain", True))
     mesh = planned.mesh
-    from ._program import abstract
 
     lowered = planned.lower(*jax.tree_util.tree_map(abstract, model.args))
     t1 = time.perf_counter()
@@ -179,47 +171,36 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> dict:
     colls = parse_collectives(text, mesh)
     xla_bytes = collective_bytes_by_kind(colls)
 
-    program = planned.program
-    an = analyze(program, axis_names_by_value(program, model.axis_names))
+    bound = planned.bound  # the program apply traced and analysed, the plan's decisions on it
+    assert bound is not None  # lower() built it
+    program, decisions = bound.program, list(bound.decisions)
     # predicted as XLA lowers it here (XLA:CPU: reduce-scatter = all-reduce + slice)
-    cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, lowering="cpu" if cpu else "tpu",
-                   user_shardings=plan.user_shardings)
-    decisions = resolve_decisions(plan, an)
+    cm = bound.priced("cpu" if cpu else "tpu")
     report = cm.evaluate(decisions, detail=True)
     explained = None
     if spec.get("explain"):  # XLA's collectives by source line, matched to the predicted ones
-        from ._explain import explain
 
         explained = explain(text, cm, report, plan, program.arg_names)
     pred_bytes: dict[str, float] = dict.fromkeys(KINDS, 0.0)
     for k, v in report.collective_bytes.items():
         pred_bytes[k] += v
     m = report.memory
-    out: dict[str, Any] = {
-        "model": spec["model"], "preset": spec["preset"], "mesh": plan.mesh.text(),
-        "strategy": plan.strategy, "devices": n,
-        "memory": {"predicted": m.peak, "xla": mem["total"], "ratio": _ratio(m.peak, mem["total"])},
-        "arguments": {"predicted": m.arguments, "xla": mem["argument"], "ratio": _ratio(m.arguments, mem["argument"])},
-        "xla_memory": mem,
-        "predicted_memory": {"arguments": m.arguments, "outputs": m.outputs, "temporaries": m.temporaries,
-                             "alias": m.alias, **{f"at_peak_{k}": v for k, v in m.breakdown.items()}},
-        "collectives": {k: {"predicted_bytes": pred_bytes.get(k, 0.0), "xla_bytes": xla_bytes.get(k, 0),
-                            "ratio": _ratio(pred_bytes.get(k, 0.0), xla_bytes.get(k, 0))} for k in KINDS},
-        "constraints": {"values": planned.num_constraints[0], "operands": planned.num_constraints[1]},
-        "constrained": planned.constrain,
-        "fits": mem["total"] <= plan.hardware.budget,
-        "budget": plan.hardware.budget,
-        "lower_seconds": round(t1 - t0, 2),
-        "compile_seconds": round(t2 - t1, 2),
-    }
-    out.update(_work(compiled, cm, decisions))
-    if explained is not None:
-        out["explain"] = explained
-    if cpu:  # which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)
-        out["xla_cpu_scheduler"] = "memory" if CPU_SCHEDULE_FLAG in os.environ.get("XLA_FLAGS", "") else "concurrency"
-    if spec["run"]:
-        out["numerics"] = _numerics(model, planned, jax, np, NamedSharding, spec_from_json)
-    return out
+    flops, bytes_accessed = _work(compiled, cm, decisions)
+    return VerifyReport(
+        model=spec["model"], preset=spec["preset"], mesh=plan.mesh.text(), strategy=plan.strategy, devices=n,
+        memory=Compared.of(m.peak, mem["total"]), arguments=Compared.of(m.arguments, mem["argument"]),
+        xla_memory=mem,
+        predicted_memory={"arguments": m.arguments, "outputs": m.outputs, "temporaries": m.temporaries,
+                          "alias": m.alias, **{f"at_peak_{k}": v for k, v in m.breakdown.items()}},
+        collectives={k: CollectiveCompared.of(pred_bytes.get(k, 0.0), xla_bytes.get(k, 0)) for k in KINDS},
+        constraints={"values": planned.num_constraints[0], "operands": planned.num_constraints[1]},
+        constrained=planned.constrain, fits=mem["total"] <= plan.hardware.budget, budget=plan.hardware.budget,
+        lower_seconds=round(t1 - t0, 2), compile_seconds=round(t2 - t1, 2),
+        flops=flops, bytes_accessed=bytes_accessed, explain=explained,
+        # on CPU, which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)
+        xla_cpu_scheduler=(("memory" if CPU_SCHEDULE_FLAG in os.environ.get("XLA_FLAGS", "") else "concurrency")
+                           if cpu else None),
+        numerics=_numerics(model, planned, jax, np, NamedSharding, spec_from_json) if spec["run"] else None)
 
 
 NUMERICS_RTOL = 1e-4  # of an output leaf's scale (see compare_outputs)
@@ -262,10 +243,7 @@ def compare_outputs(paths: list[str], ref: list, got: list, rtol: float = NUMERI
             "ok": bool(worst <= rtol), "tolerance": rtol, "floor": floor}
 
 
-def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
-    from ._apply import USER_SHARDING, constrained_function, is_low
-    from ._program import StaticSplit
-
+def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> Numerics:
     leaves = jax.tree_util.tree_leaves(model.args)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
         raise PartexError("--run needs real example arrays: use a small preset (e.g. --preset tiny)")
@@ -308,14 +286,11 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> dict:
         out["computed_in"] = f"float32 (the step's {', '.join(low)} promoted)"
     elif accelerator:
         out["computed_in"] = "float32 at full matmul precision (not the backend's default TF32)"
-    return out
-
+    return Numerics.from_json(out)
 
 
 def _xla_figures(lowered, mesh) -> dict:
     """XLA's per-device memory and collective bytes by kind of a lowered function."""
-    from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
-
     compiled = lowered.compile()
     mem = memory_stats(compiled)
     colls = collective_bytes_by_kind(parse_collectives(compiled.as_text(), mesh))
@@ -330,19 +305,15 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
     import numpy as np
     from jax.sharding import NamedSharding
 
-    from ._plan import spec_from_json
-    from ._program import abstract
-
     fmt = spec["export"]
     if fmt == "specs":
         planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=False)
         out = _xla_figures(planned.lower(*jax.tree_util.tree_map(abstract, model.args)), planned.mesh)
         if spec["run"]:
-            out["numerics"] = _numerics(model, planned, jax, np, NamedSharding, spec_from_json)
+            out["numerics"] = _numerics(model, planned, jax, np, NamedSharding, spec_from_json).to_json()
         return out
     if fmt != "flax-rules":
         raise PartexError(f"unknown export format {fmt!r}; valid: specs, flax-rules")
-    from ._export import RulesFunction, flax_rules, rules_context
 
     rules = flax_rules(plan, model)
     mesh = mesh if mesh is not None else plan.jax_mesh(jax.devices()[:n])
@@ -350,9 +321,6 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
     out = _xla_figures(rf.lower(*model.args), mesh)
     out["rules"] = rules.to_json()
     if spec["run"]:
-        from ._apply import is_low
-        from ._program import dynamic_args
-
         if any(is_low(v.dtype) for v in rf.program.values):
             out["numerics_skipped"] = "the step computes in 16-bit floats: rules alone run it as written"
         else:
@@ -365,16 +333,16 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
     return out
 
 
-def _side_by_side(full: dict, alone: dict, fmt: str) -> dict:
+def _side_by_side(full: VerifyReport, alone: dict, fmt: str) -> dict:
     import jax
 
-    plan = {"memory": full["memory"]["xla"], "collectives": {k: c["xla_bytes"] for k, c in full["collectives"].items()},
-            "fits": full["fits"]}
-    alone["fits"] = alone["memory"] <= full["budget"]
-    if "numerics" in full:
-        plan["numerics"] = full["numerics"]
-    return {"format": fmt, "budget": full["budget"],
-            "devices": full["devices"], "platform": jax.devices()[0].platform, "plan": plan, "export": alone}
+    plan = {"memory": full.memory.xla, "collectives": {k: c.xla_bytes for k, c in full.collectives.items()},
+            "fits": full.fits}
+    alone["fits"] = alone["memory"] <= full.budget
+    if full.numerics is not None:
+        plan["numerics"] = full.numerics.to_json()
+    return {"format": fmt, "budget": full.budget,
+            "devices": full.devices, "platform": jax.devices()[0].platform, "plan": plan, "export": alone}
 
 
 def main() -> None:
@@ -382,7 +350,7 @@ def main() -> None:
 
     spec = json.loads(sys.argv[1])
     try:
-        out = {"results": _worker(spec)}
+        out = {"results": [r.to_json() for r in _worker(spec)]}
     except PartexError as e:
         out = {"error": str(e)}
     except Exception:  # the process's boundary: hand the whole traceback to the parent

@@ -12,7 +12,13 @@ import time
 from typing import Sequence, overload
 
 from ._errors import PartexError
-from ._mesh import Hardware, format_bytes
+from ._explain import explain_table
+from ._export import comparison_table, export_text
+from ._loader import analyze_model, demo_names, load_model
+from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
+from ._plan import Plan
+from ._session import DEFAULT_MARGIN, ModelSpec, Session, verify_plan
+from ._specs import check_divisible
 from ._verify import KINDS
 
 
@@ -71,9 +77,6 @@ def _hardware(args, base: Hardware | None = None) -> Hardware | None:
     """The --hardware preset (default tpu-v4) with the figures overridden on the command
     line. Resuming (``base``: the session's hardware), flags not given change nothing:
     None when no hardware flag is given at all."""
-    from ._mesh import get_hardware, parse_bytes
-    from ._session import DEFAULT_MARGIN
-
     overrides = dict(
         peak_flops=_number("--peak-flops", args.peak_flops),
         hbm_bandwidth=_number("--hbm-bandwidth", args.hbm_bandwidth),
@@ -99,8 +102,6 @@ def _model_output():
 
 def _session(args):
     """A Session on the command line's model, mesh and hardware."""
-    from . import Session
-
     with _model_output():
         return Session.from_spec(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config),
                                  mesh=args.mesh, hardware=_hardware(args), seed=getattr(args, "seed", 0),
@@ -200,8 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_analyze(args) -> int:
-    from . import analyze_model
-
     with _model_output():
         res = analyze_model(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config))
     an = res.analysis
@@ -234,9 +233,9 @@ def cmd_analyze(args) -> int:
         print("\nlayer stacks a recompute decision covers (--pin LABEL=recompute:KIND):")
         for u in an.units:
             print(f"  {u.description}; kinds {', '.join(u.kinds)}")
-    if an.user_shardings():
-        print(f"\nthe step's own shardings ({len(an.user_shardings())}; kept as fixed decisions by default):")
-        for us in an.user_shardings()[: args.top]:
+    if an.user_shardings:
+        print(f"\nthe step's own shardings ({len(an.user_shardings)}; kept as fixed decisions by default):")
+        for us in an.user_shardings[: args.top]:
             print(f"  {us.kind} {us.spec_text()} over mesh {us.mesh_text() or '-'} at {us.source}")
     if an.static_inputs():
         print("\nstatic arguments (not arrays: closed over when traced, left out of the plan): "
@@ -260,8 +259,6 @@ def _print_decisions(plan) -> None:
 
 
 def cmd_plan(args) -> int:
-    from ._plan import check_divisible
-
     s = _session(args)
     plan = s.plan(strategy=args.strategy)
     check_divisible(plan, s.program)
@@ -281,49 +278,37 @@ def cmd_plan(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from ._plan import Plan
-    from ._session import ModelSpec, verify_plan
-
     plan = Plan.load(args.plan)
     out = verify_plan(plan, spec=ModelSpec(args.model, args.preset or "tiny", tuple(_overrides(args.config))),
                       run=args.run, constrain=not args.inputs_only, export=args.export, explain=args.explain)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(out.to_json()))
         return 0
-    m = out["memory"]
-    print(f"{out['model']} {out.get('strategy') or ''} on {out['mesh']}: compiled in {out['compile_seconds']} s")
-    print(f"  memory per device: predicted {format_bytes(m['predicted'])}, XLA {format_bytes(m['xla'])}"
-          f" (ratio {m['ratio']:.2f})" if m["ratio"] else "")
-    a = out["arguments"]
-    print(f"  arguments: predicted {format_bytes(a['predicted'])}, XLA {format_bytes(a['xla'])}")
+    m = out.memory
+    print(f"{out.model} {out.strategy or ''} on {out.mesh}: compiled in {out.compile_seconds} s")
+    print(f"  memory per device: predicted {format_bytes(m.predicted)}, XLA {format_bytes(m.xla)}"
+          f" (ratio {m.ratio:.2f})" if m.ratio else "")
+    a = out.arguments
+    print(f"  arguments: predicted {format_bytes(a.predicted)}, XLA {format_bytes(a.xla)}")
     for k in KINDS:
-        c = out["collectives"][k]
-        if c["predicted_bytes"] or c["xla_bytes"]:
-            r = f"{c['ratio']:.2f}" if c["ratio"] else "-"
-            print(f"  {k:<19} predicted {format_bytes(c['predicted_bytes'])}, XLA {format_bytes(c['xla_bytes'])} "
+        c = out.collectives[k]
+        if c.predicted_bytes or c.xla_bytes:
+            r = f"{c.ratio:.2f}" if c.ratio else "-"
+            print(f"  {k:<19} predicted {format_bytes(c.predicted_bytes)}, XLA {format_bytes(c.xla_bytes)} "
                   f"(ratio {r})")
-    if "numerics" in out:
-        n = out["numerics"]
-        print(f"  numerics: max relative error {n['max_rel_err']:.2e} ({'ok' if n['ok'] else 'MISMATCH'})"
-              + (f", computed in {n['computed_in']}" if n.get("computed_in") else ""))
-    if "explain" in out:
-        from ._explain import explain_table
-
-        print("\n".join(explain_table(out["explain"])))
-    if "comparison" in out:
-        from ._export import comparison_table
-
+    if out.numerics is not None:
+        n = out.numerics
+        print(f"  numerics: max relative error {n.max_rel_err:.2e} ({'ok' if n.ok else 'MISMATCH'})"
+              + (f", computed in {n.computed_in}" if n.computed_in else ""))
+    if out.explain is not None:
+        print("\n".join(explain_table(out.explain)))
+    if out.comparison is not None:
         print(f"XLA's figures, the full plan beside the {args.export} export alone:")
-        print("\n".join(comparison_table(out["comparison"])))
+        print("\n".join(comparison_table(out.comparison)))
     return 0
 
 
 def cmd_export(args) -> int:
-    from ._export import comparison_table, export_text
-    from ._loader import demo_names, load_model
-    from ._plan import Plan
-    from ._session import ModelSpec, verify_plan
-
     plan = Plan.load(args.plan)
     m = plan.model or {}
     spec = None
@@ -334,7 +319,8 @@ def cmd_export(args) -> int:
                          tuple(_overrides(args.config)) or tuple(m.get("overrides") or ()))
     comparison = None
     if spec and not args.no_compare:
-        comparison = verify_plan(plan, spec=spec, run=args.run, export=args.format)["comparison"]
+        comparison = verify_plan(plan, spec=spec, run=args.run, export=args.format).comparison
+        assert comparison is not None  # verify with an export compares
         sys.stderr.write(f"XLA's figures ({comparison['devices']} simulated devices), the full plan beside "
                          f"the {args.format} export alone:\n" + "\n".join(comparison_table(comparison)) + "\n")
     model = None
@@ -379,12 +365,12 @@ class _Progress:
             return
         self.last = now
         st = session.stats()
-        b = st["best_step_time"]
-        best = f"best {b * 1e3:.3f} ms" if b is not None else f"no fit yet (min {format_bytes(st['smallest_memory'])})"
+        b = st.best_step_time
+        best = f"best {b * 1e3:.3f} ms" if b is not None else f"no fit yet (min {format_bytes(st.smallest_memory)})"
         frac = min(1.0, (now - self.t0) / self.total) if self.total > 0 else 1.0
         bar = "#" * int(frac * 20)
-        sys.stderr.write(f"\r[{bar:<20}] {now - self.t0:5.1f}/{self.total:.0f}s  sims {st['simulations']}"
-                         f"  {st['sims_per_s']:.0f}/s  {best}   ")
+        sys.stderr.write(f"\r[{bar:<20}] {now - self.t0:5.1f}/{self.total:.0f}s  sims {st.simulations}"
+                         f"  {st.sims_per_s:.0f}/s  {best}   ")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -406,7 +392,7 @@ def _stop_on_signals(session):
 
 
 def _reject_note(best, out) -> None:
-    sys.stderr.write(f"partex: XLA puts the best plan at {format_bytes(out['memory']['xla'])} per device "
+    sys.stderr.write(f"partex: XLA puts the best plan at {format_bytes(out.memory.xla)} per device "
                      f"(predicted {format_bytes(best.report.memory.peak)}), over the budget: trying the next best\n")
 
 
@@ -415,8 +401,6 @@ def _default_state(out: str) -> str:
 
 
 def cmd_search(args) -> int:
-    from ._session import Session
-
     pins = [_decision_arg("--pin", p) for p in args.pin]
     forbids = [_decision_arg("--forbid", p) for p in args.forbid]
     state_path = args.state or (args.resume if args.resume else _default_state(args.out))
@@ -483,7 +467,7 @@ def cmd_search(args) -> int:
             best, out = s.verified_best(on_reject=_reject_note)
         finally:
             s.save(state_path)  # with the plans XLA rejected marked
-        xla = out["memory"]["xla"]
+        xla = out.memory.xla
     plan = s.best_plan()
     assert plan is not None  # best is not None: a plan fits
     plan.save(args.out)
@@ -492,12 +476,12 @@ def cmd_search(args) -> int:
     if args.json:
         print(json.dumps({"out": args.out, "state": state_path, "interrupted": interrupted,
                           "step_time_s": r.step_time, "mfu": r.mfu, "memory_bytes": r.memory.peak,
-                          "fits": r.fits, "search_s": best.seconds, "simulations": st["simulations"],
+                          "fits": r.fits, "search_s": best.seconds, "simulations": st.simulations,
                           "xla_memory_bytes": xla, "memory_ratio": r.memory.peak / xla if xla else None,
                           "decisions": [d.to_json() for d in plan.decisions]}))
         return 0
-    print(f"{'interrupted: ' if interrupted else ''}best plan after {st['simulations']} simulations "
-          f"({st['seconds']:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
+    print(f"{'interrupted: ' if interrupted else ''}best plan after {st.simulations} simulations "
+          f"({st.seconds:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
           f"MFU {r.mfu:.1%}, peak memory {format_bytes(r.memory.peak)} (budget {format_bytes(hw.budget)})")
     _print_decisions(plan)
     if xla is not None:
@@ -523,61 +507,60 @@ def cmd_bench(args) -> int:
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
         for r in rows:
-            if r["step_time_s"] is not None:
-                s.plan(list(r["decisions"]), strategy=r["strategy"]).save(
-                    os.path.join(args.out_dir, f"{r['strategy']}.json"))
+            if r.step_time_s is not None:
+                s.plan(list(r.decisions), strategy=r.strategy).save(os.path.join(args.out_dir, f"{r.strategy}.json"))
     hw = s.hardware
     if args.json:
         print(json.dumps({"model": s.model.model.name, "preset": s.model.model.preset, "mesh": s.mesh.text(),
                           "hardware": hw.name, "budget_bytes": hw.budget,
-                          "rows": [{**{k: v for k, v in r.items() if k != "decisions"},
-                                    "plan": [s.label(d) for d in r["decisions"]]} for r in rows]}))
+                          "rows": [{**r.to_json(), "plan": [s.label(d) for d in r.decisions]} for r in rows]}))
         return 0
     print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""
     print(f"  {'strategy':<14} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}{xla_cols}")
     for r in rows:
-        t = f"{r['step_time_s'] * 1e3:.3f} ms" if r["step_time_s"] is not None else "-"
-        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        mem = format_bytes(r["memory_bytes"])
-        ss = f"{r['search_s']:.1f}" if r["search_s"] is not None else "-"
+        t = f"{r.step_time_s * 1e3:.3f} ms" if r.step_time_s is not None else "-"
+        mfu = f"{r.mfu:.1%}" if r.mfu is not None else "-"
+        mem = format_bytes(r.memory_bytes)
+        ss = f"{r.search_s:.1f}" if r.search_s is not None else "-"
         xla = ""
         if args.verify:
-            ratio = f"{r['memory_ratio']:.2f}" if r.get("memory_ratio") else "-"
-            xla = f" {format_bytes(r.get('xla_memory_bytes')):>11} {ratio:>8}"
-        fits = "-" if r.get("complete") is False else "yes" if r["fits"] else "NO"  # a skipped exhaustive row
-        print(f"  {r['strategy']:<14} {t:>12} {mfu:>7} {mem:>11} {fits:>5} {ss:>9}{xla}")
-    hand = [r["step_time_s"] for r in rows
-            if r["fits"] and r["strategy"] not in ("mcts", "mcts-no-remat", "ilp", "exhaustive", "replicated")]
-    mc = next(r for r in rows if r["strategy"] == "mcts")
-    ex = next((r for r in rows if r["strategy"] == "exhaustive"), None)
-    if ex is not None and not ex["complete"] and ex["plans"] == 0:
-        print(f"exhaustive: skipped, {ex['space']} plans of at most {ex['per_axis']} decisions per axis "
+            ratio = f"{r.memory_ratio:.2f}" if r.memory_ratio else "-"
+            xla = f" {format_bytes(r.xla_memory_bytes):>11} {ratio:>8}"
+        fits = "-" if r.complete is False else "yes" if r.fits else "NO"  # a skipped exhaustive row
+        print(f"  {r.strategy:<14} {t:>12} {mfu:>7} {mem:>11} {fits:>5} {ss:>9}{xla}")
+    hand = [r.step_time_s for r in rows if r.fits and r.step_time_s is not None
+            and r.strategy not in ("mcts", "mcts-no-remat", "ilp", "exhaustive", "replicated")]
+    mc = next(r for r in rows if r.strategy == "mcts")
+    ex = next((r for r in rows if r.strategy == "exhaustive"), None)
+    if ex is not None and not ex.complete and ex.plans == 0:
+        print(f"exhaustive: skipped, {ex.space} plans of at most {ex.per_axis} decisions per axis "
               f"(over --exhaustive-limit {args.exhaustive_limit})")
-    elif ex is not None and not ex["complete"]:
-        print(f"exhaustive: skipped, {ex['space']} plans of at most {ex['per_axis']} decisions per axis would take "
-              f"about {ex['projected_s']:.0f} s (over --exhaustive-time {args.exhaustive_time:g})")
-    elif ex is not None and ex["fits"] and mc["fits"]:
-        print(f"mcts / exhaustive optimum ({ex['plans']} plans of at most {ex['per_axis']} decisions per axis): "
-              f"{mc['step_time_s'] / ex['step_time_s']:.3f}x")
-    if mc["fits"] and hand:
-        print(f"mcts / best hand plan: {mc['step_time_s'] / min(hand):.3f}x")
-    ilp = next((r for r in rows if r["strategy"] == "ilp"), None)
-    if mc["fits"] and ilp is not None and ilp["fits"]:
-        print(f"mcts / ilp: {mc['step_time_s'] / ilp['step_time_s']:.3f}x")
-    nr = next((r for r in rows if r["strategy"] == "mcts-no-remat"), None)
+    elif ex is not None and not ex.complete:
+        print(f"exhaustive: skipped, {ex.space} plans of at most {ex.per_axis} decisions per axis would take "
+              f"about {ex.projected_s or 0:.0f} s (over --exhaustive-time {args.exhaustive_time:g})")
+    elif ex is not None and ex.fits and mc.fits and mc.step_time_s and ex.step_time_s:
+        print(f"mcts / exhaustive optimum ({ex.plans} plans of at most {ex.per_axis} decisions per axis): "
+              f"{mc.step_time_s / ex.step_time_s:.3f}x")
+    if mc.fits and mc.step_time_s and hand:
+        print(f"mcts / best hand plan: {mc.step_time_s / min(hand):.3f}x")
+    ilp = next((r for r in rows if r.strategy == "ilp"), None)
+    if mc.fits and mc.step_time_s and ilp is not None and ilp.fits and ilp.step_time_s:
+        print(f"mcts / ilp: {mc.step_time_s / ilp.step_time_s:.3f}x")
+    nr = next((r for r in rows if r.strategy == "mcts-no-remat"), None)
     if nr is not None:
-        print("best plan without recompute: " + (f"{nr['step_time_s'] * 1e3:.3f} ms (mcts with recompute "
-              f"{mc['step_time_s'] / nr['step_time_s']:.3f}x)" if nr["fits"] and mc["fits"] else "none fits"))
-    if mc.get("xla_memory_bytes"):
-        print(f"mcts plan per XLA (compile-only): {format_bytes(mc['xla_memory_bytes'])} per device, "
-              f"predicted / XLA {mc['memory_ratio']:.2f}")
+        t_nr, t_mc = nr.step_time_s, mc.step_time_s
+        print("best plan without recompute: " + (f"{t_nr * 1e3:.3f} ms (mcts with recompute {t_mc / t_nr:.3f}x)"
+                                                 if nr.fits and mc.fits and t_nr and t_mc else "none fits"))
+    if mc.xla_memory_bytes:
+        print(f"mcts plan per XLA (compile-only): {format_bytes(mc.xla_memory_bytes)} per device, "
+              f"predicted / XLA {mc.memory_ratio:.2f}")
     return 0
 
 
 def cmd_serve(args) -> int:
     try:
-        from . import explorer
+        from . import explorer  # Panel: the engine loads it only for `partex serve`
     except ImportError:
         raise PartexError("the explorer is not installed next to the engine (explorer/ package missing)") from None
     return explorer.serve(port=args.port, address=args.address, show=args.show)

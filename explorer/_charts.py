@@ -3,6 +3,8 @@ search's statistics (best step time over simulations, visits and value per root 
 
 from __future__ import annotations
 
+import math
+
 import panel as pn
 import param
 from bokeh.models import (
@@ -76,9 +78,9 @@ class KpiView(pn.viewable.Viewer):
         s = self.state
         best = s.best
         ws = s.workspace
-        stats = s.stats or {}
-        sims = stats.get("simulations", 0)
-        rate = stats.get("sims_per_s") or 0
+        stats = s.stats
+        sims = stats.simulations
+        rate = stats.sims_per_s
         if best is not None:
             r = best.report
             fitting = [(b.report.step_time, name) for name, b in s.baselines.items() if b.report.fits]
@@ -293,9 +295,9 @@ class SearchView(pn.viewable.Viewer):
 
     @bokeh_update
     def _render(self, *_):
-        st = self.state.stats or {}
-        hist = st.get("best_history") or []
-        sims = st.get("simulations", 0)
+        st = self.state.stats
+        hist = st.best_history
+        sims = st.simulations
         if hist:
             xs = [h[0] for h in hist] + [max(sims, hist[-1][0])]
             ys = [h[2] * 1e3 for h in hist] + [hist[-1][2] * 1e3]
@@ -311,19 +313,19 @@ class SearchView(pn.viewable.Viewer):
             self.hist_fig.x_range.update(start=0, end=1)
             self.hist_fig.y_range.update(start=0, end=1)
             self._y_axis(0, 1)
-        acts = sorted(st.get("root_actions") or [], key=lambda r: -r["visits"])[:12]
-        values = [float(r["value"]) for r in acts]
+        acts = sorted(st.root_actions, key=lambda r: -r.visits)[:12]
+        values = [float(r.value) for r in acts]
         if values:
             self.cmap.low, self.cmap.high = min(values), max(max(values), min(values) + 1e-9)
-        self.acts_range.factors = [r["action"] for r in reversed(acts)]
-        self.acts.data = dict(action=[r["action"] for r in acts], visits=[r["visits"] for r in acts],
+        self.acts_range.factors = [r.action for r in reversed(acts)]
+        self.acts.data = dict(action=[r.action for r in acts], visits=[r.visits for r in acts],
                               value=values, value_txt=[f"{v:.3f}" for v in values])
-        self.acts_fig.x_range.update(start=0, end=max([r["visits"] for r in acts], default=1) * 1.05)
-        mem = st.get("smallest_memory")
-        tiles = [("simulations", f"{sims:,}"), ("simulations / s", f"{st.get('sims_per_s') or 0:,.0f}"),
-                 ("tree nodes", f"{st.get('nodes', 0):,}"), ("tree depth", f"{st.get('depth', 0)}"),
-                 ("plans evaluated", f"{st.get('evaluations', 0):,}"),
-                 ("smallest peak seen", fmt_bytes(mem) if mem else "—")]
+        self.acts_fig.x_range.update(start=0, end=max([r.visits for r in acts], default=1) * 1.05)
+        mem = st.smallest_memory
+        tiles = [("simulations", f"{sims:,}"), ("simulations / s", f"{st.sims_per_s:,.0f}"),
+                 ("tree nodes", f"{st.nodes:,}"), ("tree depth", f"{st.depth}"),
+                 ("plans evaluated", f"{st.evaluations:,}"),
+                 ("smallest peak seen", fmt_bytes(mem) if 0 < mem < math.inf else "—")]
         self.tiles.object = "<div class='tiles'>" + "".join(
             f"<div class='tile'><div class='t-label'>{k}</div><div class='t-value'>{v}</div></div>" for k, v in tiles
         ) + "</div>"

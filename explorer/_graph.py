@@ -46,7 +46,7 @@ def recomputed(state) -> dict[int, tuple[str, str]]:
     out = {}
     for d in decisions:
         if isinstance(d, Recompute):
-            for g in an.unit_groups().get(d.unit, ()):
+            for g in an.unit_groups.get(d.unit, ()):
                 out[g] = (an.units[d.unit].label, d.kind)
     return out
 
@@ -69,7 +69,7 @@ def decision_text(an, decision, arrow: str = "→") -> str:
     a recompute decision names its layer stack."""
     if isinstance(decision, Recompute):
         return an.decision_label(decision, arrow)
-    return f"{an.titles()[decision.group]}{arrow}{decision.slot}"
+    return f"{an.titles[decision.group]}{arrow}{decision.slot}"
 
 
 def resolutions(state) -> dict[int, str]:
@@ -464,7 +464,7 @@ class DecisionView(pn.viewable.Viewer):
 
         def titled(name: str) -> str:  # a fixed decision's group, by its title
             group = an.group_by_label(name)
-            return an.titles()[group.id] if group is not None else name
+            return an.titles[group.id] if group is not None else name
 
         chips = "".join(
             f"<span class='chip user' title='{esc(f['kind'])} at {esc(f['source'])}'>yours: "
@@ -495,7 +495,7 @@ class DecisionView(pn.viewable.Viewer):
             lines[short_source(x)] = lines.get(short_source(x), 0) + n
         src = "".join(f"<li><span class='mono'>{esc(x)}</span> <span class='muted'>×{n}</span></li>"
                       for x, n in sorted(lines.items(), key=lambda kv: -kv[1]))
-        co = ", ".join(f"{esc(an.titles()[o])} <span class='muted'>{fmt_bytes(n)}</span>" for n, o in cooccur[:6])
+        co = ", ".join(f"{esc(an.titles[o])} <span class='muted'>{fmt_bytes(n)}</span>" for n, o in cooccur[:6])
         plan = ", ".join(esc(a) for a in axes) or "unsharded"
         self.detail.object = (
             f"<div class='detail'><h3>{esc(info.shown)}</h3>"

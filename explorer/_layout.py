@@ -165,7 +165,7 @@ def _split(path: str) -> list[str]:
 def graph_tree(an, infos) -> GraphTree:
     """Cluster the decision groups by role, then by layer."""
     p = an.program
-    roles = an.roles()
+    roles = an.roles
     vid_of = dict(zip(p.input_paths, p.inputs))
     param_paths = [_split(path) for path, vid in zip(p.input_paths, p.inputs) if vid in roles.parameters]
     root = 0  # components every parameter's path starts with ("params")
@@ -322,7 +322,7 @@ def sub_line(tree: GraphTree, infos, node: Node, remat: str = "") -> str:
 def graph_layout(an, infos, tree: GraphTree | None = None, opened: Iterable[str] | None = None) -> GraphLayout:
     """Positions of the nodes drawn with ``opened`` clusters open (None: the first view)."""
     tree = tree or graph_tree(an, infos)
-    in_units = set().union(*an.unit_groups().values()) if an.units else set()
+    in_units = set().union(*an.unit_groups.values()) if an.units else set()
     # a group of a layer stack may show the recompute its layers take: room for the longest
     sub = lambda n: sub_line(tree, infos, n, "regather" if n in in_units else "")  # noqa: E731
     opened = tree.first_view() if opened is None else frozenset(opened)

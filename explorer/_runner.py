@@ -30,7 +30,7 @@ import traceback
 import warnings
 from typing import Any
 
-from partex import PartexError
+from partex import PartexError, SearchStats
 
 from ._engine import PlanSummary, Workspace
 
@@ -46,7 +46,7 @@ CHILD_NICENESS = 5
 class SearchSnapshot:
     version: int
     running: bool
-    stats: dict
+    stats: SearchStats
     best: PlanSummary | None
     pins: tuple
     forbidden: tuple
@@ -94,7 +94,7 @@ class _Stepper:
         stats = s.stats()
         pins = tuple(s.pins)
         forbidden = tuple(s.forbidden)
-        key = (len(stats.get("best_history", ())), stats.get("best_step_time"), pins, forbidden)
+        key = (len(stats.best_history), stats.best_step_time, pins, forbidden)
         changed = key != self._best_key
         if changed:
             self._best_key = key

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import pathlib
 import re
@@ -24,7 +25,8 @@ from typing import Any, Callable
 
 import param
 
-from partex import HARDWARE, GroupInfo, ModelSpec, PartexError, Session, as_hardware, demo_models, parse_bytes
+from partex import (HARDWARE, GroupInfo, ModelSpec, PartexError, SearchStats, Session, VerifyReport, as_hardware,
+                    demo_models, parse_bytes)
 
 from ._engine import (
     ANALYSES, CUSTOM, MESH_TRIES, Config, PlanSummary, Workspace, demo_presets, fitting_mesh, parse_config,
@@ -115,7 +117,7 @@ class ExplorerState(param.Parameterized):
     infos = param.Dict(default={}, doc="GroupInfo per decision group.")
     graph = param.Parameter(default=None, doc="GraphLayout of the named-dimension graph.")
     best = param.Parameter(default=None, doc="PlanSummary of the search's best plan.")
-    stats = param.Dict(default={})
+    stats = param.ClassSelector(class_=SearchStats, default=SearchStats())
     baselines = param.Dict(default={}, doc="name -> PlanSummary.")
     uploaded = param.Parameter(default=None, doc="PlanSummary of an uploaded plan.")
     pins = param.List(default=[], doc="Pinned (group id, axis).")
@@ -123,7 +125,8 @@ class ExplorerState(param.Parameterized):
     selected_group = param.Integer(default=None, allow_None=True, doc="Group clicked in the graph.")
     shown_plan = param.String(default="search", doc="The plan the plan view shows.")
     verify_status = param.String(default="")
-    verify_result = param.Dict(default=None, allow_None=True)
+    verify_result = param.ClassSelector(class_=VerifyReport, default=None, allow_None=True)
+    verified_plan = param.String(default="")  # the plan verify_result is of: "search" or a baseline
     sessions = param.List(default=[], doc="Saved sessions in the sessions folder.")
     probe = param.String(default="{}", doc="JSON of the state, for tests and scripts.")
     ping = param.String(default="")
@@ -328,14 +331,14 @@ class ExplorerState(param.Parameterized):
         except PartexError as e:
             self.bad_input(e)  # the old mesh stays in effect
             return
-        self.clear_field_error(*CONFIG_FIELDS)  # the form reads well: a new search (whose failure may set it again)
         ws = self.workspace
+        if ws is not None and config != self.config:
+            # the job first: a page that sees the mark gone sees the new search being built
+            pins, forbidden, seed = self._with_held()
+            self._submit("load", lambda: _build(ws.choice, config, seed, ws.res, pins, forbidden), self._install)
+        self.clear_field_error(*CONFIG_FIELDS)  # the form reads well: a new search (whose failure may set it again)
         if ws is None:
-            return self.load()
-        if config == self.config:
-            return
-        pins, forbidden, seed = self._with_held()
-        self._submit("load", lambda: _build(ws.choice, config, seed, ws.res, pins, forbidden), self._install)
+            self.load()
 
     def _install(self, loaded: Loaded) -> None:
         if self.runner is not None:
@@ -359,7 +362,7 @@ class ExplorerState(param.Parameterized):
             self.graph = loaded.graph
             self.baselines = loaded.baselines
             self.best = None
-            self.stats = {}
+            self.stats = SearchStats()
             self.uploaded = None if self.uploaded is None or not ws.same_model(self.uploaded) else self.uploaded
             self.verify_result = None
             self.verify_status = ""
@@ -370,7 +373,12 @@ class ExplorerState(param.Parameterized):
         self._seen_version = -1
         self._warned_budget = False
         self._pausing = False
-        self.clear_field_error(*CONFIG_FIELDS, "session")
+        self.clear_field_error("session")
+        try:  # the forms read well; a bad value typed while this loaded keeps its mark
+            parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
+            self.clear_field_error(*CONFIG_FIELDS)
+        except PartexError:
+            pass
         try:  # the form's model is the one loaded: its fields are good too
             if self.model_choice() == ws.choice:
                 self.clear_field_error(*MODEL_FIELDS)
@@ -451,7 +459,7 @@ class ExplorerState(param.Parameterized):
             self._pausing = self.runner is not None
 
     def _say_paused(self) -> None:
-        self._say(f"paused after {self.stats.get('simulations', 0):,} simulations; Run goes on, Reset "
+        self._say(f"paused after {self.stats.simulations:,} simulations; Run goes on, Reset "
                   "starts afresh")
 
     def _with_held(self):
@@ -576,22 +584,22 @@ class ExplorerState(param.Parameterized):
             # the page's copy of the session compiles; the search's own copy (in the runner)
             # learns the verdict in _verified, as Session.verify(mark=True) would
             out = ws.session.verify(summary.plan, mark=False, timeout=600, explain=True)
-            out["plan"] = summary.name
-            return out
+            return summary.name, out
 
         self._submit("verify", work, self._verified)
 
-    def _verified(self, out: dict) -> None:
-        self.verify_result = out
-        self.verify_status = f"done: the {out.get('plan')} plan compiled in {out.get('compile_seconds')} s"
-        if not out["fits"]:
-            text = (f"XLA puts the {out['plan']} plan at {fmt_bytes(out['memory']['xla'])} per device, over the "
-                    f"budget of {fmt_bytes(out['budget'])} (predicted {fmt_bytes(out['memory']['predicted'])})")
-            summary = self.plan_summary(out["plan"])
+    def _verified(self, result: tuple[str, VerifyReport]) -> None:
+        name, out = result
+        self.verified_plan, self.verify_result = name, out
+        self.verify_status = f"done: the {name} plan compiled in {out.compile_seconds} s"
+        if not out.fits:
+            text = (f"XLA puts the {name} plan at {fmt_bytes(out.memory.xla)} per device, over the "
+                    f"budget of {fmt_bytes(out.budget)} (predicted {fmt_bytes(out.memory.predicted)})")
+            summary = self.plan_summary(name)
             r = self.runner
-            if out["plan"] == "search" and summary is not None and r is not None and r.alive:
+            if name == "search" and summary is not None and r is not None and r.alive:
                 try:
-                    r.call("mark_infeasible", list(summary.decisions), out["memory"]["xla"])
+                    r.call("mark_infeasible", list(summary.decisions), out.memory.xla)
                     text += ": marked infeasible, the search's best moves to the next plan that fits"
                 except PartexError as e:
                     text += f"; could not mark it infeasible: {e}"
@@ -629,7 +637,7 @@ class ExplorerState(param.Parameterized):
             return
         self.refresh_sessions()
         self.clear_field_error("session")
-        self.notify(f"saved session {name} ({self.stats.get('simulations', 0)} simulations) to {path}; "
+        self.notify(f"saved session {name} ({self.stats.simulations} simulations) to {path}; "
                     f"resume it here or with `partex search {self.workspace.choice.spec} --resume {path} --out plan.json`",
                     "success")
 
@@ -681,13 +689,13 @@ class ExplorerState(param.Parameterized):
             self.running = False
             self._pausing = False
             self.notify(snap.error, "danger")
-        elif snap.best is None and snap.stats.get("simulations", 0) >= 200 and not self._warned_budget:
+        elif snap.best is None and snap.stats.simulations >= 200 and not self._warned_budget:
             self._warned_budget = True
-            smallest = snap.stats.get("smallest_memory")
+            smallest = snap.stats.smallest_memory
             budget = self.config.hw.budget
-            tail = f"; the smallest predicted peak so far is {fmt_bytes(smallest)}" if smallest else ""
+            tail = f"; the smallest predicted peak so far is {fmt_bytes(smallest)}" if smallest < math.inf else ""
             self._standing = (f"no plan fits the budget of {fmt_bytes(budget)} per device after "
-                              f"{snap.stats['simulations']} simulations{tail}: raise the budget, grow the mesh "
+                              f"{snap.stats.simulations} simulations{tail}: raise the budget, grow the mesh "
                               "or release a pin")
             if self._pausing and not snap.running:
                 self._pausing = False
@@ -737,11 +745,11 @@ class ExplorerState(param.Parameterized):
             "model": ws.choice.to_json() if ws else None,
             "config": ws.config.to_json() if ws else None,
             "running": self.running,
-            "simulations": self.stats.get("simulations", 0),
+            "simulations": self.stats.simulations,
             "best": None if best is None else {
                 "step_time": best.report.step_time, "peak": best.report.memory.peak, "fits": best.report.fits,
                 "decisions": [d.to_json() for d in best.plan.decisions], "simulation": best.simulation},
-            "history": len(self.stats.get("best_history", [])),
+            "history": len(self.stats.best_history),
             "pins": [label(d) for d in self.pins],
             "forbidden": [label(d) for d in self.forbidden],
             "held": [label(d) for items in self.held for d in items],

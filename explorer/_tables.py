@@ -4,6 +4,7 @@ baselines side by side with the search's plan, and predicted vs XLA."""
 from __future__ import annotations
 
 import math
+from typing import Any, Mapping
 
 import panel as pn
 import param
@@ -285,7 +286,7 @@ class VerifyView(pn.viewable.Viewer):
     def __panel__(self):
         return self._panel
 
-    def _render_explain(self, ex: dict | None) -> None:
+    def _render_explain(self, ex: Mapping[str, Any] | None) -> None:
         if not ex:
             self.explain_head.object = ""
             self.explain.update([])
@@ -335,7 +336,7 @@ class VerifyView(pn.viewable.Viewer):
             self.explain_head.object = ""
             self.explain.update([])
             return
-        self._render_explain(out.get("explain"))
+        self._render_explain(out.explain)
         shown = s.plan_summary()
         scatter = shown.report.collective_bytes.get("reduce-scatter", 0.0) if shown is not None else 0.0
         # the Plan card lists reduce-scatters (TPU and GPU run them) that this table has not
@@ -344,10 +345,10 @@ class VerifyView(pn.viewable.Viewer):
             "reduce-scatter per step are what TPUs and GPUs run; XLA on the simulated CPU devices lowers "
             "each to an all-reduce of the whole partial result and a slice, so both columns count them as "
             "all-reduce (the prediction here is made for that lowering).</div>"
-            if scatter and out.get("xla_cpu_scheduler") and not out["collectives"]["reduce-scatter"]["xla_bytes"] else "")
-        rows = [("peak memory per device", out["memory"]["predicted"], out["memory"]["xla"], out["memory"]["ratio"]),
-                ("arguments per device", out["arguments"]["predicted"], out["arguments"]["xla"], out["arguments"]["ratio"])]
-        for kind, c in out["collectives"].items():
-            if c["predicted_bytes"] or c["xla_bytes"]:
-                rows.append((f"{kind} bytes", c["predicted_bytes"], c["xla_bytes"], c["ratio"]))
+            if scatter and out.xla_cpu_scheduler and not out.collectives["reduce-scatter"].xla_bytes else "")
+        rows = [("peak memory per device", out.memory.predicted, out.memory.xla, out.memory.ratio),
+                ("arguments per device", out.arguments.predicted, out.arguments.xla, out.arguments.ratio)]
+        for kind, c in out.collectives.items():
+            if c.predicted_bytes or c.xla_bytes:
+                rows.append((f"{kind} bytes", c.predicted_bytes, c.xla_bytes, c.ratio))
         self.table.update([(q, fmt_bytes(p), fmt_bytes(x), "-" if r is None else f"{r:.2f}") for q, p, x, r in rows])

@@ -5,7 +5,7 @@ that shows it, and sets what that card should show (a group in the Decision card
 in the Plan card).
 
 Every sentence is computed from the loaded model: its analysis, its groups' roles (from
-structure, ``partex``'s ``Analysis.roles()``), the baselines' cost reports. A step whose
+structure, ``partex``'s ``Analysis.roles``), the baselines' cost reports. A step whose
 subject the model lacks (a conflict, a tensor-parallel pair, a baseline) is left out.
 ``walkthrough`` makes the steps and knows nothing of Panel; ``TeachView`` shows them.
 """
@@ -120,7 +120,7 @@ def _traced(m: _Model) -> Step:
 
 
 def _named_dims(m: _Model) -> Step | None:
-    r = m.an.roles()
+    r = m.an.roles
     batch = next((g for g in r.batch_groups if g in m.infos), None)
     pair = next((g for g in r.pair_groups if g in m.infos), None)
     if batch is None and pair is None:
@@ -205,7 +205,7 @@ def _resolution_costs(m: _Model, g: int) -> tuple[str, list[str]] | None:
 
 
 def _data_parallel(m: _Model) -> Step | None:
-    r = m.an.roles()
+    r = m.an.roles
     batch = next((g for g in r.batch_groups if m.axis_of("dp", g)), None)
     axis = None if batch is None else m.axis_of("dp", batch)
     if batch is None or axis is None:
@@ -229,7 +229,7 @@ def _data_parallel(m: _Model) -> Step | None:
 
 
 def _tensor_parallel(m: _Model) -> Step | None:
-    r = m.an.roles()
+    r = m.an.roles
     pair = next((g for g in r.pair_groups if m.axis_of("megatron", g)), None)
     axis = None if pair is None else m.axis_of("megatron", pair)
     if pair is None or axis is None:
@@ -284,7 +284,7 @@ def _search(m: _Model) -> Step:
     named = ", ".join(_b(n) for n in over[:BASELINES_SHOWN]) + (
         f" and {len(over) - BASELINES_SHOWN} more" if len(over) > BASELINES_SHOWN else "")
     unfit = f" ({named} {'does' if len(over) == 1 else 'do'} not fit here)" if over else ""
-    pair = next((g for g in an.roles().pair_groups if m.axis_of("megatron", g)), None)
+    pair = next((g for g in an.roles.pair_groups if m.axis_of("megatron", g)), None)
     pair_axis = None if pair is None else m.axis_of("megatron", pair)
     example = f" (e.g. {m.decision(Shard(pair, pair_axis))})" if pair is not None and pair_axis else ""
     body = (f"<b>Monte Carlo tree search</b> explores ordered <b>(group, axis)</b> decisions: up to "

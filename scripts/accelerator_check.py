@@ -55,9 +55,9 @@ def main() -> None:
             t0 = time.perf_counter()
             try:
                 out = partex.verify(plan, model.fn, model.args, run=run, axis_names=model.axis_names)
-                row.update(predicted=out["memory"]["predicted"], xla=out["memory"]["xla"],
-                           ratio=out["memory"]["ratio"], xla_memory=out["xla_memory"],
-                           compile_s=out["compile_seconds"], numerics=out.get("numerics"))
+                row.update(predicted=out.memory.predicted, xla=out.memory.xla,
+                           ratio=out.memory.ratio, xla_memory=out.xla_memory,
+                           compile_s=out.compile_seconds, numerics=out.numerics and out.numerics.to_json())
             except Exception:
                 row["error"] = traceback.format_exc()[-3000:]
             row["seconds"] = round(time.perf_counter() - t0, 1)

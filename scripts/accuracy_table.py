@@ -61,16 +61,15 @@ def main() -> None:
                 r = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
                 cells = []
                 for k in KINDS:
-                    c = out["collectives"][k]
-                    if c["predicted_bytes"] or c["xla_bytes"]:
-                        cells.append(r(c["ratio"]) if c["xla_bytes"] else f"pred {c['predicted_bytes']:.0f} / 0")
+                    c = out.collectives[k]
+                    if c.predicted_bytes or c.xla_bytes:
+                        cells.append(r(c.ratio) if c.xla_bytes else f"pred {c.predicted_bytes:.0f} / 0")
                     else:
                         cells.append("")
-                num = out.get("numerics", {})
-                ntext = f"{num['max_rel_err']:.1e}" if num else ""
-                work = f"{r(out['flops']['ratio'])} | {r(out['bytes_accessed']['ratio'])}"
-                print(f"| {model} | {mtext} | {strat} | {r(out['arguments']['ratio'])} | {r(out['memory']['ratio'])} | "
-                      + " | ".join(cells) + f" | {work} | {ntext} | {out['compile_seconds']} |", flush=True)
+                ntext = f"{out.numerics.max_rel_err:.1e}" if out.numerics is not None else ""
+                work = f"{r(out.flops.ratio)} | {r(out.bytes_accessed.ratio)}"
+                print(f"| {model} | {mtext} | {strat} | {r(out.arguments.ratio)} | {r(out.memory.ratio)} | "
+                      + " | ".join(cells) + f" | {work} | {ntext} | {out.compile_seconds} |", flush=True)
                 out["wall_s"] = time.time() - t
                 rows.append(out)
     if args.json:

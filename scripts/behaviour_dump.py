@@ -52,11 +52,11 @@ def dump_session(s, simulations: int | None) -> dict:
     if simulations:
         rows = s.bench(simulations=simulations, ilp_time=60.0, exhaustive=3, exhaustive_limit=20_000)
         bench = {}
-        for r in rows:
-            if r["strategy"] in out["hand"]:
+        for row in rows:
+            if row.strategy in out["hand"]:
                 continue
-            r = dict(r)
-            r["decisions"] = s.plan(r["decisions"]).to_json()["decisions"] if r["decisions"] else []
+            r = {"strategy": row.strategy, **row.to_json()}
+            r["decisions"] = s.plan(list(row.decisions)).to_json()["decisions"] if row.decisions else []
             for k in ("search_s", "total_s", "build_s", "seconds", "projected_s"):
                 r.pop(k, None)
             if r["strategy"] == "ilp" and r.get("status") != "optimal":

@@ -56,7 +56,7 @@ def main() -> None:
         for fmt in ("flax-rules", "specs"):
             t0 = time.perf_counter()
             out = partex.verify(plan, fn, fargs, axis_names=names, run=args.run, export=fmt)
-            c = out["comparison"]
+            c = out.comparison
             row["plan_xla"] = c["plan"]
             row[fmt] = c["export"]
             row[f"{fmt}_seconds"] = round(time.perf_counter() - t0, 1)

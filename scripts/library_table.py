@@ -27,10 +27,10 @@ LIBS = ["flax_linen", "flax_nnx", "equinox_gpt", "gemma", "keras_hub", "maxtext_
 
 
 def ratio_text(out) -> str:
-    parts = [f"mem {out['memory']['ratio']:.2f}"]
-    for kind, c in out["collectives"].items():
-        if c["xla_bytes"] or c["predicted_bytes"]:
-            parts.append(f"{kind} {c['ratio']:.2f}" if c["ratio"] is not None else f"{kind} -")
+    parts = [f"mem {out.memory.ratio:.2f}"]
+    for kind, c in out.collectives.items():
+        if c.xla_bytes or c.predicted_bytes:
+            parts.append(f"{kind} {c.ratio:.2f}" if c.ratio is not None else f"{kind} -")
     return ", ".join(parts)
 
 
@@ -52,10 +52,10 @@ def row(lib: str) -> list[str]:
         lines.append(f"| {name} | {', '.join(f'{g}→{a}' for g, a in shard.items())} | {ratio_text(out)} |")
     try:
         out = lc.check_search_fits(mod, simulations=200)
-        n = out["numerics"]
-        verdict = (f"fits per XLA ({partex.format_bytes(out['memory']['xla'])} ≤ "
-                   f"{partex.format_bytes(out['budget'])}), numerics max rel err {n['max_rel_err']:.1e} (ok"
-                   + (f", computed in {n['computed_in']}" if n.get("computed_in") else "") + ")")
+        n = out.numerics
+        verdict = (f"fits per XLA ({partex.format_bytes(out.memory.xla)} ≤ "
+                   f"{partex.format_bytes(out.budget)}), numerics max rel err {n.max_rel_err:.1e} (ok"
+                   + (f", computed in {n.computed_in}" if n.computed_in else "") + ")")
     except AssertionError as e:
         verdict = f"FAILS: {str(e).splitlines()[0]}"
     lines += ["", f"searched plan (budget 0.5x replicated, 200 simulations): {verdict}",

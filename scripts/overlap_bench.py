@@ -45,10 +45,10 @@ def run(name: str, budget: float, ilp_time: float, hardware: str) -> dict:
     plans = {}
     for mode in ("off", "on"):
         for r in out[mode]:
-            if r["step_time_s"] is None:
+            if r.step_time_s is None:
                 continue
-            label = r["strategy"] if r["strategy"] not in ("ilp", "mcts", "mcts-no-remat") else f"{r['strategy']} ({mode})"
-            plans.setdefault(label, list(r["decisions"]))
+            label = r.strategy if r.strategy not in ("ilp", "mcts", "mcts-no-remat") else f"{r.strategy} ({mode})"
+            plans.setdefault(label, list(r.decisions))
     table = []
     for label, dec in plans.items():
         rep = {m: sessions[m].evaluate(dec) for m in ("off", "on")}
@@ -61,8 +61,10 @@ def run(name: str, budget: float, ilp_time: float, hardware: str) -> dict:
         for k, r in enumerate(sorted(fitting, key=lambda r: r[f"{m}_s"])):
             r[f"rank_{m}"] = k + 1
     out["table"] = table
-    out["mcts_seconds"] = {m: next((r["search_s"] for r in out[m] if r["strategy"] == "mcts"), None) for m in ("off", "on")}
-    out["simulations"] = {m: next((r.get("simulations") for r in out[m] if r["strategy"] == "mcts"), None) for m in ("off", "on")}
+    out["mcts_seconds"] = {m: next((r.search_s for r in out[m] if r.strategy == "mcts"), None) for m in ("off", "on")}
+    out["simulations"] = {m: next((r.simulations for r in out[m] if r.strategy == "mcts"), None) for m in ("off", "on")}
+    for mode in ("off", "on"):  # as JSON: the rows with their plans' labels
+        out[mode] = [{**r.to_json(), "plan": [sessions[mode].label(d) for d in r.decisions]} for r in out[mode]]
     return out
 
 

@@ -68,7 +68,7 @@ def run(name: str, budget: float, overlap: bool) -> dict:
     dec = s.strategy("zero3")
     if mesh["tensor"] > 1:  # MaxText's activation_embed -> tensor: the embed dim of the
         # activations (the weights' FSDP dim) over the tensor axis between the layers
-        batch = set(s.analysis.roles().batch_groups)
+        batch = set(s.analysis.roles.batch_groups)
         dec += [partex.Shard(d.group, "tensor") for d in list(dec)
                 if isinstance(d, partex.Shard) and d.axis == axes[0] and d.group not in batch]
     r = s.evaluate(dec)

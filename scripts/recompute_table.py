@@ -44,12 +44,12 @@ def main() -> None:
                 extra = [(u.label, "recompute:" + kind) for u in s.units] if kind else []
                 plans.append((strat, kind, s.plan(base + extra, strategy=strat)))
         for (strat, kind, plan), out in zip(plans, s.verify_all([p for *_, p in plans])):
-            m = out["memory"]
-            colls = ", ".join(f"{k} {v['ratio']:.2f}" for k, v in out["collectives"].items()
-                              if v["ratio"] is not None)
+            m = out.memory
+            colls = ", ".join(f"{k} {v.ratio:.2f}" for k, v in out.collectives.items()
+                              if v.ratio is not None)
             print(f"{model:<12} {strat:<9} {kind or 'save':<9} {plan.predicted['step_time_s'] * 1e3:>7.3f} ms "
-                  f"{partex.format_bytes(m['predicted']):>11} {partex.format_bytes(m['xla']):>11} "
-                  f"{m['ratio']:>8.3f}  {colls}", flush=True)
+                  f"{partex.format_bytes(m.predicted):>11} {partex.format_bytes(m.xla):>11} "
+                  f"{m.ratio:>8.3f}  {colls}", flush=True)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def check_search_fits(mod, fraction: float = 0.5, simulations: int = 300, **make
     plan = s.best_plan()
     assert plan.decisions or any(f["axis"] for f in plan.fixed), "the searched plan shards nothing"
     out = s.verify(plan, run=True, mark=False)
-    assert out["fits"], (f"XLA puts the searched plan at {partex.format_bytes(out['memory']['xla'])} over the "
-                         f"{partex.format_bytes(budget)} budget (predicted {partex.format_bytes(out['memory']['predicted'])})")
-    assert out["numerics"]["ok"], out["numerics"]
+    assert out.fits, (f"XLA puts the searched plan at {partex.format_bytes(out.memory.xla)} over the "
+                         f"{partex.format_bytes(budget)} budget (predicted {partex.format_bytes(out.memory.predicted)})")
+    assert out.numerics.ok, out.numerics
     return out

@@ -80,7 +80,7 @@ def test_x_times_x_transpose_is_a_conflict():
 
 def test_plain_mlp_has_no_conflict():
     res = analyze_model("mlp")
-    assert res.analysis.conflicts == []
+    assert res.analysis.conflicts == ()
     assert res.analysis.unknown_primitives == {}
 
 
@@ -284,7 +284,7 @@ def test_titles_name_activations_by_the_function_that_makes_them_and_labels_stay
     GroupNorm and upsampling reshapes, the conv's reversed kernel), not by a primitive; its
     label, the name plan and session files give its decisions, stays the structural one."""
     an = analyze_model("unet").analysis
-    titles = an.titles()
+    titles = an.titles
     by_label = {g.label: titles[g.id] for g in an.decision_groups}
     assert by_label["reshape[4]"] == "group_norm[4]" and by_label["reshape[4]#4"] == "group_norm[4]#4"
     assert by_label["broadcast_in_dim[2]"] == "upsample[2]" and by_label["reshape[4]#5"] == "upsample[4]#2"
@@ -302,7 +302,7 @@ def test_a_plan_naming_a_group_by_its_label_resolves_to_that_group_whatever_its_
     import json
 
     from partex import Plan, Session, Shard
-    from partex._plan import resolve_decisions
+    from partex._planned import resolve_decisions
 
     s = Session.from_spec("unet", preset="tiny", mesh="data=4,model=2")
     plan = s.plan([("reshape[4]#5", "model"), ("batch", "data")])
@@ -315,7 +315,7 @@ def test_a_plan_naming_a_group_by_its_label_resolves_to_that_group_whatever_its_
     d0, _ = resolve_decisions(Plan.load(tmp_path / "plan.json"), an)
     assert isinstance(d0, Shard) and d0.axis == "model"
     g = d0.group
-    assert an.titles()[g] == "upsample[4]#2"
+    assert an.titles[g] == "upsample[4]#2"
     assert s.group("reshape[4]#5").id == g  # a pin by label (the CLI's, a session file's)
     s.pin("reshape[4]#5", "model")
     assert s.to_json()["pins"] == [{"group": "reshape[4]#5", "axis": "model"}]
@@ -324,7 +324,7 @@ def test_a_plan_naming_a_group_by_its_label_resolves_to_that_group_whatever_its_
 def test_the_demos_keep_their_familiar_titles():
     for name in ("transformer", "moe", "llama"):
         an = analyze_model(name).analysis
-        titles = an.titles()
+        titles = an.titles
         shown = {titles[g.id] for g in an.decision_groups}
         assert {"batch", "d_model", "ffn", "heads", "vocab"} <= shown, (name, shown)
         assert all(titles[g.id] == g.label for g in an.decision_groups if g.label.split("#")[0] in
@@ -344,7 +344,7 @@ def test_a_models_batch_without_axis_names_is_titled_by_its_role():
     from partex import analyze as analyze_fn
 
     an = analyze_fn(step, params, jnp.zeros((32, 16))).analysis
-    titles = {g.label: an.titles()[g.id] for g in an.decision_groups}
+    titles = {g.label: an.titles[g.id] for g in an.decision_groups}
     assert titles["x[0]"] == "batch", titles
     assert titles["params/w1[1]"] == "params/w1[1]", titles
 
@@ -358,13 +358,13 @@ def test_a_unet_block_output_joined_to_a_skip_connection_is_no_vocabulary():
     hand strategies); the roles say they are joined groups, the LM's head and embedding
     are not."""
     an = analyze_model("unet").analysis
-    roles = an.roles()
+    roles = an.roles
     up0 = an.group_by_label("channels#7")  # up/0's conv2 and skip outputs, concatenated into up/1
     assert roles.joined_groups == (up0.id,)
     assert set(roles.joined_groups) <= set(roles.vocab_groups)
     tr = analyze_model("transformer").analysis
-    assert [tr.groups[g].label for g in tr.roles().vocab_groups] == ["vocab", "vocab#2"]
-    assert tr.roles().joined_groups == ()
+    assert [tr.groups[g].label for g in tr.roles.vocab_groups] == ["vocab", "vocab#2"]
+    assert tr.roles.joined_groups == ()
 
 
 def test_a_matmul_output_concatenated_into_a_contracted_dim_is_joined_not_vocabulary():
@@ -383,7 +383,7 @@ def test_a_matmul_output_concatenated_into_a_contracted_dim_is_joined_not_vocabu
     an, p = res.analysis, res.program
     w1 = _input(p, "params/w1")
     w2 = _input(p, "params/w2")
-    roles = an.roles()
+    roles = an.roles
     assert an.group_of(w1, 1) in roles.joined_groups  # contracted by w2, after the concatenate
     assert an.group_of(w2, 1) in roles.vocab_groups  # produced, never contracted: the head's output
     assert an.group_of(w2, 1) not in roles.joined_groups

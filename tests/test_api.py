@@ -97,7 +97,7 @@ def test_session_from_spec_holds_analysis_baselines_search_and_pins():
     assert any(d.pinned for d in plan.decisions)
     notes = s.reconfigure(mesh="data=8")  # the model axis leaves the mesh: both are dropped
     assert len(notes) == 2 and all("dropped" in n for n in notes) and s.pins == []
-    assert s.stats()["simulations"] == 0 and s.mesh.text() == "data=8"
+    assert s.stats().simulations == 0 and s.mesh.text() == "data=8"
 
 
 def test_public_names_resolve():
@@ -171,8 +171,8 @@ def test_a_plan_xla_puts_over_the_budget_is_marked_and_the_best_moves_on():
     best = s.best()
     assert best is not None and best.report.memory.peak <= s.hardware.budget
     out = s.verify()
-    assert out["memory"]["xla"] > s.hardware.budget and not out["fits"], out["memory"]
-    assert out["marked_infeasible"]
+    assert out.memory.xla > s.hardware.budget and not out.fits, out.memory
+    assert out.marked_infeasible
     after = s.best()
     assert after is None or (after.decisions != best.decisions and after.report.fits)
     assert s._search._evals[s._search._key(best.decisions)][2] is False  # scored as not fitting from now on
@@ -238,7 +238,7 @@ def test_static_leaves_are_closed_over_and_left_out_of_the_plan(tmp_path):
     want_state, want_loss = step(state, batch)
     assert got_state["cfg"] == {"act": Act.RELU, "name": "mlp"}
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
-    assert s.verify(plan, run=True)["numerics"]["ok"]
+    assert s.verify(plan, run=True).numerics.ok
     tanh = {"params": params, "cfg": {"act": Act.TANH, "name": "mlp"}}
     np.testing.assert_allclose(planned(tanh, batch)[1], step(tanh, batch)[1], rtol=1e-5)
     assert planned(state, batch)[1] == got_loss

@@ -12,7 +12,8 @@ import pytest
 from partex import PartexError, analyze_model
 from partex.cost import CostModel
 from partex import MeshSpec, Plan, get_hardware, parse_bytes
-from partex._plan import default_donate, make_plan
+from partex._planned import default_donate
+from partex._planning import make_plan
 from partex._strategies import strategy_decisions
 from partex.cli import main
 

@@ -92,9 +92,9 @@ def test_a_session_file_from_before_the_types_resumes(tmp_path):
     assert best is not None
     assert [d.to_json() for d in best.decisions] == saved["search"]["best"][1]
     assert best.report.step_time == pytest.approx(saved["search"]["best"][0], rel=1e-12)
-    assert s.stats()["simulations"] == saved["search"]["simulations"]
+    assert s.stats().simulations == saved["search"]["simulations"]
     s.step(8)
-    assert s.stats()["simulations"] == saved["search"]["simulations"] + 8
+    assert s.stats().simulations == saved["search"]["simulations"] + 8
     assert all(p in s.best().decisions for p in s.pins)
     # saved again: the same format, the decisions as pairs
     s.save(tmp_path / "again.json")

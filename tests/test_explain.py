@@ -14,7 +14,7 @@ from partex._analysis import analyze
 from partex.cost import CostModel
 from partex._explain import explain, xla_collectives
 from partex._loader import axis_names_by_value
-from partex._plan import resolve_decisions
+from partex._planned import resolve_decisions
 from partex._program import abstract
 
 MESH = "data=4,model=2"
@@ -36,8 +36,8 @@ def test_xla_collective_bytes_are_matched_to_predicted_ones_by_source_line(model
         if name == "dp":
             continue
         out = partex.verify(plan, m.fn, m.args, axis_names=m.axis_names, explain=True)
-        ex = out["explain"]
-        assert ex["xla_bytes"] == pytest.approx(sum(c["xla_bytes"] for c in out["collectives"].values()))
+        ex = out.explain
+        assert ex["xla_bytes"] == pytest.approx(sum(c.xla_bytes for c in out.collectives.values()))
         assert ex["matched_fraction"] >= 0.9, (model, name, ex["matched_fraction"])
         for row in ex["collectives"]:
             if row["matched"]:

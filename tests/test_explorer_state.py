@@ -71,19 +71,19 @@ def test_verify_in_the_explorer_marks_a_plan_over_budget_and_the_best_moves_on(t
         _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
         st.step_size = 100
         st.step()
-        _settle(st, lambda: st.best is not None and st.stats.get("simulations", 0) >= 100, "a plan")
+        _settle(st, lambda: st.best is not None and st.stats.simulations >= 100, "a plan")
         budget = math.ceil(st.best.report.memory.peak)  # that plan, exactly at the budget
         st.margin_text = "0"  # (with no margin kept free: XLA needs ~3-13% more than predicted here)
         st.budget_text = str(budget)
         _settle(st, lambda: st.phase == "ready" and st.config.hw.budget == budget and not st.busy, "the new budget")
         st.step()
-        _settle(st, lambda: st.best is not None and st.stats.get("simulations", 0) >= 100, "a plan under it")
+        _settle(st, lambda: st.best is not None and st.stats.simulations >= 100, "a plan under it")
         best = st.best
         st.shown_plan = "search"
         st.verify()
         _settle(st, lambda: st.verify_status.startswith(("done", "failed")), "XLA's verdict")
         out = st.verify_result
-        assert out is not None and out["memory"]["xla"] > budget and not out["fits"], (st.message, out)
+        assert out is not None and out.memory.xla > budget and not out.fits, (st.message, out)
         assert "marked infeasible" in st.message, st.message
         _settle(st, lambda: st.best is None or st.best.decisions != best.decisions, "the best to move on")
     finally:
@@ -169,14 +169,14 @@ def test_the_pause_message_counts_what_the_page_shows_once_the_search_stopped(tm
     try:
         _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
         st.run()
-        _settle(st, lambda: st.stats.get("simulations", 0) >= 20, "the search to run")
+        _settle(st, lambda: st.stats.simulations >= 20, "the search to run")
         # the search goes on past what the page last showed
-        shown = st.stats["simulations"]
-        wait_for(lambda: st.runner.receive().stats.get("simulations", 0) > shown, what="more simulations")
+        shown = st.stats.simulations
+        wait_for(lambda: st.runner.receive().stats.simulations > shown, what="more simulations")
         st.pause()
         _settle(st, lambda: not st.runner.receive().running and st.stats is st.runner.receive().stats,
                 "the search's last snapshot")
-        final = st.stats["simulations"]
+        final = st.stats.simulations
         assert final > shown
         assert st.message.startswith(f"paused after {final:,} simulations"), (st.message, final)
         assert st.message_level == "info"
@@ -241,13 +241,13 @@ def test_a_full_size_preset_says_its_budget_suggests_a_mesh_and_keeps_its_warnin
         st.run()
         assert st.message.startswith(warning) and "searching on" in st.message
         # a full-size U-Net's first simulations take seconds each: the same wait as its loading
-        _settle(st, lambda: st.stats.get("simulations", 0) > 0, "a simulation", timeout=300)
+        _settle(st, lambda: st.stats.simulations > 0, "a simulation", timeout=300)
         st.pause()
         _settle(st, lambda: not st.runner.receive().running and st.stats is st.runner.receive().stats,
                 "the search to stop")
         assert st.best is None or not st.best.report.fits  # (a plan that fits would end the warning)
         assert st.message_level == "warning" and st.message.startswith(warning), st.message
-        assert f"paused after {st.stats['simulations']:,} simulations" in st.message
+        assert f"paused after {st.stats.simulations:,} simulations" in st.message
     finally:
         st.close()
 
@@ -286,7 +286,7 @@ def test_an_uploaded_plan_then_another_model_loads_and_the_search_goes_on(tmp_pa
         assert st.uploaded is None and st.pins == []  # another model's plan and pins do not apply here
         assert st.message_level != "danger", st.message
         st.step()
-        _settle(st, lambda: st.stats.get("simulations", 0) >= st.step_size, "the mlp's search to step")
+        _settle(st, lambda: st.stats.simulations >= st.step_size, "the mlp's search to step")
     finally:
         st.close()
 
@@ -312,7 +312,7 @@ def test_an_exception_in_a_jobs_result_is_one_line_and_the_session_goes_on(tmp_p
         st.mesh_text = "data=8"
         _settle(st, lambda: st.config.mesh.text() == "data=8" and st.phase == "ready", "the next mesh")
         st.step()
-        _settle(st, lambda: st.stats.get("simulations", 0) >= st.step_size, "the search to step")
+        _settle(st, lambda: st.stats.simulations >= st.step_size, "the search to step")
     finally:
         st.close()
 
@@ -339,5 +339,25 @@ def test_an_exception_in_a_page_callback_is_shown_on_that_page(tmp_path, caplog)
         assert st.message_level == "danger" and "a bug in a button's handler" in st.message
         assert any(r.exc_info for r in caplog.records)
         assert st.phase == "ready"  # the page goes on
+    finally:
+        st.close()
+
+
+def test_a_bad_value_typed_while_a_new_mesh_loads_keeps_its_mark(tmp_path):
+    """A mesh change starts a new search (a load job); a bad budget typed before it lands is
+    marked at once, and the load's arrival does not wipe the mark: the page never says a
+    value is in force that was refused. While the job runs, the page is busy with it."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.mesh_text = "data=2,model=4"
+        assert "load" in st.busy and not st.field_error  # the job first, then the mark gone
+        st.budget_text = "lots"
+        assert "budget" in st.field_error, st.field_error
+        _settle(st, lambda: "load" not in st.busy, "the new mesh's search")
+        assert st.config.mesh.text() == "data=2,model=4"
+        assert "budget" in st.field_error, st.field_error  # still marked: "lots" is not in force
+        st.budget_text = "3MiB"
+        assert not st.field_error
     finally:
         st.close()

@@ -16,7 +16,7 @@ import demo_models
 import partex
 from partex._export import logical_spec
 from partex._loader import axis_names_by_value
-from partex._plan import _norm, _spec_axes, spec_to_json
+from partex._specs import norm_spec, spec_axes, spec_to_json
 from partex._verify import compare_outputs
 
 MESH = "data=4,model=2"
@@ -101,7 +101,7 @@ def test_rules_of_zero3_on_the_demo_transformer_give_every_named_leaf_its_spec()
     by_value = axis_names_by_value(s.program, model.axis_names)
     for vid, path in zip(s.program.inputs, s.program.input_paths):
         if by_value.get(vid):
-            assert _norm(spec_to_json(logical_spec(by_value[vid], r.rules))) == _norm(p.inputs[path]), path
+            assert norm_spec(spec_to_json(logical_spec(by_value[vid], r.rules))) == norm_spec(p.inputs[path]), path
 
 
 def partex_cli(*args, **kw):
@@ -125,7 +125,7 @@ def test_cli_export_writes_files_and_shows_what_is_lost(plan, tmp_path):
     assert d["format"] == "partex-flax-rules" and 0 < d["matched_fraction"] <= 1
     # what one rule list cannot say (a logical name the plan shards two ways) is listed
     assert (d["matched_fraction"] == pytest.approx(1.0)) == (not d["conflicts"])
-    assert tuple(dict((n, a) for n, a in d["rules"])["batch"] or ()) == tuple(_spec_axes(batch_leaf[0]))
+    assert tuple(dict((n, a) for n, a in d["rules"])["batch"] or ()) == tuple(spec_axes(batch_leaf[0]))
     # bad input: one line, exit 2
     r = partex_cli("export", str(tmp_path / "missing.json"), "--format", "specs")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot read plan" in r.stderr
@@ -138,8 +138,8 @@ def test_cli_export_writes_files_and_shows_what_is_lost(plan, tmp_path):
 def test_verify_export_compares_the_specs_alone_with_the_full_plan(plan):
     model = demo_models.build("transformer", "tiny")
     out = partex.verify(plan, model.fn, model.args, run=True, axis_names=model.axis_names, export="specs")
-    c = out["comparison"]
-    assert c["plan"]["memory"] == out["memory"]["xla"]
+    c = out.comparison
+    assert c is not None and c["plan"]["memory"] == out.memory.xla
     # the plan's constraints matter: without them XLA places the intermediates otherwise
     assert c["export"]["memory"] != c["plan"]["memory"] or c["export"]["collectives"] != c["plan"]["collectives"]
     assert c["export"]["numerics"]["ok"]

@@ -67,7 +67,7 @@ def test_first_view_holds_every_group_without_overlaps(model):
     else:
         assert any(isinstance(n, str) for n in lay.nodes)
     # clusters split by role first: a cluster's groups all play its role
-    roles = an.roles()
+    roles = an.roles
     for c in lay.tree.clusters.values():
         if c.role == "pair":
             assert set(c.groups) <= set(roles.pair_groups)

@@ -149,12 +149,12 @@ def test_a_plan_sharding_the_rows_runs_right_and_its_halos_are_priced_as_xla_sen
     s = conv_session
     plan = s.plan([(s.group(d.rsplit(":", 1)[0]).label, d.rsplit(":", 1)[1]) for d in decisions])
     out = s.verify(plan, run=True)
-    assert out["numerics"]["ok"], out["numerics"]
-    colls = out["collectives"]
-    assert colls["collective-permute"]["xla_bytes"] > 0
-    assert colls["collective-permute"]["ratio"] == pytest.approx(1.0), colls
+    assert out.numerics.ok, out.numerics
+    colls = out.collectives
+    assert colls["collective-permute"].xla_bytes > 0
+    assert colls["collective-permute"].ratio == pytest.approx(1.0), colls
     # the filter gradients exactly; XLA may reduce the 4-byte loss once per mesh axis
-    assert abs(colls["all-reduce"]["predicted_bytes"] - colls["all-reduce"]["xla_bytes"]) <= 4, colls
+    assert abs(colls["all-reduce"].predicted_bytes - colls["all-reduce"].xla_bytes) <= 4, colls
 
 
 @pytest.mark.parametrize("cut", ["1:33", ":32", "2:66"])
@@ -175,9 +175,9 @@ def test_a_sharded_slice_reads_its_neighbours_rows_as_xla_sends_them(cut, axis):
     sl = next(op for op in an.program.ops if op.primitive == "slice")
     assert an.group_of(sl.inputs[0], 1) == an.group_of(sl.outputs[0], 1)
     out = s.verify(s.plan([(s.group("x:1").label, axis)]), run=True)
-    c = out["collectives"]["collective-permute"]
-    assert out["numerics"]["ok"] and c["predicted_bytes"] == c["xla_bytes"], c
-    assert (c["xla_bytes"] > 0) == ((cut, axis) != ("2:66", "model")), c
+    c = out.collectives["collective-permute"]
+    assert out.numerics.ok and c.predicted_bytes == c.xla_bytes, c
+    assert (c.xla_bytes > 0) == ((cut, axis) != ("2:66", "model")), c
 
 
 def _roll_step(shift):
@@ -201,8 +201,8 @@ def test_a_sharded_roll_is_one_rotation_priced_as_xla_sends_it(shift, axis):
     assert ops.count("roll") == 2 and "concatenate" not in ops and "pad" not in ops, ops
     assert len(s.analysis.decision_groups) == 3  # batch, rows, features: rows rotate together
     out = s.verify(s.plan([(s.group("x:1").label, axis)]), run=True)
-    c = out["collectives"]
-    assert out["numerics"]["ok"], out["numerics"]
-    assert c["collective-permute"]["xla_bytes"] > 0
-    assert c["collective-permute"]["predicted_bytes"] == c["collective-permute"]["xla_bytes"], c
-    assert all(v["xla_bytes"] == 0 for k, v in c.items() if k != "collective-permute"), c
+    c = out.collectives
+    assert out.numerics.ok, out.numerics
+    assert c["collective-permute"].xla_bytes > 0
+    assert c["collective-permute"].predicted_bytes == c["collective-permute"].xla_bytes, c
+    assert all(v.xla_bytes == 0 for k, v in c.items() if k != "collective-permute"), c

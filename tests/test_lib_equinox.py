@@ -59,7 +59,7 @@ def test_equinox_roles_of_partitioned_params_follow_the_step():
     for mod in (MOD, SCAN):
         fn, args = mod.make()
         res = partex.analyze(fn, *args)
-        roles, p = res.analysis.roles(), res.program
+        roles, p = res.analysis.roles, res.program
         want = {"params": roles.parameters, "opt_state": roles.optimizer, "batch": roles.data}
         for vid, path in zip(p.inputs, p.input_paths):
             assert vid in want[path.split("/")[0]], path

@@ -127,7 +127,7 @@ def test_flax_rules_of_zero3_train_under_nn_logical_axis_rules_without_partex():
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
     # verify: XLA's figures of the rules alone beside the full plan, and their numerics
     out = partex.verify(plan, fn, args, axis_names=names, run=True, export="flax-rules")
-    c = out["comparison"]
+    c = out.comparison
     assert c["export"]["numerics"]["ok"] and c["plan"]["numerics"]["ok"]
     assert c["export"]["collectives"]["all-gather"] > 0  # the weights gathered over data, as ZeRO-3 does
     assert "flax-rules alone" in partex.export_table(out)

@@ -35,7 +35,7 @@ def test_flax_nnx_roles_of_the_split_state_follow_the_step():
     fn, (state, opt_state, batch) = MOD.make()
     assert isinstance(state, nnx.State)
     res = partex.analyze(fn, state, opt_state, batch)
-    roles, p = res.analysis.roles(), res.program
+    roles, p = res.analysis.roles, res.program
     want = {"state": roles.parameters, "opt_state": roles.optimizer, "batch": roles.data}
     for vid, path in zip(p.inputs, p.input_paths):
         assert vid in want[path.split("/")[0]], path

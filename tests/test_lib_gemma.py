@@ -49,8 +49,8 @@ def test_gemma_search_fits_under_a_budget_that_forces_sharding():
     whole-lr differences where a gradient is ~0) moves a correct plan's outputs by up to ~0.25
     of their scale, as far as a misplaced shard would."""
     out = lc.check_search_fits(MOD, simulations=200)
-    assert out["numerics"]["computed_in"] == "float32 (the step's bfloat16 promoted)", out["numerics"]
-    assert out["numerics"]["max_rel_err"] < 1e-5, out["numerics"]
+    assert out.numerics.computed_in == "float32 (the step's bfloat16 promoted)", out.numerics
+    assert out.numerics.max_rel_err < 1e-5, out.numerics
 
 
 def test_gemma_bfloat16_outputs_differ_by_rounding_alone_where_float32_does_not():
@@ -68,5 +68,5 @@ def test_gemma_bfloat16_outputs_differ_by_rounding_alone_where_float32_does_not(
     got = jax.tree_util.tree_leaves(planned(*jax.tree_util.tree_map(jnp.copy, args)))  # it donates its args
     native = compare_outputs(list(s.program.output_paths), want, got)
     assert not native["ok"] and native["loss_rel_err"] < 1e-4, native
-    assert s.verify(s.plan(strategy="megatron"), run=True, mark=False)["numerics"]["ok"]
+    assert s.verify(s.plan(strategy="megatron"), run=True, mark=False).numerics.ok
     assert np.dtype(jax.tree_util.tree_leaves(args[0])[0].dtype) == np.dtype(jnp.bfloat16)

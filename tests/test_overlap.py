@@ -68,7 +68,7 @@ def test_a_reduction_the_next_op_reads_stays_exposed():
     assert len(dec) == 2
     r = s.evaluate(dec)
     _consistent(r)
-    fwd = s.analysis.roles().forward_ops
+    fwd = s.analysis.roles.forward_ops
     forward = [c for c in r.collectives if c.kind == "all-reduce" and c.op in fwd]
     assert forward and r.comm_time > 0.1 * r.compute_time
     for c in forward:

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from partex import FactorKind, ModelAnalysis, trace
 from partex._analysis import analyze
 from partex import LoadedModel, MeshSpec, Shard, get_hardware
-from partex._plan import make_plan
+from partex._planning import make_plan
 from partex._search import Search
 
 SCALE = 10 if os.environ.get("PARTEX_HYPOTHESIS_LARGE") else 1

@@ -25,10 +25,10 @@ def test_a_resolution_picks_which_dim_of_the_scores_keeps_the_axis():
         spec = s.cost_model.value_specs(s.decisions(dec))[vid]
         seen[how] = (spec[a], spec[b])
         out = s.verify(s.plan(dec), run=True, mark=False)
-        assert out["numerics"]["ok"], (how, out["numerics"])
-        for kind, coll in out["collectives"].items():
-            if coll["xla_bytes"] or coll["predicted_bytes"]:
-                assert coll["ratio"] == pytest.approx(1.0, abs=0.02), (how, kind, coll)
+        assert out.numerics.ok, (how, out.numerics)
+        for kind, coll in out.collectives.items():
+            if coll.xla_bytes or coll.predicted_bytes:
+                assert coll.ratio == pytest.approx(1.0, abs=0.02), (how, kind, coll)
     assert seen == {None: (("data",), ()), "second": ((), ("data",)), "neither": ((), ())}
     # "neither" moves Q, K and V whole; the default K and V only
     r = {how: s.evaluate(base + ([("seq", "resolve:" + how)] if how else [])) for how in (None, "neither")}

@@ -14,7 +14,7 @@ from partex import demo_models
 from partex.cost import CostModel
 from partex._ilp import solve_ilp
 from partex._mesh import MeshSpec, get_hardware
-from partex._plan import default_donate
+from partex._planned import default_donate
 from partex._program import trace
 from partex._roles import mirror_map
 from partex._search import Search
@@ -48,7 +48,7 @@ def _role(roles, vid: int) -> str:
 @pytest.mark.parametrize("name", DEMOS)
 def test_roles_of_demo_inputs_follow_the_step_structure(name):
     res = _analysed(name)
-    p, roles = res.program, res.analysis.roles()
+    p, roles = res.program, res.analysis.roles
     # ground truth: the demos' train_step(params, opt_state, batch) layout
     for vid, path in zip(p.inputs, p.input_paths):
         assert _role(roles, vid) == ROLE_OF_ARG[path.split("/")[0]], path
@@ -206,7 +206,7 @@ def test_gradient_metrics_and_a_scale_einsum_leave_the_roles_alone():
 
     params = {"w1": jnp.ones((64, 256)), "w2": jnp.ones((256, 32)), "scale": jnp.ones((64,))}
     an = analyze_loaded(LoadedModel("gn", step, (params, tx.init(params), jnp.ones((32, 64)), jnp.ones((32, 32)))))
-    roles = an.analysis.roles()
+    roles = an.analysis.roles
     labels = lambda gs: [an.analysis.groups[g].label for g in gs]  # noqa: E731
     assert labels(roles.pair_groups) == ["params/w1[1]"]
     assert roles.expert_groups == ()

@@ -28,7 +28,7 @@ def test_same_seed_same_plan(tiny):
     a.step(60)
     b.step(60)
     assert a.best().decisions == b.best().decisions
-    assert a.stats()["nodes"] == b.stats()["nodes"]
+    assert a.stats().nodes == b.stats().nodes
 
 
 def test_every_returned_plan_fits_and_improves_on_replicated(tiny):
@@ -39,15 +39,15 @@ def test_every_returned_plan_fits_and_improves_on_replicated(tiny):
     best = s.best()
     assert best is not None and best.report.fits and best.report.memory.peak <= parse_bytes("2MiB")
     st = s.stats()
-    assert st["simulations"] == 150 and st["nodes"] > 10 and st["root_actions"]
-    assert st["best_history"] and st["best_history"][-1][2] == pytest.approx(best.report.step_time)
+    assert st.simulations == 150 and st.nodes > 10 and st.root_actions
+    assert st.best_history and st.best_history[-1][2] == pytest.approx(best.report.step_time)
 
 
 def test_impossible_budget_returns_nothing_and_reports_smallest(tiny):
     s = _search(tiny, memory="1KiB")
     s.step(40)
     assert s.best() is None and s.best_plan() is None
-    assert s.stats()["smallest_memory"] > 1024
+    assert s.stats().smallest_memory > 1024
 
 
 def test_pins_and_forbids_are_honoured(tiny):
@@ -98,11 +98,11 @@ def test_save_and_resume_continues_the_same_search(tmp_path, tiny):
     part.save(tmp_path / "s.session.json")
     resumed = Session.load(tmp_path / "s.session.json", analyses=lambda spec: tiny)
     resumed.step(40)
-    assert resumed.stats()["simulations"] == 80
+    assert resumed.stats().simulations == 80
     # the same plan: the same groups in the same order on each axis (a pin reorders the
     # best plan's decisions, pins first, and order across axes means nothing)
     assert _per_axis(resumed.best().decisions) == _per_axis(straight.best().decisions)
-    assert resumed.stats()["nodes"] == straight.stats()["nodes"]
+    assert resumed.stats().nodes == straight.stats().nodes
 
 
 def test_a_tampered_or_foreign_session_file_is_one_clear_error(tmp_path, tiny):
@@ -279,7 +279,7 @@ def test_sigterm_during_search_keeps_the_plan_and_the_state(tmp_path):
     assert d["interrupted"] and d["fits"]
     assert Plan.load(out).strategy == "mcts"
     resumed = Session.load(state)
-    assert resumed.stats()["simulations"] == d["simulations"]
+    assert resumed.stats().simulations == d["simulations"]
     assert os.path.getsize(state) > 0
 
 

@@ -159,7 +159,7 @@ def test_argmax_over_a_sharded_vocabulary_is_a_reduction_priced_as_xla_does():
     vocab = s.group("w:1").label
     assert s.evaluate([(vocab, "model")]).collective_bytes["all-gather"] == 16 * 4 * (4 + 4)
     out = s.verify(s.plan([(vocab, "model")]), run=True)
-    assert out["collectives"]["all-gather"]["ratio"] == 1.0 and out["numerics"]["ok"], out
+    assert out.collectives["all-gather"].ratio == 1.0 and out.numerics.ok, out
 
 
 def test_batched_linear_algebra_shards_its_batch_dims_with_vector_results_too():
@@ -200,7 +200,7 @@ def test_flattening_batch_and_sequence_keeps_both_shardings_where_the_blocks_lin
     predicted = s.evaluate(decisions).collective_bytes.get("all-gather", 0.0)
     assert (predicted == 0) == (batch == 4), predicted
     out = s.verify(s.plan(decisions), run=True)
-    assert out["numerics"]["ok"] and out["collectives"]["all-gather"]["xla_bytes"] == predicted, out["collectives"]
+    assert out.numerics.ok and out.collectives["all-gather"].xla_bytes == predicted, out.collectives
 
 
 def _attention_step(B, T, H, Dh):
@@ -242,10 +242,10 @@ def test_more_devices_than_heads_split_the_axis_in_the_mesh(mesh, heads_on, head
     head_dim = s.analysis.groups[s.analysis.group_of(rs.outputs[0], 3)].label
     decisions = [(heads, a) for a in heads_on] + [(head_dim, a) for a in head_dim_on]
     out = s.verify(s.plan(decisions), run=True)
-    c = out["collectives"]
-    assert out["numerics"]["ok"], out["numerics"]
-    assert c["all-gather"]["xla_bytes"] == c["all-gather"]["predicted_bytes"] == gathered, c
-    assert c["all-reduce"]["xla_bytes"] == c["all-reduce"]["predicted_bytes"], c
+    c = out.collectives
+    assert out.numerics.ok, out.numerics
+    assert c["all-gather"].xla_bytes == c["all-gather"].predicted_bytes == gathered, c
+    assert c["all-reduce"].xla_bytes == c["all-reduce"].predicted_bytes, c
 
 
 def test_scan_outputs_stay_sharded_along_the_loop_axis():
@@ -271,7 +271,7 @@ def test_scan_outputs_stay_sharded_along_the_loop_axis():
     report = s.evaluate([(loop, "data")])
     assert report.collective_bytes == {} and report.memory.outputs == 16 * 8 * 32 * 4 / 4
     out = s.verify(s.plan([(loop, "data")]), run=True)
-    assert out["numerics"]["ok"], out["numerics"]
-    assert all(c["xla_bytes"] == 0 for c in out["collectives"].values()), out["collectives"]
-    assert out["xla_memory"]["output"] == 16 * 8 * 32 * 4 / 4
+    assert out.numerics.ok, out.numerics
+    assert all(c.xla_bytes == 0 for c in out.collectives.values()), out.collectives
+    assert out.xla_memory["output"] == 16 * 8 * 32 * 4 / 4
 

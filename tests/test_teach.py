@@ -86,7 +86,7 @@ def test_the_first_step_counts_what_was_traced(state):
 
 def test_the_named_dimensions_step_shows_the_batch_and_a_tensor_parallel_pair(state):
     an = state.workspace.an
-    roles = an.roles()
+    roles = an.roles
     batch, pair = roles.batch_groups[0], roles.pair_groups[0]
     step = _by_title(walkthrough(state), "Named dimensions")
     assert step.action == {"selected_group": pair}
@@ -131,7 +131,7 @@ def _named_collective(body: str, report, label: str, ops, inside: bool):
 
 def test_the_collective_steps_name_collectives_of_the_baselines_with_their_cause(state):
     an = state.workspace.an
-    roles = an.roles()
+    roles = an.roles
     steps = walkthrough(state)
     dp = _by_title(steps, "A decision becomes collectives")
     assert dp.action == {"shown_plan": "dp"}
@@ -188,7 +188,7 @@ def test_next_and_back_walk_the_steps_and_apply_their_actions(state):
     assert state.selected_group == state.workspace.an.conflicts[0].group
     assert f"Step {conflict + 1} of {len(steps)}" in view.head.object
     view.back()
-    assert state.selected_group == state.workspace.an.roles().pair_groups[0]
+    assert state.selected_group == state.workspace.an.roles.pair_groups[0]
     assert view.next_btn.label == "Next ▶"
     view.close()
     assert not view.visible and view.index is None and view.target == ""
@@ -217,7 +217,7 @@ def test_on_the_mlp_the_conflict_step_is_left_out_and_another_model_closes_the_w
                                              "Memory per device", "Search", "Predicted vs XLA", "Compare"]
         assert not any(s.title.startswith("A conflict") for s in steps)
         assert f"<b>{len(an.decision_groups)} decision groups</b>" in steps[0].body
-        roles = an.roles()
+        roles = an.roles
         assert steps[1].action == {"selected_group": roles.pair_groups[0]}
         batch = an.groups[roles.batch_groups[0]].label
         _named_collective(steps[2].body, st.baselines["dp"].report, batch, roles.forward_ops, inside=False)
@@ -250,7 +250,7 @@ def test_closing_the_walkthrough_puts_back_the_plan_the_group_and_the_compared_p
     compare = CompareView(state=state)
     view = TeachView(state=state, compare=CompareChoice(compare))
     an = state.workspace.an
-    batch = an.roles().batch_groups[0]
+    batch = an.roles.batch_groups[0]
     state.param.update(shown_plan="dp", selected_group=batch)
     before = (compare.a.value, compare.b.value, dict(compare._picked))
     assert before[:2] != ("megatron", "zero3")

@@ -41,12 +41,12 @@ with open(EXAMPLE.__file__) as f:
 def test_user_shardings_are_read_with_their_source_lines():
     step, args = make_step(_mesh())
     an = partex.analyze(step, *args).analysis
-    kinds = {us.kind for us in an.user_shardings()}
+    kinds = {us.kind for us in an.user_shardings}
     assert {"with_sharding_constraint", "jit in_shardings"} <= kinds, kinds
-    wsc = [us for us in an.user_shardings() if us.kind == "with_sharding_constraint"]
+    wsc = [us for us in an.user_shardings if us.kind == "with_sharding_constraint"]
     assert any(CONSTRAINT_LINE in us.source for us in wsc), [us.source for us in wsc]
     assert wsc[0].spec == (("data",), ("model",)) and dict(wsc[0].mesh) == {"data": 4, "model": 2}
-    assert an.summary()["user_shardings"] == len(an.user_shardings())
+    assert an.summary()["user_shardings"] == len(an.user_shardings)
     listed = an.to_json()["user_sharding_list"]
     assert {tuple(x["groups"]) for x in listed if x["kind"] == "with_sharding_constraint"} == {("x[0]", "params/w1[1]")}
 
@@ -99,10 +99,10 @@ def test_a_dim_a_constraint_leaves_replicated_is_replicated_in_that_value_only()
     gathers = s.evaluate([(hidden.label, "model")]).collective_bytes.get("all-gather", 0)
     assert gathers >= 32 * 256 * 4 / 4 * (1 - 1 / 2)  # the hidden activation, gathered over model
     out = s.verify(plan, run=True)
-    assert out["numerics"]["ok"], out["numerics"]
+    assert out.numerics.ok, out.numerics
     for kind in ("all-gather", "all-reduce"):
-        assert 0.75 <= out["collectives"][kind]["ratio"] <= 1.25, out["collectives"]
-    assert 0.65 <= out["memory"]["ratio"] <= 1.35, out["memory"]
+        assert 0.75 <= out.collectives[kind].ratio <= 1.25, out.collectives
+    assert 0.65 <= out.memory.ratio <= 1.35, out.memory
 
 
 def test_kept_constraints_predicted_like_xla_and_numerics_hold():
@@ -110,11 +110,11 @@ def test_kept_constraints_predicted_like_xla_and_numerics_hold():
     s = partex.Session(step, args, mesh="data=4,model=2")
     for strategy in ("replicated", "zero3"):
         out = s.verify(s.plan(strategy=strategy), run=True)
-        assert out["numerics"]["ok"], out["numerics"]
-        assert out["arguments"]["ratio"] == 1.0, out["arguments"]  # inputs sharded as the constraints say
-        for kind, c in out["collectives"].items():
-            if c["xla_bytes"] or c["predicted_bytes"]:  # the collectives the constraints force
-                assert c["ratio"] is not None and 0.95 <= c["ratio"] <= 1.05, (strategy, kind, c)
+        assert out.numerics.ok, out.numerics
+        assert out.arguments.ratio == 1.0, out.arguments  # inputs sharded as the constraints say
+        for kind, c in out.collectives.items():
+            if c.xla_bytes or c.predicted_bytes:  # the collectives the constraints force
+                assert c.ratio is not None and 0.95 <= c.ratio <= 1.05, (strategy, kind, c)
 
 
 def test_constraint_over_another_mesh_is_one_line_naming_it_and_replace_re_places_it():
@@ -129,7 +129,7 @@ def test_constraint_over_another_mesh_is_one_line_naming_it_and_replace_re_place
     plan = s.best_plan()
     assert json.loads(plan.dumps())["user_shardings"]["mode"] == "replace"
     out = s.verify(plan, run=True)  # the user's constraints re-placed on the plan's mesh
-    assert out["numerics"]["ok"], out["numerics"]
+    assert out.numerics.ok, out.numerics
 
 
 def test_cli_names_the_constraint_and_takes_user_shardings_replace(tmp_path):

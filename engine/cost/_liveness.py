@@ -176,7 +176,7 @@ def build_liveness(analysis, donate, fused: np.ndarray) -> Liveness:
     mid_end = end[mid] + 1
     span = mid_end - mid_def
     # input categories from the roles the program's structure gives its inputs
-    roles = analysis.roles()
+    roles = analysis.roles
     cat = [roles.category(vid) for vid in p.inputs]
     alias_pairs = _aliases(p, donate)
     in_cat = dict(zip(p.inputs, cat))
