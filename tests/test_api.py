@@ -175,7 +175,8 @@ def test_a_plan_xla_puts_over_the_budget_is_marked_and_the_best_moves_on():
     assert out.marked_infeasible
     after = s.best()
     assert after is None or (after.decisions != best.decisions and after.report.fits)
-    assert s._search._evals[s._search._key(best.decisions)][2] is False  # scored as not fitting from now on
+    ev = s._search.evaluator
+    assert ev.evals[ev.key(best.decisions)][2] is False  # scored as not fitting from now on
 
 
 def test_a_python_int_step_counter_is_a_scalar_as_jit_sees_it():

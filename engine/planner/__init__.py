@@ -1,0 +1,12 @@
+"""The search's parts, split as mctx splits a search from what it searches: the evaluation
+cache every strategy shares (``Evaluator``: a plan's score, the best plan that fits, what XLA
+rejected), the tree search over an injected score (``TreeSearch``) and the local search from
+the best plan (``LocalSearch``). ``partex._search.Search`` composes them with the pins, the
+driver (step, run) and persistence. Imports the cost model, the decision types and the
+decision space; nothing above them."""
+
+from ._evaluator import Best, Evaluator
+from ._local import LocalSearch
+from ._tree import STOP, Node, TreeSearch
+
+__all__ = ["Best", "Evaluator", "LocalSearch", "Node", "STOP", "TreeSearch"]

@@ -1,0 +1,137 @@
+"""The evaluation cache the tree search and the local search share.
+
+Each plan is keyed by the ordered groups of each slot (decisions on different mesh axes
+commute, so the same decisions in another order are one plan) and evaluated once by the cost
+model: (step time, peak memory, fits). The cache keeps the fastest plan that fits met so far
+(and when: the simulation and the search seconds) and the smallest peak met (what to ask for
+when nothing fits). A plan XLA measured over the budget (``mark_infeasible``) scores as not
+fitting from then on, and the memory model is calibrated by it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+from .._decisions import Decision
+from .._mesh import Hardware
+from .._space import DecisionSpace
+from ..cost import CostModel
+
+# The most mark_infeasible scales every prediction by: the cost model's memory is within
+# +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
+XLA_SCALE_CAP = 1.5
+
+
+class Best(NamedTuple):
+    """The fastest plan that fits met so far."""
+
+    step_time: float
+    decisions: tuple[Decision, ...]
+    simulation: int  # the simulation that first found it
+    seconds: float  # search seconds until then
+
+
+class Evaluator:
+    """Plans scored through the cost model, each once. ``progress()`` gives (simulations,
+    search seconds) now: when a new best is met."""
+
+    def __init__(self, cm: CostModel, hw: Hardware, space: DecisionSpace,
+                 progress: Callable[[], tuple[int, float]]):
+        self.cm = cm
+        self.hw = hw
+        self.space = space
+        self.progress = progress
+        self.slots = tuple(space.slots)
+        self.evals: dict[Any, tuple[float, float, bool]] = {}
+        self.best: Best | None = None
+        self.history: list[tuple[int, float, float]] = []  # (simulation, seconds, step time)
+        self.smallest_memory: tuple[float, tuple[Decision, ...]] = (math.inf, ())
+        self.xla_scale = 1.0  # XLA's / the model's memory, the most seen (mark_infeasible)
+        self.t_ref = 1e-9  # the reference step time of the score (the replicated plan's)
+
+    def key(self, decisions: Sequence[Decision]) -> tuple:
+        """The plan's key: per slot (in the space's order), its groups in decision order."""
+        per_axis: dict[str, list[int]] = {}
+        for d in decisions:
+            per_axis.setdefault(d.slot, []).append(d.id)
+        return tuple((a, tuple(per_axis[a])) for a in self.slots if a in per_axis)
+
+    def decisions_of(self, key) -> tuple[Decision, ...]:
+        """The decisions of a key, by slot."""
+        return tuple(self.space.make(a, g) for a, gs in key for g in gs)
+
+    def evaluate(self, decisions: tuple[Decision, ...]) -> tuple[float, float, bool]:
+        """(step time, peak, fits), from the cache or the cost model (which may make a new best)."""
+        key = self.key(decisions)
+        e = self.evals.get(key)
+        if e is None:
+            r = self.cm.evaluate(decisions)
+            e = self.evals[key] = (r.step_time, r.memory.peak, self.fits(r.memory.peak))
+            if r.memory.peak < self.smallest_memory[0]:
+                self.smallest_memory = (r.memory.peak, decisions)
+            if e[2] and (self.best is None or r.step_time < self.best.step_time * (1 - 1e-9)):
+                simulation, seconds = self.progress()
+                self.best = Best(r.step_time, decisions, simulation, seconds)
+                self.history.append((simulation, seconds, r.step_time))
+        return e
+
+    def score(self, decisions: tuple[Decision, ...]) -> float:
+        """The reward in [0, 1]: a plan that fits in [0.2, 1) by its step time against the
+        reference, one over the budget below 0.2 by how far over it is."""
+        t, peak, fits = self.evaluate(decisions)
+        if fits:
+            return 0.2 + 0.8 * self.t_ref / (self.t_ref + t)
+        return 0.2 * min(1.0, self.hw.limit / peak)
+
+    def fits(self, peak: float) -> bool:
+        """Within the budget less its margin, and within the budget once scaled by how far
+        XLA has measured this model's plans above their prediction (``mark_infeasible``)."""
+        return peak <= self.hw.limit and peak * self.xla_scale <= self.hw.budget
+
+    def mark_infeasible(self, decisions: Sequence[Decision], measured_peak: float) -> None:
+        """XLA measured this plan over the budget (``verify``): from now on it scores as not
+        fitting. The memory model is calibrated on the way: every plan predicted within
+        ``measured / predicted`` of the budget no longer fits either (XLA would put it over
+        too), up to ``XLA_SCALE_CAP``: a plan XLA puts further off is an outlier of its own
+        (XLA:CPU not realising one plan's recomputation at full size: T48 at sequence 2048,
+        8.3 GiB predicted and 245 GiB compiled), which must not make every other plan
+        infeasible. The caller then finds the best again (``rebest``)."""
+        key = self.key(tuple(decisions))
+        t, predicted, _ = self.evals.get(key, (math.inf, 0.0, False))
+        if predicted > 0:
+            self.xla_scale = max(self.xla_scale, min(float(measured_peak) / predicted, XLA_SCALE_CAP))
+        self.evals[key] = (t, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
+        self.evals = {k: (t, p, f and self.fits(p)) for k, (t, p, f) in self.evals.items()}
+
+    def rebest(self, pins: Sequence[Decision], forbidden: set[Decision], simulation: int, seconds: float) -> None:
+        """The best evaluated plan that honours the pins and forbids, pins first (the history
+        starts again from it)."""
+        old, self.best = self.best, None
+        self.history = []
+        pins = list(pins)
+        best = None
+        for key, (t, _, fits) in self.evals.items():
+            if not fits:
+                continue
+            decisions = self.decisions_of(key)
+            if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
+                continue
+            if best is None or t < best[0]:
+                best = (t, decisions)
+        if best is not None:
+            e = None if old is None else self.evals.get(self.key(old.decisions))
+            if old is not None and e is not None and e[2] and e[0] <= best[0] \
+                    and all(p in old.decisions for p in pins) and not any(f in old.decisions for f in forbidden):
+                best = (e[0], old.decisions)  # still the best (or as good): it keeps its order
+            ordered = tuple(pins) + tuple(d for d in best[1] if d not in pins)
+            self.best = Best(best[0], ordered, simulation, seconds)
+            self.history.append((simulation, seconds, best[0]))
+
+    def best_without_recompute(self) -> tuple[Decision, ...] | None:
+        """The fastest plan that fits among those scored with no recompute decision."""
+        best = None
+        for key, (t, _, fits) in self.evals.items():
+            if fits and all(self.space.on_group(a) for a, _ in key) and (best is None or t < best[0]):
+                best = (t, key)
+        return None if best is None else self.decisions_of(best[1])
