@@ -21,27 +21,27 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
 from ._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, Shard
 from ._errors import PartexError
-from ._exhaustive import ExhaustiveResult
-from ._export import FORMATS as EXPORT_FORMATS
-from ._export import RulesExport, comparison_table, export_text
-from ._export import flax_rules as rules_of
-from ._ilp import ILPResult
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._plan import Plan, PlanDecision
-from ._planned import PlannedFunction
-from ._program import Op, Program, Value, trace
-from ._recompute import Unit
 from ._results import CollectiveCompared, Compared, Numerics, RootAction, SearchStats, VerifyReport, WorkCompared
-from ._rules import CONSERVATIVE, Factor, FactorKind, factor_rules
-from ._search import SearchResult
 from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh
-from ._verify import KINDS as COLLECTIVE_KINDS
-from ._verify import verify_loaded
+from .analysis._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
+from .analysis._recompute import Unit
+from .analysis._rules import CONSERVATIVE, Factor, FactorKind, factor_rules
 from .cost import CostReport, MemoryReport
+from .plan._export import FORMATS as EXPORT_FORMATS
+from .plan._export import RulesExport, comparison_table, export_text
+from .plan._export import flax_rules as rules_of
+from .plan._plan import Plan, PlanDecision
+from .plan._planned import PlannedFunction
+from .plan._verify import KINDS as COLLECTIVE_KINDS
+from .plan._verify import verify_loaded
+from .planner._exhaustive import ExhaustiveResult
+from .planner._ilp import ILPResult
+from .planner._search import SearchResult
+from .tracing._program import Op, Program, Value, trace
 
 
 def analyze(fn: Callable, *args, axis_names=None) -> ModelAnalysis:

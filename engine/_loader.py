@@ -19,9 +19,9 @@ from typing import Any, Callable
 import jax
 
 from . import demo_models
-from ._analysis import analyze
 from ._errors import PartexError
-from ._program import path_str, trace
+from .analysis._analysis import analyze
+from .tracing._program import path_str, trace
 
 
 @dataclasses.dataclass(frozen=True)

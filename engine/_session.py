@@ -13,63 +13,38 @@ notebook uses it directly::
     s.save("my.session.json")      # partex.Session.load(...) resumes it; so does
                                    # `partex search --resume` and the explorer
 
-A session file is one JSON document (format ``partex-session``, documented in the README):
-the model (its MODEL spec, or only its name and signature for a function given in Python),
-the mesh, the hardware, the pins and forbids, and the whole search (tree, evaluations, best
-plan, statistics, RNG). It names no other file and holds no pickle: loading it executes
-nothing from it, and a tampered or foreign file gets one clear line.
+A session file is one JSON document (format ``partex-session``: ``_sessionfile``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import tempfile
-import time
 from typing import Any, Callable, Mapping, Sequence, overload
 
-from . import demo_models
-from ._analysis import Group
 from ._decisions import Decision
+from ._bench import bench
 from ._errors import PartexError
-from ._exhaustive import ExhaustiveResult, exhaustive, exhaustive_limits, space_size
-from ._ilp import solve_ilp
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._plan import Plan, _hardware_from_json
-from ._planned import fixed_json, resolve_decisions
-from ._planning import make_plan
 from ._results import BenchRow, SearchStats, VerifyReport
-from ._search import Search, SearchResult, check_mesh_axes
-from ._space import GroupRef
-from ._specs import check_signature, signature_of
-from ._strategies import baseline_names, strategy_decisions
-from ._verify import verify, verify_loaded, verify_many
+from ._sessionfile import ModelSpec, model_spec, read_session, session_json, session_parts, write_session
+from .analysis._analysis import Group
+from .analysis._space import GroupRef
 from .cost import CostModel, CostReport
+from .plan._plan import Plan
+from .plan._planned import fixed_json, resolve_decisions
+from .plan._planning import make_plan
+from .plan._specs import check_signature, signature_of
+from .plan._verify import verify, verify_loaded, verify_many
+from .planner._exhaustive import ExhaustiveResult, exhaustive, exhaustive_limits, space_size
+from .planner._ilp import solve_ilp
+from .planner._search import Search, SearchResult, check_mesh_axes
+from .planner._strategies import baseline_names, strategy_decisions
 
-FORMAT = "partex-session"
-VERSION = 1
 DEFAULT_HARDWARE = "tpu-v4"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """How to build the model again: a demo name or ``module:attr`` / ``path/file.py:attr``,
-    with the demo preset and config overrides (``["layers=4"]``)."""
-
-    spec: str
-    preset: str = "tiny"
-    overrides: tuple[str, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"spec": self.spec, "preset": self.preset, "overrides": list(self.overrides)}
-
-    @property
-    def title(self) -> str:
-        extra = f" [{', '.join(self.overrides)}]" if self.overrides else ""
-        return f"{self.spec} ({self.preset}){extra}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +126,7 @@ class Session:
                   seed: int = 0, warm_start: bool = True, user_shardings: str = "keep") -> "Session":
         """A session on a MODEL spec: a demo name (``transformer``) or ``module:attr`` /
         ``path/file.py:attr`` naming a callable that returns ``(fn, example_args)``."""
-        ms = _model_spec(spec, preset, overrides)
+        ms = model_spec(spec, preset, overrides)
         return cls.from_analysis(analyze_spec(ms), mesh=mesh, hardware=hardware, memory=memory, seed=seed,
                                  warm_start=warm_start, spec=ms, user_shardings=user_shardings)
 
@@ -498,97 +473,17 @@ class Session:
         at most ``exhaustive_limit`` plans, an ``exhaustive`` row gives its optimum (0: no
         such row); a larger space gets the row with its size and no plan, and so does a
         space whose first plans project it past ``exhaustive_seconds`` (``projected_s``)."""
-        rows: list[BenchRow] = []
-
-        def row(name, decisions, report, search_s, **extra):
-            rows.append(BenchRow.make(name, decisions, report, search_s, **extra))
-
-        for name, c in self.baselines().items():
-            row(name, c.decisions, c.report, 0.0)
-        ilp = self.ilp(ilp_time)
-        row("ilp", ilp.decisions, ilp.report, ilp.solve_seconds, status=ilp.status, build_s=ilp.build_seconds)
-        if simulations is not None:
-            self.step(simulations)
-        else:
-            self.run(seconds, callback=callback)
-        xla = None
-        if verify and self.best() is not None:
-            _, out = self.verified_best()
-            xla = out.memory.xla
-        best = self.best()
-        st = self.stats()
-        row("mcts", best.decisions if best else (), best.report if best else None,
-            best.seconds if best else None, simulations=st.simulations, total_s=st.seconds,
-            smallest_memory=st.smallest_memory, xla_memory_bytes=xla,
-            memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
-        if self.units:  # the best plan without recompute that the search scored
-            dec = self._search.best_without_recompute()
-            row("mcts-no-remat", dec or (), self.cost_model.evaluate(dec, detail=True) if dec else None, None)
-        if exhaustive > 0:
-            size = self.exhaustive_size(exhaustive)
-            if size <= exhaustive_limit:
-                ex = self.exhaustive(exhaustive, seconds=exhaustive_seconds)
-                if ex.complete:
-                    row("exhaustive", ex.decisions, ex.report, ex.seconds, plans=ex.plans, space=ex.space,
-                        per_axis=exhaustive, complete=True)
-                else:
-                    row("exhaustive", (), None, None, plans=ex.plans, space=ex.space, per_axis=exhaustive,
-                        complete=False, projected_s=ex.projected_s)
-            else:
-                row("exhaustive", (), None, None, plans=0, space=size, per_axis=exhaustive, complete=False)
-        if verify:  # every other row's plan too, compile-only, in one process
-            others = [k for k, r in enumerate(rows) if r.strategy != "mcts" and r.memory_bytes is not None]
-            outs = self.verify_all([self.plan(list(rows[k].decisions), strategy=rows[k].strategy) for k in others])
-            for k, out in zip(others, outs):
-                rows[k] = rows[k].with_(xla_memory_bytes=out.memory.xla, memory_ratio=out.memory.ratio,
-                                        xla_fits=out.fits)
-        return rows
+        return bench(self, seconds, ilp_time=ilp_time, simulations=simulations, callback=callback, verify=verify,
+                     exhaustive=exhaustive, exhaustive_limit=exhaustive_limit, exhaustive_seconds=exhaustive_seconds)
 
     # ------------------------------------------------------------------ files
     def to_json(self) -> dict:
-        """The session as JSON data (see the module docstring and the README)."""
-        an = self.analysis
-        m = self.model.model
-
-        def named(decs):
-            return [{"group": (an.groups if d.ON_GROUP else an.units)[d.id].label, "axis": d.slot} for d in decs]
-
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "saved": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "model": self.spec.to_json() if self.spec else {"spec": None, "name": m.name},
-            "signature": signature_of(self.program),
-            "mesh": self.mesh.to_json(),
-            "hardware": dataclasses.asdict(self.hardware),
-            "seed": self.seed,
-            "warm_start": self.warm_start,
-            "user_shardings": self.user_shardings,
-            "pins": named(self._search.pins),
-            "forbidden": named(sorted(self._search.forbidden)),
-            "search": self._search.state(),
-        }
+        """The session as JSON data (the format: ``_sessionfile`` and the README)."""
+        return session_json(self)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the session (one JSON file, written atomically)."""
-        text = json.dumps(self.to_json(), separators=(",", ":"))
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".partex-", suffix=".tmp", dir=folder)
-        except OSError as e:
-            raise PartexError(f"cannot write session {path}: {e.strerror} ({folder})") from None
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)  # never a half-written session
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise
+        write_session(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, fn: Callable | None = None, args: Sequence[Any] | None = None,
@@ -596,73 +491,17 @@ class Session:
         """Resume a saved session (from ``save``, ``partex search`` or the explorer). A
         MODEL-spec session re-builds its model from the spec (``analyses(spec)`` if given,
         e.g. a cache); a session of a function given in Python needs ``fn`` and ``args``."""
-        where = os.fspath(path)
-        try:
-            with open(where) as f:
-                text = f.read()
-        except OSError as e:
-            raise PartexError(f"cannot read session {where}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise PartexError(f"{where} is not a partex session (not a text file)") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PartexError(f"{where} is not a partex session: not valid JSON (line {e.lineno}: {e.msg})") from None
-        return cls.from_json(d, where=where, fn=fn, args=args, axis_names=axis_names, analyses=analyses)
+        return cls.from_json(read_session(path), where=os.fspath(path), fn=fn, args=args, axis_names=axis_names,
+                             analyses=analyses)
 
     @classmethod
     def from_json(cls, d: Any, *, where: str = "session", fn=None, args=None, axis_names=None,
                   analyses: Callable[[ModelSpec], ModelAnalysis] | None = None) -> "Session":
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise PartexError(f"{where} is not a partex session: expected \"format\": \"{FORMAT}\"")
-        if d.get("version") != VERSION:
-            raise PartexError(f"{where} is a partex session of version {d.get('version')!r}; this partex "
-                              f"reads version {VERSION}")
-        try:
-            m = d["model"]
-            spec = None
-            if m.get("spec") is not None:
-                spec = _model_spec(str(m["spec"]), str(m["preset"]), [str(x) for x in m["overrides"]])
-            mesh = MeshSpec.from_json(d["mesh"])
-            hw = _hardware_from_json(d["hardware"])
-            seed = int(d["seed"])
-            warm = bool(d.get("warm_start", True))
-            user = str(d.get("user_shardings", "keep"))
-            state = d["search"]
-            if not isinstance(state, dict):
-                raise TypeError("its search is not an object")
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise PartexError(f"{where} is not a valid partex session ({type(e).__name__}: {e})") from None
-        if fn is not None:
-            if args is None:
-                raise PartexError("Session.load(path, fn=..., args=...): give the example args too")
-            model = analyze_loaded(LoadedModel(m.get("name") or getattr(fn, "__name__", "fn"), fn, tuple(args),
-                                               axis_names, "custom", None))
-            spec = None
-        elif spec is None:
-            raise PartexError(f"{where} was saved from a function ({m.get('name')!r}), not a MODEL spec: "
-                              "load it with Session.load(path, fn=..., args=...)")
-        else:
-            model = (analyses or analyze_spec)(spec)
-        sig = d.get("signature")
-        if not isinstance(sig, dict) or sig.get("inputs") != signature_of(model.program)["inputs"]:
-            raise PartexError(f"{where} was saved for another model (its inputs' shapes differ from "
-                              f"{spec.title if spec else 'this function'}'s): start a new session")
-        try:
-            search = Search.from_state(model, mesh, hw, state, user_shardings=user)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise PartexError(f"{where}: its search cannot be resumed ({type(e).__name__}: {e})") from None
+        model, spec, mesh, hw, seed, warm, search, user = session_parts(
+            d, where=where, fn=fn, args=args, axis_names=axis_names, analyses=analyses or analyze_spec)
         self = cls.__new__(cls)
         self._setup(model, spec, mesh, hw, seed, warm, search, user_shardings=user)
         return self
-
-
-def _model_spec(spec: str, preset: str, overrides) -> ModelSpec:
-    if isinstance(overrides, Mapping):
-        overrides = [f"{k}={v}" for k, v in overrides.items()]
-    if spec not in demo_models.MODELS:  # presets are the demo models'; a module:attr has none
-        preset = "custom"
-    return ModelSpec(spec, preset, tuple(str(o) for o in (overrides or ())))
 
 
 def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None = None, run: bool = False,

@@ -12,14 +12,14 @@ import time
 from typing import Sequence, overload
 
 from ._errors import PartexError
-from ._explain import explain_table
-from ._export import comparison_table, export_text
 from ._loader import analyze_model, demo_names, load_model
 from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
-from ._plan import Plan
 from ._session import DEFAULT_MARGIN, ModelSpec, Session, verify_plan
-from ._specs import check_divisible
-from ._verify import KINDS
+from .plan._explain import explain_table
+from .plan._export import comparison_table, export_text
+from .plan._plan import Plan
+from .plan._specs import check_divisible
+from .plan._verify import KINDS
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:

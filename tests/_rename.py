@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from partex import LoadedModel
-from partex._program import arg_names
+from partex.tracing._program import arg_names
 
 
 def _keys(tree: Any, out: set[str]) -> None:

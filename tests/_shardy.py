@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from partex._program import trace
-from partex._rules import FactorKind, PSEUDO_OPS, factors_of
+from partex.tracing._program import trace
+from partex.analysis._rules import FactorKind, PSEUDO_OPS, factors_of
 
 _KIND = {FactorKind.PASS: "P", FactorKind.REDUCTION: "R", FactorKind.REPLICATE: "N", FactorKind.PERMUTE: "M"}
 _RULE = re.compile(r"#sdy\.op_sharding_rule<\((.*?)\)->\((.*?)\)(?: \{([^}]*)\})?(.*?)>")

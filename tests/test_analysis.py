@@ -8,8 +8,8 @@ import pytest
 
 from partex import demo_models
 from partex import analyze_model, trace
-from partex._analysis import analyze
-from partex._analysis import NO_DIM
+from partex.analysis._analysis import analyze
+from partex.analysis._analysis import NO_DIM
 
 
 def _input(program, path):
@@ -256,9 +256,9 @@ def test_layer_stacks_are_found_in_the_op_graph_without_any_name(name):
     """Every leaf of every argument passed as one flat list (keras' trainable_variables, an
     optimizer's state by position): no path says where a layer starts, yet the layers are
     one stack -- the same decision groups as the named model, at every depth -- because the
-    traced ops repeat, block after chained block (engine/_stacks.py)."""
+    traced ops repeat, block after chained block (engine/analysis/_stacks.py)."""
     from partex import analyze
-    from partex._stacks import layer_blocks
+    from partex.analysis._stacks import layer_blocks
 
     counts = []
     for layers in (2, 4):
@@ -302,7 +302,7 @@ def test_a_plan_naming_a_group_by_its_label_resolves_to_that_group_whatever_its_
     import json
 
     from partex import Plan, Session, Shard
-    from partex._planned import resolve_decisions
+    from partex.plan._planned import resolve_decisions
 
     s = Session.from_spec("unet", preset="tiny", mesh="data=4,model=2")
     plan = s.plan([("reshape[4]#5", "model"), ("batch", "data")])

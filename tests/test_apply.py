@@ -12,8 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 from partex import PartexError, demo_models
 from jax._src import ad_checkpoint
-from partex._apply import constrained_function
-from partex._program import trace
+from partex.plan._apply import constrained_function
+from partex.tracing._program import trace
 
 DEMOS = ["mlp", "transformer", "transformer-scan", "unet", "gns", "moe"]
 
@@ -33,8 +33,8 @@ def assert_same_sharded(ref, got):
     """Sharded runs reduce in another order, and Adam's first step (lr * g / (|g| + eps))
     turns that float noise on near-zero gradients into noise of up to ~lr on single params:
     compare as ``verify --run`` does (each leaf at its output's scale, partex's numerics)."""
-    from partex._program import path_str
-    from partex._verify import compare_outputs
+    from partex.tracing._program import path_str
+    from partex.plan._verify import compare_outputs
 
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(ref)
     paths = [path_str("out", k) for k, _ in jax.tree_util.tree_leaves_with_path(ref)]

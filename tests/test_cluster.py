@@ -19,7 +19,7 @@ import pytest
 import demo_models
 import partex
 from partex._mesh import device_grid
-from partex._verify import NUMERICS_RTOL
+from partex.plan._verify import NUMERICS_RTOL
 
 WORKER = pathlib.Path(__file__).with_name("_two_process.py")
 MESH = "data=2@25,model=4@400"  # data crosses the two hosts (25 GB/s), model within one (400)

@@ -12,9 +12,9 @@ import pytest
 from partex import PartexError, analyze_model
 from partex.cost import CostModel
 from partex import MeshSpec, Plan, get_hardware, parse_bytes
-from partex._planned import default_donate
-from partex._planning import make_plan
-from partex._strategies import strategy_decisions
+from partex.plan._planned import default_donate
+from partex.plan._planning import make_plan
+from partex.planner._strategies import strategy_decisions
 from partex.cli import main
 
 

@@ -10,12 +10,12 @@ import pytest
 
 import partex
 from partex import demo_models
-from partex._analysis import analyze
+from partex.analysis._analysis import analyze
 from partex.cost import CostModel
-from partex._explain import explain, xla_collectives
+from partex.plan._explain import explain, xla_collectives
 from partex._loader import axis_names_by_value
-from partex._planned import resolve_decisions
-from partex._program import abstract
+from partex.plan._planned import resolve_decisions
+from partex.tracing._program import abstract
 
 MESH = "data=4,model=2"
 

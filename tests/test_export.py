@@ -14,10 +14,10 @@ import pytest
 
 import demo_models
 import partex
-from partex._export import logical_spec
+from partex.plan._export import logical_spec
 from partex._loader import axis_names_by_value
-from partex._specs import norm_spec, spec_axes, spec_to_json
-from partex._verify import compare_outputs
+from partex.plan._specs import norm_spec, spec_axes, spec_to_json
+from partex.plan._verify import compare_outputs
 
 MESH = "data=4,model=2"
 

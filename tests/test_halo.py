@@ -13,7 +13,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import partex
-from partex._rules import FactorKind, Halo, factors_of
+from partex.analysis._rules import FactorKind, Halo, factors_of
 
 
 def _conv(x, w, stride=1, padding="SAME"):

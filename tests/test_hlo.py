@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from partex._hlo import (
+from partex.plan._hlo import (
     Collective,
     collective_bytes_by_kind,
     memory_stats,

@@ -1,4 +1,4 @@
-"""The Alpa-style ILP baseline (engine/_ilp.py) against the hand plans on the cost model."""
+"""The Alpa-style ILP baseline (engine/planner/_ilp.py) against the hand plans on the cost model."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from partex import Recompute, analyze_model
 from partex.cost import CostModel
-from partex._ilp import ILPResult, group_strategies, solve_ilp
+from partex.planner._ilp import ILPResult, group_strategies, solve_ilp
 from partex._mesh import GiB, MeshSpec, get_hardware
-from partex._strategies import strategy_decisions
+from partex.planner._strategies import strategy_decisions
 
 HAND = ("dp", "megatron", "zero3")
 

@@ -83,7 +83,7 @@ sys.modules["jax"] = None  # any import of JAX fails
 pkg = types.ModuleType("partex")
 pkg.__path__ = [{str(ENGINE)!r}]
 sys.modules["partex"] = pkg
-from partex._plan import Plan
+from partex.plan._plan import Plan
 plan = Plan.load({str(ENGINE.parent / "tests" / "fixtures" / "transformer.plan.json")!r})
 plan.save({str(tmp_path / "again.json")!r})
 assert Plan.load({str(tmp_path / "again.json")!r}) == plan
@@ -95,5 +95,30 @@ except ImportError:
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "partex._program" not in r.stdout and "partex._analysis" not in r.stdout, r.stdout
+    assert "partex.tracing._program" not in r.stdout and "partex.analysis._analysis" not in r.stdout, r.stdout
     assert r.stdout.rstrip().endswith("apply needs JAX"), r.stdout
+
+
+BOTTOM = {"_errors", "_decisions", "_mesh", "_results"}  # import nothing of partex but each other
+LAYERS = {  # each stage of the pipeline and what it may import (its package docstring says so)
+    "tracing": BOTTOM,
+    "analysis": BOTTOM | {"tracing"},
+    "cost": BOTTOM | {"tracing", "analysis"},
+    "plan": BOTTOM | {"tracing", "analysis", "cost", "_loader"},
+    "planner": BOTTOM | {"tracing", "analysis", "cost", "plan"},
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_each_stage_imports_only_the_stages_before_it():
+    graph = import_graph()
+    assert set(LAYERS) <= {_layer(m) for m in graph}  # the stages are there
+    bad = sorted(f"{a} imports {b}" for a, b in graph.edges
+                 if _layer(a) in LAYERS and _layer(b) != _layer(a) and _layer(b) not in LAYERS[_layer(a)])
+    bad += sorted(f"{a} imports {b}" for a, b in graph.edges
+                  if _layer(a) in BOTTOM and _layer(b) not in BOTTOM)
+    assert not bad, bad

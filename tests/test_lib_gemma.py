@@ -59,7 +59,7 @@ def test_gemma_bfloat16_outputs_differ_by_rounding_alone_where_float32_does_not(
     import jax
     import numpy as np
 
-    from partex._verify import compare_outputs
+    from partex.plan._verify import compare_outputs
 
     fn, args = MOD.make()[:2]
     s = lc.session((fn, args))

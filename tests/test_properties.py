@@ -35,10 +35,10 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from partex import FactorKind, ModelAnalysis, trace
-from partex._analysis import analyze
+from partex.analysis._analysis import analyze
 from partex import LoadedModel, MeshSpec, Shard, get_hardware
-from partex._planning import make_plan
-from partex._search import Search
+from partex.plan._planning import make_plan
+from partex.planner._search import Search
 
 SCALE = 10 if os.environ.get("PARTEX_HYPOTHESIS_LARGE") else 1
 SIZES = (1, 2, 3, 4, 6, 8, 16)

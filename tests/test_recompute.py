@@ -6,8 +6,8 @@ import pytest
 
 import partex
 from partex import demo_models
-from partex._program import trace
-from partex._recompute import backward_span, plan_unit, units
+from partex.tracing._program import trace
+from partex.analysis._recompute import backward_span, plan_unit, units
 
 
 def _session(name, mesh="data=4,model=2", **kw):

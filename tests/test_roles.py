@@ -1,4 +1,4 @@
-"""Roles from structure (engine/_roles.py): parameters, optimizer state and data found from
+"""Roles from structure (engine/analysis/_roles.py): parameters, optimizer state and data found from
 what the step returns, the hand strategies built on them, and nothing decided from a name."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from partex import LoadedModel, PartexError, Shard, analyze_loaded, analyze_model, load_model
 from partex import demo_models
 from partex.cost import CostModel
-from partex._ilp import solve_ilp
+from partex.planner._ilp import solve_ilp
 from partex._mesh import MeshSpec, get_hardware
-from partex._planned import default_donate
-from partex._program import trace
-from partex._roles import mirror_map
-from partex._search import Search
-from partex._strategies import baseline_names, strategy_decisions
+from partex.plan._planned import default_donate
+from partex.tracing._program import trace
+from partex.analysis._roles import mirror_map
+from partex.planner._search import Search
+from partex.planner._strategies import baseline_names, strategy_decisions
 
 from _rename import Renamed
 

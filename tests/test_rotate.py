@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from partex._program import trace
-from partex._rotate import roll_p, rotations
+from partex.tracing._program import trace
+from partex.tracing._rotate import roll_p, rotations
 
 
 def _prims(closed) -> list[str]:

@@ -13,7 +13,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from partex import demo_models
 from partex import CONSERVATIVE, FactorKind, factor_rules, trace
-from partex._rules import PSEUDO_OPS, reshape_blocks
+from partex.analysis._rules import PSEUDO_OPS, reshape_blocks
 
 _LAX_MODULES = [
     "jax._src.lax.lax", "jax._src.lax.control_flow", "jax._src.lax.slicing",
@@ -56,7 +56,7 @@ def test_every_lax_primitive_has_a_rule_or_is_deliberately_conservative():
 def test_tied_dims_have_consistent_sizes(name):
     m = demo_models.build(name)
     p = trace(m.fn, m.args)
-    from partex._rules import factors_of
+    from partex.analysis._rules import factors_of
 
     for op in p.ops:
         ins = [p.values[i].shape for i in op.inputs]
@@ -114,7 +114,7 @@ def test_factor_kinds_match_xla_collectives(case):
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
     prog = trace(fn, args)
     op = next(op for op in prog.ops if prog.inputs[0] in op.inputs and op.primitive not in PSEUDO_OPS)
-    from partex._rules import factors_of
+    from partex.analysis._rules import factors_of
 
     ins = [prog.values[i].shape for i in op.inputs]
     outs = [prog.values[o].shape for o in op.outputs]
@@ -149,7 +149,7 @@ def test_op_flops_are_xlas_op_by_op(model):
     compiled at once XLA counts up to ~5% higher: its fusion duplicates elementwise
     producers into several consumers.)"""
     from partex import analyze_model
-    from partex._rules import op_flops
+    from partex.analysis._rules import op_flops
 
     res = analyze_model(model)
     cj = jax.make_jaxpr(res.model.fn)(*res.model.args)
@@ -222,7 +222,7 @@ def test_conv_halo_ratios_are_xlas_on_sharded_rows():
     input-dilated and filter-gradient convs). The cause of the U-Net rows plans' FLOPs
     coming out 2.5-5% under XLA's beyond fusion's duplicates."""
     from partex import analyze_model
-    from partex._rules import conv_halo_ratios, op_flops
+    from partex.analysis._rules import conv_halo_ratios, op_flops
 
     res = analyze_model("unet")
     cj = jax.make_jaxpr(res.model.fn)(*res.model.args)

@@ -8,8 +8,8 @@ import pytest
 
 import partex
 from partex import MeshSpec, PartexError, Plan, Session, Shard, analyze_model, get_hardware, parse_bytes
-from partex._search import Search
-from partex._strategies import strategy_decisions
+from partex.planner._search import Search
+from partex.planner._strategies import strategy_decisions
 from partex.cli import main
 
 
@@ -315,7 +315,7 @@ def test_exhaustive_finds_the_optimum_of_every_ordering_and_the_search_reaches_i
     import itertools
     import math
 
-    from partex._exhaustive import axis_sequences, conflicts, exhaustive
+    from partex.planner._exhaustive import axis_sequences, conflicts, exhaustive
 
     s = Session.from_spec("mlp", mesh="data=4,model=2", memory="160KiB")
     cm, actions = s.cost_model, s._search.actions

@@ -15,11 +15,11 @@ from partex import demo_models
 from partex import analyze_model
 from partex.cost import CostModel
 from partex import MeshSpec, get_hardware
-from partex._planned import default_donate
-from partex._planning import make_plan
-from partex._strategies import strategy_decisions
+from partex.plan._planned import default_donate
+from partex.plan._planning import make_plan
+from partex.planner._strategies import strategy_decisions
 from partex import COLLECTIVE_KINDS as KINDS
-from partex._verify import verify_many
+from partex.plan._verify import verify_many
 
 STRATEGIES = ("replicated", "dp", "megatron", "zero3")
 
@@ -109,7 +109,7 @@ def test_numerics_do_not_cry_wolf_on_noise_and_still_catch_a_misplaced_shard():
     import numpy as np
 
     import partex
-    from partex._verify import compare_outputs
+    from partex.plan._verify import compare_outputs
 
     step, args = _key_bias_attention()
     plan = partex.Session(step, args, mesh="data=4,model=2").plan(strategy="megatron")

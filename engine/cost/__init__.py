@@ -34,6 +34,8 @@ The modules, each pure over the immutable tables of one (analysis, mesh, hardwar
 - ``_recompute``: what recompute decisions change, and its price;
 - ``_overlap``: the schedule of collectives under compute;
 - ``_model``: ``CostModel``, the memoising façade, and the only reader of a decision's form.
+
+Imports ``analysis``, ``tracing`` and partex's bottom modules (mesh, decisions) only.
 """
 
 from ._facts import CostFacts, cost_facts, facts_of

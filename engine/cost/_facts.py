@@ -17,7 +17,15 @@ import dataclasses
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
-from .._rules import _MOVES, _REDUCTIONS, PSEUDO_OPS, _conv_flops, conv_halo_ratios, factor_rules, pointwise_rule
+from ..analysis._rules import (
+    _MOVES,
+    _REDUCTIONS,
+    PSEUDO_OPS,
+    _conv_flops,
+    conv_halo_ratios,
+    factor_rules,
+    pointwise_rule,
+)
 
 Shape = tuple[int, ...]
 FlopsRule = Callable[[dict, Sequence[Shape], Sequence[Shape]], float]

@@ -8,7 +8,7 @@ of one plan from the values' local sizes, the resharded and transient buffers an
 recompute edit. Every buffer counts at its sharded size; arguments live throughout,
 outputs counted whole (as XLA reports them), donated outputs aliased: an over-estimate
 rather than an under-estimate. Imports ``_facts``, ``_report``, the program and rule types
-and ``partex._recompute``'s ``backward_span``.
+and ``partex.analysis._recompute``'s ``backward_span``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._program import NO_PRODUCER
-from .._recompute import backward_span
-from .._rules import FactorKind
+from ..analysis._recompute import backward_span
+from ..analysis._rules import FactorKind
+from ..tracing._program import NO_PRODUCER
 from ._facts import having
 from ._report import MemoryReport
 

@@ -14,12 +14,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .._analysis import NO_DIM, Analysis
-from .._constraints import NONE as NO_FIXED
-from .._constraints import check_mode
-from .._mesh import Hardware, MeshSpec
 from .._decisions import Decision, Recompute, Resolve, Shard
-from .._recompute import value_readers
+from .._mesh import Hardware, MeshSpec
+from ..analysis._analysis import NO_DIM, Analysis
+from ..analysis._constraints import NONE as NO_FIXED
+from ..analysis._constraints import check_mode
+from ..analysis._recompute import value_readers
 from ._aggregate import aggregate
 from ._cse import Reshards, common_reshards
 from ._facts import facts_of

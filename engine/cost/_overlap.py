@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .._program import NO_PRODUCER
-from .._rules import PSEUDO_OPS
+from ..analysis._rules import PSEUDO_OPS
+from ..tracing._program import NO_PRODUCER
 from ._facts import having
 
 if TYPE_CHECKING:

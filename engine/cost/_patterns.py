@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
-from .._analysis import NO_DIM
-from .._rules import FactorKind
+from ..analysis._analysis import NO_DIM
+from ..analysis._rules import FactorKind
 from ._facts import Shift, facts_of, having
 from ._reshard import AG, AR, RS, Coll, Need, coll_time, halo, reshard, shifted_views
 from ._shardings import assign, prod, shards, view

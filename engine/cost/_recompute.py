@@ -5,8 +5,8 @@ run again, by pattern, with the operands whose reshard the backward pass shares;
 residuals' shortened lifetimes; the recomputed copies' own; the recomputation's
 temporaries; the weights re-taken in the backward pass) and ``extra_cost``, the time and
 collectives of an edit's re-run ops under some decisions. Which ops a unit re-runs is
-``partex._recompute``'s (``plan_unit``); this module only prices it. Imports
-``partex._recompute`` only.
+``partex.analysis._recompute``'s (``plan_unit``); this module only prices it. Imports
+``partex.analysis._recompute`` only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .._recompute import LoopPlan, plan_unit
+from ..analysis._recompute import LoopPlan, plan_unit
 
 if TYPE_CHECKING:
     from ._patterns import PatternCost
@@ -45,7 +45,7 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
     """What the recompute decisions ``rc`` change: the ops run again (by pattern, with
     the operands whose reshard the backward pass shares), the residuals' shortened
     lifetimes and the recomputed copies' own, and the weights re-taken in the backward.
-    readers: per value, the ops that read it (``partex._recompute.value_readers``)."""
+    readers: per value, the ops that read it (``partex.analysis._recompute.value_readers``)."""
     p, live = t.program, t.live
     mid_at = {int(v): i for i, v in enumerate(live.mid.tolist())}
     mid_end = live.mid_end.copy()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from .._analysis import NO_DIM
+from ..analysis._analysis import NO_DIM
 from ._kinds import CollectiveKind
 from ._shardings import Spec, prod, shards
 

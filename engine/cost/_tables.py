@@ -5,7 +5,7 @@ value, (group or NO_DIM, size) per dim, deduplicated -- values with one signatur
 alike under every plan. The patterns (``_patterns``), the live ranges (``_liveness``) and
 the bitmasks that key the memo tables are built here too. Every other module of the
 package is pure over these tables. Imports ``_facts``, ``_shardings``, ``_patterns``,
-``_liveness``, the analysis, mesh and program types and ``partex._recompute``'s
+``_liveness``, the analysis, mesh and program types and ``partex.analysis._recompute``'s
 ``backward_span``.
 """
 
@@ -16,10 +16,10 @@ import dataclasses
 
 import numpy as np
 
-from .._analysis import NO_DIM, Analysis
 from .._mesh import Hardware, MeshSpec
-from .._program import NO_PRODUCER, Program
-from .._recompute import backward_span
+from ..analysis._analysis import NO_DIM, Analysis
+from ..analysis._recompute import backward_span
+from ..tracing._program import NO_PRODUCER, Program
 from ._facts import having
 from ._liveness import Liveness, build_liveness, cpu_combined, fused_values
 from ._patterns import Pattern, compile_patterns

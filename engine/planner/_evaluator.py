@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from .._decisions import Decision
 from .._mesh import Hardware
-from .._space import DecisionSpace
+from ..analysis._space import DecisionSpace
 from ..cost import CostModel
 
 # The most mark_infeasible scales every prediction by: the cost model's memory is within

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from ._analysis import NO_DIM, Analysis, GroupId
-from ._errors import PartexError
-from ._mesh import MeshSpec
-from ._decisions import Decision, Recompute, Shard
+from .._decisions import Decision, Recompute, Shard
+from .._errors import PartexError
+from .._mesh import MeshSpec
+from ..analysis._analysis import NO_DIM, Analysis, GroupId
 
 
 def _axes(mesh: MeshSpec) -> tuple[str, str]:

@@ -21,12 +21,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .._decisions import NO_DIM, Decision, GroupId, NamedDimId, Resolve
+from ..tracing._program import NO_PRODUCER, Program
 from ._constraints import Fixed, UserSharding, fixed_decisions, user_shardings
-from ._decisions import NO_DIM, Decision, GroupId, NamedDimId, Resolve
-from ._program import NO_PRODUCER, Program
-from ._recompute import Unit, units as recompute_units
+from ._recompute import Unit
+from ._recompute import units as recompute_units
 from ._roles import Roles, infer_roles
-from ._rules import Factor, PSEUDO_OPS, rule_for
+from ._rules import PSEUDO_OPS, Factor, rule_for
 from ._stacks import layer_blocks, scope_name, stack_roles
 
 _DIGITS = re.compile(r"\d+")

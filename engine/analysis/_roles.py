@@ -61,8 +61,8 @@ import collections
 import dataclasses
 from typing import TYPE_CHECKING, Mapping
 
-from ._decisions import NO_DIM, GroupId
-from ._program import Program
+from .._decisions import NO_DIM, GroupId
+from ..tracing._program import Program
 from ._rules import FactorKind
 
 if TYPE_CHECKING:  # the analysis calls infer_roles: its type only, no import at run time

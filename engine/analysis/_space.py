@@ -19,10 +19,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, Shard, slot_kind
+from .._errors import PartexError
+from .._mesh import MeshSpec
 from ._analysis import Analysis, Group
-from ._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, Shard, slot_kind
-from ._errors import PartexError
-from ._mesh import MeshSpec
 
 GroupRef = int | str  # a group id, its label, or an anchor "input/path:dim"
 

@@ -25,14 +25,15 @@ import numpy as np
 from jax._src import core as jcore
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
+
 # JAX's own, whatever a library has put at jax.lax.with_sharding_constraint (MaxText's tunix
 # adapter swaps in a shim that swallows errors and retries with reshard)
 from jax._src.pjit import with_sharding_constraint as _with_sharding_constraint
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._errors import PartexError
-from ._program import ClosedJaxpr, Program, scan_counts
-from ._recompute import LoopPlan
+from .._errors import PartexError
+from ..analysis._recompute import LoopPlan
+from ..tracing._program import ClosedJaxpr, Program, scan_counts
 
 __all__ = ["constrained_function"]
 

@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._analysis import Analysis, analyze
+from .._decisions import Decision
+from .._errors import PartexError
+from .._loader import axis_names_by_value
+from ..analysis._analysis import Analysis, analyze
+from ..analysis._constraints import plan_spec
+from ..analysis._recompute import plan_unit
+from ..analysis._roles import state_inputs
+from ..analysis._space import from_plan
+from ..cost import CostModel
+from ..tracing._program import Program, dynamic_args, is_array_leaf, trace
 from ._apply import constrained_function
-from ._constraints import plan_spec
-from ._decisions import Decision
-from ._errors import PartexError
-from ._loader import axis_names_by_value
-from ._program import Program, dynamic_args, is_array_leaf, trace
-from ._recompute import plan_unit
-from ._roles import state_inputs
-from ._space import from_plan
 from ._specs import SpecJSON, check_divisible, check_signature, norm_spec, spec_to_json
-from .cost import CostModel
 
 if TYPE_CHECKING:  # a plan is the file this binds; _plan imports this module when a plan is applied
     from ._plan import Plan

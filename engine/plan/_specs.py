@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Sequence
 
-from ._errors import PartexError
-from ._mesh import MeshSpec
+from .._errors import PartexError
+from .._mesh import MeshSpec
 
 if TYPE_CHECKING:
     from ._plan import Plan

@@ -24,8 +24,8 @@ import os
 import re
 from typing import Any, Mapping
 
+from .._mesh import format_bytes
 from ._hlo import _OPCODE_KIND, _multipliers, _parse_module, shape_bytes
-from ._mesh import format_bytes
 
 _TABLE = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\s*$")
 _ROW = re.compile(r"^(\d+)\s+(.*)$")

@@ -22,16 +22,16 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-from ._analysis import analyze
-from ._decisions import Recompute
-from ._errors import PartexError
-from ._loader import axis_names_by_value
-from ._mesh import format_bytes
+from .._decisions import Recompute
+from .._errors import PartexError
+from .._loader import axis_names_by_value
+from .._mesh import format_bytes
+from ..analysis._analysis import analyze
+from ..cost import KINDS, CostModel
+from ..tracing._program import StaticSplit, abstract, dynamic_args, trace
 from ._plan import Plan
 from ._planned import resolve_decisions, spec_from_json
-from ._program import StaticSplit, abstract, dynamic_args, trace
 from ._specs import spec_to_json
-from .cost import KINDS, CostModel
 
 FORMATS = ("specs", "flax-rules")
 LOGICAL_MARK = "partex.logical:"  # checkpoint_name marking an activation's logical names while tracing

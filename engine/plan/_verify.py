@@ -19,17 +19,17 @@ import subprocess
 import sys
 import time
 
+from .._errors import PartexError
+from .._loader import load_model
+from .._results import CollectiveCompared, Compared, Numerics, VerifyReport, WorkCompared
+from ..cost import KINDS  # the one list of collective kinds
+from ..tracing._program import StaticSplit, abstract, dynamic_args
 from ._apply import USER_SHARDING, constrained_function, is_low
-from ._errors import PartexError
 from ._explain import explain
 from ._export import RulesFunction, flax_rules, rules_context
 from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
-from ._loader import load_model
 from ._plan import Plan
 from ._planned import spec_from_json
-from ._program import StaticSplit, abstract, dynamic_args
-from ._results import CollectiveCompared, Compared, Numerics, VerifyReport, WorkCompared
-from .cost import KINDS  # the one list of collective kinds
 
 # XLA:CPU's scheduler: by default it schedules for thread concurrency, starting every op whose
 # operands are ready (a weight's all-gather) as early as it can, and it expands optimisation
@@ -68,7 +68,7 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
                        "overrides": list(overrides or []), "run": run, "constrain": constrain,
                        "export": export, "explain": explain})
     try:
-        r = subprocess.run([sys.executable, "-m", "partex._verify", args], env=env, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "partex.plan._verify", args], env=env, capture_output=True,
                            text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise PartexError(f"verify did not finish within {timeout:.0f} s") from None

@@ -22,7 +22,7 @@ from jax._src import core as jcore
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
-from ._errors import PartexError
+from .._errors import PartexError
 from ._rotate import map_jaxprs, rotations
 
 Shape = tuple[int, ...]

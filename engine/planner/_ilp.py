@@ -50,9 +50,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from ._analysis import Group
-from .cost import CostModel, CostReport
-from ._decisions import Decision, Recompute, Shard
+from .._decisions import Decision, Recompute, Shard
+from ..analysis._analysis import Group
+from ..cost import CostModel, CostReport
 
 Strategy = tuple[str, ...]  # mesh axes sharding the group, major to minor (a layer stack: its recompute kind); () = none
 

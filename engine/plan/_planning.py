@@ -3,13 +3,13 @@ PartitionSpec of every input and output leaf, the donated arguments and the pred
 
 from __future__ import annotations
 
-from ._decisions import Decision
-from ._mesh import Hardware, MeshSpec
+from .._decisions import Decision
+from .._mesh import Hardware, MeshSpec
+from ..analysis._space import anchor_of
+from ..cost import CostModel
 from ._plan import Plan, PlanDecision
 from ._planned import default_donate, fixed_json
-from ._space import anchor_of
 from ._specs import signature_of, spec_to_json
-from .cost import CostModel
 
 
 def decision_json(an, decision: Decision, pinned: bool) -> PlanDecision:

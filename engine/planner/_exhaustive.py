@@ -18,9 +18,9 @@ import math
 import time
 from typing import Callable, Sequence
 
-from ._analysis import NO_DIM
-from .cost import CostModel, CostReport
-from ._decisions import Decision, Recompute, Shard
+from .._decisions import Decision, Recompute, Shard
+from ..analysis._analysis import NO_DIM
+from ..cost import CostModel, CostReport
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,16 +23,16 @@ from typing import Sequence
 
 import numpy as np
 
-from ._decisions import Decision, Recompute, Resolve, Shard, decision_of
-from ._errors import PartexError
-from ._mesh import Hardware, MeshSpec
-from ._planned import default_donate
-from ._planning import make_plan
-from ._results import RootAction, SearchStats
-from ._space import DecisionSpace
+from .._decisions import Decision, Recompute, Resolve, Shard, decision_of
+from .._errors import PartexError
+from .._mesh import Hardware, MeshSpec
+from .._results import RootAction, SearchStats
+from ..analysis._space import DecisionSpace
+from ..cost import CostModel, CostReport
+from ..plan._planned import default_donate
+from ..plan._planning import make_plan
+from . import STOP, Best, Evaluator, LocalSearch, Node, TreeSearch
 from ._strategies import baseline_names, strategy_decisions
-from .cost import CostModel, CostReport
-from .planner import STOP, Best, Evaluator, LocalSearch, Node, TreeSearch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,9 +34,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._errors import PartexError
-
-from .cost import KINDS  # the one list of collective kinds
+from .._errors import PartexError
+from ..cost import KINDS  # the one list of collective kinds
 
 # opcode -> kind. The async ``-start`` forms count as the collective; ``-done`` is skipped.
 _OPCODE_KIND = {k: k for k in KINDS}

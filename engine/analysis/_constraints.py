@@ -24,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from ._decisions import Shard
-from ._errors import PartexError
+from .._decisions import Shard
+from .._errors import PartexError
 
 MODES = ("keep", "replace")
 

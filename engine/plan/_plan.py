@@ -19,9 +19,9 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, slot_kind
-from ._errors import PartexError
-from ._mesh import Hardware, MeshSpec
+from .._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, slot_kind
+from .._errors import PartexError
+from .._mesh import Hardware, MeshSpec
 from ._specs import SpecJSON, check_spec
 
 if TYPE_CHECKING:
@@ -189,8 +189,8 @@ class Plan:
         import jax
         from jax.sharding import NamedSharding
 
+        from ..tracing._program import is_array_leaf  # JAX, likewise
         from ._planned import spec_from_json  # JAX, only when a plan is applied
-        from ._program import is_array_leaf  # JAX, likewise
 
         mesh = mesh if mesh is not None else self.jax_mesh()
         specs = iter(self._leaf_specs(args))
@@ -228,7 +228,7 @@ class Plan:
         import jax.numpy as jnp
         import numpy as np
 
-        from ._program import is_array_leaf  # JAX, only when a plan is applied
+        from ..tracing._program import is_array_leaf  # JAX, only when a plan is applied
 
         leaves = [x for x in jax.tree_util.tree_leaves(tuple(args)) if is_array_leaf(x)]
         sig = self.signature.get("inputs", [])

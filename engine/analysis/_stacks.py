@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from ._program import NO_PRODUCER, Program, ValueId
+from ..tracing._program import NO_PRODUCER, Program, ValueId
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

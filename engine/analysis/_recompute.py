@@ -40,8 +40,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from ._decisions import LOOP_RECOMPUTE_KINDS, RECOMPUTE_KINDS
-from ._program import NO_PRODUCER, TOP_REGION, Program, ValueId
+from .._decisions import LOOP_RECOMPUTE_KINDS, RECOMPUTE_KINDS
+from ..tracing._program import NO_PRODUCER, TOP_REGION, Program, ValueId
 from ._stacks import Block, layer_blocks
 
 KINDS = RECOMPUTE_KINDS
