@@ -228,11 +228,11 @@ class ExplorerState(param.Parameterized):
             kind, gen, done, (status, value) = self._inbox.popleft()
             if gen != self._job_gen[kind]:
                 continue  # superseded: its result (a search, say) is dropped
-            self.busy = [b for b in self.busy if b != kind]
             if status == "ok":
                 try:
                     done(value)
                 except Exception as e:  # partex's own bug: the traceback goes to the log, the page goes on
+                    self._done(kind, gen)
                     self.internal_error(f"applying the {kind} job's result", e)
             else:
                 if kind in ("load", "session"):
@@ -240,6 +240,13 @@ class ExplorerState(param.Parameterized):
                 if kind == "verify":
                     self.verify_status = "failed"
                 self.bad_input(value)
+            # the job leaves ``busy`` once its result is in place: a page never sees it done
+            # with the old model or configuration still shown
+            self._done(kind, gen)
+
+    def _done(self, kind: str, gen: int) -> None:
+        if gen == self._job_gen[kind]:  # no newer job of its kind was started by its result
+            self.busy = [b for b in self.busy if b != kind]
 
     # ------------------------------------------------------------------ model / config
     def model_choice(self) -> ModelSpec:

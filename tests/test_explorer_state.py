@@ -350,12 +350,16 @@ def test_a_bad_value_typed_while_a_new_mesh_loads_keeps_its_mark(tmp_path):
     st = ExplorerState(sessions_dir=tmp_path)
     try:
         _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        # the mesh in force each time the load job leaves `busy` (what a page sees as done)
+        seen = []
+        st.param.watch(lambda e: seen.append(st.config.mesh.text()) if "load" in e.old and "load" not in e.new
+                       else None, ["busy"])
         st.mesh_text = "data=2,model=4"
         assert "load" in st.busy and not st.field_error  # the job first, then the mark gone
         st.budget_text = "lots"
         assert "budget" in st.field_error, st.field_error
         _settle(st, lambda: "load" not in st.busy, "the new mesh's search")
-        assert st.config.mesh.text() == "data=2,model=4"
+        assert seen == ["data=2,model=4"], seen  # never done while the old mesh is still shown
         assert "budget" in st.field_error, st.field_error  # still marked: "lots" is not in force
         st.budget_text = "3MiB"
         assert not st.field_error

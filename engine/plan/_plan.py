@@ -189,8 +189,8 @@ class Plan:
         import jax
         from jax.sharding import NamedSharding
 
-        from ..tracing._program import is_array_leaf  # JAX, likewise
-        from ._planned import spec_from_json  # JAX, only when a plan is applied
+        from ..tracing._program import is_array_leaf  # JAX, only when a plan is applied
+        from ._planned import spec_from_json  # likewise
 
         mesh = mesh if mesh is not None else self.jax_mesh()
         specs = iter(self._leaf_specs(args))
