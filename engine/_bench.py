@@ -14,16 +14,7 @@ if TYPE_CHECKING:
 def bench(s: Session, seconds: float = 60.0, *, ilp_time: float = 30.0, simulations: int | None = None,
           callback: Callable[[Session], None] | None = None, verify: bool = False, exhaustive: int = 3,
           exhaustive_limit: int = 200_000, exhaustive_seconds: float | None = None) -> list[BenchRow]:
-    """Hand plans, the Alpa-style ILP and the MCTS search side by side, on this cost
-    model: one row per strategy (step time, MFU, memory, fits, search seconds); where
-    the step has layer stacks to recompute, the hand plans again with every layer
-    rematerialised (``+remat``) and the best plan without recompute that the search
-    scored (``mcts-no-remat``). The
-    search runs ``simulations`` simulations if given (reproducible), else ``seconds``.
-    Where the space of plans with at most ``exhaustive`` decisions per mesh axis holds
-    at most ``exhaustive_limit`` plans, an ``exhaustive`` row gives its optimum (0: no
-    such row); a larger space gets the row with its size and no plan, and so does a
-    space whose first plans project it past ``exhaustive_seconds`` (``projected_s``)."""
+    """``Session.bench`` (its docstring says what each row is), on the session ``s``."""
     rows: list[BenchRow] = []
 
     def row(name, decisions, report, search_s, **extra):
