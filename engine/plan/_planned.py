@@ -70,6 +70,7 @@ def bind(plan: Plan, fn: Callable, args: Sequence[Any], axis_names=None) -> Boun
 
 class PlannedFunction:
     """The plan applied to a function: traced and jitted on first use (or ``lower``)."""
+
     def __init__(self, plan: Plan, fn: Callable, mesh=None, axis_names=None, constrain: bool = True):
         self.plan = plan
         self.constrain = constrain
