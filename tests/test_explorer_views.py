@@ -143,7 +143,8 @@ def test_graph_titles_come_from_the_model_and_the_selection_stays_with_the_card(
     _tap(tab, labels.index("group_norm[4]"))
     sel = wait_until(lambda: (lambda s: s and s["form_label"] == "group_norm[4]" and s)(_in_step(tab)),
                      what="group_norm[4] ringed and in the card")
-    assert "reshape[4]" in tab.evaluate("Bokeh.documents[0].get_model_by_name('decision-detail').text")  # its file name
+    wait_until(lambda: "reshape[4]" in tab.evaluate("Bokeh.documents[0].get_model_by_name('decision-detail').text"),
+               what="the group's file name in the card")
     assert state(tab)["selected"] == "reshape[4]"  # the decision's name in plan and session files
     _card(tab, "Named dimensions")
     tab.screenshot(path=SHOTS / "views_graph_unet_titles.png")
