@@ -41,7 +41,8 @@ from .plan._specs import check_signature, signature_of
 from .plan._verify import verify, verify_loaded, verify_many
 from .planner._exhaustive import ExhaustiveResult, exhaustive, exhaustive_limits, space_size
 from .planner._ilp import solve_ilp
-from .planner._search import Search, SearchResult, check_mesh_axes
+from .planner._pins import Pins
+from .planner._search import Restored, Search, SearchResult, check_mesh_axes, search_inputs
 from .planner._strategies import baseline_names, strategy_decisions
 
 DEFAULT_HARDWARE = "tpu-v4"
@@ -95,7 +96,9 @@ def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
 
 class Session:
     """One model (a function and example args, or a MODEL spec) on one mesh and hardware:
-    its analysis, baselines, search, pins, plans and XLA checks.
+    its analysis, baselines, search, pins, plans and XLA checks. It owns the cost model, the
+    decision space and the pins; the search (``planner.Search``) runs on them. (The public
+    API's one object: its length is its many short methods, each handing on to a stage.)
 
     mesh: 'data=4,model=2' (optionally ``name=size@GB/s``), a dict or a MeshSpec.
     hardware: a preset (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, a100-40gb, h100-80gb, cpu) or a Hardware.
@@ -141,17 +144,25 @@ class Session:
         return self
 
     def _setup(self, model, spec: ModelSpec | None, mesh: MeshSpec, hw: Hardware, seed: int, warm_start: bool,
-               search: Search | None = None, user_shardings: str = "keep") -> None:
+               restored: Restored | None = None,
+               user_shardings: str = "keep") -> None:
         # the search first: a mesh or budget it refuses leaves the session as it was
-        search = search or Search(model, mesh, hw, seed=int(seed), warm_start=bool(warm_start),
-                                  user_shardings=user_shardings)
-        check_mesh_axes(search)
+        if restored is None:
+            cm, space = search_inputs(model, mesh, hw, user_shardings=user_shardings)
+            check_mesh_axes(space)
+            search, pins = Search(cm, space, seed=int(seed), warm_start=bool(warm_start)), Pins()
+        else:
+            cm, space, search, pins = restored
+            check_mesh_axes(space)
         self.model = model  # ModelAnalysis: .model (LoadedModel), .program, .analysis
         self.spec = spec
         self.mesh = mesh
         self.hardware = hw
         self.seed = int(seed)
         self.warm_start = bool(warm_start)
+        self._cost_model = cm
+        self._space = space  # the decisions of this model on this mesh, and what names them
+        self._pins = pins
         self._search = search
         self._baselines: dict[str, Candidate] | None = None
 
@@ -196,11 +207,11 @@ class Session:
 
     @property
     def cost_model(self) -> CostModel:
-        return self._search.cm
+        return self._cost_model
 
     @property
     def donate(self) -> tuple[int, ...]:
-        return self._search.donate
+        return self._cost_model.donate
 
     @property
     def title(self) -> str:
@@ -208,16 +219,16 @@ class Session:
 
     def group(self, ref: GroupRef) -> Group:
         """A group by id, label, or anchor ``input/path:dim`` (an input leaf and dim in it)."""
-        return self._search.space.group(ref)
+        return self._space.group(ref)
 
     def label(self, decision: Decision) -> str:
-        return self._search.label(decision)
+        return self.analysis.decision_label(decision)
 
     def decisions(self, items: Sequence[Decision | tuple[GroupRef, str]]) -> list[Decision]:
         """Decisions from what a user writes: [(group id / label / anchor, slot)], the slot
         a mesh axis, ``resolve:<resolution>`` or ``recompute:<kind>`` (its group a layer
         stack's id or label); a ``Decision`` passes as it is."""
-        return self._search.space.decisions(items)
+        return self._space.decisions(items)
 
     # ------------------------------------------------------------------ plans and baselines
     def evaluate(self, decisions: Sequence[Decision | tuple[GroupRef, str]], detail: bool = True) -> CostReport:
@@ -261,14 +272,14 @@ class Session:
     # ------------------------------------------------------------------ the search
     def step(self, n: int = 1) -> "Session":
         """Run n simulations of the search."""
-        self._search.step(int(n))
+        self._search.step(int(n), self._pins)
         return self
 
     def run(self, seconds: float, callback: Callable[["Session"], None] | None = None) -> "Session":
         """Search for about ``seconds``; ``callback(session)`` after each chunk. Returns
         early when ``request_stop`` is called (e.g. from a signal handler)."""
         self._search.stop_requested = False
-        self._search.run(seconds, callback=None if callback is None else (lambda _s: callback(self)))
+        self._search.run(seconds, self._pins, callback=None if callback is None else (lambda _s: callback(self)))
         return self
 
     def request_stop(self) -> None:
@@ -281,7 +292,7 @@ class Session:
 
     def stats(self) -> SearchStats:
         """Simulations, nodes, depth, speed, best step time over time, root actions."""
-        return self._search.stats()
+        return self._search.stats(self._pins)
 
     def best(self) -> SearchResult | None:
         """The fastest plan found that fits (None until one does)."""
@@ -291,7 +302,7 @@ class Session:
         b = self.best()
         if b is None:
             return None
-        return self.plan(list(b.decisions), strategy="mcts", pinned=self._search.pins)
+        return self.plan(list(b.decisions), strategy="mcts", pinned=self._pins.pinned)
 
     @property
     def smallest_memory(self) -> float:
@@ -301,34 +312,44 @@ class Session:
     # ------------------------------------------------------------------ pins
     @property
     def pins(self) -> list[Decision]:
-        return list(self._search.pins)
+        return list(self._pins.pinned)
 
     @property
     def forbidden(self) -> list[Decision]:
-        return sorted(self._search.forbidden)
+        return sorted(self._pins.forbidden)
 
     def pin(self, group: GroupRef, axis: str) -> Decision:
         """Fix a decision: the search keeps it, first, and never undoes it. ``axis`` is a mesh
         axis, or ``recompute:<kind>`` (regather, dots, full) with ``group`` a layer stack
         (``Session.units``)."""
-        return self._search.pin(self._ref(group, axis))
+        return self._change("pin", self._ref(group, axis))
 
     def forbid(self, group: GroupRef, axis: str) -> Decision:
         """Never take this decision."""
-        return self._search.forbid(self._ref(group, axis))
+        return self._change("forbid", self._ref(group, axis))
 
     def unpin(self, group: GroupRef, axis: str) -> Decision:
         """Remove a pin or a forbid."""
-        return self._search.unpin(self._ref(group, axis))
+        return self._change("unpin", self._ref(group, axis))
 
     def _ref(self, group: GroupRef, axis: str) -> Decision:
         """The decision a pin, forbid or unpin names (``decisions``)."""
-        return self._search.space.decision(group, axis)
+        return self._space.decision(group, axis)
+
+    def _change(self, how: str, d: Decision) -> Decision:
+        """Pin, forbid or unpin ``d``; the search's best then honours the new pins."""
+        if how != "unpin":
+            self._space.check_takeable(d)
+        pins = getattr(self._pins, how)(d, self.label)
+        if pins != self._pins:
+            self._pins = pins
+            self._search.rebest(pins)
+        return d
 
     def mark_infeasible(self, decisions: Sequence[Decision], measured_bytes: float) -> None:
         """XLA measured this plan over the budget: it no longer counts as fitting, and the
         best plan becomes the next best that fits."""
-        self._search.mark_infeasible(list(decisions), float(measured_bytes))
+        self._search.mark_infeasible(list(decisions), float(measured_bytes), self._pins)
 
     # ------------------------------------------------------------------ XLA's check
     def verify(self, plan: Plan | None = None, *, run: bool = False, constrain: bool = True,
@@ -356,24 +377,9 @@ class Session:
     def verify_all(self, plans: Sequence[Plan], *, timeout: float = 1800) -> list[VerifyReport]:
         """Compile several plans with XLA (compile-only; a MODEL-spec session in one fresh
         process) and return ``verify``'s report for each. Marks nothing."""
-        if not plans:
-            return []
         if self.spec is None:
             return [self.verify(p, mark=False, timeout=timeout) for p in plans]
-
-        paths = []
-        try:
-            for p in plans:
-                fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
-                os.close(fd)
-                paths.append(path)
-                p.save(path)
-            return verify_many(self.spec.spec, paths, preset=self.spec.preset,
-                               overrides=list(self.spec.overrides) or None, timeout=timeout)
-        finally:
-            for path in paths:
-                with contextlib.suppress(OSError):
-                    os.remove(path)
+        return verify_specs(plans, self.spec, timeout)
 
     def verified_best(self, tries: int = 5, on_reject: Callable[[SearchResult, VerifyReport], None] | None = None
                       ) -> tuple[SearchResult, VerifyReport]:
@@ -383,7 +389,7 @@ class Session:
             best = self.best()
             if best is None:
                 break
-            out = self.verify(self.plan(list(best.decisions), strategy="mcts", pinned=self._search.pins))
+            out = self.verify(self.plan(list(best.decisions), strategy="mcts", pinned=self._pins.pinned))
             if not out.marked_infeasible:
                 return best, out
             if on_reject is not None:
@@ -415,13 +421,12 @@ class Session:
         """Pin and forbid what still applies: decisions of this model (another session's,
         on another mesh, say) or what a user names; a note for each that does not apply (its
         group or axis is gone, or the axis does not divide the group)."""
-        space = self._search.space
         notes = []
         for how, items in (("pin", pins), ("forbid", forbidden)):
             for item in items:
                 try:
-                    d = space.adopt(item) if isinstance(item, Decision) else self._ref(*item)
-                    getattr(self._search, how)(d)
+                    d = self._space.adopt(item) if isinstance(item, Decision) else self._ref(*item)
+                    self._change(how, d)
                 except PartexError as e:
                     what = self.label(item) if isinstance(item, Decision) else \
                         f"{self.group(item[0]).label if isinstance(item[0], int) else item[0]}->{item[1]}"
@@ -437,7 +442,7 @@ class Session:
     def exhaustive_size(self, per_axis: int = 3) -> int:
         """How many plans of at most ``per_axis`` decisions per mesh axis ``exhaustive``
         would score."""
-        return space_size(self.cost_model, self._search.actions, per_axis)
+        return space_size(self.cost_model, self._space.actions, per_axis)
 
     @overload
     def exhaustive(self, per_axis: int = 3, *, seconds: float | None = None,
@@ -454,10 +459,10 @@ class Session:
         memory budgets, the hardware's margin kept free of each), one result per budget from
         one pass. ``seconds``: give up once the first plans project the space past it."""
         if budgets is None:
-            return exhaustive(self.cost_model, self._search.actions, per_axis, seconds=seconds)
+            return exhaustive(self.cost_model, self._space.actions, per_axis, seconds=seconds)
         hw = self.hardware
         limits = [as_hardware(hw, b).limit for b in budgets]
-        return exhaustive_limits(self.cost_model, self._search.actions, limits, per_axis, seconds=seconds)
+        return exhaustive_limits(self.cost_model, self._space.actions, limits, per_axis, seconds=seconds)
 
     def bench(self, seconds: float = 60.0, *, ilp_time: float = 30.0, simulations: int | None = None,
               callback: Callable[["Session"], None] | None = None, verify: bool = False,
@@ -497,11 +502,30 @@ class Session:
     @classmethod
     def from_json(cls, d: Any, *, where: str = "session", fn=None, args=None, axis_names=None,
                   analyses: Callable[[ModelSpec], ModelAnalysis] | None = None) -> "Session":
-        model, spec, mesh, hw, seed, warm, search, user = session_parts(
+        model, spec, mesh, hw, seed, warm, restored, user = session_parts(
             d, where=where, fn=fn, args=args, axis_names=axis_names, analyses=analyses or analyze_spec)
         self = cls.__new__(cls)
-        self._setup(model, spec, mesh, hw, seed, warm, search, user_shardings=user)
+        self._setup(model, spec, mesh, hw, seed, warm, restored, user_shardings=user)
         return self
+
+
+def verify_specs(plans: Sequence[Plan], spec: ModelSpec, timeout: float) -> list[VerifyReport]:
+    """XLA's figures for plans of a MODEL spec, compile-only, all in one fresh process."""
+    if not plans:
+        return []
+    paths = []
+    try:
+        for p in plans:
+            fd, path = tempfile.mkstemp(prefix="partex-verify-", suffix=".json")
+            os.close(fd)
+            paths.append(path)
+            p.save(path)
+        return verify_many(spec.spec, paths, preset=spec.preset, overrides=list(spec.overrides) or None,
+                           timeout=timeout)
+    finally:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
 def verify_plan(plan: Plan, *, spec: ModelSpec | None, model: LoadedModel | None = None, run: bool = False,

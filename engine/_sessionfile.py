@@ -23,7 +23,7 @@ from ._loader import LoadedModel, ModelAnalysis, analyze_loaded
 from ._mesh import Hardware, MeshSpec
 from .plan._plan import _hardware_from_json
 from .plan._specs import signature_of
-from .planner._search import Search
+from .planner._search import Restored, Search
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -68,7 +68,6 @@ def session_json(s: Session) -> dict:
     def named(decs):
         return [{"group": (an.groups if d.ON_GROUP else an.units)[d.id].label, "axis": d.slot} for d in decs]
 
-    search = s._search
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -80,9 +79,9 @@ def session_json(s: Session) -> dict:
         "seed": s.seed,
         "warm_start": s.warm_start,
         "user_shardings": s.user_shardings,
-        "pins": named(search.pins),
-        "forbidden": named(sorted(search.forbidden)),
-        "search": search.state(),
+        "pins": named(s.pins),
+        "forbidden": named(s.forbidden),
+        "search": s._search.state(s._pins),
     }
 
 
@@ -125,10 +124,10 @@ def read_session(path: str | os.PathLike) -> Any:
 
 
 def session_parts(d: Any, *, where: str, fn, args, axis_names, analyses: Callable[[ModelSpec], ModelAnalysis]
-                  ) -> tuple[ModelAnalysis, ModelSpec | None, MeshSpec, Hardware, int, bool, Search, str]:
+                  ) -> tuple[ModelAnalysis, ModelSpec | None, MeshSpec, Hardware, int, bool, Restored, str]:
     """What a Session is made of, read from its file's JSON and checked field by field: the
     model (rebuilt from its spec with ``analyses``, or ``fn`` and ``args``), its spec, the mesh,
-    the hardware, the seed, warm start, the resumed search and the user-shardings mode."""
+    the hardware, the seed, warm start, the resumed search (with its cost model and pins) and the user-shardings mode."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise PartexError(f"{where} is not a partex session: expected \"format\": \"{FORMAT}\"")
     if d.get("version") != VERSION:
@@ -165,7 +164,7 @@ def session_parts(d: Any, *, where: str, fn, args, axis_names, analyses: Callabl
         raise PartexError(f"{where} was saved for another model (its inputs' shapes differ from "
                           f"{spec.title if spec else 'this function'}'s): start a new session")
     try:
-        search = Search.from_state(model, mesh, hw, state, user_shardings=user)
+        restored = Search.from_state(model, mesh, hw, state, user_shardings=user)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise PartexError(f"{where}: its search cannot be resumed ({type(e).__name__}: {e})") from None
-    return model, spec, mesh, hw, seed, warm, search, user
+    return model, spec, mesh, hw, seed, warm, restored, user

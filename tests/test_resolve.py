@@ -39,13 +39,14 @@ def test_the_search_offers_a_resolution_once_the_group_is_sharded_and_pins_name_
     s = _session()
     an = s.analysis
     seq = an.group_by_label("seq").id
-    search = s._search
-    resolve = [i for i, d in enumerate(search.actions) if isinstance(d, partex.Resolve)]
-    assert {search.actions[i] for i in resolve} == {partex.Resolve(seq, "second"), partex.Resolve(seq, "neither")}
-    assert not set(resolve) & set(search._legal(()))
-    legal = search._legal((partex.Shard(seq, "model"),))
+    space, none = s._space, frozenset()
+    resolve = [i for i, d in enumerate(space.actions) if isinstance(d, partex.Resolve)]
+    assert {space.actions[i] for i in resolve} == {partex.Resolve(seq, "second"), partex.Resolve(seq, "neither")}
+    assert not set(resolve) & set(space.legal((), none))
+    legal = space.legal((partex.Shard(seq, "model"),), none)
     assert set(resolve) <= set(legal)
-    assert not set(resolve) & set(search._legal((partex.Shard(seq, "model"), partex.Resolve(seq, "second"))))
+    assert not set(resolve) & set(space.legal((partex.Shard(seq, "model"), partex.Resolve(seq, "second")), none))
+    assert not set(resolve) & set(space.legal((partex.Shard(seq, "model"),), frozenset(space.actions[i] for i in resolve)))
     plan = s.plan([("seq", "model"), ("seq", "resolve:neither")])
     path = tmp_path / "plan.json"
     plan.save(path)

@@ -17,7 +17,8 @@ from partex._mesh import MeshSpec, get_hardware
 from partex.plan._planned import default_donate
 from partex.tracing._program import trace
 from partex.analysis._roles import mirror_map
-from partex.planner._search import Search
+from partex.planner._pins import Pins
+from partex.planner._search import Search, search_inputs
 from partex.planner._strategies import baseline_names, strategy_decisions
 
 from _rename import Renamed
@@ -124,9 +125,9 @@ def test_renamed_model_gets_the_same_bench_table(name):
 
     # a fixed number of simulations, not seconds: the same seed gives the same plan whatever
     # the machine's load
-    search, search_r = Search(res, MESH, hw, seed=0), Search(ren, MESH, hw, seed=0)
-    search.step(25)
-    search_r.step(25)
+    search, search_r = Search(*search_inputs(res, MESH, hw), seed=0), Search(*search_inputs(ren, MESH, hw), seed=0)
+    search.step(25, Pins())
+    search_r.step(25, Pins())
     best, best_r = search.best(), search_r.best()
     assert best.decisions  # not the replicated plan: the budget forces sharding
     assert _figures(best_r.report) == _figures(best.report)

@@ -8,7 +8,8 @@ import pytest
 
 import partex
 from partex import MeshSpec, PartexError, Plan, Session, Shard, analyze_model, get_hardware, parse_bytes
-from partex.planner._search import Search
+from partex.planner._pins import Pins
+from partex.planner._search import Search, search_inputs
 from partex.planner._strategies import strategy_decisions
 from partex.cli import main
 
@@ -18,13 +19,13 @@ def tiny():
     return analyze_model("transformer")
 
 
-def _search(res, mesh="data=4,model=2", memory=None, seed=0):
+def _session(res, mesh="data=4,model=2", memory=None, seed=0):
     hw = get_hardware("tpu-v4", memory_budget=parse_bytes(memory) if memory else None)
-    return Search(res, MeshSpec.parse(mesh), hw, seed=seed)
+    return Session.from_analysis(res, mesh=mesh, hardware=hw, seed=seed)
 
 
 def test_same_seed_same_plan(tiny):
-    a, b = _search(tiny, memory="2MiB"), _search(tiny, memory="2MiB")
+    a, b = _session(tiny, memory="2MiB"), _session(tiny, memory="2MiB")
     a.step(60)
     b.step(60)
     assert a.best().decisions == b.best().decisions
@@ -32,8 +33,8 @@ def test_same_seed_same_plan(tiny):
 
 
 def test_every_returned_plan_fits_and_improves_on_replicated(tiny):
-    s = _search(tiny, memory="2MiB")
-    replicated = s.cm.evaluate([])
+    s = _session(tiny, memory="2MiB")
+    replicated = s.cost_model.evaluate([])
     assert not replicated.fits  # the budget rules replication out
     s.step(150)
     best = s.best()
@@ -44,16 +45,16 @@ def test_every_returned_plan_fits_and_improves_on_replicated(tiny):
 
 
 def test_impossible_budget_returns_nothing_and_reports_smallest(tiny):
-    s = _search(tiny, memory="1KiB")
+    s = _session(tiny, memory="1KiB")
     s.step(40)
     assert s.best() is None and s.best_plan() is None
     assert s.stats().smallest_memory > 1024
 
 
 def test_pins_and_forbids_are_honoured(tiny):
-    s = _search(tiny, memory="2MiB")
-    s.pin(s.space.decision("ffn", "model"))
-    s.forbid(s.space.decision("batch", "model"))
+    s = _session(tiny, memory="2MiB")
+    s.pin("ffn", "model")
+    s.forbid("batch", "model")
     s.step(120)
     best = s.best()
     labels = [s.label(d) for d in best.decisions]
@@ -63,20 +64,20 @@ def test_pins_and_forbids_are_honoured(tiny):
     assert any(d.group == "ffn" and d.axis == "model" and d.pinned for d in plan.decisions)
     entry = plan.inputs["params/layers/0/w1"][1]
     assert entry == "model" or (isinstance(entry, list) and entry[0] == "model")
-    s.unpin(s.space.decision("ffn", "model"))
-    assert s.pins == []
+    s.unpin("ffn", "model")
+    assert s.pins == [] and s.forbidden == s.decisions([("batch", "model")])
 
 
 @pytest.mark.parametrize("call,needle", [
-    (lambda s: s.pin(s.space.decision("nonsense", "model")), "unknown dimension 'nonsense'"),
-    (lambda s: s.pin(s.space.decision("ffn", "pipe")), "unknown mesh axis 'pipe'"),
-    (lambda s: (s.forbid(s.space.decision("ffn", "model")), s.pin(s.space.decision("ffn", "model"))), "forbidden"),
-    (lambda s: (s.pin(s.space.decision("ffn", "model")), s.forbid(s.space.decision("ffn", "model"))), "pinned"),
-    (lambda s: s.unpin(s.space.decision("ffn", "data")), "neither pinned nor forbidden"),
+    (lambda s: s.pin("nonsense", "model"), "unknown dimension 'nonsense'"),
+    (lambda s: s.pin("ffn", "pipe"), "unknown mesh axis 'pipe'"),
+    (lambda s: (s.forbid("ffn", "model"), s.pin("ffn", "model")), "forbidden"),
+    (lambda s: (s.pin("ffn", "model"), s.forbid("ffn", "model")), "pinned"),
+    (lambda s: s.unpin("ffn", "data"), "neither pinned nor forbidden"),
 ])
 def test_bad_pins_are_clear_errors(tiny, call, needle):
     with pytest.raises(PartexError, match=needle):
-        call(_search(tiny))
+        call(_session(tiny))
 
 
 def _per_axis(decisions):
@@ -132,8 +133,8 @@ def test_megatron_recovery():
     """automap's result: with weights dwarfing activations (batch 1) and a budget under
     replication, the search shards w1 and w2 on the FFN hidden dim and attention on heads."""
     res = analyze_model("transformer", "tiny", ["batch=1", "d_model=256", "d_ff=1024"])
-    s = _search(res, mesh="model=4", memory="8MiB")
-    assert not s.cm.evaluate([]).fits
+    s = _session(res, mesh="model=4", memory="8MiB")
+    assert not s.cost_model.evaluate([]).fits
     s.step(300)
     plan = s.best_plan()
     for layer in (0, 1):
@@ -150,14 +151,15 @@ def test_search_against_hand_plans_on_full_t32_two_layers():
     res = analyze_model("transformer", "t32", ["layers=2"])
     mesh = MeshSpec.parse("data=8,model=4")
     hw = get_hardware("tpu-v4", memory_budget=parse_bytes("4GiB"))
-    cold = Search(res, mesh, hw, seed=0, warm_start=False)
-    hand = [cold.cm.evaluate(strategy_decisions(n, res.analysis, mesh)) for n in ("dp", "megatron", "zero3")]
+    cm, space = search_inputs(res, mesh, hw)  # one cost model and space for both searches
+    cold = Search(cm, space, seed=0, warm_start=False)
+    hand = [cm.evaluate(strategy_decisions(n, res.analysis, mesh)) for n in ("dp", "megatron", "zero3")]
     best_hand = min(r.step_time for r in hand if r.fits)
-    cold.step(300)
+    cold.step(300, Pins())
     assert cold.best().report.fits
     assert cold.best().report.step_time <= best_hand * 1.02
-    warm = Search(res, mesh, hw, seed=0, cost_model=cold.cm)
-    warm.step(100)
+    warm = Search(cm, space, seed=0)
+    warm.step(100, Pins())
     assert warm.best().report.fits and warm.best().report.step_time <= best_hand * (1 + 1e-9)
 
 

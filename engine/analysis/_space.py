@@ -15,7 +15,7 @@ Imports the analysis' types, the decisions and the mesh; nothing above them.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -107,6 +107,18 @@ class DecisionSpace:
     def on_group(self, slot: str) -> bool:
         """Whether a slot's decisions name decision groups (else layer stacks)."""
         return self._kinds[slot][0].ON_GROUP
+
+    def legal(self, decisions: Sequence[Decision], forbidden: Collection[Decision]) -> list[int]:
+        """The indices of the actions a plan of ``decisions`` may take next: not taken, not
+        forbidden, one recompute kind per layer stack, one resolution per group, of a group
+        the plan shards."""
+        taken = set(decisions)
+        recomputed = {d.unit for d in decisions if isinstance(d, Recompute)}  # one kind per stack
+        resolved = {d.group for d in decisions if isinstance(d, Resolve)}  # one resolution per group ...
+        sharded = {d.group for d in decisions if isinstance(d, Shard)}  # ... of a group the plan shards
+        return [i for i, d in enumerate(self.actions) if d not in taken and d not in forbidden
+                and not (isinstance(d, Recompute) and d.unit in recomputed)
+                and not (isinstance(d, Resolve) and (d.group in resolved or d.group not in sharded))]
 
     # ------------------------------------------------------------------ what users name
     def group(self, ref: GroupRef) -> Group:

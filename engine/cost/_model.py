@@ -51,6 +51,7 @@ class CostModel:
         self.user_shardings = check_mode(user_shardings)
         self.fixed = analysis.fixed(mesh) if user_shardings == "keep" else NO_FIXED
         self.lowering = lowering
+        self.donate = tuple(donate or ())  # the inputs whose buffers the step's outputs may reuse
         self.analysis = analysis
         self.mesh = mesh
         self.hw = hardware

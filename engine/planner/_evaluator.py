@@ -11,7 +11,7 @@ fitting from then on, and the memory model is calibrated by it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Collection, NamedTuple, Sequence
 
 from .._decisions import Decision
 from .._mesh import Hardware
@@ -104,7 +104,8 @@ class Evaluator:
         self.evals[key] = (t, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
         self.evals = {k: (t, p, f and self.fits(p)) for k, (t, p, f) in self.evals.items()}
 
-    def rebest(self, pins: Sequence[Decision], forbidden: set[Decision], simulation: int, seconds: float) -> None:
+    def rebest(self, pins: Sequence[Decision], forbidden: Collection[Decision], simulation: int,
+               seconds: float) -> None:
         """The best evaluated plan that honours the pins and forbids, pins first (the history
         starts again from it)."""
         old, self.best = self.best, None

@@ -13,7 +13,7 @@ the best).
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -24,18 +24,18 @@ PENALTIES = (0.3, 1.0, 3.0, 10.0, 100.0)  # oscillate: memory penalty weights, i
 
 
 class LocalSearch:
-    """Descent and oscillation over ``actions`` (``legal(decisions)`` the indices
+    """Descent and oscillation over ``actions`` (``legal(decisions, forbidden)`` the indices
     a plan may add; ``prior`` orders them) on the mesh axes ``axes``."""
 
     def __init__(self, evaluator: Evaluator, actions: Sequence[Decision], prior: np.ndarray, axes: Sequence[str],
-                 legal: Callable[[Sequence[Decision]], list[int]]):
+                 legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]]):
         self.evaluator = evaluator
         self.actions = list(actions)
         self.prior = prior
         self.axes = tuple(axes)
         self.legal = legal
 
-    def polish(self, pins: Sequence[Decision], forbidden: set[Decision], deadline: float | None) -> None:
+    def polish(self, pins: Sequence[Decision], forbidden: Collection[Decision], deadline: float | None) -> None:
         """From the best plan: the first single change that improves it, until none does;
         then strategic oscillation and, where that found a better plan, the descent again."""
         ev = self.evaluator
@@ -48,7 +48,7 @@ class LocalSearch:
         if ev.best is not None and ev.best.decisions != start.decisions:
             self.descend(tuple(ev.best.decisions), lambda d: -ev.score(d), first, forbidden, deadline)
 
-    def oscillate(self, best: Best, first: int, forbidden: set[Decision], deadline: float | None) -> None:
+    def oscillate(self, best: Best, first: int, forbidden: Collection[Decision], deadline: float | None) -> None:
         ev = self.evaluator
         t_best = best.step_time
         limit = min(ev.hw.limit, ev.hw.budget / ev.xla_scale)
@@ -63,7 +63,7 @@ class LocalSearch:
         for weight in PENALTIES:
             current = self.descend(current, penalised(weight), first, forbidden, deadline)
 
-    def descend(self, current: tuple[Decision, ...], objective, first: int, forbidden: set[Decision],
+    def descend(self, current: tuple[Decision, ...], objective, first: int, forbidden: Collection[Decision],
                 deadline: float | None) -> tuple[Decision, ...]:
         """First-improvement descent on ``objective`` (lower is better) over ``moves``
         until no move improves, the step limit, or the deadline; returns where it stopped."""
@@ -81,7 +81,7 @@ class LocalSearch:
                 break
         return current
 
-    def moves(self, current: tuple[Decision, ...], first: int, forbidden: set[Decision]):
+    def moves(self, current: tuple[Decision, ...], first: int, forbidden: Collection[Decision]):
         """The plans one change away, cheapest kinds first: add an action (in prior order),
         drop an unpinned decision, swap two decisions on one axis (the earlier keeps the axis
         where their groups conflict), exchange two mesh axes throughout, replace a decision by
@@ -102,8 +102,8 @@ class LocalSearch:
             if cand != current and len(cand) >= first:
                 yield cand
 
-    def _raw_moves(self, current: tuple[Decision, ...], first: int, forbidden: set[Decision]):
-        legal = sorted(self.legal(current), key=lambda a: -self.prior[a])
+    def _raw_moves(self, current: tuple[Decision, ...], first: int, forbidden: Collection[Decision]):
+        legal = sorted(self.legal(current, forbidden), key=lambda a: -self.prior[a])
         for a in legal:
             yield current + (self.actions[a],)
         for i in range(first, len(current)):
@@ -127,7 +127,7 @@ class LocalSearch:
             # what could stand in place i: legal without the decision there (another kind for
             # its layer stack, another resolution for its conflict)
             rest = current[:i] + current[i + 1:]
-            for a in sorted(self.legal(rest), key=lambda a: -self.prior[a]):
+            for a in sorted(self.legal(rest, forbidden), key=lambda a: -self.prior[a]):
                 if self.actions[a] != current[i]:
                     yield current[:i] + (self.actions[a],) + current[i + 1:]
         for i in range(first, len(current)):

@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .._decisions import Decision, Recompute, Resolve, Shard, decision_of
+from .._decisions import Decision, Shard, decision_of
 from .._errors import PartexError
 from .._mesh import Hardware, MeshSpec
 from .._results import RootAction, SearchStats
 from ..analysis._space import DecisionSpace
 from ..cost import CostModel, CostReport
 from ..plan._planned import default_donate
-from ..plan._planning import make_plan
 from . import STOP, Best, Evaluator, LocalSearch, Node, TreeSearch
+from ._pins import Pins
 from ._strategies import baseline_names, strategy_decisions
 
 
@@ -43,10 +43,31 @@ class SearchResult:
     seconds: float  # search seconds until it was first found (time-to-best)
 
 
+def search_inputs(model, mesh: MeshSpec, hardware: Hardware, *, donate=None,
+                  user_shardings: str = "keep") -> tuple[CostModel, DecisionSpace]:
+    """What a search runs on, for an analysed model (a ``ModelAnalysis``) on a mesh and
+    hardware: its cost model (donating ``donate``, default: what the step's outputs can
+    reuse) and its decision space (less what the step's own shardings fix)."""
+    donate = tuple(default_donate(model.program) if donate is None else donate)
+    cm = CostModel(model.analysis, mesh, hardware, donate=donate, user_shardings=user_shardings)
+    return cm, DecisionSpace(model.analysis, mesh, cm.fixed)
+
+
+class Restored(NamedTuple):
+    """A search read back from its ``state()``, with what it runs on and its pins."""
+
+    cost_model: CostModel
+    space: DecisionSpace
+    search: "Search"
+    pins: Pins
+
+
 class Search:
-    """MCTS over decisions for one analysed model on one mesh and hardware: the tree search
+    """MCTS over the decisions of ``space``, scored on ``cost_model``: the tree search
     (``planner.TreeSearch``) and the local search (``planner.LocalSearch``) over one
-    evaluation cache (``planner.Evaluator``), with the pins, the driver and persistence.
+    evaluation cache (``planner.Evaluator``), with the driver and persistence. The caller
+    (``Session``) owns the cost model, the space and the pins: every call that depends on
+    the pins takes them (``Pins``).
 
     exploration: c in UCT, Q/N + c * sqrt(ln N_parent / N_child).
     rollout_width: random actions scored per rollout step (greedy among them); at least
@@ -58,14 +79,13 @@ class Search:
     seed: the RNG seed; the same seed and number of simulations give the same plan.
     """
 
-    def __init__(self, model, mesh: MeshSpec, hardware: Hardware, *, seed: int = 0,
+    def __init__(self, cost_model: CostModel, space: DecisionSpace, *, seed: int = 0,
                  exploration: float = 0.5, rollout_width: int = 4, polish_every: int = 32,
-                 warm_start: bool = True, donate=None,
-                 cost_model: CostModel | None = None, user_shardings: str = "keep"):
-        self.model = model
-        self.an = model.analysis
-        self.mesh = mesh
-        self.hw = hardware
+                 warm_start: bool = True):
+        self.cm = cost_model
+        self.an = cost_model.analysis
+        self.mesh = cost_model.mesh
+        self.hw = cost_model.hw
         self.seed = seed
         self.exploration = exploration
         self.rollout_width = rollout_width
@@ -74,58 +94,42 @@ class Search:
         self._deadline: float | None = None  # run(): polishing stops at the budget
         self._t0: float | None = None  # step(): when the simulations in hand began
         self.stop_requested = False  # set by request_stop() (a signal handler): run() returns
-        self.donate = tuple(default_donate(model.program) if donate is None else donate)
-        self.cm = cost_model or CostModel(self.an, mesh, hardware, donate=self.donate,
-                                          user_shardings=user_shardings)
         self.rng = np.random.default_rng(seed)
         # candidate actions: groups on the mesh axes that divide them, layer stacks'
         # recompute kinds, conflicts' resolutions (DecisionSpace)
-        self.space = DecisionSpace(self.an, mesh, self.cm.fixed)
-        self.actions: list[Decision] = list(self.space.actions)
-        self.pins: list[Decision] = []
-        self.forbidden: set[Decision] = set()
+        self.space = space
+        self.actions: list[Decision] = list(space.actions)
         self.simulations = 0
         self.seconds = 0.0
-        self.evaluator = ev = Evaluator(self.cm, hardware, self.space, self._progress)
-        base = self.cm.evaluate([])
+        self.evaluator = ev = Evaluator(cost_model, self.hw, space, self._progress)
+        base = cost_model.evaluate([])
         ev.t_ref = base.step_time if base.step_time > 0 else 1e-9
         base_score = ev.score(())  # the replicated plan is a candidate too
         # Priors: how much each decision alone improves on replication. Expansion tries the
         # most promising actions first and rollouts sample in proportion to exp(prior / tau).
         prior = np.array([ev.score((d,)) - base_score for d in self.actions], dtype=np.float64)
-        self.tree = TreeSearch(self.actions, prior, self.rng, score=ev.score, key=ev.key, legal=self._legal,
+        self.tree = TreeSearch(self.actions, prior, self.rng, score=ev.score, key=ev.key, legal=space.legal,
                                exploration=exploration, rollout_width=rollout_width)
-        self.local = LocalSearch(ev, self.actions, prior, mesh.axes, self._legal)
+        self.local = LocalSearch(ev, self.actions, prior, self.mesh.axes, space.legal)
         self.warm_start = warm_start
         if warm_start:
             # PartIR composes hand tactics with the search: the expert strategies are the
             # first candidates, and the first polish starts from the best of them.
             for name in baseline_names(self.an):
-                dec = tuple(d for d in strategy_decisions(name, self.an, mesh) if d in self.actions)
+                dec = tuple(d for d in strategy_decisions(name, self.an, self.mesh) if d in self.actions)
                 ev.score(dec)
 
     def _progress(self) -> tuple[int, float]:
         """(simulations, search seconds) now: a new best records when it was met."""
         return self.simulations, self.seconds + (time.perf_counter() - self._t0 if self._t0 else 0.0)
 
-    def _legal(self, decisions: Sequence[Decision]) -> list[int]:
-        """The actions ``decisions`` may take next: not taken, not forbidden, one recompute
-        kind per layer stack, one resolution per group, of a group the plan shards."""
-        taken = set(decisions)
-        recomputed = {d.unit for d in decisions if isinstance(d, Recompute)}  # one kind per stack
-        resolved = {d.group for d in decisions if isinstance(d, Resolve)}  # one resolution per group ...
-        sharded = {d.group for d in decisions if isinstance(d, Shard)}  # ... of a group the plan shards
-        return [i for i, d in enumerate(self.actions) if d not in taken and d not in self.forbidden
-                and not (isinstance(d, Recompute) and d.unit in recomputed)
-                and not (isinstance(d, Resolve) and (d.group in resolved or d.group not in sharded))]
-
-    def _simulate(self) -> None:
-        self.tree.simulate(tuple(self.pins), self.forbidden)
+    def _simulate(self, pins: Pins) -> None:
+        self.tree.simulate(pins.pinned, pins.forbidden)
         self.simulations += 1
         best = self.evaluator.best
         if self.simulations % self.polish_every == 0 and best is not None and best.decisions != self._polished:
             self._polished = best.decisions
-            self.local.polish(self.pins, self.forbidden, self._deadline)
+            self.local.polish(pins.pinned, pins.forbidden, self._deadline)
 
     @property
     def smallest_memory(self) -> tuple[float, tuple[Decision, ...]]:
@@ -133,14 +137,14 @@ class Search:
         return self.evaluator.smallest_memory
 
     # ------------------------------------------------------------------ public API
-    def step(self, n: int = 1) -> None:
-        """Run n simulations."""
+    def step(self, n: int, pins: Pins) -> None:
+        """Run n simulations from the pinned state."""
         self._t0 = time.perf_counter()
         try:
             for _ in range(n):
                 if self._deadline is not None and time.perf_counter() > self._deadline:
                     break
-                self._simulate()
+                self._simulate(pins)
         finally:
             self.seconds += time.perf_counter() - self._t0
             self._t0 = None
@@ -152,13 +156,13 @@ class Search:
         self.stop_requested = True
         self._deadline = time.perf_counter()
 
-    def run(self, seconds: float, chunk: int = 16, callback=None) -> None:
-        """Simulate for about ``seconds`` (in chunks; callback(stats) after each)."""
+    def run(self, seconds: float, pins: Pins, chunk: int = 16, callback=None) -> None:
+        """Simulate for about ``seconds`` (in chunks; callback(self) after each)."""
         end = time.perf_counter() + seconds
         self._deadline = end
         try:
             while time.perf_counter() < end and not self.stop_requested:
-                self.step(chunk)
+                self.step(chunk, pins)
                 if callback is not None:
                     callback(self)
         finally:
@@ -176,90 +180,48 @@ class Search:
         decision (the bench's row beside the search's best)."""
         return self.evaluator.best_without_recompute()
 
-    def best_plan(self, strategy: str = "mcts"):
-        b = self.best()
-        if b is None:
-            return None
-        return make_plan(self.model, self.mesh, self.hw, list(b.decisions), strategy=strategy,
-                         pinned=self.pins, donate=self.donate, cost_model=self.cm,
-                         user_shardings=self.cm.user_shardings)
-
-    def label(self, decision: Decision) -> str:
-        return self.an.decision_label(decision)
-
-    def stats(self) -> SearchStats:
-        tree, ev = self.tree, self.evaluator
-        root = tree.nodes.get(ev.key(tuple(self.pins)))
+    def stats(self, pins: Pins) -> SearchStats:
+        tree, ev, label = self.tree, self.evaluator, self.an.decision_label
+        root = tree.nodes.get(ev.key(pins.pinned))
         actions = []
         if root is not None:
             for a, key in root.children.items():
                 child = tree.nodes[key]
-                actions.append(RootAction("stop" if a == STOP else self.label(self.actions[a]), child.visits,
+                actions.append(RootAction("stop" if a == STOP else label(self.actions[a]), child.visits,
                                           child.value / child.visits if child.visits else 0.0))
         actions.sort(key=lambda d: -d.visits)
         return SearchStats(
-            simulations=self.simulations, nodes=len(tree.nodes), depth=tree.depth(len(self.pins)),
+            simulations=self.simulations, nodes=len(tree.nodes), depth=tree.depth(len(pins.pinned)),
             evaluations=len(ev.evals), seconds=self.seconds,
             sims_per_s=self.simulations / self.seconds if self.seconds > 0 else 0.0,
             best_step_time=ev.best.step_time if ev.best else None, best_history=tuple(ev.history),
             smallest_memory=ev.smallest_memory[0], root_actions=tuple(actions),
-            pins=tuple(self.label(p) for p in self.pins), forbidden=tuple(sorted(self.label(f) for f in self.forbidden)))
+            pins=tuple(label(p) for p in pins.pinned), forbidden=tuple(sorted(label(f) for f in pins.forbidden)))
 
-    # ------------------------------------------------------------------ pins
-    def pin(self, d: Decision) -> Decision:
-        """Fix a decision: the search keeps it, first, and never undoes it."""
-        self.space.check_takeable(d)
-        if d in self.forbidden:
-            raise PartexError(f"cannot pin {self.label(d)}: it is forbidden (unpin the forbid first)")
-        if d in self.pins:
-            return d
-        self.pins.append(d)
-        self._invalidate_best()
-        return d
-
-    def forbid(self, d: Decision) -> Decision:
-        """Never take this decision."""
-        self.space.check_takeable(d)
-        if d in self.pins:
-            raise PartexError(f"cannot forbid {self.label(d)}: it is pinned (unpin it first)")
-        self.forbidden.add(d)
-        self._invalidate_best()
-        return d
-
-    def unpin(self, d: Decision) -> Decision:
-        """Remove a pin or a forbid."""
-        if d not in self.pins and d not in self.forbidden:
-            raise PartexError(f"{self.label(d)} is neither pinned nor forbidden")
-        if d in self.pins:
-            self.pins.remove(d)
-        self.forbidden.discard(d)
-        self._invalidate_best()
-        return d
-
-    def mark_infeasible(self, decisions: Sequence[Decision], measured_peak: float) -> None:
+    def mark_infeasible(self, decisions: Sequence[Decision], measured_peak: float, pins: Pins) -> None:
         """XLA measured this plan over the budget (``verify``): from now on it scores as not
         fitting (``Evaluator.mark_infeasible``), and the best plan becomes the next best that fits."""
         self.evaluator.mark_infeasible(decisions, measured_peak)
-        self._invalidate_best()
+        self.rebest(pins)
 
-    def _invalidate_best(self) -> None:
-        """Keep the best evaluated plan that honours the pins and forbids (statistics of
+    def rebest(self, pins: Pins) -> None:
+        """The best evaluated plan that honours ``pins``, after they changed (statistics of
         the tree stay: the re-rooted subtree keeps its visits)."""
-        self.evaluator.rebest(self.pins, self.forbidden, self.simulations, self.seconds)
+        self.evaluator.rebest(pins.pinned, pins.forbidden, self.simulations, self.seconds)
 
     # ------------------------------------------------------------------ persistence
-    def state(self) -> dict:
-        """The whole search as plain JSON data (no pickle): the tree, the evaluations, the
-        best plan, the statistics and the RNG. ``Session.save`` writes it in its session file;
-        ``from_state`` restores it, checking every field."""
+    def state(self, pins: Pins) -> dict:
+        """The whole search and its pins as plain JSON data (no pickle): the tree, the
+        evaluations, the best plan, the statistics and the RNG. ``Session.save`` writes it
+        in its session file; ``from_state`` restores it, checking every field."""
         best = self.evaluator.best
         return {
             "params": {"seed": self.seed, "exploration": self.exploration,
                        "rollout_width": self.rollout_width, "polish_every": self.polish_every,
-                       "warm_start": self.warm_start, "donate": list(self.donate)},
+                       "warm_start": self.warm_start, "donate": list(self.cm.donate)},
             "actions": [d.to_json() for d in self.actions],
-            "pins": [d.to_json() for d in self.pins],
-            "forbidden": [d.to_json() for d in sorted(self.forbidden)],
+            "pins": [d.to_json() for d in pins.pinned],
+            "forbidden": [d.to_json() for d in sorted(pins.forbidden)],
             "nodes": [[_key_text(k), n.visits, n.value,
                        [[a, _key_text(c)] for a, c in n.children.items()], n.untried]
                       for k, n in self.tree.nodes.items()],
@@ -275,18 +237,23 @@ class Search:
         }
 
     @classmethod
-    def from_state(cls, model, mesh: MeshSpec, hardware: Hardware, state: dict, **kw) -> "Search":
-        """A search restored from ``state()``. Raises ValueError / KeyError / TypeError on a
-        state that does not fit this model and mesh (the caller turns them into one line)."""
+    def from_state(cls, model, mesh: MeshSpec, hardware: Hardware, state: dict, *,
+                   user_shardings: str = "keep") -> Restored:
+        """The cost model, space, search and pins restored from ``state()``. Raises
+        ValueError / KeyError / TypeError on a state that does not fit this model and mesh
+        (the caller turns them into one line)."""
         p = state["params"]
-        s = cls(model, mesh, hardware, seed=int(p["seed"]), exploration=float(p["exploration"]),
+        cm, space = search_inputs(model, mesh, hardware, donate=[int(i) for i in p["donate"]],
+                                  user_shardings=user_shardings)
+        s = cls(cm, space, seed=int(p["seed"]), exploration=float(p["exploration"]),
                 rollout_width=int(p["rollout_width"]), polish_every=int(p["polish_every"]),
-                warm_start=bool(p["warm_start"]), donate=[int(i) for i in p["donate"]], **kw)
+                warm_start=bool(p["warm_start"]))
         if [_decision(x) for x in state["actions"]] != s.actions:
             raise ValueError("it was saved for a different model or mesh (its decision space differs)")
+
         def dec(x) -> Decision:
             d = _decision(x)
-            if not s.space.in_range(d):
+            if not space.in_range(d):
                 raise ValueError(f"decision {x!r} names no group or axis of this model and mesh")
             return d
 
@@ -294,10 +261,9 @@ class Search:
             return tuple(dec(x) for x in xs)
 
         def key(text):
-            return _key_parse(text, s.space)
+            return _key_parse(text, space)
 
-        s.pins = list(decs(state["pins"]))
-        s.forbidden = set(decs(state["forbidden"]))
+        pins = Pins(decs(state["pins"]), frozenset(decs(state["forbidden"])))
         nodes = {}
         n_actions = len(s.actions)
         for k, visits, value, children, untried in state["nodes"]:
@@ -331,7 +297,7 @@ class Search:
             raise ValueError("its RNG state is not a PCG64 state")
         s.rng.bit_generator.state = rng
         ev.t_ref = float(state["t_ref"])
-        return s
+        return Restored(cm, space, s, pins)
 
 
 def _decision(x) -> Decision:
@@ -364,14 +330,14 @@ def _key_parse(text: str, space: DecisionSpace):
     return tuple(key)
 
 
-def check_mesh_axes(search: "Search") -> None:
+def check_mesh_axes(space: DecisionSpace) -> None:
     """A mesh axis that divides no dimension a decision could shard is bad input (every
     decision on it would do nothing): Session refuses it for the CLI, the explorer and the
     API. (The search itself runs on any mesh: the property tests drive it so.)"""
-    used = {d.axis for d in search.actions if isinstance(d, Shard)} | {d.axis for d in search.cm.fixed.decisions}
-    for a, n in zip(search.mesh.axes, search.mesh.sizes):
+    used = {d.axis for d in space.actions if isinstance(d, Shard)} | {d.axis for d in space.fixed.decisions}
+    for a, n in zip(space.mesh.axes, space.mesh.sizes):
         if n > 1 and a not in used:
-            raise PartexError(useless_axis(a, n, search.an), field="mesh")
+            raise PartexError(useless_axis(a, n, space.an), field="mesh")
 
 
 def useless_axis(axis: str, n: int, an) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -30,13 +30,13 @@ class Node:
 
 class TreeSearch:
     """The tree and its statistics over ``actions``. ``score(decisions)`` is the reward of a
-    plan, ``key(decisions)`` its node's key, ``legal(decisions)`` the indices of the actions it
-    may take next; ``prior`` each action's gain alone, which orders expansion and weights the
+    plan, ``key(decisions)`` its node's key, ``legal(decisions, forbidden)`` the indices of the
+    actions it may take next; ``prior`` each action's gain alone, which orders expansion and weights the
     rollouts' samples (by exp(prior / its spread))."""
 
     def __init__(self, actions: Sequence[Decision], prior: np.ndarray, rng: np.random.Generator, *,
                  score: Callable[[tuple[Decision, ...]], float], key: Callable[[Sequence[Decision]], tuple],
-                 legal: Callable[[Sequence[Decision]], list[int]], exploration: float, rollout_width: int):
+                 legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]], exploration: float, rollout_width: int):
         self.actions = list(actions)
         self.prior = prior
         self.rng = rng
@@ -48,20 +48,20 @@ class TreeSearch:
         top = float(prior.max()) if len(prior) else 0.0
         self.weights = np.exp((prior - top) / (tau or 1.0)) + 1e-6
 
-    def node(self, decisions: tuple[Decision, ...]) -> Node:
+    def node(self, decisions: tuple[Decision, ...], forbidden: Collection[Decision]) -> Node:
         key = self.key(decisions)
         node = self.nodes.get(key)
         if node is None:
             node = self.nodes[key] = Node()
         if node.untried is None:
-            legal = self.legal(decisions)
+            legal = self.legal(decisions, forbidden)
             noise = self.rng.random(len(legal)) * 1e-9  # seeded tie-break
             # pop() takes from the end: the best prior last
             order = sorted(range(len(legal)), key=lambda i: (self.prior[legal[i]] + noise[i]))
             node.untried = [STOP] + [legal[i] for i in order]
         return node
 
-    def uct(self, parent: Node, forbidden: set[Decision]) -> int:
+    def uct(self, parent: Node, forbidden: Collection[Decision]) -> int:
         logn = math.log(max(parent.visits, 1))
         best, best_a = -math.inf, STOP
         for a, key in parent.children.items():
@@ -75,12 +75,12 @@ class TreeSearch:
                 best, best_a = u, a
         return best_a
 
-    def rollout(self, decisions: tuple[Decision, ...]) -> float:
+    def rollout(self, decisions: tuple[Decision, ...], forbidden: Collection[Decision]) -> float:
         """Greedy-random completion: each step scores a few random actions and takes the
         best one if it improves the plan; the best reward met is returned."""
         best = self.score(decisions)
         while True:
-            legal = self.legal(decisions)
+            legal = self.legal(decisions, forbidden)
             if not legal:
                 return best
             # wider for bigger action spaces; sampled by prior
@@ -93,10 +93,10 @@ class TreeSearch:
             best = cand[0]
             decisions = decisions + (self.actions[cand[1]],)
 
-    def simulate(self, root: tuple[Decision, ...], forbidden: set[Decision]) -> None:
+    def simulate(self, root: tuple[Decision, ...], forbidden: Collection[Decision]) -> None:
         """One simulation from the state ``root`` (the pins): select, expand, roll out, back up."""
         decisions = root
-        node = self.node(decisions)
+        node = self.node(decisions, forbidden)
         path = [node]
         while True:
             while node.untried and node.untried[-1] != STOP and self.actions[node.untried[-1]] in forbidden:
@@ -112,9 +112,9 @@ class TreeSearch:
                     break
                 decisions = decisions + (self.actions[a],)
                 node.children[a] = self.key(decisions)
-                child = self.node(decisions)
+                child = self.node(decisions, forbidden)
                 path.append(child)
-                reward = self.rollout(decisions)
+                reward = self.rollout(decisions, forbidden)
                 break
             if not node.children:
                 reward = self.score(decisions)
@@ -126,7 +126,7 @@ class TreeSearch:
                 reward = self.score(decisions)
                 break
             decisions = decisions + (self.actions[a],)
-            node = self.node(decisions)
+            node = self.node(decisions, forbidden)
             path.append(node)
         for n in path:
             n.visits += 1
