@@ -44,7 +44,7 @@ import dataclasses
 import itertools
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -312,107 +312,132 @@ def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float 
     """
     explicit = budget is not None
     budget = float(cost_model.hw.limit if budget is None else budget)
-    ilp = _ILP(cost_model, budget, max_pairs)
-    st: dict[str, Any] = dict(build=0.0, solve=0.0, nvars=0, ncons=0, solves=0, timed_out=False, deadline=None,
-                              statuses=[], messages=[])
-    best: list = []  # [step time, plan, report, predicted time]
-    bad: list[dict[int, Strategy]] = []  # plans that do not fit: cut off
-
-    def consider(plan, rep, pred) -> bool:
-        if rep.memory.peak > budget or (best and rep.step_time >= best[0] * (1 - 1e-9)):
-            return False
-        best[:] = [rep.step_time, dict(plan), rep, pred]
-        return True
-
-    lowest = [math.inf]  # the lowest true peak of the MILP solutions
-
-    def evaluate(plan):
-        t = time.perf_counter()
-        rep = ilp.evaluate(plan)
-        st["build"] += time.perf_counter() - t
-        lowest[0] = min(lowest[0], rep.memory.peak)
-        return rep
-
-    def linearise(ref):
-        t = time.perf_counter()
-        lin = ilp.linearise(ref)
-        st["build"] += time.perf_counter() - t
-        return lin
-
-    def run(lin, margin, max_changes, objective):
-        if st["deadline"] is None:
-            st["deadline"] = time.perf_counter() + time_limit
-        left = st["deadline"] - time.perf_counter()
-        if left <= 0:
-            st["timed_out"] = True
-            return None, None
-        cuts = [ilp.cut_of(lin, p) for p in bad]
-        t = time.perf_counter()
-        status, plan, pred, nv, nc, msg = ilp.solve(lin, margin, cuts, left, max_changes, objective)
-        st["solve"] += time.perf_counter() - t
-        st["solves"] += 1
-        st["nvars"], st["ncons"] = max(st["nvars"], nv), max(st["ncons"], nc)
-        st["statuses"].append(status)
-        st["messages"].append(msg)
-        st["timed_out"] |= status == "time_limit"
-        return plan, pred
-
-    def time_round(ref, max_changes) -> bool:
-        """Minimise step time around ref; True if the best plan improved."""
-        lin = linearise(ref)
-        margin = 0.0
-        for _ in range(memory_rounds):
-            plan, pred = run(lin, margin, max_changes, "time")
-            if plan is None:
-                return False
-            rep = evaluate(plan)
-            if rep.memory.peak <= budget:
-                return consider(plan, rep, pred)
-            # does not fit: cut it off and tighten the memory row by the overshoot
-            bad.append(plan)
-            margin += rep.memory.peak - budget
-            if st["timed_out"]:
-                return False
-        return False
-
-    rep0 = evaluate({})
-    consider({}, rep0, rep0.step_time)  # replicated, where it fits
-    time_round({}, None)
-    if not best and not st["timed_out"]:
-        # feasibility phase: minimise peak memory until a plan fits
-        ref, peak = {}, rep0.memory.peak
-        for k in range(relinearise + 1):
-            plan, pred = run(linearise(ref), 0.0, None if k == 0 else trust_region, "memory")
-            if plan is None:
-                break
-            rep = evaluate(plan)
-            if consider(plan, rep, None) or rep.memory.peak >= peak or st["timed_out"]:
-                break
-            ref, peak = plan, rep.memory.peak
+    d = _Rounds(_ILP(cost_model, budget, max_pairs), budget, time_limit, memory_rounds)
+    rep0 = d.evaluate({})
+    d.consider({}, rep0, rep0.step_time)  # replicated, where it fits
+    d.time_round({}, None)
+    if d.best is None and not d.timed_out:
+        d.feasibility(rep0.memory.peak, relinearise, trust_region)
     # local rounds: re-linearised around the best plan, a trust region on the changes; on a
     # stall, the other region sizes are tried before stopping
     sizes = [trust_region] + [k for k in (1, trust_region + 1) if k != trust_region]
     k = 0
     for _ in range(relinearise):
-        if not best or trust_region <= 0 or st["timed_out"] or k >= len(sizes):
+        if d.best is None or trust_region <= 0 or d.timed_out or k >= len(sizes):
             break
-        k = 0 if time_round(best[1], sizes[k]) else k + 1
+        k = 0 if d.time_round(d.best.plan, sizes[k]) else k + 1
+    return d.result(explicit)
 
-    messages, statuses = st["messages"], st["statuses"]
-    msg = messages[-1] if messages else "time limit before the first solve"
-    common = dict(solve_seconds=st["solve"], build_seconds=st["build"], variables=st["nvars"],
-                  constraints=st["ncons"], evaluations=ilp.evaluations, solves=st["solves"],
-                  message=msg)
-    if not best:
-        status = "time_limit" if st["timed_out"] else "infeasible"
-        if statuses and statuses[-1] in ("unbounded", "error"):
-            status = statuses[-1]
-        elif status == "infeasible":
-            common["message"] = (f"no plan found within the memory budget {budget / 2**30:.4g} GiB (lowest peak "
-                   f"reached {lowest[0] / 2**30:.4g} GiB); last solve: {msg}")
-        return ILPResult((), None, status, predicted_time=None, **common)
-    _, plan, rep, pred = best
-    if explicit and rep.budget != budget:
-        rep = dataclasses.replace(rep, budget=budget, fits=rep.memory.peak <= budget)
-    return ILPResult(ilp.decisions(plan), rep, "time_limit" if st["timed_out"] else "optimal",
-                     predicted_time=pred, **common)
+
+class _Best(NamedTuple):
+    step_time: float
+    plan: dict[int, Strategy]
+    report: CostReport
+    predicted: float | None  # the linear model's step time (None: from the memory phase)
+
+
+class _Rounds:
+    """The MILP rounds of ``solve_ilp`` over one ``_ILP``: the best plan that fits so far,
+    the plans cut off for not fitting, and the time spent building and solving."""
+
+    def __init__(self, ilp: _ILP, budget: float, time_limit: float, memory_rounds: int):
+        self.ilp, self.budget, self.time_limit, self.memory_rounds = ilp, budget, time_limit, memory_rounds
+        self.best: _Best | None = None
+        self.bad: list[dict[int, Strategy]] = []  # plans that do not fit: cut off
+        self.lowest = math.inf  # the lowest true peak of the MILP solutions
+        self.build = self.solve = 0.0
+        self.nvars = self.ncons = self.solves = 0
+        self.timed_out = False
+        self.deadline: float | None = None  # set by the first solve: building is not counted
+        self.statuses: list[str] = []
+        self.messages: list[str] = []
+
+    def consider(self, plan, rep: CostReport, pred) -> bool:
+        """Keep ``plan`` if it fits and is faster than the best; whether it was kept."""
+        if rep.memory.peak > self.budget or (self.best and rep.step_time >= self.best.step_time * (1 - 1e-9)):
+            return False
+        self.best = _Best(rep.step_time, dict(plan), rep, pred)
+        return True
+
+    def evaluate(self, plan) -> CostReport:
+        t = time.perf_counter()
+        rep = self.ilp.evaluate(plan)
+        self.build += time.perf_counter() - t
+        self.lowest = min(self.lowest, rep.memory.peak)
+        return rep
+
+    def linearise(self, ref) -> _Linear:
+        t = time.perf_counter()
+        lin = self.ilp.linearise(ref)
+        self.build += time.perf_counter() - t
+        return lin
+
+    def run(self, lin: _Linear, margin: float, max_changes, objective: str):
+        """One MILP in the time left: (plan, predicted), or (None, None)."""
+        if self.deadline is None:
+            self.deadline = time.perf_counter() + self.time_limit
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            self.timed_out = True
+            return None, None
+        cuts = [self.ilp.cut_of(lin, p) for p in self.bad]
+        t = time.perf_counter()
+        status, plan, pred, nv, nc, msg = self.ilp.solve(lin, margin, cuts, left, max_changes, objective)
+        self.solve += time.perf_counter() - t
+        self.solves += 1
+        self.nvars, self.ncons = max(self.nvars, nv), max(self.ncons, nc)
+        self.statuses.append(status)
+        self.messages.append(msg)
+        self.timed_out |= status == "time_limit"
+        return plan, pred
+
+    def time_round(self, ref, max_changes) -> bool:
+        """Minimise step time around ref; True if the best plan improved."""
+        lin = self.linearise(ref)
+        margin = 0.0
+        for _ in range(self.memory_rounds):
+            plan, pred = self.run(lin, margin, max_changes, "time")
+            if plan is None:
+                return False
+            rep = self.evaluate(plan)
+            if rep.memory.peak <= self.budget:
+                return self.consider(plan, rep, pred)
+            # does not fit: cut it off and tighten the memory row by the overshoot
+            self.bad.append(plan)
+            margin += rep.memory.peak - self.budget
+            if self.timed_out:
+                return False
+        return False
+
+    def feasibility(self, peak: float, relinearise: int, trust_region: int) -> None:
+        """Minimise peak memory (re-linearised around its own solutions, while the true peak
+        drops) until a plan fits."""
+        ref: dict[int, Strategy] = {}
+        for k in range(relinearise + 1):
+            plan, _ = self.run(self.linearise(ref), 0.0, None if k == 0 else trust_region, "memory")
+            if plan is None:
+                break
+            rep = self.evaluate(plan)
+            if self.consider(plan, rep, None) or rep.memory.peak >= peak or self.timed_out:
+                break
+            ref, peak = plan, rep.memory.peak
+
+    def result(self, explicit: bool) -> ILPResult:
+        """The result; ``explicit``: the budget was given (the report is judged against it)."""
+        msg = self.messages[-1] if self.messages else "time limit before the first solve"
+        common: dict[str, Any] = dict(solve_seconds=self.solve, build_seconds=self.build, variables=self.nvars,
+                                      constraints=self.ncons, evaluations=self.ilp.evaluations, solves=self.solves,
+                                      message=msg)
+        if self.best is None:
+            status = "time_limit" if self.timed_out else "infeasible"
+            if self.statuses and self.statuses[-1] in ("unbounded", "error"):
+                status = self.statuses[-1]
+            elif status == "infeasible":
+                common["message"] = (f"no plan found within the memory budget {self.budget / 2**30:.4g} GiB "
+                                     f"(lowest peak reached {self.lowest / 2**30:.4g} GiB); last solve: {msg}")
+            return ILPResult((), None, status, predicted_time=None, **common)
+        rep = self.best.report
+        if explicit and rep.budget != self.budget:
+            rep = dataclasses.replace(rep, budget=self.budget, fits=rep.memory.peak <= self.budget)
+        return ILPResult(self.ilp.decisions(self.best.plan), rep, "time_limit" if self.timed_out else "optimal",
+                         predicted_time=self.best.predicted, **common)
