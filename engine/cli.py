@@ -122,6 +122,32 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--strategy", required=True, help="replicated, dp, megatron, zero3, expert (MoE)")
     pl.add_argument("--out", required=True, help="where to write the plan JSON")
 
+    _search_parser(sub)
+    _bench_parser(sub)
+    sv = sub.add_parser("serve", help="serve the explorer web app (panel) on 127.0.0.1:5006")
+    sv.add_argument("--port", type=int, default=5006)
+    sv.add_argument("--address", default="127.0.0.1")
+    sv.add_argument("--show", action="store_true", help="open a browser")
+
+    v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
+    _add_model_args(v)
+    v.add_argument("plan", help="plan JSON written by `partex plan` or `partex search`")
+    v.add_argument("--run", action="store_true", help="also run it (small configs) and compare numerics "
+                                                      "with the unsharded function")
+    v.add_argument("--inputs-only", action="store_true",
+                   help="apply the input/output shardings alone, without intermediate constraints "
+                        "(to see what XLA's own propagation does)")
+    v.add_argument("--explain", action="store_true",
+                   help="list XLA's collectives by source line, each matched to the predicted collective and "
+                        "the decision that causes it")
+    v.add_argument("--export", choices=("specs", "flax-rules"),
+                   help="also compile that export of the plan alone and show XLA's figures side by side")
+
+    _export_parser(sub)
+    return ap
+
+
+def _search_parser(sub) -> None:
     se = sub.add_parser("search", help="search for the fastest plan that fits (MCTS)")
     _add_model_args(se)
     _add_mesh_args(se, required=False)
@@ -144,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compile the best plan with XLA on simulated devices (compile-only) and, where XLA "
                          "says it does not fit the budget, fall back to the next best plan (up to 5 times)")
 
+
+def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="hand plans, the ILP and the MCTS search side by side")
     _add_model_args(b)
     _add_mesh_args(b)
@@ -164,25 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--verify", action="store_true",
                    help="check the mcts plan with XLA (compile-only); over the budget, take the next best")
 
-    sv = sub.add_parser("serve", help="serve the explorer web app (panel) on 127.0.0.1:5006")
-    sv.add_argument("--port", type=int, default=5006)
-    sv.add_argument("--address", default="127.0.0.1")
-    sv.add_argument("--show", action="store_true", help="open a browser")
 
-    v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
-    _add_model_args(v)
-    v.add_argument("plan", help="plan JSON written by `partex plan` or `partex search`")
-    v.add_argument("--run", action="store_true", help="also run it (small configs) and compare numerics "
-                                                      "with the unsharded function")
-    v.add_argument("--inputs-only", action="store_true",
-                   help="apply the input/output shardings alone, without intermediate constraints "
-                        "(to see what XLA's own propagation does)")
-    v.add_argument("--explain", action="store_true",
-                   help="list XLA's collectives by source line, each matched to the predicted collective and "
-                        "the decision that causes it")
-    v.add_argument("--export", choices=("specs", "flax-rules"),
-                   help="also compile that export of the plan alone and show XLA's figures side by side")
-
+def _export_parser(sub) -> None:
     ex = sub.add_parser("export", help="write a plan as a file a training job uses without partex: specs "
                                        "(mesh and in/out PartitionSpecs) or flax-rules (logical axis rules)")
     ex.add_argument("plan", help="plan JSON written by `partex plan` or `partex search`")
@@ -197,7 +208,6 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--no-compare", action="store_true", help="do not compile and compare (faster)")
     ex.add_argument("--run", action="store_true", help="also run both (small configs) and compare numerics")
     ex.add_argument("--json", action="store_true", help="write JSON (to --out or stdout)")
-    return ap
 
 
 def cmd_analyze(args) -> int:
@@ -400,38 +410,36 @@ def _default_state(out: str) -> str:
     return f"{os.path.splitext(out)[0]}.session.json"
 
 
-def cmd_search(args) -> int:
-    pins = [_decision_arg("--pin", p) for p in args.pin]
-    forbids = [_decision_arg("--forbid", p) for p in args.forbid]
-    state_path = args.state or (args.resume if args.resume else _default_state(args.out))
-    notes: list[str] = []
-    if args.resume:
-        with _model_output():
-            s = Session.load(args.resume)
-        ms = s.spec
-        assert ms is not None  # Session.load without fn= loads MODEL-spec sessions only
-        if (args.model != ms.spec or (args.preset and args.preset != ms.preset)
-                or (args.config and sorted(_overrides(args.config)) != sorted(ms.overrides))):
-            raise PartexError(f"{args.resume} is a session of {ms.title}, not of the model given here: "
-                              f"run `partex search {ms.spec} --resume {args.resume}` without other model options")
-        if args.user_shardings and args.user_shardings != s.user_shardings:
-            raise PartexError(f"{args.resume} was searched with --user-shardings {s.user_shardings}: "
-                              "start a new search to change it")
-        before = (s.mesh, s.hardware, s.seed)
-        notes = s.reconfigure(mesh=args.mesh, hardware=_hardware(args, base=s.hardware), seed=args.seed)
-        if (s.mesh, s.hardware, s.seed) != before:
-            notes.insert(0, "the mesh, hardware, budget or seed changed: the search starts again, with its pins")
-    else:
+def _search_session(args) -> tuple[Session, list[str]]:
+    """The session ``partex search`` runs: the one ``--resume`` names, reconfigured by the
+    options given (and notes of the pins that no longer apply), or a new one."""
+    if not args.resume:
         if not args.mesh:
             raise PartexError("give --mesh, e.g. --mesh data=4,model=2 (or --resume a saved session)")
         args.seed = args.seed or 0
-        s = _session(args)
-    for label, axis in pins:
-        s.pin(label, axis)
-    for label, axis in forbids:
-        s.forbid(label, axis)
-    for n in notes:
-        sys.stderr.write(f"partex: {n}\n")
+        return _session(args), []
+    with _model_output():
+        s = Session.load(args.resume)
+    ms = s.spec
+    assert ms is not None  # Session.load without fn= loads MODEL-spec sessions only
+    if (args.model != ms.spec or (args.preset and args.preset != ms.preset)
+            or (args.config and sorted(_overrides(args.config)) != sorted(ms.overrides))):
+        raise PartexError(f"{args.resume} is a session of {ms.title}, not of the model given here: "
+                          f"run `partex search {ms.spec} --resume {args.resume}` without other model options")
+    if args.user_shardings and args.user_shardings != s.user_shardings:
+        raise PartexError(f"{args.resume} was searched with --user-shardings {s.user_shardings}: "
+                          "start a new search to change it")
+    before = (s.mesh, s.hardware, s.seed)
+    notes = s.reconfigure(mesh=args.mesh, hardware=_hardware(args, base=s.hardware), seed=args.seed)
+    if (s.mesh, s.hardware, s.seed) != before:
+        notes.insert(0, "the mesh, hardware, budget or seed changed: the search starts again, with its pins")
+    return s, notes
+
+
+def _run_search(s: Session, args, state_path: str) -> None:
+    """``--simulations`` simulations or ``--budget`` seconds, with a progress line on a
+    terminal, the session saved every 10 s and at the end, and Ctrl-C / SIGTERM stopping
+    after the simulation in hand."""
     s.save(state_path)  # a folder that is not there fails now, not after the search
     progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
     saved = [time.perf_counter() - 9.0]
@@ -452,6 +460,20 @@ def cmd_search(args) -> int:
     finally:
         progress.close()
         s.save(state_path)  # nothing lost: the search resumes from here
+
+
+def cmd_search(args) -> int:
+    pins = [_decision_arg("--pin", p) for p in args.pin]
+    forbids = [_decision_arg("--forbid", p) for p in args.forbid]
+    state_path = args.state or (args.resume if args.resume else _default_state(args.out))
+    s, notes = _search_session(args)
+    for label, axis in pins:
+        s.pin(label, axis)
+    for label, axis in forbids:
+        s.forbid(label, axis)
+    for n in notes:
+        sys.stderr.write(f"partex: {n}\n")
+    _run_search(s, args, state_path)
     interrupted = s.stop_requested
     best = s.best()
     hw = s.hardware
