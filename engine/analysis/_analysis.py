@@ -519,45 +519,10 @@ def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fracti
     num_nd = len(nd_sizes)
     # Producer primitives of each nd's members (signature of intermediate-only nds).
     prod = np.fromiter((v.producer for v in values), dtype=np.int64, count=len(values))
-
     # ---- layer groups: same role = same sizes, same input paths modulo layer index
     layered = layer_paths([values[v].path for v in program.inputs], [values[v].shape for v in program.inputs],
                           [str(values[v].dtype) for v in program.inputs])
-    # A leaf's place in a layer stack: its path with the index starred where the names show
-    # the stack; else its role in a stack found in the op graph (a list, a leaf-name index).
-    roles = stack_roles(program, blocks)
-    stacked = {values[v].path: (layered[values[v].path] if "*" in layered[values[v].path] else roles.get(v))
-               for v in program.inputs}
-    sigs: dict[Any, list[int]] = collections.defaultdict(list)
-    nd_prims: dict[int, collections.Counter] = {}
-    # intermediate-only nd -> {function: [tensor dims it makes, the dim of its first]}, in program order
-    made_by: dict[int, dict[str, list[int]]] = {}
-    fn_of: dict[int, str] = {}  # op id -> the function it was traced in
-    for nd in range(num_nd):
-        if dims.inputs[nd]:
-            # A named dim holding any layer's leaf is that layer's: its other members (the
-            # optimizer's moments of those leaves) are the same in every layer.
-            where = {(stacked[p], d) for p, d, _ in dims.inputs[nd] if stacked[p]}
-            where = where or {(layered[p], d) for p, d, _ in dims.inputs[nd]}
-            key = ("in", tuple(sorted(nd_sizes[nd])), tuple(sorted(where)))
-            sigs[key].append(nd)
-        else:
-            nd_prims[nd] = collections.Counter()
-    if nd_prims:
-        # Intermediate-only nds: signature by sizes, member count and producing primitives.
-        sel = np.isin(node_nd, np.fromiter(nd_prims, dtype=np.int64))
-        for nd, vid, d in zip(node_nd[sel].tolist(), value_of_node[sel].tolist(), dim_of_node[sel].tolist()):
-            p = int(prod[vid])
-            nd_prims[nd][(program.ops[p].primitive if p != NO_PRODUCER else "input", d)] += 1
-            if p != NO_PRODUCER:
-                fn = fn_of.get(p)
-                if fn is None:
-                    fn = fn_of[p] = _function_of(program.ops[p])
-                if fn:
-                    made_by.setdefault(nd, {}).setdefault(fn, [0, d])[0] += 1
-        for nd, cnt in nd_prims.items():
-            key = ("mid", tuple(sorted(nd_sizes[nd])), int(dims.members[nd]), tuple(sorted(cnt.items())))
-            sigs[key].append(nd)
+    sigs, made_by = _signatures(program, dims, blocks, layered, prod)
 
     group_of_nd = np.zeros(num_nd, dtype=np.int64)
     raw_groups = sorted(sigs.values(), key=lambda nds: (-sum(nd_bytes[n] for n in nds), nds[0]))
@@ -591,6 +556,50 @@ def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fracti
         for nd in range(num_nd)
     )
     return LayerGroups(tuple(groups), named_dims, group_of_nd, title_bases)
+
+
+def _signatures(program: Program, dims: DimComponents, blocks, layered: dict[str, str], prod: np.ndarray
+                ) -> tuple[dict[Any, list[int]], dict[int, dict[str, list[int]]]]:
+    """The named dims of each group signature (``layer_groups``), in order of first
+    appearance; and per intermediate-only named dim, {function: [tensor dims it makes, the
+    dim of its first]} in program order (the group's title)."""
+    values = program.values
+    # A leaf's place in a layer stack: its path with the index starred where the names show
+    # the stack; else its role in a stack found in the op graph (a list, a leaf-name index).
+    roles = stack_roles(program, blocks)
+    stacked = {values[v].path: (layered[values[v].path] if "*" in layered[values[v].path] else roles.get(v))
+               for v in program.inputs}
+    sigs: dict[Any, list[int]] = collections.defaultdict(list)
+    nd_prims: dict[int, collections.Counter] = {}
+    made_by: dict[int, dict[str, list[int]]] = {}
+    fn_of: dict[int, str] = {}  # op id -> the function it was traced in
+    for nd in range(len(dims.sizes)):
+        if dims.inputs[nd]:
+            # A named dim holding any layer's leaf is that layer's: its other members (the
+            # optimizer's moments of those leaves) are the same in every layer.
+            where = {(stacked[p], d) for p, d, _ in dims.inputs[nd] if stacked[p]}
+            where = where or {(layered[p], d) for p, d, _ in dims.inputs[nd]}
+            key = ("in", tuple(sorted(dims.sizes[nd])), tuple(sorted(where)))
+            sigs[key].append(nd)
+        else:
+            nd_prims[nd] = collections.Counter()
+    if nd_prims:
+        # Intermediate-only nds: signature by sizes, member count and producing primitives.
+        sel = np.isin(dims.node_nd, np.fromiter(nd_prims, dtype=np.int64))
+        for nd, vid, d in zip(dims.node_nd[sel].tolist(), dims.value_of_node[sel].tolist(),
+                              dims.dim_of_node[sel].tolist()):
+            p = int(prod[vid])
+            nd_prims[nd][(program.ops[p].primitive if p != NO_PRODUCER else "input", d)] += 1
+            if p != NO_PRODUCER:
+                fn = fn_of.get(p)
+                if fn is None:
+                    fn = fn_of[p] = _function_of(program.ops[p])
+                if fn:
+                    made_by.setdefault(nd, {}).setdefault(fn, [0, d])[0] += 1
+        for nd, cnt in nd_prims.items():
+            key = ("mid", tuple(sorted(dims.sizes[nd])), int(dims.members[nd]), tuple(sorted(cnt.items())))
+            sigs[key].append(nd)
+    return sigs, made_by
 
 
 def conflicts_of(program: Program, graph: DimGraph, dims: DimComponents,
