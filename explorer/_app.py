@@ -172,6 +172,68 @@ class Fast(pn.theme.Fast):
     _resources = {k: v for k, v in pn.theme.Fast._resources.items() if k != "font"}
 
 
+class MessageView(pn.viewable.Viewer):
+    """The state's message: a banner at the top of the main column (``partex-alert``) and,
+    for a warning or an error, a toast fixed at the top right of the window for TOAST_MS
+    (``partex-toast``): the main column scrolls on its own, and the user may be anywhere in
+    it. ``timed``: a server's page, where the toast's timer can run."""
+
+    def __init__(self, state: ExplorerState, timed: bool, **params):
+        super().__init__(**params)
+        self.state, self.timed = state, timed
+        self.alert = html(name="partex-alert", margin=(4, 6))
+        self.toast = html(name="partex-toast", margin=0, visible=False,
+                          styles={"position": "fixed", "top": "64px", "right": "24px", "z-index": "1000",
+                                  "max-width": "560px", "box-shadow": "0 6px 24px rgba(15, 23, 42, 0.18)",
+                                  "border-radius": "8px"})
+        self.shown = 0
+        state.param.watch(self._show, ["message", "message_level"])
+        self._show()
+        self._panel = pn.Column(self.alert, self.toast, sizing_mode="stretch_width", margin=0)
+
+    def __panel__(self):
+        return self._panel
+
+    def _hide_toast(self, n: int) -> None:
+        if self.shown == n:
+            self.toast.visible = False
+
+    def _show(self, *_):
+        state = self.state
+        icon = {"success": "✓", "info": "ℹ", "warning": "⚠", "danger": "✕"}[state.message_level]
+        text = (f"<div class='alert {state.message_level}' role='alert'><b>{icon}</b> {esc(state.message)}</div>"
+                if state.message else "")
+        self.alert.object = text
+        self.shown += 1
+        if text and state.message_level in ("warning", "danger"):
+            # inline colours: a pane shown after the page loaded does not get the stylesheet
+            bg, border, fg = TOAST_COLOURS[state.message_level]
+            self.toast.object = (f"<div role='status' data-toast='1' style='background:{bg};border:1px solid "
+                                 f"{border};color:{fg};border-radius:8px;padding:10px 14px;font-size:13.5px;"
+                                 f"line-height:1.35'><b>{icon}</b> {esc(state.message)}</div>")
+            self.toast.visible = True
+            if self.timed:
+                n = self.shown
+                pn.state.add_periodic_callback(lambda: self._hide_toast(n), period=TOAST_MS, count=1)
+        else:
+            self.toast.visible = False
+
+
+def _busy_spinner(state: ExplorerState):
+    """The header's spinner: it shows real work (a search running, a model loading, a
+    compile), not Panel's own indicator, which turns with every periodic poll of the page."""
+    busy = pn.indicators.LoadingSpinner(value=True, size=22, color="light", bgcolor="dark", margin=(14, 16),
+                                        visible=False)
+
+    def show_busy(*_):
+        value = bool(state.busy) or state.running
+        if busy.visible != value:
+            busy.visible = value
+
+    state.param.watch(show_busy, ["busy", "running"])
+    return busy
+
+
 def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     doc = pn.state.curdoc
     ctx = getattr(doc, "session_context", None) if doc is not None else None
@@ -187,47 +249,13 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     if doc is not None:
         _STATES[doc] = state
 
-    alert = html(name="partex-alert", margin=(4, 6))
-    # the main column scrolls on its own: a warning or an error also shows as a toast fixed
-    # at the top right of the window, wherever the user is, for TOAST_MS
-    toast = html(name="partex-toast", margin=0, visible=False,
-                 styles={"position": "fixed", "top": "64px", "right": "24px", "z-index": "1000",
-                         "max-width": "560px", "box-shadow": "0 6px 24px rgba(15, 23, 42, 0.18)",
-                         "border-radius": "8px"})
-    shown = [0]
-
-    def hide_toast(n: int) -> None:
-        if shown[0] == n:
-            toast.visible = False
-
-    def show_message(*_):
-        icon = {"success": "✓", "info": "ℹ", "warning": "⚠", "danger": "✕"}[state.message_level]
-        text = (f"<div class='alert {state.message_level}' role='alert'><b>{icon}</b> {esc(state.message)}</div>"
-                if state.message else "")
-        alert.object = text
-        shown[0] += 1
-        if text and state.message_level in ("warning", "danger"):
-            # inline colours: a pane shown after the page loaded does not get the stylesheet
-            bg, border, fg = TOAST_COLOURS[state.message_level]
-            toast.object = (f"<div role='status' data-toast='1' style='background:{bg};border:1px solid {border};color:{fg};"
-                            "border-radius:8px;padding:10px 14px;font-size:13.5px;line-height:1.35'>"
-                            f"<b>{icon}</b> {esc(state.message)}</div>")
-            toast.visible = True
-            if ctx is not None:
-                n = shown[0]
-                pn.state.add_periodic_callback(lambda: hide_toast(n), period=TOAST_MS, count=1)
-        else:
-            toast.visible = False
-
-    state.param.watch(show_message, ["message", "message_level"])
-    show_message()
-
+    message = MessageView(state, timed=ctx is not None)
     graph = GraphView(state=state)
     decision = DecisionView(state=state)
     compare = CompareView(state=state)
     teach = TeachView(state=state, compare=CompareChoice(compare))
     main = [
-        pn.Column(alert, toast, teach, TeachPointer(teach), KpiView(state=state), ProbeView(state),
+        pn.Column(message, teach, TeachPointer(teach), KpiView(state=state), ProbeView(state),
                   sizing_mode="stretch_width", margin=(0, 0)),
         pn.Row(
             _card("Named dimensions", graph,
@@ -253,17 +281,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         MeshControls(state=state),
         FileControls(state=state),
     ]
-    # the header's spinner shows real work (a search running, a model loading, a compile),
-    # not Panel's own indicator, which turns with every periodic poll of the page
-    busy = pn.indicators.LoadingSpinner(value=True, size=22, color="light", bgcolor="dark", margin=(14, 16),
-                                        visible=False)
-
-    def show_busy(*_):
-        value = bool(state.busy) or state.running
-        if busy.visible != value:
-            busy.visible = value
-
-    state.param.watch(show_busy, ["busy", "running"])
+    busy = _busy_spinner(state)
     teach_btn = button("partex-teach", "Teach", button_type="light", button_style="outline", width=110,
                        margin=(12, 8), description="A guided walkthrough of the model on the page, step by step")
     teach_btn.on_click(lambda e: teach.start())
@@ -290,7 +308,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     template.config.js_files = {"partex_offline": OFFLINE_JS}
     if ctx is not None:
         pn.state.add_periodic_callback(state.poll, period=POLL_MS)
-        pn.state.add_periodic_callback(lambda: state.tick(TICK_MS / 1e3), period=TICK_MS)
+        pn.state.add_periodic_callback(lambda: state.clock.tick(TICK_MS / 1e3), period=TICK_MS)
 
         def destroyed(session_context):
             state.close()

@@ -77,7 +77,7 @@ class SearchControls(pn.viewable.Viewer):
 
     def _timed(self, fn):
         def cb(event):
-            with self.state.timed():
+            with self.state.clock.timed():
                 fn()
         return cb
 
@@ -130,7 +130,7 @@ class ModelControls(pn.viewable.Viewer):
 
     def _on_enter(self, event):
         s = self.state
-        with s.timed():
+        with s.clock.timed():
             s.overrides = self.overrides.value_input if self.overrides.value_input is not None else self.overrides.value
             s.load()
 
@@ -224,7 +224,7 @@ class FileControls(pn.viewable.Viewer):
 
     def _on_upload(self, event):
         if event.new:
-            with self.state.timed():
+            with self.state.clock.timed():
                 self.state.upload_plan(event.new, self.upload.filename)
 
     def _sessions(self, event):

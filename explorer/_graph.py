@@ -249,35 +249,9 @@ class GraphView(pn.viewable.Viewer):
                 d["tip"].append(_tooltip(s.infos[n], assigned.get(n, []), n in pinned, forbidden.get(n, []),
                                          n in conflicted, rc, resolved.get(n)))
         self.node_src.data = d
-        e: dict[str, Any] = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[])
-        emax = max((b for *_, b in lay.edges), default=1)
-        for a, b, nb in lay.edges:
-            # two groups on one axis: a tensor holding both gathers one (clusters: not said)
-            shared = (isinstance(a, int) and isinstance(b, int)
-                      and set(assigned.get(a, [])) & set(assigned.get(b, [])))
-            (x0, y0), (x1, y1) = lay.pos[a], lay.pos[b]
-            for key, coord in (("x0", x0), ("y0", y0), ("x1", x1), ("y1", y1)):
-                e[key].append(coord)
-            w = 1 + 5 * math.sqrt(nb / emax)
-            e["width"].append(w + (1.5 if shared else 0))
-            e["color"].append(CONFLICT if shared else "#94a3b8")
-            e["alpha"].append(0.9 if shared else 0.25 + 0.45 * math.sqrt(nb / emax))
-        self.edge_src.data = e
+        self.edge_src.data = _edge_columns(lay, assigned)
         self._sync_selection()  # new rows: the selected row is found anew, never left at an old index
-        colors_html = "".join(f'<span class="lg"><i style="background:{c}"></i>{esc(a)}</span>'
-                              for a, c in colors.items())
-        closed = [n for n in lay.nodes if isinstance(n, str)]
-        inside = sum(len(tree.clusters[n].groups) for n in closed)
-        clusters = (f'<span class="lg"><i class="sq"></i><b>{len(closed)} clusters hold {inside} of '
-                    f'{len(s.infos)} groups: click one to open it</b></span>' if closed else
-                    f'<span class="lg muted">all {len(s.infos)} groups drawn</span>')
-        self.legend.object = (
-            f'<div class="legend">{colors_html}<span class="lg"><i style="background:{UNSHARDED}"></i>unsharded</span>'
-            f'<span class="lg"><i class="ring"></i>conflict</span>'
-            f'<span class="lg"><i class="pin"></i>pinned</span>'
-            f'<span class="lg"><i class="bar" style="background:{CONFLICT}"></i>both on one axis</span>'
-            + (f'<span class="lg" style="color:{REMAT}">↻ its layers recomputed</span>' if remat else "")
-            + clusters + '<span class="lg muted">size: bytes touched · click a node</span></div>')
+        self.legend.object = _legend(lay, colors, len(s.infos), bool(remat))
 
     # ------------------------------------------------------------------ selection
     def _on_tap(self, attr, old, new):
@@ -420,7 +394,7 @@ class DecisionView(pn.viewable.Viewer):
         return self._panel
 
     def _decide(self, fn):
-        with self.state.timed():
+        with self.state.clock.timed():
             fn(None if self.group.value == NONE else self.group.value, self.axis.value)
 
     def _options(self, *_):
@@ -525,3 +499,40 @@ def _conflict_html(c: dict) -> str:
 def _short_op(p: str) -> str:
     prim, _, src = p.partition(" @ ")
     return f"{prim} @ {short_source(src)}" if src else prim
+
+
+def _edge_columns(lay, assigned: dict[int, list[str]]) -> dict[str, Any]:
+    """The edges' columns: width and opacity by the bytes of the tensors joining the two
+    nodes; red where two groups share a mesh axis (a tensor holding both gathers one;
+    clusters: not said)."""
+    e: dict[str, Any] = dict(x0=[], y0=[], x1=[], y1=[], color=[], width=[], alpha=[])
+    emax = max((b for *_, b in lay.edges), default=1)
+    for a, b, nb in lay.edges:
+        shared = (isinstance(a, int) and isinstance(b, int)
+                  and set(assigned.get(a, [])) & set(assigned.get(b, [])))
+        (x0, y0), (x1, y1) = lay.pos[a], lay.pos[b]
+        for key, coord in (("x0", x0), ("y0", y0), ("x1", x1), ("y1", y1)):
+            e[key].append(coord)
+        w = 1 + 5 * math.sqrt(nb / emax)
+        e["width"].append(w + (1.5 if shared else 0))
+        e["color"].append(CONFLICT if shared else "#94a3b8")
+        e["alpha"].append(0.9 if shared else 0.25 + 0.45 * math.sqrt(nb / emax))
+    return e
+
+
+def _legend(lay, colors: dict[str, str], groups: int, remat: bool) -> str:
+    """The legend under the graph: the axes' colours, the marks, and what the clusters hold."""
+    tree = lay.tree
+    colors_html = "".join(f'<span class="lg"><i style="background:{c}"></i>{esc(a)}</span>'
+                          for a, c in colors.items())
+    closed = [n for n in lay.nodes if isinstance(n, str)]
+    inside = sum(len(tree.clusters[n].groups) for n in closed)
+    clusters = (f'<span class="lg"><i class="sq"></i><b>{len(closed)} clusters hold {inside} of '
+                f'{groups} groups: click one to open it</b></span>' if closed else
+                f'<span class="lg muted">all {groups} groups drawn</span>')
+    return (f'<div class="legend">{colors_html}<span class="lg"><i style="background:{UNSHARDED}"></i>unsharded</span>'
+            f'<span class="lg"><i class="ring"></i>conflict</span>'
+            f'<span class="lg"><i class="pin"></i>pinned</span>'
+            f'<span class="lg"><i class="bar" style="background:{CONFLICT}"></i>both on one axis</span>'
+            + (f'<span class="lg" style="color:{REMAT}">↻ its layers recomputed</span>' if remat else "")
+            + clusters + '<span class="lg muted">size: bytes touched · click a node</span></div>')

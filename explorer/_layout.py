@@ -162,8 +162,10 @@ def _split(path: str) -> list[str]:
     return [p for p in re.split(r"[/.\[\]]+", path) if p]
 
 
-def graph_tree(an, infos) -> GraphTree:
-    """Cluster the decision groups by role, then by layer."""
+def _homes(an, infos) -> dict[int, tuple[str, tuple[str, ...]]]:
+    """Each group's cluster role (one of ROLES) and layer: the path components of its first
+    parameter's module below the components all parameters share (an activation's: the
+    function whose ops make it)."""
     p = an.program
     roles = an.roles
     vid_of = dict(zip(p.input_paths, p.inputs))
@@ -195,6 +197,13 @@ def graph_tree(an, infos) -> GraphTree:
             fn = src.partition(" (")[2].rstrip(")")
             layer = (fn.split(".<locals>")[0] or "ops",) if fn else ()
         homes[g] = (role, layer)
+    return homes
+
+
+def graph_tree(an, infos) -> GraphTree:
+    """Cluster the decision groups by role, then by layer."""
+    p = an.program
+    homes = _homes(an, infos)
     group_bytes = {g: info.bytes for g, info in infos.items()}
     # the model's own order: a group's first input leaf in argument order (its tensors are
     # listed that way), then the ones no input holds

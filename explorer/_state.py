@@ -4,14 +4,12 @@ views show.
 
 Views never reach for global state: each is handed an ``ExplorerState`` and reacts to its
 parameters. Slow work (tracing a model, building a search, verifying with XLA) runs in a
-worker thread; its result is handed back through ``_inbox`` and applied by ``poll``, which
-the page calls periodically in the document's own context.
+worker thread (``_loop.Jobs``); its result is applied by ``poll``, which the page calls
+periodically in the document's own context.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import json
 import logging
@@ -19,7 +17,6 @@ import math
 import os
 import pathlib
 import re
-import threading
 import time
 from typing import Any, Callable
 
@@ -34,6 +31,7 @@ from ._engine import (
 )
 from ._format import fmt_bytes, fmt_time
 from ._layout import GraphLayout, graph_layout
+from ._loop import Jobs, PageClock
 from ._runner import SearchSnapshot, make_runner
 
 log = logging.getLogger("partex.explorer")
@@ -64,7 +62,6 @@ def default_budget(preset: str) -> str:
 # in a thread (ThreadRunner) keeps off the GIL that long, so that it never holds the page up.
 QUIET_SECONDS = 0.1
 APPLY_SECONDS = 0.5  # while the search runs, the page shows its progress this often
-SLOW_CALLBACK_MS = 100
 _SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -87,7 +84,12 @@ class Loaded:
 
 
 class ExplorerState(param.Parameterized):
-    """One browser session's explorer state."""
+    """One browser session's explorer state. Its parameters are what the views watch; each
+    method is one action of the page (load, run, pin, upload, verify, save) and sets several
+    of them together, in the order a page relies on (the message before the data it explains,
+    ``busy`` cleared last). That is why it is one class of ~600 lines: split, each part would
+    set the others' parameters. What needs none of them lives beside it: the jobs and the
+    page's clock (``_loop``), the messages and the probe (module functions below)."""
 
     # ---- the forms
     model_name = param.Selector(default=DEFAULT_MODEL, objects=[*demo_models.MODELS, CUSTOM], doc="""
@@ -137,13 +139,11 @@ class ExplorerState(param.Parameterized):
         self.sessions_dir = pathlib.Path(sessions_dir or os.environ.get("PARTEX_SESSIONS_DIR") or "sessions")
         self.runner = None  # a ProcessRunner or ThreadRunner
         self.held: tuple[tuple, tuple] = ((), ())  # pins, forbids set aside: they do not apply on this mesh
-        self._inbox: collections.deque = collections.deque()
-        self._job_gen: collections.Counter[str] = collections.Counter()
+        self.jobs = Jobs(self.session_id)
+        self.clock = PageClock(self.session_id, lambda: self.running)
         self._seen_version = -1
         self._last_apply = 0.0
         self._quiet = False  # set while the state writes its own forms
-        self.timings = {"max_callback_ms": 0.0, "max_loop_lag_ms": 0.0, "callbacks": 0}
-        self._last_tick: float | None = None
         self._warned_budget = False
         # a warning that no plan fits: "searching" and "paused" messages add to it, never
         # replace it, until the search finds a plan that fits or another model or mesh loads
@@ -193,22 +193,9 @@ class ExplorerState(param.Parameterized):
     def _submit(self, kind: str, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
         """Run work() in a worker thread; done(result) runs later in the page's context
         (from poll). A newer job of one kind supersedes an older one still running."""
-        self._job_gen[kind] += 1
-        gen = self._job_gen[kind]
         if kind not in self.busy:
             self.busy = [*self.busy, kind]
-
-        def run():
-            try:
-                out = ("ok", work())
-            except PartexError as e:
-                out = ("error", e)
-            except Exception as e:  # a thread's boundary: show one line, log the traceback
-                log.exception("explorer job %s failed", kind)
-                out = ("error", f"internal error: {type(e).__name__}: {e}")
-            self._inbox.append((kind, gen, done, out))
-
-        threading.Thread(target=run, name=f"partex-{kind}-{self.session_id}", daemon=True).start()
+        self.jobs.submit(kind, work, done)
 
     def internal_error(self, what: str, e: Exception) -> None:
         """A bug in the explorer or the engine while ``what``: log its traceback, say so on
@@ -224,10 +211,7 @@ class ExplorerState(param.Parameterized):
                       exc_info=again)
 
     def _drain(self) -> None:
-        while self._inbox:
-            kind, gen, done, (status, value) = self._inbox.popleft()
-            if gen != self._job_gen[kind]:
-                continue  # superseded: its result (a search, say) is dropped
+        for kind, gen, done, status, value in self.jobs.finished():  # less the superseded
             if status == "ok":
                 try:
                     done(value)
@@ -245,7 +229,7 @@ class ExplorerState(param.Parameterized):
             self._done(kind, gen)
 
     def _done(self, kind: str, gen: int) -> None:
-        if gen == self._job_gen[kind]:  # no newer job of its kind was started by its result
+        if self.jobs.latest(kind, gen):  # no newer job of its kind was started by its result
             self.busy = [b for b in self.busy if b != kind]
 
     # ------------------------------------------------------------------ model / config
@@ -285,7 +269,7 @@ class ExplorerState(param.Parameterized):
             finally:
                 self._quiet = False
             hbm = as_hardware(self.hardware).budget
-            budget = ", " + self._budget_words(parse_bytes(self.budget_text) if self.budget_text else hbm,
+            budget = ", " + budget_words(parse_bytes(self.budget_text) if self.budget_text else hbm,
                                                self.hardware, self.preset)
         ws = self.workspace
         if ws is not None and ws.choice.spec == self.model_name and ws.choice.preset == self.preset:
@@ -295,24 +279,6 @@ class ExplorerState(param.Parameterized):
         what = self.custom_model or "your model" if self.model_name == CUSTOM else f"{self.model_name} ({self.preset})"
         self.notify(f"press Analyze to load {what}{budget}; the page still shows "
                     f"{ws.choice.title if ws else 'nothing'}", "info")
-
-    @staticmethod
-    def _budget_source(budget: float, hardware: str, preset: str) -> str:
-        """Where a budget came from, when the form chose it: the chip's HBM (a full-size
-        preset's default) or the tiny demos' default; "" for one the user typed."""
-        if budget == as_hardware(hardware).budget:
-            return "the chip's HBM" + (", for a full-size preset" if preset not in ("tiny", "custom") else "")
-        if preset == "tiny" and budget == parse_bytes(DEFAULT_BUDGET):
-            return "the tiny demos' default"
-        return ""
-
-    def _budget_words(self, budget: float, hardware: str, preset: str) -> str:
-        """'budget: the chip's HBM, 32.0 GiB, for a full-size preset', 'budget 5.0 MiB'."""
-        source = self._budget_source(budget, hardware, preset)
-        if source.startswith("the chip's HBM"):
-            return "budget: " + source.replace("HBM", f"HBM, {fmt_bytes(budget)}", 1)
-        return f"budget {fmt_bytes(budget)}" + (f" ({source})" if source else "")
-
 
     def load(self) -> None:
         """Analyse the model in the forms on the mesh in the forms (Analyze button)."""
@@ -396,30 +362,7 @@ class ExplorerState(param.Parameterized):
         self.pins = loaded.session.pins
         self.forbidden = loaded.session.forbidden
         self.held = loaded.held
-        an = ws.an
-        c = ws.config
-        budget = self._budget_words(c.hw.budget, c.hw.name, ws.choice.preset)
-        text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
-                f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()} ({c.hw.name}, {budget})")
-        static = an.static_inputs()
-        if static:  # closed over when traced: no part of any plan
-            text += (f"; static argument{'s' if len(static) > 1 else ''} left out of the plan: "
-                     + ", ".join(p for p, _ in static[:3]) + (f" and {len(static) - 3} more" if len(static) > 3 else ""))
-        level = "success"
-        fits = [b for b in loaded.baselines.values() if b.report.fits]
-        if not fits:
-            smallest = min(loaded.baselines.values(), key=lambda b: b.report.memory.peak)
-            grow = (f"on {loaded.fitting_mesh} one does: try that mesh" if loaded.fitting_mesh else
-                    f"no mesh up to {loaded.tried_devices} devices with these axes fits one either")
-            source = self._budget_source(c.hw.budget, c.hw.name, ws.choice.preset)
-            text = (f"{ws.choice.title} on {c.mesh.text()}: no baseline fits the budget of {fmt_bytes(c.hw.budget)} "
-                    f"per device ({source + '; ' if source else ''}the smallest, {smallest.name}, needs "
-                    f"{fmt_bytes(smallest.report.memory.peak)}); {grow}; the search may find no plan here: raise "
-                    "the budget or grow the mesh")
-            level = "warning"
-        if loaded.notes:  # after the budget's warning, never in place of it
-            text += "; " + "; ".join(loaded.notes)
-            level = "warning"
+        text, level = loaded_message(loaded)
         self._standing = text if level == "warning" else ""
         self.notify(text, level)
         self.phase = "ready"  # after the message: a page that sees "ready" sees its summary
@@ -664,7 +607,7 @@ class ExplorerState(param.Parameterized):
     # ------------------------------------------------------------------ the page's clock
     def poll(self) -> None:
         """Apply finished jobs and the search's latest snapshot (called every ~200 ms)."""
-        with self.timed():
+        with self.clock.timed():
             self._drain()
             r = self.runner
             snap = r.receive() if r is not None else None
@@ -714,73 +657,100 @@ class ExplorerState(param.Parameterized):
             self._say_paused()
         self._update_probe()
 
-    def tick(self, period: float) -> None:
-        """The event-loop lag monitor: called every ``period`` s; a late call means the
-        server's loop was blocked for that long."""
-        now = time.perf_counter()
-        if self._last_tick is not None and self.running:
-            lag = (now - self._last_tick - period) * 1e3
-            self.timings["max_loop_lag_ms"] = max(self.timings["max_loop_lag_ms"], lag)
-        self._last_tick = now
-
-    @contextlib.contextmanager
-    def timed(self):
-        """Measure a callback on the server's event loop (the page waits on it)."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            ms = (time.perf_counter() - t0) * 1e3
-            self.timings["callbacks"] += 1
-            if ms > SLOW_CALLBACK_MS:
-                log.warning("partex: slow callback on the page's event loop: %.0f ms (session %s)",
-                            ms, self.session_id)
-            if self.running:
-                self.timings["max_callback_ms"] = max(self.timings["max_callback_ms"], ms)
-
     def _on_probed(self, *events) -> None:
         self._update_probe()
 
     def _update_probe(self) -> None:
-        best = self.best
-        ws = self.workspace
-        an = ws.an if ws else None
-        label = an.decision_label if an else str
-        out = {
-            "phase": self.phase,
-            "busy": list(self.busy),
-            "model": ws.choice.to_json() if ws else None,
-            "config": ws.config.to_json() if ws else None,
-            "running": self.running,
-            "simulations": self.stats.simulations,
-            "best": None if best is None else {
-                "step_time": best.report.step_time, "peak": best.report.memory.peak, "fits": best.report.fits,
-                "decisions": [d.to_json() for d in best.plan.decisions], "simulation": best.simulation},
-            "history": len(self.stats.best_history),
-            "pins": [label(d) for d in self.pins],
-            "forbidden": [label(d) for d in self.forbidden],
-            "held": [label(d) for items in self.held for d in items],
-            "baselines": {k: v.report.step_time for k, v in self.baselines.items()},
-            "uploaded": None if self.uploaded is None else self.uploaded.plan.mesh.text(),
-            "verify": self.verify_status,
-            "message": self.message,
-            "level": self.message_level,
-            "field_error": self.field_error,
-            "selected": an.groups[self.selected_group].label if an and self.selected_group is not None else None,
-            "sessions": list(self.sessions),
-            "timings": {k: round(v, 1) for k, v in self.timings.items()},
-            "ping": self.ping,
-            "server_pid": os.getpid(),
-            "search_pid": self.runner.pid if self.runner is not None else None,
-            "session": self.session_id,
-        }
-        self.probe = json.dumps(out)
+        self.probe = json.dumps(probe_of(self))
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
         """The tab closed: stop its search."""
         if self.runner is not None:
             self.runner.close()
+
+
+def budget_source(budget: float, hardware: str, preset: str) -> str:
+    """Where a budget came from, when the form chose it: the chip's HBM (a full-size
+    preset's default) or the tiny demos' default; "" for one the user typed."""
+    if budget == as_hardware(hardware).budget:
+        return "the chip's HBM" + (", for a full-size preset" if preset not in ("tiny", "custom") else "")
+    if preset == "tiny" and budget == parse_bytes(DEFAULT_BUDGET):
+        return "the tiny demos' default"
+    return ""
+
+
+def budget_words(budget: float, hardware: str, preset: str) -> str:
+    """'budget: the chip's HBM, 32.0 GiB, for a full-size preset', 'budget 5.0 MiB'."""
+    source = budget_source(budget, hardware, preset)
+    if source.startswith("the chip's HBM"):
+        return "budget: " + source.replace("HBM", f"HBM, {fmt_bytes(budget)}", 1)
+    return f"budget {fmt_bytes(budget)}" + (f" ({source})" if source else "")
+
+
+def loaded_message(loaded: Loaded) -> tuple[str, str]:
+    """What the page says of a model just loaded, and its level: its groups, conflicts, mesh
+    and budget; a warning where no baseline fits (with a mesh where one does) or a pin was
+    set aside."""
+    ws = loaded.workspace
+    an, c = ws.an, ws.config
+    budget = budget_words(c.hw.budget, c.hw.name, ws.choice.preset)
+    text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
+            f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()} ({c.hw.name}, {budget})")
+    static = an.static_inputs()
+    if static:  # closed over when traced: no part of any plan
+        text += (f"; static argument{'s' if len(static) > 1 else ''} left out of the plan: "
+                 + ", ".join(p for p, _ in static[:3]) + (f" and {len(static) - 3} more" if len(static) > 3 else ""))
+    level = "success"
+    if not any(b.report.fits for b in loaded.baselines.values()):
+        smallest = min(loaded.baselines.values(), key=lambda b: b.report.memory.peak)
+        grow = (f"on {loaded.fitting_mesh} one does: try that mesh" if loaded.fitting_mesh else
+                f"no mesh up to {loaded.tried_devices} devices with these axes fits one either")
+        source = budget_source(c.hw.budget, c.hw.name, ws.choice.preset)
+        text = (f"{ws.choice.title} on {c.mesh.text()}: no baseline fits the budget of {fmt_bytes(c.hw.budget)} "
+                f"per device ({source + '; ' if source else ''}the smallest, {smallest.name}, needs "
+                f"{fmt_bytes(smallest.report.memory.peak)}); {grow}; the search may find no plan here: raise "
+                "the budget or grow the mesh")
+        level = "warning"
+    if loaded.notes:  # after the budget's warning, never in place of it
+        text += "; " + "; ".join(loaded.notes)
+        level = "warning"
+    return text, level
+
+
+def probe_of(state: ExplorerState) -> dict:
+    """The state as JSON data, for tests and scripts (``partex-state``)."""
+    best, ws = state.best, state.workspace
+    an = ws.an if ws else None
+    label = an.decision_label if an else str
+    return {
+        "phase": state.phase,
+        "busy": list(state.busy),
+        "model": ws.choice.to_json() if ws else None,
+        "config": ws.config.to_json() if ws else None,
+        "running": state.running,
+        "simulations": state.stats.simulations,
+        "best": None if best is None else {
+            "step_time": best.report.step_time, "peak": best.report.memory.peak, "fits": best.report.fits,
+            "decisions": [d.to_json() for d in best.plan.decisions], "simulation": best.simulation},
+        "history": len(state.stats.best_history),
+        "pins": [label(d) for d in state.pins],
+        "forbidden": [label(d) for d in state.forbidden],
+        "held": [label(d) for items in state.held for d in items],
+        "baselines": {k: v.report.step_time for k, v in state.baselines.items()},
+        "uploaded": None if state.uploaded is None else state.uploaded.plan.mesh.text(),
+        "verify": state.verify_status,
+        "message": state.message,
+        "level": state.message_level,
+        "field_error": state.field_error,
+        "selected": an.groups[state.selected_group].label if an and state.selected_group is not None else None,
+        "sessions": list(state.sessions),
+        "timings": {k: round(v, 1) for k, v in state.clock.timings.items()},
+        "ping": state.ping,
+        "server_pid": os.getpid(),
+        "search_pid": state.runner.pid if state.runner is not None else None,
+        "session": state.session_id,
+    }
 
 
 # --------------------------------------------------------------------------- jobs' bodies

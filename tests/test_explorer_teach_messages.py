@@ -174,6 +174,13 @@ def test_a_full_size_preset_says_its_budget_and_a_mesh_that_fits(tab):
     warning = s["message"]
     assert s["level"] == "warning" and "no baseline fits the budget of 32.0 GiB" in warning, warning
     assert "on data=8,model=2 one does" in warning, warning
+    # a warning shows as a toast too, fixed in the window's top right corner
+    toast = tab.locator("[data-toast]", has_text="no baseline fits")
+    wait_until(lambda: toast.count() == 1 and toast.first.is_visible(), what="the warning's toast")
+    box = toast.first.bounding_box()
+    assert box is not None and 0 <= box["y"] < VIEWPORT["height"] / 2 and box["x"] > VIEWPORT["width"] / 2, box
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=SHOTS / "toast_warning.png")
     run_until(tab, lambda s: s["simulations"] > 0, what="a simulation")
     s = wait_until(lambda: (lambda s: not s["running"] and "paused after" in s["message"] and s)(state(tab)),
                    what="the pause")

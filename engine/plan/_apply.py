@@ -122,6 +122,12 @@ USER_SHARDING = {"sharding_constraint", "reshard"}
 
 
 class _Interpreter:
+    """The program's jaxpr evaluated again with the plan's constraints (module docstring).
+    One class of ~400 lines, for a stated reason: evaluation recurses (``eval`` binds an eqn,
+    a loop or branch rebuilds its body, which calls ``eval``), and every level reads and
+    writes the same per-run state built here (the recomputations' saved and re-taken values,
+    the loops' stacked outputs); split into parts, each would take all of it."""
+
     def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None, promote=False, recompute=(),
                  input_specs=None):
         self.program = program

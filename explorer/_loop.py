@@ -1,0 +1,105 @@
+"""What runs beside the page's event loop: slow jobs in worker threads (``Jobs``) and the
+clock that measures how long the loop is held (``PageClock``).
+
+The loop is the server's one thread for every page: a callback that takes long holds every
+tab up. Tracing a model, building a search or compiling with XLA therefore runs in a worker
+thread; its result waits in an inbox until the page's next poll applies it, on the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator, NamedTuple
+
+from partex import PartexError
+
+log = logging.getLogger("partex.explorer")
+
+SLOW_CALLBACK_MS = 100
+
+
+class Finished(NamedTuple):
+    """A job's result, waiting to be applied: ``status`` "ok" (``value`` is what the work
+    returned) or "error" (``value`` is a PartexError, or one line for partex's own bug)."""
+
+    kind: str
+    gen: int
+    done: Callable[[Any], None]
+    status: str
+    value: Any
+
+
+class Jobs:
+    """Work in worker threads, by kind ("load", "upload", "verify"). A newer job of one kind
+    supersedes an older one still running: the older one's result is dropped."""
+
+    def __init__(self, name: str):
+        self.name = name  # the threads' names end with it (the session's id)
+        self._inbox: collections.deque[Finished] = collections.deque()
+        self._gen: collections.Counter[str] = collections.Counter()
+
+    def submit(self, kind: str, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """Run work() in a worker thread; ``finished`` then hands ``done`` its result."""
+        self._gen[kind] += 1
+        gen = self._gen[kind]
+
+        def run():
+            try:
+                out = Finished(kind, gen, done, "ok", work())
+            except PartexError as e:
+                out = Finished(kind, gen, done, "error", e)
+            except Exception as e:  # a thread's boundary: show one line, log the traceback
+                log.exception("explorer job %s failed", kind)
+                out = Finished(kind, gen, done, "error", f"internal error: {type(e).__name__}: {e}")
+            self._inbox.append(out)
+
+        threading.Thread(target=run, name=f"partex-{kind}-{self.name}", daemon=True).start()
+
+    def latest(self, kind: str, gen: int) -> bool:
+        """Whether job ``gen`` is the newest of its kind."""
+        return gen == self._gen[kind]
+
+    def finished(self) -> Iterator[Finished]:
+        """The results in, in the order they came, less those a newer job superseded."""
+        while self._inbox:
+            out = self._inbox.popleft()
+            if self.latest(out.kind, out.gen):
+                yield out
+
+
+class PageClock:
+    """How long the page waits on the server while a search runs (``running()``): the
+    slowest callback on its event loop and the loop's lag (``timings``, in ms)."""
+
+    def __init__(self, name: str, running: Callable[[], bool]):
+        self.name = name
+        self.running = running
+        self.timings = {"max_callback_ms": 0.0, "max_loop_lag_ms": 0.0, "callbacks": 0}
+        self._last_tick: float | None = None
+
+    def tick(self, period: float) -> None:
+        """The event-loop lag monitor: called every ``period`` s; a late call means the
+        server's loop was blocked for that long."""
+        now = time.perf_counter()
+        if self._last_tick is not None and self.running():
+            lag = (now - self._last_tick - period) * 1e3
+            self.timings["max_loop_lag_ms"] = max(self.timings["max_loop_lag_ms"], lag)
+        self._last_tick = now
+
+    @contextlib.contextmanager
+    def timed(self):
+        """Measure a callback on the server's event loop (the page waits on it)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            ms = (time.perf_counter() - t0) * 1e3
+            self.timings["callbacks"] += 1
+            if ms > SLOW_CALLBACK_MS:
+                log.warning("partex: slow callback on the page's event loop: %.0f ms (session %s)", ms, self.name)
+            if self.running():
+                self.timings["max_callback_ms"] = max(self.timings["max_callback_ms"], ms)
