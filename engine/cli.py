@@ -23,7 +23,7 @@ from .plan._verify import KINDS
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="demo model name (mlp, transformer, transformer-scan, unet, gns, moe) "
+    p.add_argument("model", help=f"demo model name ({', '.join(demo_names())}) "
                                  "or module:attr / path/file.py:attr returning (fn, example_args)")
     p.add_argument("--preset", help="demo model preset: tiny (default), full, t32, t48, ...")
     p.add_argument("--config", action="append", default=[], metavar="K=V",

@@ -149,7 +149,7 @@ def test_op_flops_are_xlas_op_by_op(model):
     compiled at once XLA counts up to ~5% higher: its fusion duplicates elementwise
     producers into several consumers.)"""
     from partex import analyze_model
-    from partex.analysis._rules import op_flops
+    from partex.cost._facts import facts_of
 
     res = analyze_model(model)
     cj = jax.make_jaxpr(res.model.fn)(*res.model.args)
@@ -171,7 +171,7 @@ def test_op_flops_are_xlas_op_by_op(model):
             ca = jax.jit(lambda *xs: e.primitive.bind(*xs, **e.params)).lower(
                 *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ins]).compile().cost_analysis()
             xla = ca.get("flops", 0.0) + ca.get("transcendentals", 0.0)
-            ours = op_flops(e.primitive.name, e.params, [a.shape for a in ins], [a.shape for a in outs])
+            ours = facts_of(e.primitive.name).flops(e.params, [a.shape for a in ins], [a.shape for a in outs])
             checked += 1
             totals[0] += ours
             totals[1] += xla
@@ -218,11 +218,12 @@ def test_conv_halo_ratios_are_xlas_on_sharded_rows():
     """A U-Net conv with its image rows sharded over 2 devices: XLA's SPMD partitioner
     computes each device's conv on its rows extended by the neighbours' halo (zeros past the
     image edge), so the taps on the SAME padding along the rows count too: XLA's per-device
-    conv FLOPs are op_flops x conv_halo_ratios()[rows dim] / 2, exactly (forward, stride-2,
+    conv FLOPs are the registry's x conv_halo_ratios()[rows dim] / 2, exactly (forward, stride-2,
     input-dilated and filter-gradient convs). The cause of the U-Net rows plans' FLOPs
     coming out 2.5-5% under XLA's beyond fusion's duplicates."""
     from partex import analyze_model
-    from partex.analysis._rules import conv_halo_ratios, op_flops
+    from partex.analysis._rules import conv_halo_ratios
+    from partex.cost._facts import facts_of
 
     res = analyze_model("unet")
     cj = jax.make_jaxpr(res.model.fn)(*res.model.args)
@@ -257,7 +258,7 @@ def test_conv_halo_ratios_are_xlas_on_sharded_rows():
             if "collective-permute" not in text:
                 continue  # XLA gathered the rows instead (a stride-2 conv's filter gradient)
             shapes = ([a.shape for a in ins], [a.shape for a in outs])
-            ours = op_flops("conv_general_dilated", e.params, *shapes) * conv_halo_ratios(e.params, *shapes)[rows] / 2
+            ours = facts_of("conv_general_dilated").flops(e.params, *shapes) * conv_halo_ratios(e.params, *shapes)[rows] / 2
             xla = _xla_conv_flops(text)
             checked += 1
             if abs(ours - xla) > 1e-6 * xla:

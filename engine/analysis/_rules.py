@@ -955,7 +955,7 @@ def conv_halo_ratios(params: dict, ins: Sequence[Shape], outs: Sequence[Shape]) 
     computes each device's conv on its block extended by the neighbours' halo rows (zeros
     past the image edge, no padding left in that dim), one program for every device, so
     the taps that land on the SAME padding along that dim are computed and counted too:
-    FLOPs per device = op_flops x prod(ratio of each halo-sharded dim) / shards (exact
+    FLOPs per device = its FLOPs x prod(ratio of each halo-sharded dim) / shards (exact
     against XLA on the U-Net's rows plans: fwd, stride-2, input-dilated and filter-gradient
     convs). 3x3 SAME along 16 rows: 48/46; along 8: 24/22; along 4: 12/10."""
     dn = params["dimension_numbers"]
@@ -964,24 +964,3 @@ def conv_halo_ratios(params: dict, ins: Sequence[Shape], outs: Sequence[Shape]) 
         on = _conv_taps(params, ins, outs, d, False)
         out[dn.lhs_spec[2 + d]] = _conv_taps(params, ins, outs, d, True) / on if on else 1.0
     return out
-
-
-def op_flops(primitive: str, params: dict, ins: Sequence[Shape], outs: Sequence[Shape]) -> float:
-    """FLOPs of one execution of an op as XLA's HloCostAnalysis counts them (its FLOPs plus
-    its transcendentals): 2 per multiply-add of a contraction (a conv's taps on its padding
-    left out), one per combine of a reduction, none for an op that only moves data, one per
-    element of other elementwise ops (a logistic four). Checked op by op against
-    ``compiled.cost_analysis()`` (tests/test_rules.py)."""
-    if primitive == "dot_general":
-        (lc, _), _ = params["dimension_numbers"]
-        k = math.prod(ins[0][a] for a in lc)
-        return 2.0 * math.prod(outs[0]) * k
-    if primitive == "conv_general_dilated":
-        return _conv_flops(params, ins, outs)
-    if primitive in PSEUDO_OPS or primitive in _MOVES:
-        return 0.0
-    if primitive == "logistic":  # XLA expands it: 1 / (1 + exp(-x)), 3 FLOPs and a transcendental
-        return 4.0 * math.prod(outs[0])
-    if primitive in _REDUCTIONS:  # one combine per input element beyond the first of each output
-        return float(max(math.prod(ins[0]) - math.prod(outs[0]), 0))
-    return float(sum(math.prod(s) for s in outs))

@@ -41,8 +41,7 @@ class Shift(NamedTuple):
 
 # ----------------------------------------------------------------------------- FLOPs
 # As XLA's HloCostAnalysis counts them (its FLOPs plus its transcendentals), checked op by
-# op against ``compiled.cost_analysis()`` in tests/test_rules.py (through ``_rules.op_flops``,
-# which counts the same with the same helpers).
+# op against ``compiled.cost_analysis()`` in tests/test_rules.py.
 
 def elementwise_flops(params, ins, outs) -> float:
     """One per element of each result (the default)."""

@@ -10,9 +10,9 @@ up. Rewards sit in [0, 1]: feasible plans score in [0.2, 1) by step time against
 (the best hand-independent reference: the replicated plan's time), plans over the memory
 budget below 0.2 by how far over they are; an infeasible plan is never returned.
 
-``step(n)`` runs n simulations and returns; pins re-root the tree at the pinned state and
-keep every statistic that still applies; the whole search saves as JSON and resumes
-(``state`` / ``from_state``; ``Session.save`` writes it).
+``step(n, pins)`` runs n simulations from the pinned state and returns; new pins re-root the
+tree there and keep every statistic that still applies; the whole search saves as JSON and
+resumes (``state`` / ``from_state``; ``Session.save`` writes it).
 """
 
 from __future__ import annotations
