@@ -70,8 +70,8 @@ def main() -> None:
                 work = f"{r(out.flops.ratio)} | {r(out.bytes_accessed.ratio)}"
                 print(f"| {model} | {mtext} | {strat} | {r(out.arguments.ratio)} | {r(out.memory.ratio)} | "
                       + " | ".join(cells) + f" | {work} | {ntext} | {out.compile_seconds} |", flush=True)
-                out["wall_s"] = time.time() - t
-                rows.append(out)
+                rows.append({"model": model, "mesh": mtext, "strategy": strat, **out.to_json(),
+                             "wall_s": time.time() - t})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
