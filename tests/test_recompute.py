@@ -181,3 +181,42 @@ def test_pins_name_a_layer_stack_and_a_kind():
         s.pin(u.label, "recompute:some")
     with pytest.raises(partex.PartexError, match="unknown layer stack"):
         s.pin("no such layers", "recompute:full")
+
+
+def _dropout_step(typed: bool):
+    """A two-layer MLP trained one step with dropout in each layer, its keys split from a
+    key argument: a typed key (``jax.random.key``) or a legacy uint32 one (``PRNGKey``)."""
+    import jax
+
+    def loss(params, x, y, key):
+        h = x
+        for i, layer in enumerate(params["layers"]):
+            h = jnp.tanh(h @ layer["w"] + layer["b"])
+            keep = jax.random.bernoulli(jax.random.fold_in(key, i), 0.9, h.shape)
+            h = jnp.where(keep, h / 0.9, 0.0)
+        return jnp.mean((h @ params["out"] - y) ** 2)
+
+    def step(params, x, y, key):
+        value, grads = jax.value_and_grad(loss)(params, x, y, key)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    k = jax.random.split(jax.random.PRNGKey(1), 4)
+    params = {"layers": [{"w": jax.random.normal(k[i], (16, 16)) * 0.3, "b": jnp.zeros(16)} for i in range(2)],
+              "out": jax.random.normal(k[2], (16, 4)) * 0.3}
+    x, y = jax.random.normal(k[3], (8, 16)), jnp.ones((8, 4))
+    key = jax.random.key(0) if typed else jax.random.PRNGKey(0)
+    return step, (params, x, y, key)
+
+
+@pytest.mark.parametrize("typed", [True, False], ids=["typed-key", "legacy-key"])
+def test_dropout_keys_go_through_every_recompute_kind(typed):
+    """Dropout keys, typed (``key<fry>``) or legacy uint32, through each recompute kind of the
+    layer stack on data parallelism: the plan applies, runs and gives the unsharded step's
+    loss and parameters; a typed key's values are not numbers apply can compute with."""
+    fn, args = _dropout_step(typed)
+    s = partex.Session(fn, args, mesh="data=4,model=2", hardware="tpu-v4")
+    (u,) = s.units
+    for kind in u.kinds:
+        plan = s.plan([*s.strategy("dp"), (u.label, "recompute:" + kind)])
+        out = s.verify(plan, run=True, mark=False)
+        assert out.numerics is not None and out.numerics.ok, (kind, out.numerics)

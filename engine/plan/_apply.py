@@ -305,7 +305,7 @@ class _Interpreter:
         neither CSE nor the scheduler moves it back into the forward pass. The dependency is
         a scalar zero reduced from that value (a 4-byte all-reduce where it is sharded)."""
         got = dict(zip(names, ys))
-        anchor = next((got[a] for a in cp.anchors if np.dtype(got[a].dtype).kind in "fiu"), None)
+        anchor = next((got[a] for a in cp.anchors if _kind(got[a]) in ("f", "i", "u")), None)
         zero = None if anchor is None else _zero_of(anchor)
         anchors = set(cp.anchors)
         return [y if v in anchors else _distinct(y, zero) for v, y in zip(names, ys)]
@@ -549,6 +549,14 @@ _STRUCTURED: dict[str, Callable[[_Interpreter, Any, int, list], list]] = {
 }
 
 
+def _kind(x) -> str:
+    """The numpy kind of ``x``'s dtype ("f", "i", "u", ...); "" for JAX's extended dtypes (a
+    typed PRNG key's ``key<fry>``), which numpy cannot represent and arithmetic cannot touch."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.extended):
+        return ""
+    return np.dtype(x.dtype).kind
+
+
 def _zero_of(x):
     """An integer zero computed from all of ``x`` that XLA cannot fold (``clamp(0, bits,
     0)``, reduced): NaN-safe, and nothing that reads it can run before ``x`` is made."""
@@ -564,8 +572,10 @@ def _distinct(x, zero=None):
     recomputation that reads it apart from the forward's (XLA:CPU runs CSE after expanding
     optimisation barriers) and, with ``zero`` from a backward value, the scheduler cannot
     start it before that value is made."""
+    if _kind(x) not in ("f", "i", "u"):
+        return x
     dtype = np.dtype(x.dtype)
-    if dtype.kind not in "fiu" or (dtype.kind == "f" and dtype.itemsize not in (2, 4, 8)):
+    if dtype.kind == "f" and dtype.itemsize not in (2, 4, 8):
         return x
     if zero is None:
         bits = jax.lax.bitcast_convert_type(x, np.dtype(f"int{8 * dtype.itemsize}")) if dtype.kind == "f" else x
