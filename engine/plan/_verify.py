@@ -277,7 +277,8 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> Numeric
         jitted = planned.float32(model.args)
     else:
         reference, jitted = jax.jit(split), planned.build(model.args)
-    ref = jax.tree_util.tree_map(to_numbers, reference(*host))
+    with split.run_context():
+        ref = jax.tree_util.tree_map(to_numbers, reference(*host))
     got = jax.tree_util.tree_map(to_numbers, jitted(*jax.tree_util.tree_map(
         lambda x: x if is_key(x) else jax.numpy.asarray(x), host)))
     out = compare_outputs(list(program.output_paths), jax.tree_util.tree_leaves(ref),
