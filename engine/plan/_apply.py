@@ -17,6 +17,7 @@ and with it the memory the remat saves.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -33,7 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._errors import PartexError
 from ..analysis._recompute import LoopPlan
-from ..tracing._program import ClosedJaxpr, Program, scan_counts
+from ..tracing._program import EXPLICIT_SHARDING_PARAMS, ClosedJaxpr, Program, scan_counts
 
 __all__ = ["constrained_function"]
 
@@ -119,6 +120,9 @@ def _widen(x):
 
 # The step's own sharding ops (see _constraints): rebound on the plan's mesh, or dropped.
 USER_SHARDING = {"sharding_constraint", "reshard"}
+# Explicit mode's casts between axis types (the ends of auto_axes / explicit_axes regions):
+# on the plan's mesh every axis is Auto, so they are identities.
+_MESH_CASTS = {"mesh_cast"}
 
 
 class _Interpreter:
@@ -154,6 +158,8 @@ class _Interpreter:
         self.value_specs = dict(value_specs)
         self.operand_specs = dict(operand_specs)
         self.user_specs = None if user_specs is None else dict(user_specs)
+        # an explicit-mode step's ops run under the plan's (Auto) mesh, not the one they were traced under
+        self.context_mesh = mesh.abstract_mesh if program.explicit_mesh is not None else None
         self.var_ids = program.var_ids
         self.eqn_ops = program.eqn_ops
         self._shardings: dict[Any, NamedSharding] = {}
@@ -182,7 +188,12 @@ class _Interpreter:
             for cp in self.recompute:
                 self.rc_at.setdefault(cp.at, []).append(cp)
             self.eqn_of, self.by_vid, self.override, self.retaken, self.loop_saved = {}, {}, {}, {}, {}
-            outs = self.eval(closed.jaxpr, closed.consts, leaves, constrain_invars=True)
+            # an explicit-mode step runs on the plan's mesh, whose axes are Auto: the plan's
+            # constraints place its values, and its own typed shardings become constraints
+            context = (jax.sharding.use_abstract_mesh(self.context_mesh) if self.context_mesh is not None
+                       else contextlib.nullcontext())
+            with context:
+                outs = self.eval(closed.jaxpr, closed.consts, leaves, constrain_invars=True)
             return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
         constrained.__name__ = "partex_constrained"
@@ -272,7 +283,7 @@ class _Interpreter:
             name = eqn.primitive.name
             op_id = self.eqn_ops.get(id(eqn))
             if op_id in self.rc_at:
-                with _eqn_context(eqn):
+                with _eqn_context(eqn, self.context_mesh):
                     self._recompute(self.rc_at.pop(op_id))
             if op_id in self.rc_ops:
                 self.eqn_of[op_id] = eqn
@@ -281,7 +292,7 @@ class _Interpreter:
             # Outputs of structured / inlined eqns are constrained where they are made (after
             # the loop; inside the called body), ordinary ones here.
             constrain_outs = False
-            with _eqn_context(eqn):
+            with _eqn_context(eqn, self.context_mesh):
                 if handler is not None and op_id is not None:
                     outs = handler(self, eqn, op_id, invals)
                 elif op_id is None and name in _REMAT and "jaxpr" in eqn.params:
@@ -348,7 +359,7 @@ class _Interpreter:
                     x = program.constants[vid]
                     x = _widen(x) if self.promote else x
                 invals.append(x)
-            with _eqn_context(eqn):
+            with _eqn_context(eqn, self.context_mesh):
                 outs = self.bind(eqn, o, invals)
             for vid, x in zip(program.ops[o].outputs, outs):
                 spec = specs.get(vid)
@@ -376,12 +387,24 @@ class _Interpreter:
     def bind(self, eqn, op_id, invals) -> list:
         if op_id is not None:
             invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
-        if (self.user_specs is not None and eqn.primitive.name in USER_SHARDING and op_id is not None
-                and op_id in self.user_specs):
+        name = eqn.primitive.name
+        user = self.user_specs is not None and op_id is not None and op_id in self.user_specs
+        if user and name in USER_SHARDING:
             spec = self.user_specs[op_id]
             if spec is None:
                 return list(invals)
             return [self._user_constrain(invals[0], spec, op_id)]
+        if self.program.explicit_mesh is not None:
+            if name in USER_SHARDING or name in _MESH_CASTS:  # not the user's (autodiff's, auto_axes'): dropped
+                return list(invals)
+            typed = [k for k in EXPLICIT_SHARDING_PARAMS if isinstance(eqn.params.get(k), NamedSharding)]
+            if typed:  # the op's typed result sharding: a constraint on the plan's mesh, or dropped
+                out = self._bind(eqn.replace(params={**eqn.params, **dict.fromkeys(typed)}), op_id, invals)
+                spec = self.user_specs.get(op_id) if user else None
+                return [self._user_constrain(out[0], spec, op_id), *out[1:]] if spec is not None else out
+        return self._bind(eqn, op_id, invals)
+
+    def _bind(self, eqn, op_id, invals) -> list:
         params = eqn.primitive.get_bind_params(eqn.params)
         if self.promote:
             promoted = self._promoted(eqn, params[1] if isinstance(params, tuple) else params)
@@ -600,10 +623,13 @@ def _sds(aval, promote: bool = False):
 
 
 class _eqn_context:
-    """The eqn's source info (for HLO metadata) and its context (compute type etc.)."""
+    """The eqn's source info (for HLO metadata) and its context (compute type etc.); with
+    ``mesh`` (an AbstractMesh), that mesh instead of the one the eqn was traced under (an
+    explicit-mode step's, on the plan's mesh)."""
 
-    def __init__(self, eqn):
+    def __init__(self, eqn, mesh=None):
         self.eqn = eqn
+        self.mesh = mesh
         self.stack = []
 
     def __enter__(self):
@@ -616,6 +642,8 @@ class _eqn_context:
             ]
         except AttributeError:  # best effort: provenance only
             cms = []
+        if self.mesh is not None:
+            cms.append(jax.sharding.use_abstract_mesh(self.mesh))
         for cm in cms:
             cm.__enter__()
             self.stack.append(cm)

@@ -25,7 +25,7 @@ from ..analysis._recompute import plan_unit
 from ..analysis._roles import state_inputs
 from ..analysis._space import from_plan
 from ..cost import CostModel
-from ..tracing._program import Program, dynamic_args, is_array_leaf, trace
+from ..tracing._program import Program, dynamic_args, has_explicit_axes, is_array_leaf, trace
 from ._apply import constrained_function
 from ._specs import SpecJSON, check_divisible, check_signature, norm_spec, spec_to_json
 
@@ -136,11 +136,30 @@ class PlannedFunction:
         program = self.program
         assert program is not None  # build() traced it
         _check_global(program, args)
-        return program.full_outputs(jitted(*dynamic_args(args)))
+        return program.full_outputs(jitted(*self._untyped(dynamic_args(args))))
 
     def lower(self, *args):
         jitted = self.build(args)
-        return jitted.lower(*dynamic_args(args))
+        return jitted.lower(*self._untyped(dynamic_args(args)))
+
+    def _untyped(self, args):
+        """An explicit-mode step's arguments on the plan's mesh: their typed shardings (on the
+        step's own mesh) moved to the plan's input shardings, which are not typed."""
+        program = self.program
+        if program is None or program.explicit_mesh is None:
+            return args
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        mesh = self.mesh
+        out = []
+        for x, path in zip(leaves, program.input_paths):
+            sharding = NamedSharding(mesh, spec_from_json(self.plan.inputs.get(path, [])))
+            if isinstance(x, jax.ShapeDtypeStruct):
+                out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type))
+            elif has_explicit_axes(getattr(getattr(x, "sharding", None), "mesh", None)):
+                out.append(jax.device_put(x, sharding))
+            else:
+                out.append(x)
+        return jax.tree_util.tree_unflatten(tree, out)
 
 
 _AGREEMENTS = itertools.count()  # every process applies its plans in the same order

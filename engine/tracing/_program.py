@@ -11,9 +11,11 @@ enclosing loops' lengths), which the cost model multiplies by.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -145,6 +147,9 @@ class Program:
     # Values the step's own ``jax.checkpoint`` calls read through their optimisation barrier
     # (``prevent_cse``): each call's operands, where it is inlined.
     barrier_reads: frozenset[ValueId] = frozenset()
+    # The mesh of a step in explicit sharding mode (its types carry shardings; apply and the
+    # unsharded run trace it under this mesh's context), else None.
+    explicit_mesh: Any = None
 
     @property
     def num_ops(self) -> int:
@@ -268,9 +273,18 @@ class StaticSplit:
         self.args = dynamic_args(args)
         self.outputs: list[tuple[int, str, Any]] = []
         self.out_tree = None
+        self.mesh = explicit_mesh(self.args)  # an explicit-mode step's mesh (its context)
+
+    def run_context(self):
+        """The context to call ``jax.jit(self)`` in: an explicit-mode step's own mesh (as the
+        user runs it under ``jax.set_mesh``; its typed shardings name that mesh's devices)."""
+        if isinstance(self.mesh, jax.sharding.Mesh) and jax.sharding.get_abstract_mesh().empty:
+            return jax.set_mesh(self.mesh)
+        return contextlib.nullcontext()
 
     def __call__(self, *args):
-        out = self.fn(*_with_static(self.in_tree, self.inputs, args))
+        with mesh_context(self.mesh):
+            out = self.fn(*_with_static(self.in_tree, self.inputs, args))
         flat, self.out_tree = jax.tree_util.tree_flatten_with_path(out)
         self.outputs = [(k, path_str("out", p), x) for k, (p, x) in enumerate(flat) if not is_array_leaf(x)]
         return _strip_static(out) if self.outputs else out
@@ -290,7 +304,42 @@ def abstract(x) -> jax.ShapeDtypeStruct:
         return x
     if _is_scalar(x):
         return jax.ShapeDtypeStruct((), jax.numpy.result_type(x), weak_type=True)
+    sharding = getattr(x, "sharding", None)
+    if _explicitly_typed(sharding):  # explicit sharding mode: the sharding is part of the type
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def has_explicit_axes(mesh) -> bool:
+    """Whether ``mesh`` (a Mesh or AbstractMesh) has an ``AxisType.Explicit`` axis: arrays on
+    it carry their sharding in their type (jax's explicit sharding mode)."""
+    from jax.sharding import AxisType
+
+    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
+
+
+def _explicitly_typed(sharding) -> bool:
+    return isinstance(sharding, jax.sharding.NamedSharding) and has_explicit_axes(sharding.mesh)
+
+
+def explicit_mesh(args: Sequence[Any]):
+    """The mesh of the first example leaf whose sharding is explicitly typed, or None: a step
+    in explicit sharding mode is traced (and run unsharded) with that mesh as its context, as
+    the user runs it under ``jax.set_mesh``."""
+    for x in jax.tree_util.tree_leaves(tuple(args)):
+        sharding = getattr(x, "sharding", None)
+        if _explicitly_typed(sharding):
+            return sharding.mesh
+    return None
+
+
+def mesh_context(mesh):
+    """``mesh``'s abstract mesh as the tracing context (``jax.sharding.use_abstract_mesh``,
+    which also works inside ``jax.jit``), unless a mesh context is already set or ``mesh`` is
+    None."""
+    if mesh is None or not jax.sharding.get_abstract_mesh().empty:
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh))
 
 
 def make_jaxpr(fn: Callable, args: Sequence[Any]):
@@ -316,11 +365,15 @@ def trace(fn: Callable, args: Sequence[Any]) -> Program:
     ``static_inputs``/``static_outputs`` list them)."""
     args = tuple(args)
     split = StaticSplit(fn, args)
+    context = jax.sharding.get_abstract_mesh()
+    explicit = split.mesh if split.mesh is not None else (context if has_explicit_axes(context) else None)
     closed, out_shape = make_jaxpr(split, split.args)
     closed = unshare(rotations(dce(closed)))
     out_leaves_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     out_paths = [path_str("out", p) for p, _ in out_leaves_paths]
-    program = _Tracer(closed).run(split.paths, out_paths, jax.tree_util.tree_structure(split.args), out_tree)
+    program = _Tracer(closed, explicit=explicit is not None).run(
+        split.paths, out_paths, jax.tree_util.tree_structure(split.args), out_tree)
+    program.explicit_mesh = explicit
     program.static_inputs, program.full_tree = tuple(split.inputs), split.in_tree
     program.static_outputs, program.full_out_tree = tuple(split.outputs), split.out_tree
     program.arg_names = tuple(arg_names(fn, len(args)))
@@ -378,7 +431,7 @@ def dce(closed):
 
 
 class _Tracer:
-    def __init__(self, closed):
+    def __init__(self, closed, explicit: bool = False):
         self.closed = closed
         self.values: list[Value] = []
         self.ops: list[Op] = []
@@ -390,6 +443,7 @@ class _Tracer:
         self.user_shardings: list[tuple[ValueId, Any, str, str, OpId]] = []
         self.scope = ""  # the name stack of the eqn being walked, through inlined calls
         self.barrier_reads: set[ValueId] = set()
+        self.explicit = explicit  # the step is in explicit sharding mode (its types carry shardings)
 
     # ---- values
     def new_value(self, aval, producer: OpId = NO_PRODUCER, name: str | None = None) -> ValueId:
@@ -455,6 +509,9 @@ class _Tracer:
             vid = self.new_value(var.aval, name=p)
             self.bind(var, vid)
             inputs.append(vid)
+            sharding = getattr(var.aval, "sharding", None)
+            if self.explicit and _explicitly_typed(sharding):  # the input's type: the user's sharding
+                self.user_shardings.append((vid, _typed(sharding), f"the input {p}", "explicit input", -1))
         self.walk(jaxpr, TOP_REGION, 1)
         outputs = [self.read(v) for v in jaxpr.outvars]
         for vid, p in zip(outputs, out_paths):
@@ -483,10 +540,27 @@ class _Tracer:
                     self.source(eqn), region, trip, eqn.outvars,
                 )
                 self.eqn_ops[id(eqn)] = op.id
-                sharding = eqn.params.get(_USER_SHARDING_PARAM.get(name, ""))
-                if sharding is not None:
-                    self.user_shardings.append((op.outputs[0], sharding, _call_site(eqn), name, op.id))
+                self._user_sharding(eqn, op)
         self.scope = outer
+
+    def _user_sharding(self, eqn, op: Op) -> None:
+        """Record the sharding the eqn fixes on its result, if the user's: a sharding
+        constraint's, a reshard's, or in explicit sharding mode an ``out_sharding=`` (the
+        result's type). A reshard to a mesh without explicit axes (the entry of an
+        ``auto_axes`` region) fixes nothing: the region is the partitioner's to place."""
+        name = eqn.primitive.name
+        key = _USER_SHARDING_PARAM.get(name)
+        if key is None and self.explicit:
+            key = next((k for k in EXPLICIT_SHARDING_PARAMS if _explicitly_typed(eqn.params.get(k))), None)
+            name = "out_sharding"
+        sharding = eqn.params.get(key) if key is not None else None
+        if sharding is None:
+            return
+        if self.explicit and isinstance(sharding, jax.sharding.NamedSharding):
+            if not has_explicit_axes(sharding.mesh):
+                return
+            sharding = _typed(sharding)
+        self.user_shardings.append((op.outputs[0], sharding, _call_site(eqn), name, op.id))
 
     def inline(self, eqn, inner, region: int, trip: int) -> None:
         """Trace the jaxpr the eqn calls (``inner``: ``_called_jaxpr(eqn)``) in place."""
@@ -527,8 +601,25 @@ def _join_scope(outer: str, inner: str) -> str:
     return f"{outer}/{inner}" if outer and inner else outer or inner
 
 
+_ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # Primitives that fix their result's sharding, and the param that holds it.
 _USER_SHARDING_PARAM = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
+# The params by which an op in explicit sharding mode types its result's sharding
+# (``dot_general``'s ``out_sharding=``, ``broadcast_in_dim``'s / ``iota``'s / ``reshape``'s ``sharding``).
+EXPLICIT_SHARDING_PARAMS = ("out_sharding", "sharding")
+
+
+def _typed(sharding):
+    """An explicitly typed sharding as the constraint it is: a dim it leaves unsharded is
+    replicated over the mesh's explicit axes; where the mesh also has auto axes, the
+    partitioner may still shard that dim over them, so it is left unconstrained."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    if all(t == AxisType.Explicit for t in sharding.mesh.axis_types):
+        return sharding
+    entries = [PartitionSpec.UNCONSTRAINED if e is None else e for e in sharding.spec]
+    return NamedSharding(sharding.mesh, PartitionSpec(*entries))
 
 
 def _call_site(eqn) -> str:
@@ -542,7 +633,8 @@ def _call_site(eqn) -> str:
     if not frames:
         return f"<{eqn.primitive.name}>"
     out = source_info_util._summarize_frame(frames[0])
-    caller = next((f for f in frames[1:] if f.file_name != frames[0].file_name), None)
+    caller = next((f for f in frames[1:] if f.file_name != frames[0].file_name
+                   and not f.file_name.startswith(_ENGINE_DIR)), None)  # partex's own frames: not the caller
     return out if caller is None else f"{out} <- {source_info_util._summarize_frame(caller)}"
 
 

@@ -1,0 +1,102 @@
+"""Steps in explicit sharding mode (jax's default mesh type): the arrays' shardings are part
+of their types, ops take ``out_sharding=``, and ``jax.sharding.reshard`` / ``auto_axes`` move
+between them. partex traces such a step under its own mesh, reads the typed shardings the
+user wrote (the inputs', ``out_sharding=``, ``reshard``) as the user's own shardings, and
+applies and verifies plans for it on the plan's mesh."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import partex
+
+D, F, B = 16, 32, 8
+
+
+def _explicit_step(auto_region: bool = False, layers: int = 2):
+    """A two-layer MLP step whose weights and batch carry explicit shardings (Megatron over
+    `model`, the batch over `data`), with ``out_sharding=`` on its matmuls and a ``reshard``
+    of the residual; ``auto_region``: the activation is computed inside ``auto_axes``."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    ks = jax.random.split(jax.random.key(0), 2 * layers + 1)
+    params = [{"w1": jax.device_put(jax.random.normal(ks[2 * i], (D, F)) / 4, NamedSharding(mesh, P(None, "model"))),
+               "w2": jax.device_put(jax.random.normal(ks[2 * i + 1], (F, D)) / 6, NamedSharding(mesh, P("model", None)))}
+              for i in range(layers)]
+    x = jax.device_put(jax.random.normal(ks[-1], (B, D)), NamedSharding(mesh, P("data", None)))
+
+    def act(a):
+        return jax.nn.gelu(a)
+
+    def loss(params, x):
+        h = x
+        for p in params:
+            a = jnp.einsum("bd,df->bf", h, p["w1"], out_sharding=P("data", "model"))
+            a = jax.sharding.auto_axes(act, out_sharding=P("data", "model"))(a) if auto_region else act(a)
+            h = h + jnp.einsum("bf,fd->bd", a, p["w2"], out_sharding=P("data", None))
+            h = jax.sharding.reshard(h, P("data", None))
+        return jnp.mean(h ** 2)
+
+    def step(params, x):
+        value, g = jax.value_and_grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), value
+
+    return step, (params, x), mesh
+
+
+def test_an_explicit_mode_step_traces_with_its_typed_shardings_as_the_users():
+    step, args, mesh = _explicit_step()
+    an = partex.analyze(step, *args)
+    kinds = {us.kind for us in an.analysis.user_shardings}
+    assert {"explicit input", "out_sharding", "reshard"} <= kinds, kinds
+    s = partex.Session(step, args, mesh="data=4,model=2")
+    fixed = {(f["kind"], f["axis"]) for f in s.fixed}
+    # the weights' typed sharding fixes the Megatron pair on `model`, the batch's the batch on `data`
+    assert ("explicit input", "model") in fixed and ("explicit input", "data") in fixed, s.fixed
+
+
+def test_a_plan_applies_to_an_explicit_mode_step_and_matches_it():
+    step, args, mesh = _explicit_step()
+    with jax.set_mesh(mesh):
+        want = jax.jit(step)(*args)
+    s = partex.Session(step, args, mesh="data=4,model=2")
+    plan = s.plan(strategy="zero3")
+    got = plan.apply(step)(*args)  # the typed arguments as the user holds them
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(want[0])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    out = s.verify(plan, run=True, mark=False)
+    assert out.numerics.ok, out.numerics
+    # the plan's all-reduces of the Megatron pair's partial sums are XLA's
+    ar = out.collectives["all-reduce"]
+    assert ar.xla_bytes > 0 and 0.5 <= ar.ratio <= 2.0, ar
+
+
+def test_an_auto_axes_region_is_the_partitioners_to_place():
+    """The reshards at an ``auto_axes`` region's ends take the value off the explicit types:
+    inside, nothing is fixed; the region's out_sharding is the user's again."""
+    step, args, mesh = _explicit_step(auto_region=True)
+    an = partex.analyze(step, *args).analysis
+    program = an.program
+    entries = [op.id for op in program.ops if op.primitive == "reshard"
+               and AxisType.Explicit not in op.params["dst_sharding"].mesh.axis_types]
+    assert len(entries) >= 2  # into the region, forward and backward
+    users = {us.op for us in an.user_shardings}
+    assert not users & set(entries)  # the region's entry fixes nothing
+    assert all(program.values[program.ops[e].inputs[0]].shape == (B, F) for e in entries)
+    s = partex.Session(step, args, mesh="data=4,model=2")
+    out = s.verify(s.plan(strategy="megatron"), run=True, mark=False)
+    assert out.numerics.ok and out.fits is not False, out
+
+
+def test_explicit_shardings_can_be_replaced_by_the_plan():
+    step, args, _ = _explicit_step()
+    with pytest.raises(partex.PartexError, match="the input params/0/w1: explicit input shards over mesh axis model=2"):
+        partex.Session(step, args, mesh="data=8")  # the types name an axis the plan's mesh lacks
+    s = partex.Session(step, args, mesh="data=8", user_shardings="replace")
+    assert not s.fixed
+    out = s.verify(s.plan(strategy="dp"), run=True, mark=False)
+    assert out.numerics.ok, out.numerics
