@@ -57,10 +57,26 @@ class Candidate:
     report: CostReport  # detailed (collectives listed)
 
 
-def as_mesh(mesh: str | MeshSpec | Mapping[str, int]) -> MeshSpec:
-    """'data=4,model=2', {'data': 4, 'model': 2} or a MeshSpec -> MeshSpec."""
+STEP_MESH = "step"  # mesh= the mesh the step's own shardings name
+
+
+def as_mesh(mesh: str | MeshSpec | Mapping[str, int], model=None) -> MeshSpec:
+    """'data=4,model=2', {'data': 4, 'model': 2} or a MeshSpec -> MeshSpec; ``"step"``: the mesh
+    the step's own shardings name (its explicit-mode types, its shard_map regions, its
+    sharding constraints), with its axis names, given ``model`` (a ModelAnalysis)."""
     if isinstance(mesh, MeshSpec):
         return mesh
+    if mesh == STEP_MESH:
+        named = {us.mesh for us in model.analysis.user_shardings if us.mesh} if model is not None else set()
+        if not named:
+            raise PartexError("mesh='step': the step names no mesh of its own (no explicit-mode shardings, "
+                              "shard_map regions or sharding constraints): give one, e.g. mesh='data=4,model=2'")
+        if len(named) > 1:
+            raise PartexError("mesh='step': the step's own shardings name several meshes ("
+                              + "; ".join(",".join(f"{a}={n}" for a, n in m) for m in sorted(named))
+                              + "): give the plan's mesh")
+        (axes,) = named
+        return MeshSpec.create(tuple(a for a, _ in axes), tuple(n for _, n in axes))
     if isinstance(mesh, str):
         return MeshSpec.parse(mesh)
     if isinstance(mesh, Mapping):
@@ -120,7 +136,8 @@ class Session:
         if not isinstance(args, (tuple, list)):
             raise PartexError("Session(fn, args, ...): args must be a tuple of fn's example arguments")
         model = LoadedModel(name or getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names, "custom", None)
-        self._setup(analyze_loaded(model), None, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start,
+        analysed = analyze_loaded(model)
+        self._setup(analysed, None, as_mesh(mesh, analysed), as_hardware(hardware, memory), seed, warm_start,
                     user_shardings=user_shardings)
 
     @classmethod
@@ -139,7 +156,7 @@ class Session:
                       spec: ModelSpec | None = None, user_shardings: str = "keep") -> "Session":
         """A session on an already analysed model (a ModelAnalysis, e.g. from ``partex.analyze``)."""
         self = cls.__new__(cls)
-        self._setup(model, spec, as_mesh(mesh), as_hardware(hardware, memory), seed, warm_start,
+        self._setup(model, spec, as_mesh(mesh, model), as_hardware(hardware, memory), seed, warm_start,
                     user_shardings=user_shardings)
         return self
 
@@ -404,7 +421,7 @@ class Session:
         from the old cost model would mislead it), keeping the pins and forbids that still
         apply. Returns a note per pin or forbid dropped (its axis left the mesh, or no
         longer divides its dimension)."""
-        new_mesh = self.mesh if mesh is None else as_mesh(mesh)
+        new_mesh = self.mesh if mesh is None else as_mesh(mesh, self.model)
         hw = self.hardware if hardware is None else as_hardware(hardware)
         if memory is not None:
             hw = as_hardware(hw, memory)

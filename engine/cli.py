@@ -41,7 +41,8 @@ def _overrides(items: list[str]) -> list[str]:
 
 def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--mesh", required=required, help="mesh axes as name=size pairs, e.g. data=4,model=2 "
-                                                     "(optionally name=size@GB/s per axis)")
+                                                     "(optionally name=size@GB/s per axis); 'step': the mesh "
+                                                     "the step's own shardings name")
     p.add_argument("--hardware",
                    help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, tpu-v6e, a100-40gb, h100-80gb, cpu")
     p.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the preset's HBM)")

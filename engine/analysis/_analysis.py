@@ -535,6 +535,11 @@ def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fracti
     title_bases = tuple(_title_base(dims.votes[nds[0]], dims.inputs[nds[0]], made_by.get(nds[0], {}),
                                     labels[nds[0]]) for nds in raw_groups)
     max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
+    # named dims of shard_map bodies' values: per-device code, not the plan's to shard
+    manual_nd = set()
+    if program.manual_values:
+        in_body = np.isin(value_of_node, np.fromiter(program.manual_values, dtype=np.int64)) & live
+        manual_nd = set(node_nd[in_body].tolist())
     groups: list[Group] = []
     seen_labels: collections.Counter[str] = collections.Counter()
     for gid, nds in enumerate(raw_groups):
@@ -546,7 +551,8 @@ def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fracti
             lab = f"{lab}#{seen_labels[lab]}"
         gbytes = int(sum(nd_bytes[n] for n in nds))
         is_loop = any(n in dims.loop for n in nds)
-        decidable = bool((not is_loop) and gbytes >= min_group_fraction * max_bytes)
+        decidable = bool((not is_loop) and gbytes >= min_group_fraction * max_bytes
+                         and not any(n in manual_nd for n in nds))
         groups.append(Group(gid, lab, tuple(nds), max(max(nd_sizes[n]) for n in nds), gbytes, decidable))
 
     named_dims = tuple(

@@ -893,7 +893,40 @@ def _cond_exit(params, ins, outs):
     )
 
 
-PSEUDO_OPS = frozenset({"scan_enter", "scan_exit", "while_enter", "while_exit", "cond_enter", "cond_exit"})
+@register("shard_map_enter")
+def _shard_map_enter(params, ins, outs):
+    """[operands (global)...] -> [body inputs (per device)...]. An operand dim the region's
+    in_specs shard is read as it is sharded (no collective: each device takes its block); one
+    they leave whole is whole over the region's manual axes, and tied to the body's dim where
+    the region leaves other axes to the partitioner (a partially manual region). The body's
+    dims are the region's own: result-only, need-replication."""
+    return _region_boundary(params["in_specs"], ins, outs, len(params["manual"]) < len(params["mesh"]))
+
+
+@register("shard_map_exit")
+def _shard_map_exit(params, ins, outs):
+    """[body outputs (per device)...] -> [results (global)...]: in_specs' rule, mirrored."""
+    mirrored = _region_boundary(params["out_specs"], outs, ins, len(params["manual"]) < len(params["mesh"]))
+    return [Factor(f.size, f.kind, f.results, f.operands, f.reduce) for f in mirrored]
+
+
+def _region_boundary(specs, outer, inner, auto: bool) -> list[Factor]:
+    fs = []
+    for i, (spec, sh) in enumerate(zip(specs, outer)):
+        for d, s in enumerate(sh):
+            if spec[d]:
+                fs.append(_f(s, P, operands=[(i, d)]))
+            elif auto and i < len(inner) and d < len(inner[i]) and inner[i][d] == s:
+                fs.append(_f(s, P, [(i, d)], [(i, d)]))
+            else:
+                fs.append(_f(s, N, operands=[(i, d)]))
+    tied = {(j, d) for f in fs if f is not None for j, d in f.results}
+    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(inner) for d, s in enumerate(sh) if (j, d) not in tied]
+    return _keep(fs)
+
+
+PSEUDO_OPS = frozenset({"scan_enter", "scan_exit", "while_enter", "while_exit", "cond_enter", "cond_exit",
+                        "shard_map_enter", "shard_map_exit"})
 
 
 def rule_for(primitive: str) -> tuple[RuleFn, bool]:

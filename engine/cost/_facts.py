@@ -128,6 +128,10 @@ class CostFacts:
     # a conv with batch_group_count > 1 (a depthwise conv's weight gradient): XLA all-reduces
     # its partial results over the whole mesh (patterns.whole_mesh_partials); params -> bool
     grouped: Callable[[dict], bool] | None = None
+    # a collective the user wrote inside a shard_map region: its kind (a ``CollectiveKind``
+    # name) and (params, operand shapes' bytes, result bytes) -> (mesh axes, bytes per device:
+    # the larger of its buffers before and after), priced as it is, whatever the plan
+    manual: tuple[str, Callable[..., tuple[tuple[str, ...], float]]] | None = None
 
 
 DEFAULT = CostFacts()
@@ -181,3 +185,27 @@ define(["split"], shift=_split_shift)
 define(["iota"], local=lambda op, values: True)
 define(["broadcast_in_dim"], local=_scalar_broadcast)
 define(["pad"], blocked_dims=_interior_padded)
+
+
+# Collectives inside shard_map bodies: per-device code, so the bytes are the buffers' own.
+def _axes(params) -> tuple[str, ...]:
+    names = params.get("axis_name", params.get("axes", ()))
+    names = names if isinstance(names, (tuple, list)) else (names,)
+    return tuple(str(a) for a in names if isinstance(a, str))
+
+
+def _larger(params, in_bytes: Sequence[float], out_bytes: Sequence[float]) -> tuple[tuple[str, ...], float]:
+    return _axes(params), float(max(max(in_bytes[:1], default=0.0), max(out_bytes[:1], default=0.0)))
+
+
+def _summed(params, in_bytes: Sequence[float], out_bytes: Sequence[float]) -> tuple[tuple[str, ...], float]:
+    return _axes(params), float(sum(out_bytes))  # a psum of several operands is one tuple all-reduce
+
+
+for _kind, _names, _bytes in (
+        ("all-reduce", ("psum", "psum_invariant", "pmax", "pmin"), _summed),
+        ("all-gather", ("all_gather", "all_gather_invariant"), _larger),
+        ("reduce-scatter", ("reduce_scatter", "psum_scatter"), _larger),
+        ("all-to-all", ("all_to_all", "ragged_all_to_all"), _larger),
+        ("collective-permute", ("ppermute",), _larger)):
+    define(_names, manual=(_kind, _bytes), flops=no_flops)

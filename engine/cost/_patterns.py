@@ -22,6 +22,7 @@ from ..analysis._analysis import NO_DIM
 from ..analysis._rules import FactorKind
 from ._facts import Shift, facts_of, having
 from ._reshard import AG, AR, RS, Coll, Need, coll_time, halo, reshard, shifted_views
+from ._kinds import CollectiveKind
 from ._shardings import assign, prod, shards, view
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class PatternKey(NamedTuple):
     grouped: bool
     operand_hbm: tuple[bool, ...]
     result_hbm: tuple[bool, ...]
+    manual: tuple  # a collective the user wrote in a shard_map body: ((kind, axes, bytes),), else ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class Pattern:
     # has each device compute on its block extended by the halo rows, the SAME padding's taps
     # included (conv_halo_ratios)
     halo_flops: tuple[tuple[int, float], ...]
+    manual: tuple  # ((kind, axes, bytes),) of a collective in a shard_map body, else ()
     weight: float  # executions per step: sum of trips
     ops: tuple[int, ...]
     doubled: dict  # group -> the tensors holding two of its dims (frozensets)
@@ -171,8 +174,18 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused) -> tuple[tupl
            tuple(nbytes[i] for i in op.inputs), tuple(nbytes[o] for o in op.outputs), pairs,
            tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),  # halos, minors
            facts.grouped is not None and facts.grouped(op.params),  # grouped
-           tuple(not fused[i] for i in op.inputs), tuple(not fused[o] for o in op.outputs))  # operand/result_hbm
+           tuple(not fused[i] for i in op.inputs), tuple(not fused[o] for o in op.outputs),  # operand/result_hbm
+           _manual(facts, op, nbytes))
     return key, flops, halo_flops
+
+
+def _manual(facts, op, nbytes) -> tuple:
+    """A shard_map body's collective as ((kind, axes, bytes per device),), else ()."""
+    if facts.manual is None:
+        return ()
+    kind, rule = facts.manual
+    axes, size = rule(op.params, [nbytes[i] for i in op.inputs], [nbytes[o] for o in op.outputs])
+    return ((CollectiveKind(kind), axes, size),) if axes and size else ()
 
 
 def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str
@@ -225,7 +238,7 @@ def _pattern(key: PatternKey, halo_flops, weight: float, ops: tuple[int, ...], s
     return Pattern(
         key.factors, key.operands, key.results, key.operand_bytes, key.result_bytes, key.flops, key.free,
         key.slot_tensors, key.cheap, key.shift, key.operand_wire, key.result_wire, key.gather_partials,
-        key.halos, key.grouped, dict(key.minors), key.operand_hbm, key.result_hbm, halo_flops, weight, ops,
+        key.halos, key.grouped, dict(key.minors), key.operand_hbm, key.result_hbm, halo_flops, key.manual, weight, ops,
         {g: frozenset(ts) for g, ts in doubled.items()})
 
 
@@ -242,7 +255,8 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
     whole_mesh_partials(t, pat, fax)
     unaligned_minors(axis_size, pat, fax)
     shard = shards(axis_size, fax)
-    colls: list[Need] = []
+    colls: list[Need] = [Need(kind, tuple(a for a in axes if a in axis_size), size, NO_DIM)
+                         for kind, axes, size in pat.manual if any(a in axis_size for a in axes)]
     in_view, out_view = shifted_views(t, pat, dec, colls, spec)
     views: list = []
     local_bytes = _operands(t, pat, dec, fax, in_view, spec, colls, views)

@@ -150,6 +150,9 @@ class Program:
     # The mesh of a step in explicit sharding mode (its types carry shardings; apply and the
     # unsharded run trace it under this mesh's context), else None.
     explicit_mesh: Any = None
+    # The values of ``shard_map`` bodies: per-device code, at the shapes each device holds;
+    # no plan shards them (the region's own specs place what crosses it).
+    manual_values: frozenset[ValueId] = frozenset()
 
     @property
     def num_ops(self) -> int:
@@ -443,6 +446,7 @@ class _Tracer:
         self.user_shardings: list[tuple[ValueId, Any, str, str, OpId]] = []
         self.scope = ""  # the name stack of the eqn being walked, through inlined calls
         self.barrier_reads: set[ValueId] = set()
+        self.manual_values: set[ValueId] = set()  # the values of shard_map bodies
         self.explicit = explicit  # the step is in explicit sharding mode (its types carry shardings)
 
     # ---- values
@@ -521,6 +525,7 @@ class _Tracer:
             self.values, self.ops, self.regions, inputs, outputs, list(in_paths),
             list(out_paths), in_tree, out_tree, self.closed, self.var_ids, self.constants,
             self.eqn_ops, self.user_shardings, barrier_reads=frozenset(self.barrier_reads),
+            manual_values=frozenset(self.manual_values),
         )
 
     def walk(self, jaxpr, region: int, trip: int) -> None:
@@ -736,8 +741,58 @@ def _cond(t: _Tracer, eqn, region: int, trip: int) -> None:
     t.eqn_ops[id(eqn)] = enter.id
 
 
+def _shard_map(t: _Tracer, eqn, region: int, trip: int) -> None:
+    """A ``shard_map`` region: its body is per-device code, traced at the shapes each device
+    holds, between ``shard_map_enter`` (the operands, global, to the body's inputs) and
+    ``shard_map_exit`` (the body's outputs to the results). The body's values are the
+    region's (``Program.manual_values``): no plan shards them further. The region's
+    ``in_specs``/``out_specs`` are the user's shardings of the values crossing it."""
+    p = eqn.params
+    operands = [t.read(a) for a in eqn.invars]
+    src = t.source(eqn)
+    body = p["jaxpr"]
+    closed = body if isinstance(body, ClosedJaxpr) else None
+    bj = closed.jaxpr if closed is not None else body
+    if closed is not None:
+        t.bind_consts(closed)
+    mesh = p["mesh"]
+    manual = tuple(a for a in mesh.axis_names if a in p.get("newly_manual_axes", p.get("manual_axes", mesh.axis_names)))
+    info = {"mesh": tuple((str(a), int(s)) for a, s in mesh.shape.items()), "manual": manual,
+            "in_specs": tuple(_spec_axes(sp, len(t.values[v].shape)) for sp, v in zip(p["in_specs"], operands))}
+    first = len(t.values)
+    enter = t.emit("shard_map_enter", info, operands, [v.aval for v in bj.invars], src, region, trip, bj.invars)
+    t.walk(bj, region, trip)
+    body_outs = [t.read(a) for a in bj.outvars]
+    info = dict(info, out_specs=tuple(_spec_axes(sp, len(v.aval.shape)) for sp, v in zip(p["out_specs"], eqn.outvars)))
+    exit_ = t.emit("shard_map_exit", info, body_outs, [v.aval for v in eqn.outvars], src, region, trip, eqn.outvars)
+    t.manual_values.update(range(first, exit_.outputs[0] if exit_.outputs else len(t.values)))
+    t.eqn_ops[id(eqn)] = enter.id
+    auto = len(manual) < len(mesh.axis_names)
+    site = _call_site(eqn)
+    for vid, axes in zip(operands, enter.params["in_specs"]):
+        t.user_shardings.append((vid, _region_sharding(mesh, axes, auto), site, "shard_map in_specs", -1))
+    for vid, axes in zip(exit_.outputs, info["out_specs"]):
+        t.user_shardings.append((vid, _region_sharding(mesh, axes, auto), site, "shard_map out_specs", -1))
+
+
+def _spec_axes(spec, ndim: int) -> tuple[tuple[str, ...], ...]:
+    """A region's PartitionSpec as the mesh axes of each dim (() unsharded)."""
+    entries = list(spec) + [None] * (ndim - len(spec))
+    return tuple(() if e is None else tuple(e) if isinstance(e, (tuple, list)) else (e,) for e in entries[:ndim])
+
+
+def _region_sharding(mesh, axes, auto: bool):
+    """The sharding a region's spec gives the value crossing it: a dim it leaves unsharded is
+    whole over the region's manual axes, and free over the others (a partially manual region)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    unsharded = PartitionSpec.UNCONSTRAINED if auto else None
+    return NamedSharding(mesh, PartitionSpec(*[(a if len(a) > 1 else a[0]) if a else unsharded for a in axes]))
+
+
 _STRUCTURED: dict[str, Callable[[_Tracer, Any, int, int], None]] = {
     "scan": _scan,
     "while": _while,
     "cond": _cond,
+    "shard_map": _shard_map,
 }
