@@ -219,7 +219,8 @@ class Session:
     @property
     def fixed(self) -> list[dict]:
         """The user's own pins: what the step's sharding constraints fix on this mesh
-        ({group, axis (None: unsharded), source, kind}); empty under "replace"."""
+        ({group, axis (None: unsharded), source, kind}); under "replace" only a shard_map
+        region's specs (its body is written for them)."""
         return list(fixed_json(self.cost_model))
 
     @property

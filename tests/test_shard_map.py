@@ -167,3 +167,13 @@ def test_the_plan_adopts_the_regions_mesh_and_axis_names():
     plain = (lambda w, x: (w - 0.1 * jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w),), (jnp.ones((D, D)), jnp.ones((T, D))))
     with pytest.raises(partex.PartexError, match="mesh='step': the step names no mesh of its own"):
         partex.Session(*plain, mesh="step")
+
+
+def test_replacing_the_users_shardings_keeps_a_regions_specs():
+    """A region's body is written for the blocks its specs give it: "replace" frees the
+    step's other shardings, never those."""
+    step, args = _moe_step(layers=1)
+    s = partex.Session(step, args, mesh="step", user_shardings="replace")
+    assert s.fixed and {f["kind"] for f in s.fixed} <= {"shard_map in_specs", "shard_map out_specs"}
+    out = s.verify(s.plan(strategy="dp"), mark=False)
+    assert "all-gather" not in _collectives(out)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .._decisions import NO_DIM, Decision, GroupId, NamedDimId, Resolve
 from ..tracing._program import NO_PRODUCER, Program
-from ._constraints import Fixed, UserSharding, fixed_decisions, user_shardings
+from ._constraints import BINDING, Fixed, UserSharding, fixed_decisions, user_shardings
 from ._recompute import Unit
 from ._recompute import units as recompute_units
 from ._roles import Roles, infer_roles
@@ -243,10 +243,12 @@ class Analysis(DimAnalysis):
     titles: Mapping[GroupId, str]
     seconds: float
 
-    def fixed(self, mesh) -> Fixed:
+    def fixed(self, mesh, mode: str = "keep") -> Fixed:
         """What the user's shardings fix on ``mesh`` (``_constraints.Fixed``); PartexError
-        if one names a mesh axis the plan's mesh lacks."""
-        return fixed_decisions(self.user_shardings, self.group_of, mesh)
+        if one names a mesh axis the plan's mesh lacks. ``mode="replace"``: only those no plan
+        can move (``_constraints.BINDING``: a shard_map region's specs)."""
+        items = self.user_shardings if mode == "keep" else [us for us in self.user_shardings if us.kind in BINDING]
+        return fixed_decisions(items, self.group_of, mesh)
 
     def summary(self) -> dict[str, Any]:
         return {

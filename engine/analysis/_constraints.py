@@ -12,7 +12,7 @@ the value is gathered at the constraint and its consumers read it whole (a weigh
 over data for ZeRO-3 meets a constrained activation as XLA's FSDP does, by an all-gather);
 an ``UNCONSTRAINED`` dim leaves its group free. Fixed groups are taken out of the search (the
 plan cannot move them) and shown as the user's own pins. ``user_shardings="replace"`` drops
-them instead: the plan places those values like any other, and apply re-places the user's
+them instead (all but a shard_map region's specs, which its body is written for): the plan places those values like any other, and apply re-places the user's
 constraints at the plan's shardings.
 
 A user sharding over another mesh than the plan's (an axis the plan's mesh lacks, or of another
@@ -28,6 +28,9 @@ from .._decisions import Shard
 from .._errors import PartexError
 
 MODES = ("keep", "replace")
+# User shardings that are part of the program's meaning, not hints: a shard_map region's
+# body is written for the blocks its specs give it, so even ``"replace"`` keeps them.
+BINDING = frozenset({"shard_map in_specs", "shard_map out_specs"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,7 +17,6 @@ import numpy as np
 from .._decisions import Decision, Recompute, Resolve, Shard
 from .._mesh import Hardware, MeshSpec
 from ..analysis._analysis import NO_DIM, Analysis
-from ..analysis._constraints import NONE as NO_FIXED
 from ..analysis._constraints import check_mode
 from ..analysis._recompute import value_readers
 from ._aggregate import aggregate
@@ -49,7 +48,7 @@ class CostModel:
         if lowering not in ("tpu", "cpu"):
             raise ValueError(f"lowering must be 'tpu' or 'cpu', got {lowering!r}")
         self.user_shardings = check_mode(user_shardings)
-        self.fixed = analysis.fixed(mesh) if user_shardings == "keep" else NO_FIXED
+        self.fixed = analysis.fixed(mesh, user_shardings)
         self.lowering = lowering
         self.donate = tuple(donate or ())  # the inputs whose buffers the step's outputs may reuse
         self.analysis = analysis
