@@ -177,3 +177,27 @@ def test_replacing_the_users_shardings_keeps_a_regions_specs():
     assert s.fixed and {f["kind"] for f in s.fixed} <= {"shard_map in_specs", "shard_map out_specs"}
     out = s.verify(s.plan(strategy="dp"), mark=False)
     assert "all-gather" not in _collectives(out)
+
+
+def test_a_region_on_the_devices_in_another_order_runs_on_the_plans_mesh():
+    """The region's mesh names the plan's axes over the devices in reverse order: apply runs
+    the region on the plan's mesh, and the step computes what it computes unsharded."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()[::-1]).reshape(4, 2), ("data", "model"))
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False)
+    def total(h):
+        return jax.lax.psum(jnp.sum(h ** 2), "data")
+
+    def step(w, x):
+        value, g = jax.value_and_grad(lambda w: total(x @ w))(w)
+        return w - 0.01 * g, value
+
+    args = (jax.random.normal(jax.random.key(3), (D, D)) / 4, jax.random.normal(jax.random.key(4), (T, D)))
+    plan = partex.Session(step, args, mesh="data=4,model=2").plan(strategy="dp")
+    want = jax.jit(step)(*args)
+    got = plan.apply(step)(*args)  # donates w
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-4, atol=1e-6)

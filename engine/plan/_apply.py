@@ -402,7 +402,22 @@ class _Interpreter:
                 out = self._bind(eqn.replace(params={**eqn.params, **dict.fromkeys(typed)}), op_id, invals)
                 spec = self.user_specs.get(op_id) if user else None
                 return [self._user_constrain(out[0], spec, op_id), *out[1:]] if spec is not None else out
+        if name == "shard_map":
+            eqn = self._on_plan_mesh(eqn)
         return self._bind(eqn, op_id, invals)
+
+    def _on_plan_mesh(self, eqn):
+        """A shard_map region on the plan's mesh: the same axes (by name and size), perhaps
+        over the devices in another order, or with other axis types (an explicit-mode step's)."""
+        region = eqn.params["mesh"]
+        plan = self.mesh if isinstance(region, jax.sharding.Mesh) else self.mesh.abstract_mesh
+        if region == plan:
+            return eqn
+        if dict(region.shape) != dict(self.mesh.shape):
+            raise PartexError(f"{self.program.ops[self.eqn_ops[id(eqn)]].source}: a shard_map region over "
+                              f"{dict(region.shape)} cannot run on the plan's mesh {dict(self.mesh.shape)}: "
+                              "plan on the region's mesh (mesh='step')")
+        return eqn.replace(params={**eqn.params, "mesh": plan})
 
     def _bind(self, eqn, op_id, invals) -> list:
         params = eqn.primitive.get_bind_params(eqn.params)
