@@ -97,7 +97,10 @@ def export(plan: Plan, format: str, fn: Callable | None = None, args: Sequence[A
     output PartitionSpecs; ``"flax-rules"``, logical-axis rules for flax's
     ``nn.logical_axis_rules`` / MaxText's ``logical_axis_rules``, which needs ``fn``,
     ``args`` and the inputs' logical ``axis_names`` (activations' names come from the
-    model's ``nn.with_logical_constraint``). ``flax_rules`` gives the rules as data."""
+    model's ``nn.with_logical_constraint``); ``"explicit"``, for a step in explicit sharding
+    mode, the mesh with Explicit axes, the inputs' shardings and the ``out_sharding=`` /
+    ``reshard`` annotations that reproduce the plan, which needs ``fn`` and ``args``.
+    ``flax_rules`` gives the rules as data."""
     model = None
     if fn is not None:
         model = LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args or ()), axis_names, "custom", None)

@@ -196,9 +196,11 @@ def _bench_parser(sub) -> None:
 
 def _export_parser(sub) -> None:
     ex = sub.add_parser("export", help="write a plan as a file a training job uses without partex: specs "
-                                       "(mesh and in/out PartitionSpecs) or flax-rules (logical axis rules)")
+                                       "(mesh and in/out PartitionSpecs), flax-rules (logical axis rules) or "
+                                       "explicit (explicit sharding mode: the mesh, the inputs' shardings and the "
+                                       "out_sharding= / reshard annotations to write)")
     ex.add_argument("plan", help="plan JSON written by `partex plan` or `partex search`")
-    ex.add_argument("--format", required=True, choices=("specs", "flax-rules"))
+    ex.add_argument("--format", required=True, choices=("specs", "flax-rules", "explicit"))
     ex.add_argument("--out", "-o", help="file to write: .py (standalone Python, the default) or .json; "
                                         "default: stdout")
     ex.add_argument("--model", help="the plan's MODEL (default: the demo model the plan names); flax-rules needs "
@@ -329,13 +331,13 @@ def cmd_export(args) -> int:
         spec = ModelSpec(m.get("spec") or m["name"], args.preset or m.get("preset") or "tiny",
                          tuple(_overrides(args.config)) or tuple(m.get("overrides") or ()))
     comparison = None
-    if spec and not args.no_compare:
+    if spec and not args.no_compare and args.format != "explicit":  # the explicit export changes the user's code
         comparison = verify_plan(plan, spec=spec, run=args.run, export=args.format).comparison
         assert comparison is not None  # verify with an export compares
         sys.stderr.write(f"XLA's figures ({comparison['devices']} simulated devices), the full plan beside "
                          f"the {args.format} export alone:\n" + "\n".join(comparison_table(comparison)) + "\n")
     model = None
-    if args.format == "flax-rules" and spec:
+    if args.format in ("flax-rules", "explicit") and spec:
         with _model_output():
             model = load_model(spec.spec, spec.preset, list(spec.overrides))
     as_json = args.json or (args.out or "").endswith(".json")

@@ -121,3 +121,54 @@ def test_readme_explicit_mode_example_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     assert "explicit-mode step matches; numerics ok: True" in r.stdout
     assert "'explicit input'" in r.stdout
+
+
+def test_the_explicit_export_gives_the_annotations_that_reproduce_the_plan(tmp_path):
+    """``partex export --format explicit``: the mesh with Explicit axes, the inputs' shardings
+    and the out_sharding= / reshard annotations. The step written with them (its matmuls'
+    out_sharding taken from the export) runs in explicit mode as the plan does: XLA's memory
+    and collectives of it are the applied plan's."""
+    import importlib.util
+
+    from partex.plan._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
+
+    step, args, _ = _explicit_step()
+    s = partex.Session(step, args, mesh="data=4,model=2", user_shardings="replace")
+    plan = s.plan(strategy="dp")
+    path = tmp_path / "plan_explicit.py"
+    path.write_text(partex.export(plan, "explicit", step, args))
+    spec = importlib.util.spec_from_file_location("plan_explicit", path)
+    pe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pe)
+    mesh = pe.mesh()
+    assert set(mesh.axis_types) == {AxisType.Explicit}
+    here = [a for a in pe.ANNOTATIONS if "test_explicit.py" in a[0]]
+    outs = {int(a[0].split(":")[1]): a[2] for a in here if a[1] == "out_sharding="}
+    assert len(outs) == 2, pe.ANNOTATIONS  # the two matmul lines of the layer
+    first, second = sorted(outs)
+    assert outs[first] == P("data", None) and outs[second] == P("data", None)  # dp: the batch only
+
+    def loss(params, x):  # the step as the user would rewrite it from the export
+        h = x
+        for p in params:
+            a = jax.nn.gelu(jnp.einsum("bd,df->bf", h, p["w1"], out_sharding=outs[first]))
+            h = h + jnp.einsum("bf,fd->bd", a, p["w2"], out_sharding=outs[second])
+        return jnp.mean(h ** 2)
+
+    def annotated(params, x):
+        value, g = jax.value_and_grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), value
+
+    host = jax.tree.map(np.asarray, args)
+    with jax.set_mesh(mesh):
+        placed = jax.device_put(host, pe.in_shardings(mesh, *host))
+        want = jax.jit(annotated)(*placed)
+        compiled = jax.jit(annotated).lower(*placed).compile()
+    ours = memory_stats(compiled)
+    colls = collective_bytes_by_kind(parse_collectives(compiled.as_text(), mesh))
+    out = s.verify(plan, mark=False)
+    assert ours["total"] == out.memory.xla  # XLA's memory of the annotated step: the applied plan's
+    assert {k: v for k, v in colls.items() if v} == {k: c.xla_bytes for k, c in out.collectives.items() if c.xla_bytes}
+    got = plan.apply(step)(*args)
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
+    assert want[0][0]["w1"].sharding.spec == P(None, None)  # dp: the weights replicated, as the plan has them

@@ -33,7 +33,7 @@ from ._plan import Plan
 from ._planned import resolve_decisions, spec_from_json
 from ._specs import spec_to_json
 
-FORMATS = ("specs", "flax-rules")
+FORMATS = ("specs", "flax-rules", "explicit")
 LOGICAL_MARK = "partex.logical:"  # checkpoint_name marking an activation's logical names while tracing
 
 Axes = tuple  # mesh axes of one dim; () = not sharded
@@ -413,6 +413,85 @@ def rules_python(plan: Plan, export: RulesExport, comparison: Mapping[str, Any] 
     return "\n".join(body) + "\n"
 
 
+# --------------------------------------------------------------------------- explicit mode
+
+# ops whose result sharding explicit mode takes as ``out_sharding=`` (jnp.einsum / jnp.dot /
+# jnp.matmul / jax.lax.dot_general, jnp.reshape)
+_OUT_SHARDING_OPS = {"dot_general": "out_sharding=", "reshape": "out_sharding="}
+
+
+def explicit_annotations(plan: Plan, model) -> list[dict]:
+    """Where a step in explicit sharding mode needs an annotation to compute as ``plan`` does,
+    in program order: each forward matmul (or reshape) the plan constrains, with the
+    ``out_sharding=`` it takes, and each forward value the plan reshards (its sharding differs
+    from its operand's), with the ``jax.sharding.reshard`` it takes. Explicit mode infers every
+    other forward value's sharding from these, and the backward pass's from the forward's.
+    ``model``: a LoadedModel (the function and its example args)."""
+    from ..analysis._rules import PSEUDO_OPS
+    from ._planned import bind, constraint_specs
+
+    bound = bind(plan, model.fn, model.args, model.axis_names)
+    program = bound.program
+    value_specs, _ = constraint_specs(bound.cost_model, bound.decisions)  # the values apply constrains
+    planned = bound.cost_model.value_specs(bound.decisions)
+    specs = {v: spec_to_json(planned[v]) for v in value_specs}
+    specs.update({v: plan.inputs.get(program.values[v].path, []) for v in program.inputs})
+    out, seen = [], set()
+    for op in program.ops:
+        if "transpose(" in op.scope or op.primitive in PSEUDO_OPS or not op.outputs or op.outputs[0] not in specs:
+            continue
+        v = op.outputs[0]
+        want = specs[v]
+        if op.primitive in _OUT_SHARDING_OPS:
+            how = _OUT_SHARDING_OPS[op.primitive]
+        else:
+            same_rank = [specs.get(i) for i in op.inputs if len(program.values[i].shape) == len(want)]
+            if not any(axes for axes in want) or not same_rank or any(s == want for s in same_rank):
+                continue
+            how = "reshard"
+        key = (op.source, how, json.dumps(want))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({"where": op.source, "op": op.primitive, "how": how, "spec": want,
+                    "shape": list(program.values[v].shape)})
+    return out
+
+
+def explicit_python(plan: Plan, annotations: Sequence[Mapping[str, Any]],
+                    comparison: Mapping[str, Any] | None = None) -> str:
+    """A standalone module for running the step in explicit sharding mode as ``plan`` does:
+    the mesh (Explicit axes), the inputs' shardings, and the annotations to write."""
+    doc = _header(plan, "Explicit sharding mode", comparison) + [
+        "", "Run the step on mesh() (Explicit axes) with its arguments placed by in_shardings, and",
+        "write each of ANNOTATIONS at its line: `out_sharding=P(...)` on that matmul / reshape, or",
+        "`x = jax.sharding.reshard(x, P(...))` on that value. Explicit mode infers the rest.",
+        "", "    import jax, plan_explicit as pe",
+        "    mesh = pe.mesh()",
+        "    with jax.set_mesh(mesh):",
+        "        args = jax.device_put(args, pe.in_shardings(mesh, *args))",
+        "        out = jax.jit(train_step, donate_argnums=pe.DONATE)(*args)"]
+    spec = specs_json(plan)
+    rows = [f"    ({a['where']!r}, {a['how']!r}, P({_spec_args(a['spec'])})),  # {a['op']} {tuple(a['shape'])}"
+            for a in annotations]
+    body = [
+        '"""' + "\n".join(doc) + '\n"""', "",
+        "import math", "",
+        "import jax",
+        "from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P", "",
+        f"MESH_AXES = {tuple(plan.mesh.axes)!r}",
+        f"MESH_SHAPE = {tuple(plan.mesh.sizes)!r}",
+        f"SLOW_AXES = {tuple(plan.mesh.slow_axes())!r}  # across hosts/slices (DCN, InfiniBand)",
+        f"ARG_NAMES = {tuple(spec['arg_names'])!r}",
+        f"DONATE = {tuple(plan.donate)!r}", "",
+        "INPUTS = {", *[f"    {p!r}: P({_spec_args(s)})," for p, s in plan.inputs.items()], "}",
+        "OUTPUTS = {", *[f"    {p!r}: P({_spec_args(s)})," for p, s in plan.outputs.items()], "}", "",
+        "# (source line, what to write there, the PartitionSpec)",
+        "ANNOTATIONS = [", *rows, "]", "",
+        _MESH_CODE.replace("(AxisType.Auto,)", "(AxisType.Explicit,)"), _SHARDINGS_CODE]
+    return "\n".join(body) + "\n"
+
+
 def export_text(plan: Plan, fmt: str, model=None, comparison: Mapping[str, Any] | None = None,
                 as_json: bool = False) -> str:
     """The file ``partex export`` writes: ``specs`` or ``flax-rules`` (which needs ``model``,
@@ -430,6 +509,14 @@ def export_text(plan: Plan, fmt: str, model=None, comparison: Mapping[str, Any] 
         if as_json:
             return json.dumps({**rules.to_json(), "mesh": plan.mesh.to_json(), "comparison": comparison}, indent=1)
         return rules_python(plan, rules, comparison)
+    if fmt == "explicit":
+        if model is None:
+            raise PartexError("the explicit export needs the plan's model to find the lines to annotate: give "
+                              "--model MODEL (the module:attr or file.py:attr the plan was made from)")
+        annotations = explicit_annotations(plan, model)
+        if as_json:
+            return json.dumps({**specs_json(plan), "annotations": annotations, "comparison": comparison}, indent=1)
+        return explicit_python(plan, annotations, comparison)
     raise PartexError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 
