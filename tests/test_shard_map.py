@@ -129,8 +129,10 @@ def test_an_moe_regions_all_to_all_is_priced_and_its_experts_stay_sharded():
     fixed = {(f["group"], f["axis"]) for f in s.fixed}
     assert ("*/w1[0]", "expert") in fixed and ("*/w2[0]", "expert") in fixed  # the experts, as the region reads them
     for name in ("dp", "zero3"):
-        out = s.verify(s.plan(strategy=name), run=True, mark=False)
+        out = s.verify(s.plan(strategy=name), run=True, mark=False, explain=True)
         assert out.numerics.ok, out.numerics
+        # each of XLA's collectives traced to the one predicted in the region's body
+        assert out.explain["matched_fraction"] == 1.0 and not out.explain["unmatched_predicted"], out.explain
         got = _collectives(out)
         assert got["all-to-all"][1] > 0 and got["all-to-all"][0] == got["all-to-all"][1], got
         assert "all-gather" not in got, got  # no expert weight (or its gradient) gathered

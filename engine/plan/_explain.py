@@ -12,7 +12,8 @@ into one tuple all-reduce: its operands are attributed one by one, each to the l
 instruction that produced it.
 
 A collective matches a predicted one of the same kind when a line of its call stack is the
-predicted op's source line, or when it moves a parameter the predicted collective reshards.
+predicted op's source line (or, for a collective written in a shard_map body, that of the op
+that made its operand), or when it moves a parameter the predicted collective reshards.
 """
 
 from __future__ import annotations
@@ -215,6 +216,11 @@ def predicted_collectives(cm, report, decisions_by_group: dict[str, str]) -> lis
                 producer = program.values[v].producer
                 if producer >= 0:  # the reshard may sit where the value is made (a loop's slice: the loop)
                     keys.append(_line_key(program.ops[producer].source))
+            elif any(v in program.manual_values for v in op.inputs):
+                # a collective written in a shard_map body (a transposed psum carries the region's
+                # call line): XLA names the instruction that made what it reduces
+                keys += [_line_key(program.ops[program.values[v].producer].source) for v in op.inputs
+                         if program.values[v].producer >= 0]
             keys = tuple(k for k in dict.fromkeys(keys) if k)
             out.append(Predicted(c.kind, share, op.source, keys[0] if keys else None, keys, param, op.primitive,
                                  c.cause, decisions_by_group.get(c.cause, "-")))
