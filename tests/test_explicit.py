@@ -172,3 +172,16 @@ def test_the_explicit_export_gives_the_annotations_that_reproduce_the_plan(tmp_p
     got = plan.apply(step)(*args)
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
     assert want[0][0]["w1"].sharding.spec == P(None, None)  # dp: the weights replicated, as the plan has them
+
+
+def test_a_step_traced_under_the_users_mesh_context_from_host_arrays():
+    """The user sets the explicit mesh as the context and passes plain arrays: the step is in
+    explicit mode all the same (its out_sharding= are the user's), and the plan runs on it."""
+    step, args, mesh = _explicit_step()
+    host = jax.tree.map(np.asarray, args)
+    with jax.set_mesh(mesh):
+        s = partex.Session(step, host, mesh="data=4,model=2")
+        assert s.model.program.explicit_mesh is not None
+        assert {f["kind"] for f in s.fixed} == {"out_sharding"}
+        out = s.verify(s.plan(strategy="dp"), run=True, mark=False)
+    assert out.numerics.ok, out.numerics

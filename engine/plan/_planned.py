@@ -122,7 +122,11 @@ class PlannedFunction:
             return jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
                            donate_argnums=() if promote else donate)
 
-        self._jitted, self._promoted = jitted(), lambda: jitted(promote=True)
+        if program.explicit_mesh is not None:  # typed arguments moved to the plan's shardings first
+            self._jitted = _Untyping(jitted(), self._untyped)
+            self._promoted = lambda: _Untyping(jitted(promote=True), self._untyped)
+        else:
+            self._jitted, self._promoted = jitted(), lambda: jitted(promote=True)
         return self._jitted
 
     def float32(self, args: Sequence[Any]):
@@ -136,11 +140,11 @@ class PlannedFunction:
         program = self.program
         assert program is not None  # build() traced it
         _check_global(program, args)
-        return program.full_outputs(jitted(*self._untyped(dynamic_args(args))))
+        return program.full_outputs(jitted(*dynamic_args(args)))
 
     def lower(self, *args):
         jitted = self.build(args)
-        return jitted.lower(*self._untyped(dynamic_args(args)))
+        return jitted.lower(*dynamic_args(args))
 
     def _untyped(self, args):
         """An explicit-mode step's arguments on the plan's mesh: their typed shardings (on the
@@ -148,7 +152,7 @@ class PlannedFunction:
         program = self.program
         if program is None or program.explicit_mesh is None:
             return args
-        leaves, tree = jax.tree_util.tree_flatten(args)
+        leaves, tree = jax.tree_util.tree_flatten(tuple(args))
         mesh = self.mesh
         out = []
         for x, path in zip(leaves, program.input_paths):
@@ -160,6 +164,20 @@ class PlannedFunction:
             else:
                 out.append(x)
         return jax.tree_util.tree_unflatten(tree, out)
+
+
+class _Untyping:
+    """An explicit-mode step's jitted plan: called (or lowered) on the arguments as the user
+    holds them, typed on the step's own mesh, it first moves them to the plan's shardings."""
+
+    def __init__(self, jitted, untyped: Callable):
+        self.jitted, self.untyped = jitted, untyped
+
+    def __call__(self, *args):
+        return self.jitted(*self.untyped(args))
+
+    def lower(self, *args):
+        return self.jitted.lower(*self.untyped(args))
 
 
 _AGREEMENTS = itertools.count()  # every process applies its plans in the same order
