@@ -423,8 +423,10 @@ _OUT_SHARDING_OPS = {"dot_general": "out_sharding=", "reshape": "out_sharding="}
 def explicit_annotations(plan: Plan, model) -> list[dict]:
     """Where a step in explicit sharding mode needs an annotation to compute as ``plan`` does,
     in program order: each forward matmul (or reshape) the plan constrains, with the
-    ``out_sharding=`` it takes, and each forward value the plan reshards (its sharding differs
-    from its operand's), with the ``jax.sharding.reshard`` it takes. Explicit mode infers every
+    ``out_sharding=`` it takes; each forward value the plan reshards (its sharding differs
+    from its operand's), with the ``jax.sharding.reshard`` it takes; and each operand a forward
+    op reads at another sharding than its value's (a ZeRO weight, gathered where it is used),
+    with the ``reshard`` of that operand before the op. Explicit mode infers every
     other forward value's sharding from these, and the backward pass's from the forward's.
     ``model``: a LoadedModel (the function and its example args)."""
     from ..analysis._rules import PSEUDO_OPS
@@ -435,10 +437,20 @@ def explicit_annotations(plan: Plan, model) -> list[dict]:
     value_specs, _ = constraint_specs(bound.cost_model, bound.decisions)  # the values apply constrains
     planned = bound.cost_model.value_specs(bound.decisions)
     specs = {v: spec_to_json(planned[v]) for v in value_specs}
+    views = {k: spec_to_json(v) for k, v in bound.cost_model.operand_specs(bound.decisions).items() if k[1] >= 0}
     specs.update({v: plan.inputs.get(program.values[v].path, []) for v in program.inputs})
     out, seen = [], set()
     for op in program.ops:
-        if "transpose(" in op.scope or op.primitive in PSEUDO_OPS or not op.outputs or op.outputs[0] not in specs:
+        if "transpose(" in op.scope or op.primitive in PSEUDO_OPS:
+            continue
+        for i, v in enumerate(op.inputs):  # an operand the op reads resharded (a ZeRO weight, gathered)
+            if (op.id, i) in views:
+                key = (op.source, f"reshard operand {i}", json.dumps(views[(op.id, i)]))
+                if key not in seen:
+                    seen.add(key)
+                    out.append({"where": op.source, "op": op.primitive, "how": key[1], "spec": views[(op.id, i)],
+                                "shape": list(program.values[v].shape)})
+        if not op.outputs or op.outputs[0] not in specs:
             continue
         v = op.outputs[0]
         want = specs[v]
@@ -464,8 +476,9 @@ def explicit_python(plan: Plan, annotations: Sequence[Mapping[str, Any]],
     the mesh (Explicit axes), the inputs' shardings, and the annotations to write."""
     doc = _header(plan, "Explicit sharding mode", comparison) + [
         "", "Run the step on mesh() (Explicit axes) with its arguments placed by in_shardings, and",
-        "write each of ANNOTATIONS at its line: `out_sharding=P(...)` on that matmul / reshape, or",
-        "`x = jax.sharding.reshard(x, P(...))` on that value. Explicit mode infers the rest.",
+        "write each of ANNOTATIONS at its line: `out_sharding=P(...)` on that matmul / reshape,",
+        "`x = jax.sharding.reshard(x, P(...))` on that value, or (\"reshard operand i\") on the op's",
+        "i-th operand before it. Explicit mode infers the rest.",
         "", "    import jax, plan_explicit as pe",
         "    mesh = pe.mesh()",
         "    with jax.set_mesh(mesh):",
