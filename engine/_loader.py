@@ -96,7 +96,11 @@ def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | No
     try:
         result = obj()
     except Exception as e:  # the user's factory failed: show its own message
-        raise PartexError(f"{spec}() raised {type(e).__name__}: {e}") from e
+        hint = ""
+        if "Number of devices" in str(e) and jax.devices()[0].platform == "cpu":
+            hint = (" (it builds a mesh over more devices than this process has: on CPU, set "
+                    "JAX_NUM_CPU_DEVICES to the mesh's size)")
+        raise PartexError(f"{spec}() raised {type(e).__name__}: {e}{hint}") from e
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise PartexError(f"{spec}() returned {type(result).__name__}; it must return "
                           "(fn, example_args) or (fn, example_args, axis_names)")
