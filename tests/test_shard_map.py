@@ -203,3 +203,33 @@ def test_a_region_on_the_devices_in_another_order_runs_on_the_plans_mesh():
     got = plan.apply(step)(*args)  # donates w
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("manual", [("data", "model"), ("data",)], ids=["all-manual", "data-manual"])
+def test_a_region_in_an_explicit_mode_step(manual):
+    """A shard_map region in a step whose mesh has Explicit axes (all manual, or manual over
+    `data` with `model` still explicit inside): it traces, applies on the plan's mesh (the body
+    evaluated again there, its typed shardings dropped) and computes what the step computes."""
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    w = jax.device_put(jax.random.normal(jax.random.key(5), (D, D)) / 4, NamedSharding(mesh, P(None, "model")))
+    x = jax.device_put(jax.random.normal(jax.random.key(6), (T, D)), NamedSharding(mesh, P("data", None)))
+    inner = P("data", "model" if manual == ("data",) else None)
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("data"), out_specs=P(), axis_names=set(manual))
+    def total(h):
+        return jax.lax.psum(jnp.sum(h ** 2), "data")
+
+    def step(w, x):
+        value, g = jax.value_and_grad(lambda w: total(jnp.einsum("bd,de->be", x, w, out_sharding=inner)))(w)
+        return w - 0.01 * g, value
+
+    with jax.set_mesh(mesh):
+        want = jax.jit(step)(w, x)
+    s = partex.Session(step, (w, x), mesh="step")
+    out = s.verify(s.plan(strategy="megatron"), run=True, mark=False)
+    assert out.numerics.ok, out.numerics
+    got = s.plan(strategy="megatron").apply(step)(w, x)
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)

@@ -219,7 +219,7 @@ class _Interpreter:
 
     def constrain_var(self, var, x):
         vid = self.var_ids.get(id(var))
-        if vid is None:
+        if vid is None or vid in self.program.manual_values:  # a region's values: per device, as written
             return x
         spec = self.value_specs.get(vid)
         if spec is None:
@@ -397,14 +397,37 @@ class _Interpreter:
         if self.program.explicit_mesh is not None:
             if name in USER_SHARDING or name in _MESH_CASTS:  # not the user's (autodiff's, auto_axes'): dropped
                 return list(invals)
+            if name == "shard_map":
+                return self._region(eqn, invals)
             typed = [k for k in EXPLICIT_SHARDING_PARAMS if isinstance(eqn.params.get(k), NamedSharding)]
             if typed:  # the op's typed result sharding: a constraint on the plan's mesh, or dropped
                 out = self._bind(eqn.replace(params={**eqn.params, **dict.fromkeys(typed)}), op_id, invals)
-                spec = self.user_specs.get(op_id) if user else None
+                in_region = self.program.ops[op_id].outputs[0] in self.program.manual_values if op_id is not None \
+                    else False
+                spec = self.user_specs.get(op_id) if user and not in_region else None
                 return [self._user_constrain(out[0], spec, op_id), *out[1:]] if spec is not None else out
         if name == "shard_map":
             eqn = self._on_plan_mesh(eqn)
         return self._bind(eqn, op_id, invals)
+
+    def _region(self, eqn, invals) -> list:
+        """An explicit-mode step's shard_map region, its body evaluated again on the plan's mesh
+        (its typed shardings dropped; the region's manual axes as the region has them)."""
+        p = eqn.params
+        body = p["jaxpr"]
+        inner, consts = (body.jaxpr, body.consts) if isinstance(body, ClosedJaxpr) else (body, ())
+
+        def per_device(*xs):
+            outer, self.context_mesh = self.context_mesh, jax.sharding.get_abstract_mesh()  # the region's own
+            try:
+                return tuple(self.eval(inner, consts, list(xs), constrain_invars=False))
+            finally:
+                self.context_mesh = outer
+
+        manual = p.get("newly_manual_axes", p.get("manual_axes", frozenset(self.mesh.axis_names)))
+        region = jax.shard_map(per_device, mesh=self._on_plan_mesh(eqn).params["mesh"], in_specs=tuple(p["in_specs"]),
+                               out_specs=tuple(p["out_specs"]), axis_names=set(manual), check_vma=p["check_vma"])
+        return list(region(*invals))
 
     def _on_plan_mesh(self, eqn):
         """A shard_map region on the plan's mesh: the same axes (by name and size), perhaps

@@ -621,7 +621,7 @@ def _typed(sharding):
     partitioner may still shard that dim over them, so it is left unconstrained."""
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-    if all(t == AxisType.Explicit for t in sharding.mesh.axis_types):
+    if AxisType.Auto not in sharding.mesh.axis_types:  # (a region's Manual axes: per device, not the plan's)
         return sharding
     entries = [PartitionSpec.UNCONSTRAINED if e is None else e for e in sharding.spec]
     return NamedSharding(sharding.mesh, PartitionSpec(*entries))
@@ -784,9 +784,11 @@ def _spec_axes(spec, ndim: int) -> tuple[tuple[str, ...], ...]:
 def _region_sharding(mesh, axes, auto: bool):
     """The sharding a region's spec gives the value crossing it: a dim it leaves unsharded is
     whole over the region's manual axes, and free over the others (a partially manual region)."""
-    from jax.sharding import NamedSharding, PartitionSpec
+    from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
     unsharded = PartitionSpec.UNCONSTRAINED if auto else None
+    if auto:  # UNCONSTRAINED needs Auto axes: the region's mesh as such (only its axes and sizes are read)
+        mesh = AbstractMesh(tuple(mesh.shape.values()), tuple(mesh.shape), axis_types=(AxisType.Auto,) * len(mesh.shape))
     return NamedSharding(mesh, PartitionSpec(*[(a if len(a) > 1 else a[0]) if a else unsharded for a in axes]))
 
 
