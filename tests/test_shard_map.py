@@ -233,3 +233,28 @@ def test_a_region_in_an_explicit_mode_step(manual):
     assert out.numerics.ok, out.numerics
     got = s.plan(strategy="megatron").apply(step)(w, x)
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
+
+
+def test_a_regions_gathers_and_reduce_scatters_are_priced_and_traced():
+    """An FSDP-style region: the weight ``all_gather``-ed over `data` before its matmul, the
+    result ``psum_scatter``-ed and gathered again; the backward pass transposes each."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data"), check_vma=False)
+    def fsdp(x, w):
+        y = x @ jax.lax.all_gather(w, "data", tiled=True)
+        s = jax.lax.psum_scatter(y, "data", scatter_dimension=1, tiled=True)
+        return jax.lax.all_gather(s, "data", axis=1, tiled=True)
+
+    def step(w, x):
+        value, g = jax.value_and_grad(lambda w: jnp.mean(fsdp(x, w) ** 2))(w)
+        return w - 0.1 * g, value
+
+    args = (jax.random.normal(jax.random.key(7), (32, 32)) / 6, jax.random.normal(jax.random.key(8), (16, 32)))
+    s = partex.Session(step, args, mesh="step")
+    out = s.verify(s.plan(strategy="dp"), run=True, mark=False, explain=True)
+    assert out.numerics.ok, out.numerics
+    got = _collectives(out)
+    for kind in ("all-gather", "reduce-scatter"):
+        assert got[kind][1] > 0 and got[kind][0] == got[kind][1], got
+    assert out.explain["matched_fraction"] == 1.0, out.explain
