@@ -185,3 +185,26 @@ def test_a_step_traced_under_the_users_mesh_context_from_host_arrays():
         assert {f["kind"] for f in s.fixed} == {"out_sharding"}
         out = s.verify(s.plan(strategy="dp"), run=True, mark=False)
     assert out.numerics.ok, out.numerics
+
+
+def test_an_explicit_axes_region_inside_an_auto_mode_step():
+    """``explicit_axes`` types a region of an Auto-mode step: its reshards are the user's
+    shardings, and the plan applies to the step (the region run on the plan's mesh)."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    w, x = jnp.ones((D, F)) / D, jnp.arange(B * D, dtype=jnp.float32).reshape(B, D) / 128
+
+    def matmul(x, w):
+        return jnp.einsum("bd,df->bf", x, w, out_sharding=P("data", "model"))
+
+    def step(w, x):
+        def loss(w):
+            h = jax.sharding.explicit_axes(matmul, in_sharding=(P("data", None), P(None, "model")))(x, w)
+            return jnp.mean(jax.nn.relu(h) ** 2)
+        value, g = jax.value_and_grad(loss)(w)
+        return w - 0.1 * g, value
+
+    with jax.set_mesh(mesh):
+        s = partex.Session(step, (w, x), mesh="data=4,model=2")
+        assert {(f["kind"], f["axis"]) for f in s.fixed} == {("reshard", "data"), ("reshard", "model")}
+        out = s.verify(s.plan(strategy="megatron"), run=True, mark=False)
+    assert out.numerics.ok, out.numerics

@@ -25,7 +25,7 @@ from ..analysis._recompute import plan_unit
 from ..analysis._roles import state_inputs
 from ..analysis._space import from_plan
 from ..cost import CostModel
-from ..tracing._program import Program, dynamic_args, has_explicit_axes, is_array_leaf, trace
+from ..tracing._program import Program, dynamic_args, is_array_leaf, trace
 from ._apply import constrained_function
 from ._specs import SpecJSON, check_divisible, check_signature, norm_spec, spec_to_json
 
@@ -159,8 +159,8 @@ class PlannedFunction:
             sharding = NamedSharding(mesh, spec_from_json(self.plan.inputs.get(path, [])))
             if isinstance(x, jax.ShapeDtypeStruct):
                 out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type))
-            elif has_explicit_axes(getattr(getattr(x, "sharding", None), "mesh", None)):
-                out.append(jax.device_put(x, sharding))
+            elif isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding != sharding:
+                out.append(jax.device_put(x, sharding))  # typed on the step's mesh, or placed otherwise
             else:
                 out.append(x)
         return jax.tree_util.tree_unflatten(tree, out)

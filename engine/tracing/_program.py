@@ -336,6 +336,20 @@ def explicit_mesh(args: Sequence[Any]):
     return None
 
 
+def _explicit_region_mesh(jaxpr):
+    """The mesh of the first eqn traced under a mesh with Explicit axes (an ``explicit_axes``
+    region), or None."""
+    for eqn in jaxpr.eqns:
+        ctx = getattr(getattr(eqn, "ctx", None), "cur_abstract_mesh", None)
+        if ctx is not None and has_explicit_axes(ctx):
+            return ctx
+        for sub in jcore.jaxprs_in_params(eqn.params):
+            found = _explicit_region_mesh(sub)
+            if found is not None:
+                return found
+    return None
+
+
 def mesh_context(mesh):
     """``mesh``'s abstract mesh as the tracing context (``jax.sharding.use_abstract_mesh``,
     which also works inside ``jax.jit``), unless a mesh context is already set or ``mesh`` is
@@ -372,6 +386,8 @@ def trace(fn: Callable, args: Sequence[Any]) -> Program:
     explicit = split.mesh if split.mesh is not None else (context if has_explicit_axes(context) else None)
     closed, out_shape = make_jaxpr(split, split.args)
     closed = unshare(rotations(dce(closed)))
+    if explicit is None:  # an explicit_axes region inside an Auto-mode step
+        explicit = _explicit_region_mesh(closed.jaxpr)
     out_leaves_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     out_paths = [path_str("out", p) for p, _ in out_leaves_paths]
     program = _Tracer(closed, explicit=explicit is not None).run(
