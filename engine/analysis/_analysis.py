@@ -824,4 +824,6 @@ def _label(votes, inputs, first_node, values, prod, program, value_of_node, dim_
     vid = int(value_of_node[first_node])
     p = int(prod[vid])
     prim = program.ops[p].primitive if p != NO_PRODUCER else "const"
+    if prim == "shard_map_exit":  # a region's result: named by the region's function
+        prim = f"{program.ops[p].params.get('name') or 'shard_map'}.out"
     return f"{prim}[{int(dim_of_node[first_node])}]"

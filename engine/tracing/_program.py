@@ -773,7 +773,9 @@ def _shard_map(t: _Tracer, eqn, region: int, trip: int) -> None:
         t.bind_consts(closed)
     mesh = p["mesh"]
     manual = tuple(a for a in mesh.axis_names if a in p.get("newly_manual_axes", p.get("manual_axes", mesh.axis_names)))
-    info = {"mesh": tuple((str(a), int(s)) for a, s in mesh.shape.items()), "manual": manual,
+    debug = getattr(bj, "debug_info", None)
+    info = {"name": getattr(debug, "func_name", None) or "shard_map",
+            "mesh": tuple((str(a), int(s)) for a, s in mesh.shape.items()), "manual": manual,
             "in_specs": tuple(_spec_axes(sp, len(t.values[v].shape)) for sp, v in zip(p["in_specs"], operands))}
     first = len(t.values)
     enter = t.emit("shard_map_enter", info, operands, [v.aval for v in bj.invars], src, region, trip, bj.invars)
