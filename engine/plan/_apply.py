@@ -210,11 +210,12 @@ class _Interpreter:
             e.add_note(f"partex: while constraining {what} (shape {tuple(jax.numpy.shape(x))}) to {spec}")
             raise
 
-    def _user_constrain(self, x, spec: PartitionSpec, op_id: int):
+    def _user_constrain(self, x, spec: PartitionSpec, op_id: int | None):
         try:
             return _with_sharding_constraint(x, NamedSharding(self.mesh, spec))
         except Exception as e:
-            raise PartexError(f"{self.program.ops[op_id].source}: the step's own sharding {spec} cannot be "
+            where = self.program.ops[op_id].source if op_id is not None else "the step"
+            raise PartexError(f"{where}: the step's own sharding {spec} cannot be "
                               f"applied on the plan's mesh: {type(e).__name__}: {e}") from e
 
     def constrain_var(self, var, x):
@@ -388,9 +389,10 @@ class _Interpreter:
         if op_id is not None:
             invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
         name = eqn.primitive.name
-        user = self.user_specs is not None and op_id is not None and op_id in self.user_specs
+        users = self.user_specs if self.user_specs is not None and op_id is not None else {}
+        user = op_id in users
         if user and name in USER_SHARDING:
-            spec = self.user_specs[op_id]
+            spec = users[op_id]
             if spec is None:
                 return list(invals)
             return [self._user_constrain(invals[0], spec, op_id)]
@@ -402,9 +404,9 @@ class _Interpreter:
             typed = [k for k in EXPLICIT_SHARDING_PARAMS if isinstance(eqn.params.get(k), NamedSharding)]
             if typed:  # the op's typed result sharding: a constraint on the plan's mesh, or dropped
                 out = self._bind(eqn.replace(params={**eqn.params, **dict.fromkeys(typed)}), op_id, invals)
-                in_region = self.program.ops[op_id].outputs[0] in self.program.manual_values if op_id is not None \
-                    else False
-                spec = self.user_specs.get(op_id) if user and not in_region else None
+                if not user or self.program.ops[op_id].outputs[0] in self.program.manual_values:
+                    return out  # a region's typed value: per device, as the region computes it
+                spec = users[op_id]
                 return [self._user_constrain(out[0], spec, op_id), *out[1:]] if spec is not None else out
         if name == "shard_map":
             eqn = self._on_plan_mesh(eqn)

@@ -331,7 +331,7 @@ def explicit_mesh(args: Sequence[Any]):
     the user runs it under ``jax.set_mesh``."""
     for x in jax.tree_util.tree_leaves(tuple(args)):
         sharding = getattr(x, "sharding", None)
-        if _explicitly_typed(sharding):
+        if isinstance(sharding, jax.sharding.NamedSharding) and has_explicit_axes(sharding.mesh):
             return sharding.mesh
     return None
 
