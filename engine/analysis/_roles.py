@@ -186,19 +186,20 @@ def dependencies(program: Program) -> list[int]:
 
 def mirror_map(program: Program, deps: list[int] | None = None) -> dict[ValueId, ValueId]:
     """Output leaf -> the input leaf it mirrors: same shape and dtype, and the output depends
-    on it. Outputs in order, each to the first unmatched candidate."""
+    on it. Outputs in order, each to the first unmatched candidate. Dtypes compare by name:
+    numpy's ``dtype.str`` is ``<V1`` for int4 and every float8 alike."""
     deps = dependencies(program) if deps is None else deps
     candidates: dict[tuple, list[tuple[int, ValueId]]] = collections.defaultdict(list)
     for k, vid in enumerate(program.inputs):
         v = program.values[vid]
-        candidates[(v.shape, v.dtype.str)].append((k, vid))
+        candidates[(v.shape, str(v.dtype))].append((k, vid))
     used: set[ValueId] = set()
     mirror: dict[ValueId, ValueId] = {}
     for ovid in program.outputs:
         if ovid in mirror:
             continue  # one value returned twice mirrors once
         v = program.values[ovid]
-        for k, ivid in candidates.get((v.shape, v.dtype.str), ()):
+        for k, ivid in candidates.get((v.shape, str(v.dtype)), ()):
             if ivid not in used and (deps[ovid] >> k) & 1:
                 mirror[ovid] = ivid
                 used.add(ivid)

@@ -132,7 +132,8 @@ def _last_uses(p) -> np.ndarray:
 
 
 def _arg_index_of_inputs(p) -> list[int]:
-    counts = [len(t.children()) and t.num_leaves for t in p.in_tree.children()] if p.in_tree.children() else []
+    """The positional argument each input leaf belongs to (a bare array is an argument of one leaf)."""
+    counts = [t.num_leaves for t in p.in_tree.children()]
     out = []
     for a, c in enumerate(counts):
         out += [a] * c
@@ -140,7 +141,8 @@ def _arg_index_of_inputs(p) -> list[int]:
 
 
 def _aliases(p, donate) -> list[tuple[int, int]]:
-    """Output leaves that alias an input leaf of a donated arg (same shape and dtype)."""
+    """Output leaves that alias an input leaf of a donated arg (same shape and dtype, by name:
+    ``dtype.str`` is ``<V1`` for int4 and float8 alike)."""
     pairs: list[tuple[int, int]] = []
     if donate:
         arg_of_input = _arg_index_of_inputs(p)
@@ -148,10 +150,10 @@ def _aliases(p, donate) -> list[tuple[int, int]]:
         for k, vid in enumerate(p.inputs):
             if arg_of_input[k] in set(donate):
                 v = p.values[vid]
-                pool[(v.shape, v.dtype.str)].append(vid)
+                pool[(v.shape, str(v.dtype))].append(vid)
         for ovid in p.outputs:
             v = p.values[ovid]
-            lst = pool.get((v.shape, v.dtype.str))
+            lst = pool.get((v.shape, str(v.dtype)))
             if lst:
                 pairs.append((lst.pop(0), ovid))
     return pairs

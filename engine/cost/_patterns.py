@@ -14,6 +14,7 @@ rule types.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
@@ -164,7 +165,7 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused) -> tuple[tupl
                            if f.halo is not None and f.halo.operand == 0 and r.get(f.halo.dim, 1.0) != 1.0)
     pairs = 0.0
     if any(f.kind == REDUCTION and f.reduce == "index" for f in fs):
-        pairs = 1.0 + values[op.inputs[0]].dtype.itemsize / values[op.outputs[0]].dtype.itemsize
+        pairs = 1.0 + _element_bytes(values[op.inputs[0]]) / _element_bytes(values[op.outputs[0]])
     key = (tuple(fkeys),  # factors
            tuple((vsig[i], tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),  # operands
            tuple((vsig[o], tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),  # results
@@ -177,6 +178,26 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused) -> tuple[tupl
            tuple(not fused[i] for i in op.inputs), tuple(not fused[o] for o in op.outputs),  # operand/result_hbm
            _manual(facts, op, nbytes))
     return key, flops, halo_flops
+
+
+# XLA:CPU has no collectives on some narrow types: it converts the buffer, moves it and
+# converts back. Bits per element on its wire (the operand type of the compiled HLO's
+# all-gather / all-reduce / all-to-all, jax 0.12): bfloat16 as f32, float8 and float4 as
+# f16 (e8m0 as f32), int4 / uint4 as 8-bit; the others (float16, int2, int8, ...) as they are.
+_CPU_WIRE_BITS = {"bfloat16": 32, "float8_e8m0fnu": 32, "float4_e2m1fn": 16, "int4": 8, "uint4": 8}
+
+
+def _cpu_wire(v) -> float:
+    """How many times its own bytes a value moves in XLA:CPU's collectives."""
+    name = str(v.dtype)
+    bits = _CPU_WIRE_BITS.get(name, 16 if name.startswith("float8") else 0)
+    return bits / 8 / _element_bytes(v) if bits else 1.0
+
+
+def _element_bytes(v) -> float:
+    """Bytes per element as the value is laid out (``Value.nbytes``: int4 is half a byte)."""
+    n = math.prod(v.shape)
+    return v.nbytes / n if n else float(v.dtype.itemsize)
 
 
 def _manual(facts, op, nbytes) -> tuple:
@@ -202,7 +223,7 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str
         if made_here is not None:
             for o in op.outputs:
                 cheap[o] = made_here(op, values)
-    wire = [2.0 if lowering == "cpu" and str(v.dtype) in ("bfloat16", "float16") else 1.0 for v in values]
+    wire = [_cpu_wire(v) if lowering == "cpu" else 1.0 for v in values]
     ids = (analysis.node_base, analysis.node_nd,
            np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64))
     per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist())
