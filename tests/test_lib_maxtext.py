@@ -102,3 +102,148 @@ def test_maxtext_zero3_plan_runs_maxtexts_step_with_unsharded_numerics():
     floor = 1e-4 * max(float(np.abs(w).max()) for w in want)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=floor)
+
+
+# --------------------------------------------------------------------------- MaxText's MoE
+
+MOE = lc.load("maxtext_moe")
+
+
+def test_maxtext_moe_scanned_layers_give_the_same_groups_at_any_depth():
+    lc.check_depth_independent(MOE)
+
+
+def test_maxtext_moe_hand_plans_shard_batch_megatron_pairs_and_state():
+    lc.check_hand_plans(MOE)
+
+
+def test_maxtext_moe_search_fits_under_a_budget_that_forces_sharding():
+    lc.check_search_fits(MOE, simulations=200)
+
+
+def test_maxtext_moe_dense_dispatch_keeps_maxtexts_expert_constraints():
+    """MaxText's dense MoE path (capacity-factor dispatch and combine einsums) constrains its
+    expert activations with its logical names: the experts' MLP and embedding dims on its
+    tensor axis (here model), the batch on data; the expert dim is left to the plan."""
+    made = MOE.make()
+    fn, args, _ = made
+    assert len(_constraints(jax.make_jaxpr(fn)(*args).jaxpr)) == 69
+    s = lc.session(made)
+    fixed = {f["group"]: f["axis"] for f in s.fixed}
+    assert fixed == {"activation_embed_and_logits_batch": "data", "embed_moe": "model", "kv_heads": "model",
+                     "mlp_moe": "model"}
+    experts = s.group("state/model/decoder/layers/MoeBlock_0/wi_0/value:0")
+    assert (experts.label, experts.size) == ("exp", 4)
+    assert partex.Shard(experts.id, "data") in s.decisions([("exp", "data")])
+
+
+class _Sparse:
+    """maxtext_moe on MaxText's sparse path, as a library model module."""
+
+    @staticmethod
+    def make(layers=None, size="tiny"):
+        return MOE.make(layers, size, path="sparse")
+
+
+def test_maxtext_sparse_moe_layers_give_the_same_groups_at_any_depth():
+    lc.check_depth_independent(_Sparse)
+
+
+def test_maxtext_sparse_moe_shard_map_regions_fix_the_tokens_on_maxtexts_mesh():
+    """MaxText's sparse MoE (``sparse_matmul``): one shard_map region per MoE layer and pass
+    (routing, ragged_dot over the local experts, the combine), its in/out specs the step's own
+    shardings: the tokens on data and on MaxText's fsdp axis (here model)."""
+    made = _Sparse.make()
+    fn, args, names = made
+    res = partex.analyze(fn, *args, axis_names=names)
+    prims = [op.primitive for op in res.program.ops]
+    assert prims.count("shard_map_enter") == prims.count("shard_map_exit") == 4
+    assert prims.count("ragged_dot_general") == 12
+    kinds = {us.kind for us in res.analysis.user_shardings}
+    assert {"shard_map in_specs", "shard_map out_specs", "with_sharding_constraint"} <= kinds
+    s = lc.session(made, mesh="step")  # MaxText's mesh, with its axes of size 1
+    assert {a: n for a, n in zip(s.mesh.axes, s.mesh.sizes) if n > 1} == {"data": 4, "model": 2}
+    assert {f["axis"] for f in s.fixed if f["kind"] == "shard_map out_specs"} == {"data", "model"}
+
+
+def test_maxtext_sparse_moe_zero3_plan_runs_with_unsharded_numerics_and_xlas_collectives():
+    """A ZeRO-3 plan around MaxText's shard_map regions compiles and runs on MaxText's mesh with
+    the unsharded step's numerics; the weight gathers and gradient reductions partex predicts
+    (the regions' psums among them) are XLA's."""
+    s = lc.session(_Sparse.make(), mesh="step")
+    out = s.verify(s.plan(strategy="zero3"), run=True, mark=False)
+    assert out.numerics.ok, out.numerics
+    for kind in ("all-gather", "all-reduce"):
+        c = out.collectives[kind]
+        assert c.xla_bytes > 0 and 0.9 <= c.ratio <= 1.1, (kind, c)
+
+
+def test_maxtext_expert_parallel_moe_prices_its_ragged_all_to_alls_and_xla_cpu_cannot_compile_them():
+    """With MaxText's expert axis the sparse MoE dispatches tokens between devices with
+    ``ragged_all_to_all`` in its shard_map: the experts are fixed on that axis and partex
+    prices the dispatch as all-to-alls at their source lines; XLA:CPU has no ragged
+    all-to-all, which verify says in one line."""
+    made = MOE.make(path="sparse_ep")
+    s = lc.session(made, mesh="step")
+    assert {a: n for a, n in zip(s.mesh.axes, s.mesh.sizes) if n > 1} == {"data": 4, "expert": 2}
+    fixed = {(f["group"], f["axis"]) for f in s.fixed}
+    assert ("exp", "expert") in fixed
+    report = s.evaluate(s.strategy("dp"))
+    dispatch = [c for c in report.collectives if c.kind.value == "all-to-all" and c.bytes > 0]
+    assert {c.source.split(" ")[-1] for c in dispatch} == {"(RoutedMoE.sparse_matmul.<locals>.ra2a_and_route)",
+                                                          "(RoutedMoE.sparse_matmul.<locals>.unsort_output_and_ra2a)"}
+    assert all(c.axes == ("expert",) for c in dispatch)
+    with pytest.raises(partex.PartexError, match="cannot compile this step .*ragged-all-to-all"):
+        s.verify(s.plan(strategy="dp"), mark=False)
+
+
+# --------------------------------------------------------------------------- explicit mode
+
+EXPLICIT = lc.load("maxtext_explicit")
+
+
+def test_maxtext_explicit_scanned_layers_give_the_same_groups_at_any_depth():
+    lc.check_depth_independent(EXPLICIT)
+
+
+def test_maxtext_explicit_search_fits_under_a_budget_that_forces_sharding():
+    lc.check_search_fits(EXPLICIT, simulations=200)
+
+
+def test_maxtext_explicit_typed_shardings_are_the_users_pins():
+    """``shard_mode: explicit``: MaxText's mesh has Explicit axes, its train state and batch
+    carry their shardings in their types and its activations are resharded. partex reads them
+    as the step's own: the weights' Megatron dims, the vocabulary and the embedding on model,
+    the batch on data; dp and megatron shard the batch on data."""
+    made = EXPLICIT.make()
+    fn, args, names = made
+    mesh = EXPLICIT.mesh()
+    assert set(mesh.axis_types) == {jax.sharding.AxisType.Explicit}
+    assert {a: n for a, n in mesh.shape.items() if n > 1} == {"data": 4, "model": 2}
+    res = partex.analyze(fn, *args, axis_names=names)
+    assert {"explicit input", "reshard"} <= {us.kind for us in res.analysis.user_shardings}
+    s = lc.session(made)
+    fixed = {f["group"]: (f["axis"], f["kind"]) for f in s.fixed}
+    for group in ("mlp", "kv_heads", "vocab"):
+        assert fixed[group] == ("model", "explicit input"), fixed
+    assert fixed["activation_embed_and_logits_batch"] == ("data", "explicit input")
+    assert fixed["embed"] == ("model", "reshard")
+    for strategy in ("dp", "megatron"):
+        assert lc.sharded_groups(s, strategy)["activation_embed_and_logits_batch"] == "data"
+    assert s.evaluate(s.strategy("dp")).memory.peak < lc.replicated_bytes(s)
+
+
+def test_maxtext_explicit_plan_runs_maxtexts_step_with_its_numerics():
+    """A plan applied to the explicit-mode step, called with the typed state and batch as
+    MaxText holds them, gives the loss and AdamW moments of MaxText's own jit under its mesh."""
+    fn, args, _ = EXPLICIT.make()
+    with jax.set_mesh(EXPLICIT.mesh()):
+        expected = jax.jit(fn)(*EXPLICIT.make()[1])
+    s = lc.session(EXPLICIT.make())
+    new_state, metrics = s.plan(strategy="megatron").apply(fn)(*args)
+    np.testing.assert_allclose(metrics["scalar"]["learning/loss"], expected[1]["scalar"]["learning/loss"], rtol=1e-5)
+    got = jax.tree.leaves(new_state["optimizer"]["opt_state"][0]["mu"])
+    want = jax.tree.leaves(expected[0]["optimizer"]["opt_state"][0]["mu"])
+    floor = 1e-4 * max(float(np.abs(w).max()) for w in want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=floor)
