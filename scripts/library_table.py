@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import _libcheck as lc  # noqa: E402
 import partex  # noqa: E402
 
-LIBS = ["flax_linen", "flax_nnx", "equinox_gpt", "gemma", "keras_hub", "maxtext_llama"]
+LIBS = ["flax_linen", "flax_nnx", "equinox_gpt", "gemma", "keras_hub", "maxtext_llama", "maxtext_moe", "maxtext_explicit"]
 
 
 def ratio_text(out) -> str:
