@@ -387,3 +387,21 @@ def test_a_matmul_output_concatenated_into_a_contracted_dim_is_joined_not_vocabu
     assert an.group_of(w1, 1) in roles.joined_groups  # contracted by w2, after the concatenate
     assert an.group_of(w2, 1) in roles.vocab_groups  # produced, never contracted: the head's output
     assert an.group_of(w2, 1) not in roles.joined_groups
+
+
+def test_a_metric_that_reads_only_the_batch_is_not_the_forward_pass():
+    """MaxText reports a count of the batch's target tokens beside the loss: that 3-op metric
+    reads no parameter, so the forward pass (and the Megatron pair found in it) is the loss's."""
+    def step(params, batch):
+        def loss(p):
+            return jnp.mean((jax.nn.relu(batch["x"] @ p["w1"]) @ p["w2"]) ** 2)
+        value, g = jax.value_and_grad(loss)(params)
+        new = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, g)
+        return new, {"loss": value, "total_weights": jnp.sum(batch["mask"] != 0)}
+
+    params = {"w1": jnp.ones((16, 64)) / 16, "w2": jnp.ones((64, 16)) / 64}
+    batch = {"x": jnp.ones((8, 16)), "mask": jnp.ones((8, 4), jnp.int32)}
+    import partex
+
+    roles = partex.analyze(step, params, batch).analysis.roles
+    assert len(roles.param_matmuls) == 2 and len(roles.pair_groups) == 1

@@ -258,3 +258,25 @@ def test_a_regions_gathers_and_reduce_scatters_are_priced_and_traced():
     for kind in ("all-gather", "reduce-scatter"):
         assert got[kind][1] > 0 and got[kind][0] == got[kind][1], got
     assert out.explain["matched_fraction"] == 1.0, out.explain
+
+
+def test_a_region_over_a_mesh_with_size_one_axes_runs_on_the_plans_mesh():
+    """MaxText's meshes carry a dozen axes, most of size 1: a region over such a mesh runs on
+    the plan's devices under the region's own axis names."""
+    import numpy as np
+
+    mesh = jax.make_mesh((4, 1, 2), ("data", "expert", "model"), axis_types=(AxisType.Auto,) * 3)
+
+    def step(w, x):
+        def loss(w):
+            h = jax.shard_map(lambda x: x * jax.lax.psum(jnp.sum(x), "expert"), mesh=mesh,
+                              in_specs=P(("data", "expert")), out_specs=P(("data", "expert")))(x @ w)
+            return jnp.mean(h ** 2)
+        value, g = jax.value_and_grad(loss)(w)
+        return w - 0.1 * g, value
+
+    args = (jax.random.normal(jax.random.key(9), (D, F)) / 4, jax.random.normal(jax.random.key(10), (8, D)))
+    want = jax.jit(step)(*args)
+    got = partex.Session(step, args, mesh="data=4,model=2").plan(strategy="dp").apply(step)(*args)
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-4, atol=1e-6)

@@ -217,10 +217,13 @@ def _forward_ops(program: Program, free_outputs: list[ValueId], deps, data_mask:
     of the gradients (a global norm, optax's clipping) depends on the whole backward pass
     too, so only the outputs made by the fewest ops count (the loss, and metrics of the
     forward pass: within 1.5x of the smallest); outputs that do not read the data (a norm of
-    the params) never make a forward pass."""
+    the params) never make a forward pass, nor do those that read no parameter or state (a
+    count of the batch's target tokens, as MaxText reports it)."""
     if not free_outputs:
         return frozenset(op.id for op in program.ops)
-    roots = [o for o in free_outputs if deps[o] & data_mask] or free_outputs
+    state_mask = ((1 << len(program.inputs)) - 1) & ~data_mask
+    roots = ([o for o in free_outputs if deps[o] & data_mask and deps[o] & state_mask]
+             or [o for o in free_outputs if deps[o] & data_mask] or free_outputs)
     sets = [_ancestor_ops(program, {o}) for o in roots]
     smallest = min(len(s) for s in sets)
     return frozenset().union(*(s for s in sets if len(s) <= 1.5 * smallest))

@@ -438,10 +438,23 @@ class _Interpreter:
         plan = self.mesh if isinstance(region, jax.sharding.Mesh) else self.mesh.abstract_mesh
         if region == plan:
             return eqn
-        if dict(region.shape) != dict(self.mesh.shape):
+        unit = {a for a, n in region.shape.items() if n == 1}
+        if {a: n for a, n in region.shape.items() if n > 1} != {a: n for a, n in self.mesh.shape.items() if n > 1}:
             raise PartexError(f"{self.program.ops[self.eqn_ops[id(eqn)]].source}: a shard_map region over "
                               f"{dict(region.shape)} cannot run on the plan's mesh {dict(self.mesh.shape)}: "
                               "plan on the region's mesh (mesh='step')")
+        if unit or tuple(region.axis_names) != tuple(self.mesh.axis_names):
+            # the region's axes (size-1 ones too, as MaxText's meshes have them), in its order,
+            # over the plan's devices: each named axis spans the devices the plan's axis does
+            order = [list(self.mesh.axis_names).index(a) for a in region.axis_names if a not in unit]
+            order += [i for i, a in enumerate(self.mesh.axis_names) if a not in region.shape]
+            sizes = tuple(region.shape.values())
+            types = (jax.sharding.AxisType.Auto,) * len(sizes)
+            if isinstance(region, jax.sharding.Mesh):
+                grid = np.asarray(self.mesh.devices).transpose(order).reshape(sizes)
+                plan = jax.sharding.Mesh(grid, tuple(region.axis_names), axis_types=types)
+            else:
+                plan = jax.sharding.AbstractMesh(sizes, tuple(region.axis_names), axis_types=types)
         return eqn.replace(params={**eqn.params, "mesh": plan})
 
     def _bind(self, eqn, op_id, invals) -> list:
