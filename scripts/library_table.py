@@ -6,7 +6,7 @@ replicated plan's memory): its numerics against the unsharded step and whether i
     JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/library_table.py [LIB ...] > table.md
 
 LIB: the modules in scripts/libmodels (flax_linen flax_nnx equinox_gpt gemma keras_hub
-maxtext_llama); default all.
+maxtext_llama maxtext_moe maxtext_explicit); default all.
 """
 
 from __future__ import annotations
