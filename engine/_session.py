@@ -255,7 +255,7 @@ class Session:
 
     def strategy(self, name: str) -> list[Decision]:
         """A hand strategy's decisions: replicated, dp, megatron, zero3, expert (MoE)."""
-        return strategy_decisions(name, self.analysis, self.mesh)
+        return strategy_decisions(name, self.analysis, self.mesh, self.cost_model.fixed)
 
     def plan(self, decisions: Sequence[Decision | tuple[GroupRef, str]] | None = None, *, strategy: str | None = None,
              pinned: Sequence[Decision] = ()) -> Plan:

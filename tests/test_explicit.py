@@ -208,3 +208,13 @@ def test_an_explicit_axes_region_inside_an_auto_mode_step():
         assert {(f["kind"], f["axis"]) for f in s.fixed} == {("reshard", "data"), ("reshard", "model")}
         out = s.verify(s.plan(strategy="megatron"), run=True, mark=False)
     assert out.numerics.ok, out.numerics
+
+
+def test_zero3_puts_a_weights_free_dim_on_data_beside_its_typed_one():
+    """The weights' `model` dims are typed (fixed): ZeRO-3 shards each weight's other dim over
+    data instead of choosing the fixed one, which the step's own sharding already holds."""
+    step, args, _ = _explicit_step()
+    s = partex.Session(step, args, mesh="data=4,model=2")
+    fixed = {f["group"] for f in s.fixed}
+    extra = [d for d in s.strategy("zero3") if d not in s.strategy("dp") and s.group(d.group).label not in fixed]
+    assert [(s.group(d.group).label, d.axis) for d in extra] == [("*/w1[0]", "data")]

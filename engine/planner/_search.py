@@ -116,7 +116,8 @@ class Search:
             # PartIR composes hand tactics with the search: the expert strategies are the
             # first candidates, and the first polish starts from the best of them.
             for name in baseline_names(self.an):
-                dec = tuple(d for d in strategy_decisions(name, self.an, self.mesh) if d in self.actions)
+                dec = tuple(d for d in strategy_decisions(name, self.an, self.mesh, cost_model.fixed)
+                            if d in self.actions)
                 ev.score(dec)
 
     def _progress(self) -> tuple[int, float]:

@@ -34,6 +34,8 @@ from .._decisions import Decision, Recompute, Shard
 from .._errors import PartexError
 from .._mesh import MeshSpec
 from ..analysis._analysis import NO_DIM, Analysis, GroupId
+from ..analysis._constraints import NONE as NO_FIXED
+from ..analysis._constraints import Fixed
 
 
 def _axes(mesh: MeshSpec) -> tuple[str, str]:
@@ -63,12 +65,14 @@ def _megatron(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     return _dp(an, mesh) + _tp(an, mesh)
 
 
-def _zero3(an: Analysis, mesh: MeshSpec) -> list[Shard]:
+def _zero3(an: Analysis, mesh: MeshSpec, fixed: Fixed = NO_FIXED) -> list[Shard]:
     data, _ = _axes(mesh)
     n = mesh.axis_size(data)
     dec = _megatron(an, mesh)
-    decided = {d.group for d in dec}
-    on_data = {d.group for d in dec if d.axis == data}
+    # the step's own shardings come first (the cost model places them ahead of any plan's):
+    # a parameter dim they fix is taken, and one they put on data needs nothing more
+    decided = {d.group for d in dec} | set(fixed.groups)
+    on_data = {d.group for d in (*dec, *fixed.decisions) if d.axis == data}
     decidable = {g.id for g in an.decision_groups}
     p = an.program
     r = an.roles
@@ -100,24 +104,27 @@ def _expert(an: Analysis, mesh: MeshSpec) -> list[Shard]:
     return _on(an, mesh, experts, data) + _dp(an, mesh) + tp
 
 
-STRATEGIES: dict[str, Callable[[Analysis, MeshSpec], list[Shard]]] = {
-    "replicated": lambda an, mesh: [],
-    "dp": _dp,
-    "megatron": _megatron,
+# name -> (analysis, mesh, what the step's own shardings fix) -> decisions
+STRATEGIES: dict[str, Callable[[Analysis, MeshSpec, Fixed], list[Shard]]] = {
+    "replicated": lambda an, mesh, fixed: [],
+    "dp": lambda an, mesh, fixed: _dp(an, mesh),
+    "megatron": lambda an, mesh, fixed: _megatron(an, mesh),
     "zero3": _zero3,
-    "expert": _expert,
+    "expert": lambda an, mesh, fixed: _expert(an, mesh),
 }
 
 
 REMAT = "+remat"  # a strategy with every layer stack fully rematerialised (jax.checkpoint per layer)
 
 
-def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec) -> list[Decision]:
+def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec, fixed: Fixed = NO_FIXED) -> list[Decision]:
+    """The hand strategy ``name``'s decisions; ``fixed``: what the step's own shardings fix
+    on ``mesh`` (``_constraints.Fixed``)."""
     base = name[:-len(REMAT)] if name.endswith(REMAT) else name
     if base not in STRATEGIES:
         raise PartexError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}, each optionally "
                           f"with {REMAT} (every layer stack fully rematerialised)")
-    dec: list[Decision] = list(STRATEGIES[base](an, mesh))
+    dec: list[Decision] = list(STRATEGIES[base](an, mesh, fixed))
     if base != name:
         if not an.units:
             raise PartexError(f"strategy {name!r} needs a layer stack to recompute, and this step has none "
