@@ -1,0 +1,220 @@
+"""The production-forms table on the tiny configs (8 simulated CPU devices): for each form a
+training step is written in (``scripts/forms/<form>.py``), whether partex analyses it, its
+ops, decision groups at 2 and 4 layers and layer stacks, each hand plan's numerics against
+the unsharded step (run on the devices), predicted/XLA memory and collective-byte ratios, and
+the searched plan under a budget of 0.5x the replicated plan's memory: whether it fits per
+XLA. ``dropout_typed_keys`` adds a row per recompute kind of its layer stack (on zero3).
+Every failure is caught and shown as its first line with the partex function it came from,
+so the table is always whole.
+
+    JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/forms_table.py [FORM ...] > table.md
+
+FORM: the modules in scripts/forms (``FORMS``); default all. Each gives ``make(layers=2,
+size="tiny")`` returning ``(fn, args)`` (or ``(fn, args, axis_names)``) and ``MESH``, the mesh
+it is written for. ``PARTEX_CHECKOUT=<dir>`` measures the partex of another checkout
+(``scripts/_checkout.py``), e.g. a commit unpacked with ``git archive``.
+
+A hand plan's shardings column lists the plan's own decisions; the step's own shardings
+(typed inputs, a region's specs), which every plan keeps, are listed above the table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+import traceback
+from typing import Callable
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORMS_DIR = os.path.join(ROOT, "scripts", "forms")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from _checkout import use_checkout_from_env  # noqa: E402
+
+use_checkout_from_env()
+
+import _libcheck as lc  # noqa: E402
+import partex  # noqa: E402
+
+FORMS = ["explicit_reshard", "explicit_auto_axes", "moe_all_to_all", "moe_ragged_all_to_all", "partial_manual",
+         "ring_attention", "dropout_typed_keys", "int8_matmul", "grad_accum_scan"]
+HAND = ("dp", "megatron", "zero3", "expert")
+RECOMPUTE_FORMS = {"dropout_typed_keys"}  # forms whose layer stack gets a row per recompute kind
+FRACTION = 0.5  # the searched plan's budget: this share of the replicated plan's memory
+SIMULATIONS = 200
+ENGINE = os.path.dirname(os.path.abspath(partex.__file__))
+
+
+def load(form: str):
+    """scripts/forms/<form>.py as a module."""
+    spec = importlib.util.spec_from_file_location(f"partex_form_{form}", os.path.join(FORMS_DIR, f"{form}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def failure(e: BaseException) -> str:
+    """The error's first line and the innermost partex function it passed through."""
+    line = (str(e).strip().splitlines() or [""])[0]
+    where = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(ENGINE)]
+    at = f" (at {os.path.relpath(where[-1].filename, os.path.dirname(ENGINE))}:{where[-1].name})" if where else ""
+    return f"FAILS: {type(e).__name__}: {line}{at}".replace("|", "\\|")
+
+
+def attempt(what: Callable[[], str]) -> str:
+    try:
+        return what()
+    except Exception as e:  # the table reports every failure and goes on
+        return failure(e)
+
+
+def ratio_text(out) -> str:
+    """Predicted / XLA: memory (and XLA's figure) and each collective kind's bytes."""
+    mem = f"{out.memory.ratio:.2f}" if out.memory.ratio is not None else "-"
+    parts = [f"mem {mem} (XLA {partex.format_bytes(out.memory.xla)})"]
+    for kind, c in out.collectives.items():
+        if c.xla_bytes or c.predicted_bytes:
+            parts.append(f"{kind} {c.ratio:.2f}" if c.ratio is not None else
+                         f"{kind} - (predicted {partex.format_bytes(c.predicted_bytes)}, XLA 0)")
+    return ", ".join(parts)
+
+
+def numerics_text(out) -> str:
+    n = out.numerics
+    return f"{n.max_rel_err:.1e} ({'ok' if n.ok else 'NOT ok'})"
+
+
+def own_shardings(s: partex.Session, decisions) -> str:
+    """The plan's own Shard decisions as ``group→axis``."""
+    return ", ".join(f"{s.group(d.group).label}→{d.axis}" for d in decisions if isinstance(d, partex.Shard)) or "nothing"
+
+
+def fixed_text(s: partex.Session) -> str:
+    """The step's own shardings by group: ``group→axes (kind)``."""
+    by_group: dict[str, list[str]] = {}
+    for f in s.fixed:
+        by_group.setdefault(f"{f['group']}", []).append(f"{f['axis'] or 'unsharded'} ({f['kind']})")
+    return "; ".join(f"{g}→{', '.join(a)}" for g, a in by_group.items()) or "none"
+
+
+def plan_row(s: partex.Session, name: str, decisions, shardings: str) -> str:
+    """| plan | shardings | numerics | predicted / XLA |: the plan verified with a run."""
+    try:
+        out = s.verify(s.plan(decisions, strategy=name if decisions is None else None), run=True, mark=False)
+    except Exception as e:
+        return f"| {name} | {shardings} | {failure(e)} | |"
+    return f"| {name} | {shardings} | {numerics_text(out)} | {ratio_text(out)} |"
+
+
+def searched(made, mesh: str) -> str:
+    """The search's plan under FRACTION x the replicated memory, checked by XLA."""
+    budget = FRACTION * lc.replicated_bytes(lc.session(made, mesh=mesh))
+    s = lc.session(made, mesh=mesh, memory=budget)
+    s.step(SIMULATIONS)
+    if s.best_plan() is None:
+        return (f"no plan under {partex.format_bytes(budget)} per the cost model "
+                f"(smallest {partex.format_bytes(s.smallest_memory)})")
+    try:
+        s.verified_best()
+    except partex.PartexError as e:
+        return failure(e)
+    plan = s.best_plan()
+    shards = ", ".join(f"{d.group}→{d.axis}" for d in plan.decisions)
+    out = s.verify(plan, run=True, mark=False)
+    verdict = "fits" if out.fits else "DOES NOT FIT"
+    return (f"{verdict} per XLA: {partex.format_bytes(out.memory.xla)} vs budget {partex.format_bytes(budget)} "
+            f"(predicted {partex.format_bytes(out.memory.predicted)}); numerics {numerics_text(out)}; "
+            f"{ratio_text(out)}; decisions: {shards or 'none'}")
+
+
+def form_section(form: str) -> tuple[list[str], dict[str, str]]:
+    """The form's markdown section and its summary cells."""
+    t0 = time.perf_counter()
+    lines = [f"### {form}", ""]
+    summary = {"form": form}
+    try:
+        mod = load(form)
+        made = mod.make()
+        fn, args, names = lc.unpack(made)
+        an = partex.analyze(fn, *args, axis_names=names)
+    except Exception as e:
+        summary["analyze"] = failure(e)
+        return lines + [f"analyze: {summary['analyze']}", ""], summary
+    groups = [str(len(an.analysis.decision_groups)),
+              attempt(lambda: str(lc.decision_groups(mod.make(layers=4))))]
+    units = an.analysis.units
+    summary["analyze"] = "ok"
+    summary["groups"] = " / ".join(groups)
+    summary["stacks"] = str(len(units))
+    lines.append(f"mesh {mod.MESH}; analyze ok: ops {len(an.program.ops)}; decision groups at 2 / 4 layers: "
+                 f"{groups[0]} / {groups[1]}; layer stacks (recompute units): "
+                 f"{', '.join(u.description for u in units) or 'none'}")
+    try:
+        s = lc.session(made, mesh=mod.MESH)
+    except Exception as e:
+        summary["session"] = failure(e)
+        return lines + ["", f"session: {summary['session']}", ""], summary
+    lines += [f"the step's own shardings (kept in every plan): {fixed_text(s)}", "",
+              "| plan | shardings | numerics (max rel err) | predicted / XLA |", "|---|---|---|---|"]
+    offered = attempt(lambda: ",".join(s.baselines()))
+    for name in HAND:
+        if name == "expert" and "expert" not in offered.split(","):
+            continue
+        try:
+            shard = own_shardings(s, s.strategy(name))
+        except Exception as e:
+            lines.append(f"| {name} | {failure(e)} | | |")
+            summary[name] = "FAIL"
+            continue
+        row = plan_row(s, name, None, shard)
+        lines.append(row)
+        summary[name] = "ok" if "(ok)" in row else "FAIL"
+    if form in RECOMPUTE_FORMS:
+        base = attempt(lambda: "ok" if s.strategy("zero3") is not None else "")
+        for u in units:
+            for kind in u.kinds:
+                name = f"zero3 + {u.label}->recompute:{kind}"
+                if base != "ok":
+                    lines.append(f"| {name} | | {base} | |")
+                    continue
+                decisions = [*s.strategy("zero3"), partex.Recompute(u.id, kind)]
+                row = plan_row(s, name, decisions, "zero3's")
+                lines.append(row)
+                summary[f"recompute:{kind}"] = "ok" if "(ok)" in row else "FAIL"
+    verdict = attempt(lambda: searched(made, mod.MESH))
+    summary["searched"] = ("fits" if verdict.startswith("fits") else
+                           "FAIL" if verdict.startswith(("FAILS", "DOES", "no plan")) else "?")
+    lines += ["", f"searched plan (budget {FRACTION}x replicated, {SIMULATIONS} simulations): {verdict}",
+              "", f"({time.perf_counter() - t0:.0f} s)", ""]
+    return lines, summary
+
+
+def summary_table(rows: list[dict[str, str]]) -> list[str]:
+    cols = ["form", "analyze", "groups", "stacks", *HAND, "searched"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [r.get(c, "FAIL (no session)" if "session" in r else "-") for c in cols]
+        cells[1] = "ok" if cells[1] == "ok" else "FAIL"
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def main(argv: list[str]) -> None:
+    unknown = [f for f in argv if f not in FORMS]
+    if unknown:
+        sys.exit(f"unknown form(s) {', '.join(unknown)}; known: {' '.join(FORMS)}")
+    rows = []
+    for form in argv or FORMS:
+        lines, summary = form_section(form)
+        rows.append(summary)
+        print("\n".join(lines), flush=True)
+    print("\n".join(["### summary", "", *summary_table(rows), ""]), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

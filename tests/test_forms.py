@@ -1,0 +1,168 @@
+"""The forms production training steps are written in (``scripts/forms/<form>.py``, measured
+by ``scripts/forms_table.py``): explicit sharding mode with ``reshard`` and with an
+``auto_axes`` region, MoE dispatch with ``all_to_all`` and ``ragged_all_to_all`` inside
+``shard_map``, a partially manual region, ring attention, dropout with typed keys carried in
+the state, int8 matmuls with straight-through gradients, gradient accumulation under ``scan``.
+
+Each test checks what partex does with the form: the analysis finds its layers as one stack
+(decision groups equal at 2 and 4 layers), the step's own shardings are kept, a hand plan runs
+sharded with the unsharded step's numerics, and where the form allows it a searched plan under
+half the replicated plan's memory fits per XLA (compiled, not run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import jax.numpy as jnp
+import pytest
+
+import _libcheck as lc
+import partex
+
+FORMS = os.path.join(lc.ROOT, "scripts", "forms")
+FRACTION = 0.5  # the searched plan's budget: this share of the replicated plan's memory
+SIMULATIONS = 100
+
+
+def load(form: str):
+    """scripts/forms/<form>.py as a module."""
+    spec = importlib.util.spec_from_file_location(f"partex_form_{form}", os.path.join(FORMS, f"{form}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _analysed(mod):
+    """The form's analysis at 2 layers, checked to find the layers as one stack: no more
+    decision groups at 4 layers than at 2."""
+    fn, args, names = lc.unpack(mod.make())
+    an = partex.analyze(fn, *args, axis_names=names)
+    assert an.analysis.decision_groups
+    assert lc.decision_groups(mod.make(layers=4)) == len(an.analysis.decision_groups)
+    return an
+
+
+def _runs(s: partex.Session, decisions, strategy: str | None = None) -> partex.VerifyReport:
+    """The plan compiled and run: its outputs match the unsharded step's."""
+    out = s.verify(s.plan(decisions, strategy=strategy), run=True, mark=False)
+    assert out.numerics is not None and out.numerics.ok, out.numerics
+    return out
+
+
+def _searched_fits(mod) -> partex.VerifyReport:
+    """A search under half the replicated plan's memory returns a plan that shards, and that
+    XLA (compiling it) puts within the budget."""
+    made = mod.make()
+    budget = FRACTION * lc.replicated_bytes(lc.session(made, mesh=mod.MESH))
+    s = lc.session(made, mesh=mod.MESH, memory=budget)
+    s.step(SIMULATIONS)
+    assert s.best_plan() is not None, f"smallest {partex.format_bytes(s.smallest_memory)}"
+    _, out = s.verified_best()
+    assert s.best_plan().decisions
+    assert out.fits and out.memory.xla <= budget, (out.memory, budget)
+    return out
+
+
+def _fixed(s: partex.Session) -> set[tuple[str, str | None]]:
+    return {(f["kind"], f["axis"]) for f in s.fixed}
+
+
+@pytest.mark.parametrize("form", ["explicit_reshard", "explicit_auto_axes"])
+def test_an_explicit_mode_step_keeps_its_typed_shardings_and_trains_sharded(form):
+    """The weights' and batch's typed shardings are the user's (Megatron on `model`, the batch
+    on `data`); zero3 on top runs with the step's numerics; a searched plan fits."""
+    mod = load(form)
+    an = _analysed(mod)
+    assert len(an.analysis.units) == 1 and an.analysis.units[0].layers == 2
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    assert {("explicit input", "model"), ("explicit input", "data")} <= _fixed(s), s.fixed
+    _runs(s, None, strategy="zero3")
+    _searched_fits(mod)
+
+
+def test_an_moe_all_to_all_dispatch_keeps_its_experts_sharded_and_is_priced():
+    """The region's specs fix the experts on `expert` and the tokens on `data` and `expert`;
+    the plan runs with the step's numerics, with XLA's all-to-all bytes those predicted and no
+    expert weight gathered."""
+    mod = load("moe_all_to_all")
+    _analysed(mod)
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    fixed = {(f["group"], f["axis"]) for f in s.fixed}
+    assert ("*/w_in[0]", "expert") in fixed and ("*/w_out[0]", "expert") in fixed, s.fixed
+    out = _runs(s, None, strategy="dp")
+    a2a = out.collectives["all-to-all"]
+    assert a2a.xla_bytes > 0 and a2a.ratio == pytest.approx(1.0), a2a
+    assert not out.collectives["all-gather"].xla_bytes
+
+
+def test_an_moe_ragged_all_to_all_dispatch_is_analysed_and_priced():
+    """The ragged dispatch traces per device with the experts fixed on `expert`, and the cost
+    model prices its ragged all-to-alls; XLA:CPU cannot compile the op, which verify says."""
+    mod = load("moe_ragged_all_to_all")
+    _analysed(mod)
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    assert {("shard_map in_specs", "expert"), ("shard_map in_specs", "data")} <= _fixed(s), s.fixed
+    assert s.evaluate(s.strategy("dp")).collective_bytes.get("all-to-all", 0) > 0
+    with pytest.raises(partex.PartexError, match="XLA on cpu cannot compile this step.*ragged-all-to-all"):
+        s.verify(s.plan(strategy="dp"), mark=False)
+
+
+def test_a_partially_manual_regions_step_is_analysed():
+    """The region manual over `data` only is traced; its layers are one stack."""
+    mod = load("partial_manual")
+    an = _analysed(mod)
+    enters = [op for op in an.program.ops if op.primitive == "shard_map_enter"]
+    # a region per layer, and its transpose in the backward pass: each manual over `data` alone
+    assert len(enters) == 4 and all(op.params["manual"] == ("data",) for op in enters)
+
+
+def test_ring_attention_runs_sharded_with_its_ppermutes_priced():
+    """Q, K, V enter the ring region over `data`, `context` and `model`; dp runs with the
+    step's numerics and XLA's collective-permute bytes are those predicted."""
+    mod = load("ring_attention")
+    _analysed(mod)
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    assert {"data", "context", "model"} <= {axis for _, axis in _fixed(s)}, s.fixed
+    out = _runs(s, None, strategy="dp")
+    cp = out.collectives["collective-permute"]
+    assert cp.xla_bytes > 0 and cp.ratio == pytest.approx(1.0), cp
+
+
+def test_dropout_with_a_typed_key_in_the_state_trains_sharded_with_recompute():
+    """The state's key<fry> key passes through; the layer stack is a recompute unit, and zero3
+    with the stack fully recomputed runs with the step's numerics."""
+    mod = load("dropout_typed_keys")
+    an = _analysed(mod)
+    (u,) = an.analysis.units
+    assert u.layers == 2 and "full" in u.kinds
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    _runs(s, [*s.strategy("zero3"), partex.Recompute(u.id, "full")])
+
+
+def test_int8_matmuls_with_straight_through_gradients_train_sharded():
+    """partex sees the int8 x int8 -> int32 dots; zero3 runs with the step's numerics; a
+    searched plan fits."""
+    mod = load("int8_matmul")
+    an = _analysed(mod)
+    p = an.program
+    int8_dots = [op for op in p.ops if op.primitive == "dot_general"
+                 and all(p.values[v].dtype == jnp.int8 for v in op.inputs)
+                 and p.values[op.outputs[0]].dtype == jnp.int32]
+    assert len(int8_dots) == 4  # two per layer, forward only: the backward pass is in float
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    _runs(s, None, strategy="zero3")
+    _searched_fits(mod)
+
+
+def test_gradient_accumulation_under_scan_trains_sharded():
+    """The microbatch loop is one scan; zero3 runs with the step's numerics; a searched plan
+    fits."""
+    mod = load("grad_accum_scan")
+    an = _analysed(mod)
+    assert sum(op.primitive == "scan_enter" for op in an.program.ops) == 1
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    _runs(s, None, strategy="zero3")
+    _searched_fits(mod)
