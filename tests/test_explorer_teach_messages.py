@@ -66,9 +66,11 @@ def test_teach_never_covers_its_target_says_what_compare_shows_and_leaves_the_pa
     plans, so Verify verifies the plan the user had chosen."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     before = state(tab)
-    compare_before = (_value(tab, "partex-compare-a"), _value(tab, "partex-compare-b"))
     verify_btn = tab.get_by_role("button", name="Verify 'search' with XLA")
     assert verify_btn.count() == 1  # the search's plan is the one shown
+    # the Compare card follows the search's plan in its own patch: read it once it has
+    wait_until(lambda: _value(tab, "partex-compare-a") == "search", what="Compare's A to follow the search")
+    compare_before = (_value(tab, "partex-compare-a"), _value(tab, "partex-compare-b"))
     click(tab, "Teach")
     wait_until(lambda: "Step 1 of" in _text(tab, "partex-teach-head"), what="the first step")
     total = int(_text(tab, "partex-teach-head").split("Step 1 of ")[1].split("<")[0])
