@@ -295,7 +295,7 @@ def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> Numeric
     with split.run_context():
         ref = jax.tree_util.tree_map(to_numbers, reference(*host))
     got = jax.tree_util.tree_map(to_numbers, jitted(*jax.tree_util.tree_map(
-        lambda x: x if is_key(x) else jax.numpy.asarray(x), host)))
+        lambda x: x.copy() if is_key(x) else jax.numpy.asarray(x), host)))  # a donated key: a copy, not the user's
     out = compare_outputs(list(program.output_paths), jax.tree_util.tree_leaves(ref),
                           jax.tree_util.tree_leaves(got))
     if low:

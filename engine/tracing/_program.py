@@ -72,6 +72,9 @@ class Value:
     dtype: np.dtype
     producer: OpId  # NO_PRODUCER for inputs / constants / literals
     name: str | None = None  # pytree path for inputs and outputs
+    # bits per element where ``dtype`` cannot say (0: its itemsize): 4 for int4 / float4, whose
+    # numpy dtype is a byte; a typed PRNG key's words (64 for key<fry>, 128 for key<rbg>)
+    bits: int = 0
 
     @property
     def path(self) -> str:
@@ -82,7 +85,8 @@ class Value:
 
     @property
     def nbytes(self) -> int:
-        return int(math.prod(self.shape)) * self.dtype.itemsize
+        n = int(math.prod(self.shape))
+        return (n * self.bits + 7) // 8 if self.bits else n * self.dtype.itemsize
 
     def replace(self, **kw) -> "Value":
         return dataclasses.replace(self, **kw)
@@ -313,6 +317,19 @@ def abstract(x) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
+def _bits(raw, dtype: np.dtype) -> int:
+    """Bits per element of a JAX dtype: sub-byte types (int4, float4) their own width, a typed
+    PRNG key its key data's (``key<rbg>``: four uint32 words)."""
+    from jax._src import dtypes
+
+    if dtypes.issubdtype(raw, dtypes.prng_key):
+        return 8 * int(getattr(raw, "itemsize", dtype.itemsize))
+    try:
+        return int(dtypes.itemsize_bits(raw))
+    except Exception:  # a dtype jax does not size: as numpy does
+        return 8 * dtype.itemsize
+
+
 def has_explicit_axes(mesh) -> bool:
     """Whether ``mesh`` (a Mesh or AbstractMesh) has an ``AxisType.Explicit`` axis: arrays on
     it carry their sharding in their type (jax's explicit sharding mode)."""
@@ -468,12 +485,14 @@ class _Tracer:
     # ---- values
     def new_value(self, aval, producer: OpId = NO_PRODUCER, name: str | None = None) -> ValueId:
         shape = tuple(int(d) for d in getattr(aval, "shape", ()))
+        raw = getattr(aval, "dtype", np.float32)
         try:
-            dtype = np.dtype(getattr(aval, "dtype", np.float32))
-        except TypeError:  # extended dtypes (PRNG keys): two uint32 words per element
+            dtype = np.dtype(raw)
+        except TypeError:  # extended dtypes (PRNG keys): their words, as one uint64 per element
             dtype = np.dtype(np.uint64)
+        bits = _bits(raw, dtype)
         vid = len(self.values)
-        self.values.append(Value(vid, shape, dtype, producer, name))
+        self.values.append(Value(vid, shape, dtype, producer, name, bits if bits != 8 * dtype.itemsize else 0))
         return vid
 
     def read(self, atom) -> ValueId:
