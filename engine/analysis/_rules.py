@@ -272,10 +272,12 @@ def _conv(params, ins, outs):
     elif fgc == 1 and bgc == 1:
         fs.append(_f(lhs[lf], R, [(0, lf), (1, ri)]))
         fs.append(_f(rhs[ro], P, [(1, ro)], [(0, of)]))
-    elif fgc == lhs[lf] and rhs[ri] == 1 and rhs[ro] == out[of] == lhs[lf] and any(out[o] > 1 for o in osp):
+    elif (fgc == lhs[lf] and rhs[ri] == 1 and rhs[ro] == out[of] == lhs[lf]
+          and any(out[o] > 1 for o in osp) and any(rhs[r] > 1 for r in rsp)):
         # depthwise: each group's one feature maps straight through. (Not where every window
-        # is the whole image, a 1-wide output: XLA's partitioner crashes on such a conv with
-        # channels sharded over part of the mesh, "free(): invalid pointer", jax 0.12.)
+        # is the whole image, a 1-wide output, nor with a one-tap kernel: XLA's partitioner
+        # crashes on such a conv with channels sharded over part of the mesh, "free():
+        # invalid pointer", jax 0.12.)
         fs.append(_f(lhs[lf], P, [(0, lf), (1, ro)], [(0, of)]))
     else:
         # grouped (not depthwise): Shardy has the groups as the major part of each feature
@@ -897,31 +899,24 @@ def _cond_exit(params, ins, outs):
 def _shard_map_enter(params, ins, outs):
     """[operands (global)...] -> [body inputs (per device)...]. An operand dim the region's
     in_specs shard is read as it is sharded (no collective: each device takes its block); one
-    they leave whole is whole over the region's manual axes, and tied to the body's dim where
-    the region leaves other axes to the partitioner (a partially manual region). The body's
-    dims are the region's own: result-only, need-replication."""
-    return _region_boundary(params["in_specs"], ins, outs, len(params["manual"]) < len(params["mesh"]))
+    they leave whole is read whole (a plan that shards it elsewhere gathers it here: over a
+    manual axis the body needs it so; over an axis a partially manual region leaves to the
+    partitioner, XLA might keep it sharded, so this over-counts, the safe side). The body's
+    dims are the region's own: result-only, need-replication, never tied to a plan's."""
+    return _region_boundary(params["in_specs"], ins, outs)
 
 
 @register("shard_map_exit")
 def _shard_map_exit(params, ins, outs):
     """[body outputs (per device)...] -> [results (global)...]: in_specs' rule, mirrored."""
-    mirrored = _region_boundary(params["out_specs"], outs, ins, len(params["manual"]) < len(params["mesh"]))
+    mirrored = _region_boundary(params["out_specs"], outs, ins)
     return [Factor(f.size, f.kind, f.results, f.operands, f.reduce) for f in mirrored]
 
 
-def _region_boundary(specs, outer, inner, auto: bool) -> list[Factor]:
-    fs = []
-    for i, (spec, sh) in enumerate(zip(specs, outer)):
-        for d, s in enumerate(sh):
-            if spec[d]:
-                fs.append(_f(s, P, operands=[(i, d)]))
-            elif auto and i < len(inner) and d < len(inner[i]) and inner[i][d] == s:
-                fs.append(_f(s, P, [(i, d)], [(i, d)]))
-            else:
-                fs.append(_f(s, N, operands=[(i, d)]))
-    tied = {(j, d) for f in fs if f is not None for j, d in f.results}
-    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(inner) for d, s in enumerate(sh) if (j, d) not in tied]
+def _region_boundary(specs, outer, inner) -> list[Factor]:
+    fs = [_f(s, P if spec[d] else N, operands=[(i, d)])
+          for i, (spec, sh) in enumerate(zip(specs, outer)) for d, s in enumerate(sh)]
+    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(inner) for d, s in enumerate(sh)]
     return _keep(fs)
 
 
