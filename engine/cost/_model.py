@@ -139,7 +139,8 @@ class CostModel:
         return self._tl
 
     def _local_bytes(self, dec) -> np.ndarray:
-        """Per value, its bytes per device (shard counts memoised per group mask)."""
+        """Per value, its bytes per device (shard counts memoised per group mask), in whole
+        bytes as XLA lays a buffer out: a shard of int4[6] over 2 devices (three int4) takes 2."""
         t = self.tables
         sig_factor = np.empty(len(self.sigs), dtype=np.float64)
         for m, sigs in t.sig_masks:
@@ -148,7 +149,7 @@ class CostModel:
             if f is None:
                 f = self._factor_cache[(m, rel)] = np.array([shards(t.axis_size, self.sig_spec(si, rel)) for si in sigs])
             sig_factor[sigs] = f
-        return t.nbytes / sig_factor[t.vsig]
+        return np.ceil(t.nbytes / sig_factor[t.vsig])
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, decisions: Sequence[Decision], detail: bool = False, overlap: bool | None = None) -> CostReport:
