@@ -43,10 +43,14 @@ def spec_axes(entry) -> list[str]:
 
 
 def signature_of(program) -> dict[str, list]:
+    """The step's input and output leaves ([path, shape, dtype]) and its positional
+    arguments' names (``args``: every argument, one without array leaves too, as ``None``
+    or an empty optimizer state is: an export matches arguments to specs by them)."""
     vals = program.values
     return {
         "inputs": [[p, list(vals[v].shape), str(vals[v].dtype)] for v, p in zip(program.inputs, program.input_paths)],
         "outputs": [[p, list(vals[v].shape), str(vals[v].dtype)] for v, p in zip(program.outputs, program.output_paths)],
+        "args": list(program.arg_names),
     }
 
 
