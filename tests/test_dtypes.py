@@ -348,8 +348,6 @@ def test_an_output_mirrors_an_input_of_its_own_dtype_only():
     assert out.predicted_memory["alias"] == out.xla_memory["alias"] == w.nbytes
 
 
-@pytest.mark.xfail(strict=True, reason="engine/plan/_verify.py _numerics hands the caller's typed keys to the "
-                                       "donating plan; a fix: copy them (wrap_key_data of a copy of key_data)")
 def test_verify_run_leaves_the_callers_keys_alive():
     """verify(run=True) runs the plan, which donates the step's state, on copies of the
     arguments: the caller's arrays, typed keys included, are still there afterwards."""
