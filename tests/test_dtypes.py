@@ -389,9 +389,6 @@ def test_verify_run_leaves_the_callers_keys_alive():
     assert not jax.random.key_data(key).is_deleted()
 
 
-@pytest.mark.xfail(strict=True, reason="engine/plan/_export.py arg_names reads the argument names off the input "
-                                       "paths, where an argument without array leaves has none; the plan's "
-                                       "signature['args'] names every argument")
 def test_exported_specs_take_an_argument_without_leaves(tmp_path):
     """An argument without array leaves (no optimizer state yet, ``None``) keeps its place:
     the exported ``in_shardings`` gives one entry per argument."""

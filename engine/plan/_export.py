@@ -289,7 +289,10 @@ def specs_json(plan: Plan) -> dict:
 
 
 def arg_names(plan: Plan) -> list[str]:
-    """The step's positional argument names, in order, from the plan's input paths."""
+    """The step's positional argument names, in order: the plan's signature names every
+    argument (one without array leaves too); older plans, from their input paths."""
+    if plan.signature.get("args"):
+        return list(plan.signature["args"])
     out: list[str] = []
     for path, *_ in plan.signature.get("inputs", []):
         head = path.split("/")[0]
