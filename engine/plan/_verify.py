@@ -4,7 +4,8 @@ The compile runs in a fresh process (``jax_num_cpu_devices`` must be set before 
 from ShapeDtypeStructs, so nothing is allocated and a 40B-parameter model can be checked.
 XLA's per-device memory is argument + output + temp - alias; the collectives come from the
 compiled HLO, weighted by loop trip counts. With ``run`` (small configs) the plan is also
-executed and its outputs compared with the unsharded function.
+executed and its outputs compared with the unsharded function, each output leaf within a
+tolerance calibrated on the step's own sensitivity to rounding (``_numerics``).
 
 On XLA:CPU a reduce-scatter is emitted as an all-reduce of the whole partial result
 followed by a local slice (checked in tests/test_hlo.py); on CPU the prediction compared is
@@ -23,11 +24,16 @@ from .._errors import PartexError
 from .._loader import load_model
 from .._results import CollectiveCompared, Compared, Numerics, VerifyReport, WorkCompared
 from ..cost import KINDS  # the one list of collective kinds
-from ..tracing._program import StaticSplit, abstract, dynamic_args
-from ._apply import USER_SHARDING, constrained_function, is_low
+from ..tracing._program import abstract, dynamic_args
+from ._apply import is_low
 from ._explain import explain
 from ._export import RulesFunction, flax_rules, rules_context
 from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
+# the numerics' figures, re-exported: callers compare runs with them
+from ._numerics import NUMERICS_FLOOR as NUMERICS_FLOOR
+from ._numerics import NUMERICS_RTOL as NUMERICS_RTOL
+from ._numerics import compare_outputs as compare_outputs
+from ._numerics import numerics
 from ._plan import Plan
 from ._planned import spec_from_json
 
@@ -218,91 +224,9 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
         numerics=_numerics(model, planned, jax, np, NamedSharding, spec_from_json) if spec["run"] else None)
 
 
-NUMERICS_RTOL = 1e-4  # of an output leaf's scale (see compare_outputs)
-NUMERICS_FLOOR = 1e-3  # of the largest leaf of the same output, in RMS
-
-
-def compare_outputs(paths: list[str], ref: list, got: list, rtol: float = NUMERICS_RTOL,
-                    floor: float = NUMERICS_FLOOR) -> dict:
-    """Compare a sharded run's output leaves with the unsharded run's.
-
-    Each leaf's error is the RMS of the difference over its *scale*: the larger of its own
-    RMS and ``floor`` times the RMS of the largest leaf of the same output (the same element
-    of the output tuple: the new parameters, the optimizer state, the loss). Sharded runs
-    reduce in another order, and a leaf whose true value is zero (the gradient of an
-    attention key bias is exactly zero: softmax ignores a shift) holds rounding noise that
-    an optimizer amplifies (Adam's moments of that bias, ~1e-19): relative to itself it
-    differs by 100% on a correct plan; relative to its output's scale the noise is ~1e-12.
-    A wrong plan (a shard in the wrong place) moves a real leaf by its own size: caught."""
-    import numpy as np
-
-    def rms(x) -> float:
-        return float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
-
-    ref = [np.asarray(x, dtype=np.float64) for x in ref]
-    got = [np.asarray(x, dtype=np.float64) for x in got]
-    top = [p.split("/")[1] if p.count("/") >= 1 else p for p in paths]
-    biggest: dict[str, float] = {}
-    for t, b in zip(top, ref):
-        biggest[t] = max(biggest.get(t, 0.0), rms(b))
-    worst, worst_path, loss_err = 0.0, None, None
-    for path, t, a, b in zip(paths, top, got, ref):
-        scale = max(rms(b), floor * biggest[t])
-        diff = rms(a - b)
-        err = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
-        if a.ndim == 0 and np.issubdtype(b.dtype, np.floating):
-            loss_err = err if loss_err is None else max(loss_err, err)
-        if err > worst:
-            worst, worst_path = err, path
-    return {"max_rel_err": worst, "worst_output": worst_path, "loss_rel_err": loss_err,
-            "ok": bool(worst <= rtol), "tolerance": rtol, "floor": floor}
-
-
-def _numerics(model, planned, jax, np, NamedSharding, spec_from_json) -> Numerics:
-    leaves = jax.tree_util.tree_leaves(model.args)
-    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
-        raise PartexError("--run needs real example arrays: use a small preset (e.g. --preset tiny)")
-    def is_key(x) -> bool:  # typed PRNG keys (jax.random.key) have no numpy form
-        return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
-
-    def to_host(x):
-        return x if is_key(x) else np.asarray(x)
-
-    def to_numbers(x):
-        return np.asarray(jax.random.key_data(x) if is_key(x) else x)
-
-    # the array leaves only, in and out: static leaves (a name, an enum) are closed over
-    split = StaticSplit(model.fn, model.args)
-    host = jax.tree_util.tree_map(to_host, split.args)
-    planned.build(model.args)
-    program = planned.program
-    # A step computing in bfloat16/float16 is compared in float32: the same ops at the same
-    # shardings, without the 16-bit rounding whose noise (signs of ~0 gradients flipped, Adam
-    # turning them into whole updates) would be as large as a misplaced shard's error.
-    low = sorted({str(v.dtype) for v in program.values if is_low(v.dtype)})
-    # Off CPU the comparison is at full float32 precision too: GPUs take TF32 (a 10-bit
-    # mantissa) for float32 matmuls by default, and a recomputed forward fused otherwise than
-    # the reference's differs by that rounding, which Adam turns into whole steps (an H200:
-    # 0.013 of a leaf's scale with recompute at the default precision, 2e-6 at full). The
-    # check is of where the shards are, not of the backend's precision.
-    accelerator = planned.mesh.devices.flat[0].platform != "cpu"
-    if low or accelerator:
-        dropped = {op.id: None for op in program.ops if op.primitive in USER_SHARDING}  # the unsharded reference
-        reference = jax.jit(constrained_function(program, planned.mesh, {}, {}, dropped, promote=True))
-        jitted = planned.float32(model.args)
-    else:
-        reference, jitted = jax.jit(split), planned.build(model.args)
-    with split.run_context():
-        ref = jax.tree_util.tree_map(to_numbers, reference(*host))
-    got = jax.tree_util.tree_map(to_numbers, jitted(*jax.tree_util.tree_map(
-        lambda x: x.copy() if is_key(x) else jax.numpy.asarray(x), host)))  # a donated key: a copy, not the user's
-    out = compare_outputs(list(program.output_paths), jax.tree_util.tree_leaves(ref),
-                          jax.tree_util.tree_leaves(got))
-    if low:
-        out["computed_in"] = f"float32 (the step's {', '.join(low)} promoted)"
-    elif accelerator:
-        out["computed_in"] = "float32 at full matmul precision (not the backend's default TF32)"
-    return Numerics.from_json(out)
+def _numerics(model, planned, *_) -> Numerics:
+    """The plan's run against the unsharded step (``_numerics.run_numerics``)."""
+    return numerics(model, planned)
 
 
 def _xla_figures(lowered, mesh) -> dict:
