@@ -117,7 +117,7 @@ def test_adam_on_a_zero_gradient_bias_passes_a_correct_plan_and_catches_wrong_on
     assert noise["out/0/bk"] > 1e-3  # noise as large as the bias itself (lr-sized steps) ...
     assert cal.compare(got)["tolerance"] > 1e-3
     fixed = compare_outputs(cal.paths, cal.ref, got)
-    assert fixed["worst_output"] == "out/0/bk" and not fixed["ok"]  # ... where the fixed tolerance fails
+    assert fixed["worst_output"].endswith("/bk") and not fixed["ok"]  # ... where the fixed tolerance fails
     # ... and the leaves that hold no noise keep the fixed tolerance: a misplaced shard of the
     # new query weights is caught by 4 orders of magnitude
     bad = cal.compare(swapped(cal.paths, got, "out/0/wq"))
@@ -138,9 +138,10 @@ def test_flax_vit_dp_passes_and_still_catches_wrong_plans():
     ok = cal.compare(got)
     assert ok["ok"], ok
     key_bias = "out/0/params/block_0/MultiHeadDotProductAttention_0/key/bias"
-    assert compare_outputs(cal.paths, cal.ref, got)["worst_output"] == key_bias  # the fixed tolerance's alarm
+    fixed = compare_outputs(cal.paths, cal.ref, got)  # the fixed tolerance's alarm, on the key bias or its moments
+    assert not fixed["ok"] and fixed["worst_output"].endswith(key_bias.removeprefix("out/0/params/")), fixed
     query = "out/0/params/block_0/MultiHeadDotProductAttention_0/query/kernel"
-    bad = cal.compare(swapped(cal.paths, got, query))
-    assert not bad["ok"] and bad["worst_output"] == query, bad
+    bad = cal.compare(swapped(cal.paths, got, query))  # the query kernel holds no noise: the fixed tolerance
+    assert not bad["ok"] and bad["worst_output"] == query and bad["tolerance"] == NUMERICS_RTOL, bad
     unred = cal.compare(unreduced(step, args))
     assert not unred["ok"] and unred["max_rel_err"] > 100 * unred["tolerance"], unred

@@ -1,4 +1,5 @@
-"""A two-layer MLP whose matmuls run quantised, trained with straight-through gradients.
+"""Residual MLP blocks whose matmuls run quantised, trained with straight-through gradients
+and Adam.
 
 Each matmul quantises both operands with one scale per tensor (``max |x| / 127``) to int8,
 multiplies them with ``dot_general`` int8 x int8 -> int32 and rescales; the backward pass
@@ -7,8 +8,10 @@ sees the float matmul (the straight-through estimator:
 ``float8_e4m3fn`` instead (scale ``max |x| / 448``, the product accumulated in float32).
 
 Rounding at the quantiser flips wherever a value sits within an ulp of a rounding boundary:
-a run that sums in another order (a sharded matmul) moves the outputs as much as one whose
-inputs differ in the last bit."""
+a run that sums in another order (a norm's or a matmul's sum split across devices) moves the
+outputs as much as one whose inputs differ in the last bits. At ``blocks=3, seed=1`` a correct
+plan that splits those sums (hidden on ``model``, d_model and the batch on ``data``) differs
+from the unsharded step by 1.1e-4 of a weight's scale on XLA:CPU, over a fixed 1e-4."""
 
 from __future__ import annotations
 
