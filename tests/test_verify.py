@@ -14,7 +14,7 @@ import pytest
 from partex import demo_models
 from partex import analyze_model
 from partex.cost import CostModel
-from partex import MeshSpec, get_hardware
+from partex import MeshSpec, VerifyReport, get_hardware
 from partex.plan._planned import default_donate
 from partex.plan._planning import make_plan
 from partex.planner._strategies import strategy_decisions
@@ -24,7 +24,7 @@ from partex.plan._verify import verify_many
 STRATEGIES = ("replicated", "dp", "megatron", "zero3")
 
 
-def _check(row: partex.VerifyReport) -> list[str]:
+def _check(row: VerifyReport) -> list[str]:
     bad = []
     where = f"{row.model} {row.strategy} {row.mesh}"
     if row.arguments.ratio is None or abs(row.arguments.ratio - 1) > 0.01:

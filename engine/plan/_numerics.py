@@ -180,7 +180,8 @@ def compare_outputs(paths: list[str], ref: list, got: list, rtol: float = NUMERI
 
 
 def _is_key(x) -> bool:  # typed PRNG keys (jax.random.key) have no numpy form
-    return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _to_host(x):
