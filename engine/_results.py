@@ -79,9 +79,15 @@ class CollectiveCompared:
 
 @dataclasses.dataclass(frozen=True)
 class Numerics:
-    """A sharded run's outputs against the unsharded step's (``_verify.compare_outputs``):
-    the worst leaf's RMS error over its scale, which leaf, the loss's, and whether the worst
-    is within ``tolerance``. ``computed_in`` says when the comparison ran in float32."""
+    """A sharded run's outputs against the unsharded step's (``_numerics.compare_outputs``).
+
+    ``max_rel_err``: the error (RMS over the leaf's scale) of the leaf nearest its tolerance,
+    ``worst_output``; ``tolerance``: that leaf's, ``noise_factor`` times its calibrated
+    ``noise`` (the unsharded step's own output change when its float inputs move by a few
+    ulps, over ``noise_runs`` runs) and never under ``floor``; ``ok``: every leaf within its
+    own. ``largest_rel_err`` / ``largest_output``: the largest error of any leaf, which may
+    be a noisier leaf's within its wider tolerance. ``computed_in`` says when the comparison
+    ran in float32."""
 
     max_rel_err: float
     worst_output: str | None
@@ -90,10 +96,26 @@ class Numerics:
     tolerance: float
     floor: float
     computed_in: str | None = None
+    noise: float | None = None
+    noise_factor: float | None = None
+    noise_runs: int = 0
+    largest_rel_err: float | None = None
+    largest_output: str | None = None
+
+    def basis(self) -> str:
+        """Where the worst leaf's tolerance comes from, in words."""
+        if self.noise is None or self.noise_factor is None:
+            return "the fixed tolerance" + (": no calibration runs" if not self.noise_runs else "")
+        calibrated = self.noise * self.noise_factor
+        if calibrated < self.tolerance:
+            return f"the fixed least tolerance; {self.noise_factor:g}x its noise over {self.noise_runs} runs is {calibrated:.1e}"
+        return f"{self.noise_factor:g}x its noise {self.noise:.1e}, over {self.noise_runs} perturbed runs"
 
     def to_json(self) -> dict[str, Any]:
         out = {"max_rel_err": self.max_rel_err, "worst_output": self.worst_output,
-               "loss_rel_err": self.loss_rel_err, "ok": self.ok, "tolerance": self.tolerance, "floor": self.floor}
+               "loss_rel_err": self.loss_rel_err, "ok": self.ok, "tolerance": self.tolerance, "floor": self.floor,
+               "noise": self.noise, "noise_factor": self.noise_factor, "noise_runs": self.noise_runs,
+               "largest_rel_err": self.largest_rel_err, "largest_output": self.largest_output}
         if self.computed_in is not None:
             out["computed_in"] = self.computed_in
         return out
@@ -101,7 +123,8 @@ class Numerics:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Numerics:
         return cls(d["max_rel_err"], d["worst_output"], d["loss_rel_err"], d["ok"], d["tolerance"], d["floor"],
-                   d.get("computed_in"))
+                   d.get("computed_in"), d.get("noise"), d.get("noise_factor"), d.get("noise_runs", 0),
+                   d.get("largest_rel_err"), d.get("largest_output"))
 
 
 @dataclasses.dataclass(frozen=True)

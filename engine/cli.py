@@ -311,8 +311,11 @@ def cmd_verify(args) -> int:
                   f"(ratio {r})")
     if out.numerics is not None:
         n = out.numerics
-        print(f"  numerics: max relative error {n.max_rel_err:.2e} ({'ok' if n.ok else 'MISMATCH'})"
-              + (f", computed in {n.computed_in}" if n.computed_in else ""))
+        print(f"  numerics: {'ok' if n.ok else 'MISMATCH'}: {n.worst_output or 'the output'} relative error "
+              f"{n.max_rel_err:.2e}, tolerance {n.tolerance:.1e} ({n.basis()})"
+              + (f"; computed in {n.computed_in}" if n.computed_in else ""))
+        if n.largest_output is not None and n.largest_output != n.worst_output:
+            print(f"    largest error: {n.largest_output} {n.largest_rel_err:.2e}, within its own tolerance")
     if out.explain is not None:
         print("\n".join(explain_table(out.explain)))
     if out.comparison is not None:

@@ -129,5 +129,7 @@ def test_flax_rules_of_zero3_train_under_nn_logical_axis_rules_without_partex():
     out = partex.verify(plan, fn, args, axis_names=names, run=True, export="flax-rules")
     c = out.comparison
     assert c["export"]["numerics"]["ok"] and c["plan"]["numerics"]["ok"]
+    # both sides calibrated on the same unsharded step's noise
+    assert c["export"]["numerics"]["noise_runs"] == c["plan"]["numerics"]["noise_runs"] == 3
     assert c["export"]["collectives"]["all-gather"] > 0  # the weights gathered over data, as ZeRO-3 does
     assert "flax-rules alone" in partex.export_table(out)

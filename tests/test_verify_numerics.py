@@ -145,3 +145,28 @@ def test_flax_vit_dp_passes_and_still_catches_wrong_plans():
     assert not bad["ok"] and bad["worst_output"] == query and bad["tolerance"] == NUMERICS_RTOL, bad
     unred = cal.compare(unreduced(step, args))
     assert not unred["ok"] and unred["max_rel_err"] > 100 * unred["tolerance"], unred
+
+
+def test_cli_verify_run_reports_each_tolerance_and_where_it_comes_from(capsys, tmp_path):
+    """``partex verify --run`` prints the worst leaf, its tolerance and its calibrated noise;
+    ``--json`` carries the same figures, and they read back as the same ``Numerics``."""
+    import json
+    import pathlib
+
+    from partex.cli import main
+
+    model = f"{pathlib.Path(__file__).parent / 'numerics_models' / 'quant.py'}:int8"
+    plan = tmp_path / "plan.json"
+    assert main(["plan", model, "--mesh", "data=4,model=2", "--strategy", "megatron", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["verify", model, str(plan), "--run"]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if "numerics:" in x)
+    assert "ok:" in line and "tolerance" in line and "its noise" in line and "3 perturbed runs" in line, line
+    assert main(["verify", model, str(plan), "--run", "--json"]) == 0
+    n = json.loads(capsys.readouterr().out)["numerics"]
+    assert n["ok"] and n["noise_runs"] == 3 and n["noise_factor"] == NUMERICS_NOISE_FACTOR
+    # the quantiser's noise, not the fixed floor, sets this leaf's tolerance
+    assert n["tolerance"] == pytest.approx(n["noise_factor"] * n["noise"]) and n["tolerance"] > NUMERICS_RTOL
+    assert n["largest_rel_err"] >= n["max_rel_err"] and n["largest_output"]
+    assert partex.Numerics.from_json(n).to_json() == n

@@ -184,7 +184,7 @@ def _is_key(x) -> bool:  # typed PRNG keys (jax.random.key) have no numpy form
     return dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
 
 
-def _to_host(x):
+def to_host(x):
     return x if _is_key(x) else np.asarray(x)
 
 
@@ -223,7 +223,7 @@ def calibrate(model, planned, *, runs: int = NUMERICS_NOISE_RUNS,
 
     # the array leaves only, in and out: static leaves (a name, an enum) are closed over
     split = StaticSplit(model.fn, model.args)
-    host = jax.tree_util.tree_map(_to_host, split.args)
+    host = jax.tree_util.tree_map(to_host, split.args)
     planned.build(model.args)
     program = planned.program
     # A step computing in bfloat16/float16 is compared in float32: the same ops at the same
@@ -246,15 +246,24 @@ def calibrate(model, planned, *, runs: int = NUMERICS_NOISE_RUNS,
     else:
         reference, jitted = jax.jit(split), planned.build(model.args)
     with split.run_context():
-        ref = [_to_numbers(x) for x in jax.tree_util.tree_leaves(reference(*host))]
-        noise = step_noise(reference, host, ref, runs=runs, seed=seed, widen=bool(low),
-                           numbers=_to_numbers) if runs else None
+        calibration = reference_run(list(program.output_paths), reference, host, runs=runs, seed=seed,
+                                    widen=bool(low), computed_in=computed_in)
 
     def run_planned() -> list:  # a donated key: a copy, not the caller's
         return jax.tree_util.tree_leaves(jitted(*jax.tree_util.tree_map(
             lambda x: x.copy() if _is_key(x) else jax.numpy.asarray(x), host)))
 
-    return Calibration(list(program.output_paths), ref, noise, runs, computed_in), run_planned
+    return calibration, run_planned
+
+
+def reference_run(paths: list[str], reference: Callable[..., Any], host: Sequence[Any], *,
+                  runs: int = NUMERICS_NOISE_RUNS, seed: int = NUMERICS_SEED, widen: bool = False,
+                  computed_in: str | None = None) -> Calibration:
+    """The unsharded ``reference`` run on the host arrays ``host`` (its output leaves are
+    ``paths``) and, over ``runs`` perturbed runs, each leaf's noise."""
+    ref = [_to_numbers(x) for x in jax.tree_util.tree_leaves(reference(*host))]
+    noise = step_noise(reference, host, ref, runs=runs, seed=seed, widen=widen, numbers=_to_numbers) if runs else None
+    return Calibration(paths, ref, noise, runs, computed_in)
 
 
 def run_numerics(model, planned, *, runs: int = NUMERICS_NOISE_RUNS, seed: int = NUMERICS_SEED) -> dict:

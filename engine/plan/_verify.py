@@ -22,7 +22,7 @@ import time
 
 from .._errors import PartexError
 from .._loader import load_model
-from .._results import CollectiveCompared, Compared, Numerics, VerifyReport, WorkCompared
+from .._results import CollectiveCompared, Compared, VerifyReport, WorkCompared
 from ..cost import KINDS  # the one list of collective kinds
 from ..tracing._program import abstract, dynamic_args
 from ._apply import is_low
@@ -33,9 +33,8 @@ from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
 from ._numerics import NUMERICS_FLOOR as NUMERICS_FLOOR
 from ._numerics import NUMERICS_RTOL as NUMERICS_RTOL
 from ._numerics import compare_outputs as compare_outputs
-from ._numerics import numerics
+from ._numerics import numerics, reference_run, to_host
 from ._plan import Plan
-from ._planned import spec_from_json
 
 # XLA:CPU's scheduler: by default it schedules for thread concurrency, starting every op whose
 # operands are ready (a weight's all-gather) as early as it can, and it expands optimisation
@@ -166,8 +165,6 @@ def _compile(lowered):
 
 def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     import jax
-    import numpy as np
-    from jax.sharding import NamedSharding
 
     t0 = time.perf_counter()
     planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=spec.get("constrain", True))
@@ -221,12 +218,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
         # on CPU, which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)
         xla_cpu_scheduler=(("memory" if CPU_SCHEDULE_FLAG in os.environ.get("XLA_FLAGS", "") else "concurrency")
                            if cpu else None),
-        numerics=_numerics(model, planned, jax, np, NamedSharding, spec_from_json) if spec["run"] else None)
-
-
-def _numerics(model, planned, *_) -> Numerics:
-    """The plan's run against the unsharded step (``_numerics.run_numerics``)."""
-    return numerics(model, planned)
+        numerics=numerics(model, planned) if spec["run"] else None)
 
 
 def _xla_figures(lowered, mesh) -> dict:
@@ -242,15 +234,13 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
     propagation for the rest) or ``flax-rules`` (the rules' input shardings, the model's
     own logical constraints under the rules); with ``run``, its numerics."""
     import jax
-    import numpy as np
-    from jax.sharding import NamedSharding
 
     fmt = spec["export"]
     if fmt == "specs":
         planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=False)
         out = _xla_figures(planned.lower(*jax.tree_util.tree_map(abstract, model.args)), planned.mesh)
         if spec["run"]:
-            out["numerics"] = _numerics(model, planned, jax, np, NamedSharding, spec_from_json).to_json()
+            out["numerics"] = numerics(model, planned).to_json()
         return out
     if fmt != "flax-rules":
         raise PartexError(f"unknown export format {fmt!r}; valid: specs, flax-rules")
@@ -264,12 +254,11 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
         if any(is_low(v.dtype) for v in rf.program.values):
             out["numerics_skipped"] = "the step computes in 16-bit floats: rules alone run it as written"
         else:
-            host = jax.tree_util.tree_map(np.asarray, dynamic_args(model.args))
-            ref = jax.jit(rf.split)(*host)
+            host = jax.tree_util.tree_map(to_host, dynamic_args(model.args))
+            calibration = reference_run(list(rf.program.output_paths), jax.jit(rf.split), host)
             with rules_context(rules.rules, mesh):
                 got = rf.jitted(*host)
-            out["numerics"] = compare_outputs(list(rf.program.output_paths), jax.tree_util.tree_leaves(ref),
-                                              jax.tree_util.tree_leaves(got))
+            out["numerics"] = calibration.compare(jax.tree_util.tree_leaves(got))
     return out
 
 
