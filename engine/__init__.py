@@ -37,6 +37,8 @@ from .plan._export import flax_rules as rules_of
 from .plan._plan import Plan, PlanDecision
 from .plan._planned import PlannedFunction
 from .plan._verify import KINDS as COLLECTIVE_KINDS
+from .plan._numerics import Calibration
+from .plan._numerics import calibrate as _calibrate
 from .plan._verify import verify_loaded
 from .planner._exhaustive import ExhaustiveResult
 from .planner._ilp import ILPResult
@@ -114,6 +116,17 @@ def flax_rules(plan: Plan, fn: Callable, args: Sequence[Any], *, axis_names) -> 
     return rules_of(plan, LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names, "custom", None))
 
 
+def calibrate_numerics(planned: PlannedFunction, fn: Callable, args: Sequence[Any]
+                       ) -> tuple[Calibration, Callable[[], list]]:
+    """verify's numerics in two parts: the unsharded ``fn`` run on ``args`` with each output
+    leaf's tolerance calibrated on its own noise (``Calibration``; its ``compare(leaves)``
+    judges any run's output leaves), and a function that runs ``planned`` (``plan.apply(fn)``)
+    on the same arguments and returns its output leaves."""
+    import types
+
+    return _calibrate(types.SimpleNamespace(fn=fn, args=args), planned)
+
+
 def export_table(verified: VerifyReport) -> str:
     """The side-by-side lines of ``verify(..., export=...)``: XLA's memory and collective
     bytes of the full plan and of the export alone."""
@@ -125,6 +138,7 @@ def export_table(verified: VerifyReport) -> str:
 __all__ = [
     # the public API
     "Session", "Plan", "PlannedFunction", "PlanDecision", "analyze", "search", "verify", "PartexError",
+    "calibrate_numerics", "Calibration",
     "export", "flax_rules", "export_table", "EXPORT_FORMATS", "RulesExport",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",

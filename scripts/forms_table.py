@@ -2,8 +2,12 @@
 training step is written in (``scripts/forms/<form>.py``), whether partex analyses it, its
 ops, decision groups at 2 and 4 layers and layer stacks, each hand plan's numerics against
 the unsharded step (run on the devices), predicted/XLA memory and collective-byte ratios, and
-the searched plan under a budget of 0.5x the replicated plan's memory: whether it fits per
-XLA. ``dropout_typed_keys`` adds a row per recompute kind of its layer stack (on zero3).
+the searched plan under a budget of 0.5x the replicated plan's memory, or, where no hand plan
+meets that per XLA, the smallest hand plan's XLA peak (a budget XLA meets): whether it fits
+per XLA. ``dropout_typed_keys`` adds a row per recompute kind of its layer stack (on zero3).
+Each form also shows verify's calibrated numerics on a deliberately wrong run: zero3's
+outputs with its largest parameter's two halves swapped (a shard in the wrong place), and
+how far beyond its tolerance the comparison puts it.
 Every failure is caught and shown as its first line with the partex function it came from,
 so the table is always whole.
 
@@ -38,7 +42,9 @@ from _checkout import use_checkout_from_env  # noqa: E402
 use_checkout_from_env()
 
 import _libcheck as lc  # noqa: E402
+import numpy as np  # noqa: E402
 import partex  # noqa: E402
+from numerics_models.wrong import swapped  # noqa: E402
 
 FORMS = ["explicit_reshard", "explicit_auto_axes", "moe_all_to_all", "moe_ragged_all_to_all", "partial_manual",
          "ring_attention", "dropout_typed_keys", "int8_matmul", "grad_accum_scan"]
@@ -102,18 +108,47 @@ def fixed_text(s: partex.Session) -> str:
     return "; ".join(f"{g}→{', '.join(a)}" for g, a in by_group.items()) or "none"
 
 
-def plan_row(s: partex.Session, name: str, decisions, shardings: str) -> str:
-    """| plan | shardings | numerics | predicted / XLA |: the plan verified with a run."""
+def plan_row(s: partex.Session, name: str, decisions, shardings: str) -> tuple[str, float | None]:
+    """| plan | shardings | numerics | predicted / XLA |: the plan verified with a run; and
+    its XLA peak (None: no figure)."""
     try:
         out = s.verify(s.plan(decisions, strategy=name if decisions is None else None), run=True, mark=False)
     except Exception as e:
-        return f"| {name} | {shardings} | {failure(e)} | |"
-    return f"| {name} | {shardings} | {numerics_text(out)} | {ratio_text(out)} |"
+        return f"| {name} | {shardings} | {failure(e)} | |", None
+    return f"| {name} | {shardings} | {numerics_text(out)} | {ratio_text(out)} |", out.memory.xla
 
 
-def searched(made, mesh: str) -> str:
-    """The search's plan under FRACTION x the replicated memory, checked by XLA."""
-    budget = FRACTION * lc.replicated_bytes(lc.session(made, mesh=mesh))
+def wrong_shard(s: partex.Session, made, name: str) -> str:
+    """verify's calibrated numerics on a deliberately wrong run: the plan's outputs with the
+    two halves of its largest parameter swapped (a shard in the wrong place), judged with the
+    tolerances calibrated on the unsharded step; what the comparison says."""
+    fn, args, names = lc.unpack(made)
+    cal, run = partex.calibrate_numerics(s.plan(strategy=name).apply(fn, axis_names=names), fn, args)
+    got = run()
+    params = [(np.asarray(r).size, p) for p, r in zip(cal.paths, cal.ref)
+              if p.startswith("out/0/") and np.asarray(r).ndim and np.asarray(r).shape[0] >= 2
+              and np.issubdtype(np.asarray(r).dtype, np.floating)]
+    if not params:
+        return "no parameter to swap"
+    path = max(params)[1]
+    bad = cal.compare(swapped(cal.paths, got, path))
+    if bad["ok"]:
+        return f"MISSED: {path} swapped passes ({bad['max_rel_err']:.1e} within {bad['tolerance']:.1e})"
+    return f"caught: {bad['worst_output']} at {bad['max_rel_err'] / bad['tolerance']:.0f}x its tolerance"
+
+
+def search_budget(made, mesh: str, hand_xla: list[float]) -> tuple[float, str]:
+    """FRACTION x the replicated plan's predicted memory; where every hand plan's XLA peak is
+    above that, the smallest of them (a budget a hand plan meets per XLA)."""
+    half = FRACTION * lc.replicated_bytes(lc.session(made, mesh=mesh))
+    if hand_xla and min(hand_xla) > half:
+        return min(hand_xla), (f"the smallest hand plan's XLA peak: no hand plan meets {FRACTION}x replicated "
+                               f"({partex.format_bytes(half)})")
+    return half, f"{FRACTION}x replicated"
+
+
+def searched(made, mesh: str, budget: float) -> str:
+    """The search's plan under ``budget``, checked by XLA."""
     s = lc.session(made, mesh=mesh, memory=budget)
     s.step(SIMULATIONS)
     if s.best_plan() is None:
@@ -162,6 +197,7 @@ def form_section(form: str) -> tuple[list[str], dict[str, str]]:
     lines += [f"the step's own shardings (kept in every plan): {fixed_text(s)}", "",
               "| plan | shardings | numerics (max rel err) | predicted / XLA |", "|---|---|---|---|"]
     offered = attempt(lambda: ",".join(s.baselines()))
+    hand_xla: list[float] = []
     for name in HAND:
         if name == "expert" and "expert" not in offered.split(","):
             continue
@@ -171,8 +207,9 @@ def form_section(form: str) -> tuple[list[str], dict[str, str]]:
             lines.append(f"| {name} | {failure(e)} | | |")
             summary[name] = "FAIL"
             continue
-        row = plan_row(s, name, None, shard)
+        row, xla = plan_row(s, name, None, shard)
         lines.append(row)
+        hand_xla += [xla] if xla is not None else []
         summary[name] = "ok" if "(ok)" in row else "FAIL"
     if form in RECOMPUTE_FORMS:
         base = attempt(lambda: "ok" if s.strategy("zero3") is not None else "")
@@ -183,19 +220,24 @@ def form_section(form: str) -> tuple[list[str], dict[str, str]]:
                     lines.append(f"| {name} | | {base} | |")
                     continue
                 decisions = [*s.strategy("zero3"), partex.Recompute(u.id, kind)]
-                row = plan_row(s, name, decisions, "zero3's")
+                row, _ = plan_row(s, name, decisions, "zero3's")
                 lines.append(row)
                 summary[f"recompute:{kind}"] = "ok" if "(ok)" in row else "FAIL"
-    verdict = attempt(lambda: searched(made, mod.MESH))
+    caught = attempt(lambda: wrong_shard(s, made, "zero3"))
+    summary["wrong shard"] = "caught" if caught.startswith("caught") else "FAIL"
+    lines += ["", f"zero3's outputs with a shard in the wrong place: {caught}"]
+    budget, rule = search_budget(made, mod.MESH, hand_xla)
+    verdict = attempt(lambda: searched(made, mod.MESH, budget))
     summary["searched"] = ("fits" if verdict.startswith("fits") else
                            "FAIL" if verdict.startswith(("FAILS", "DOES", "no plan")) else "?")
-    lines += ["", f"searched plan (budget {FRACTION}x replicated, {SIMULATIONS} simulations): {verdict}",
+    lines += ["", f"searched plan (budget {partex.format_bytes(budget)}: {rule}; {SIMULATIONS} simulations): "
+              f"{verdict}",
               "", f"({time.perf_counter() - t0:.0f} s)", ""]
     return lines, summary
 
 
 def summary_table(rows: list[dict[str, str]]) -> list[str]:
-    cols = ["form", "analyze", "groups", "stacks", *HAND, "searched"]
+    cols = ["form", "analyze", "groups", "stacks", *HAND, "wrong shard", "searched"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [r.get(c, "FAIL (no session)" if "session" in r else "-") for c in cols]

@@ -132,6 +132,16 @@ class CostFacts:
     # name) and (params, operand shapes' bytes, result bytes) -> (mesh axes, bytes per device:
     # the larger of its buffers before and after), priced as it is, whatever the plan
     manual: tuple[str, Callable[..., tuple[tuple[str, ...], float]]] | None = None
+    # its results are its operands' buffers, one for one (a shard_map region's boundary: a
+    # device's shard outside is the body's array inside, and the body's result is the
+    # device's shard of the region's): it allocates nothing
+    aliases: bool = False
+    # random bits: XLA:CPU runs threefry2x32 as a rolled loop whose two uint32 halves of the
+    # result's shape are materialised (TPU and GPU unroll it into fusible elementwise ops);
+    # the halves are combined and turned into a mask or floats inside each consumer's fusion
+    # again, so they live until the last use of anything computed from the bits elementwise
+    # alone, and what is computed so is never materialised (liveness.cpu_random_bits)
+    cpu_rolled_bits: bool = False
 
 
 DEFAULT = CostFacts()
@@ -160,6 +170,11 @@ def define(names, **facts) -> None:
 FREE = PSEUDO_OPS | {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
                      "stop_gradient", "copy", "copy_p", "sharding_constraint", "optimization_barrier"}
 define(FREE, free=True, relayout=True)
+define(["shard_map_enter", "shard_map_exit"], aliases=True)
+# a shard_map body's type casts (a device-invariant value declared varying over an axis):
+# the same buffer, no data moved
+define(["pvary", "pbroadcast"], free=True, relayout=True, view=True, aliases=True)
+define(["random_bits", "threefry2x32"], cpu_rolled_bits=True)
 define(["transpose"], relayout=True)
 # Ops that only view their operand (cast, reshape, transpose, slice).
 define((FREE - PSEUDO_OPS) | {"transpose", "slice", "squeeze", "rev"}, view=True)
@@ -167,7 +182,8 @@ define((FREE - PSEUDO_OPS) | {"transpose", "slice", "squeeze", "rev"}, view=True
 # Elementwise primitives XLA fuses into their consumers, and the ops that read inside a
 # fusion: those and XLA's reductions (every ``reduce_*`` primitive).
 FUSIBLE = frozenset(name for name, rule in factor_rules.items() if rule is pointwise_rule) | {
-    "broadcast_in_dim", "convert_element_type", "reshape", "transpose", "squeeze", "select_n"}
+    "broadcast_in_dim", "convert_element_type", "bitcast_convert_type", "reshape", "transpose", "squeeze",
+    "select_n"}
 define(FUSIBLE, fusible=True, fusion_reader=True)
 define(["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
         "reduce_precision", "reduce_window", "reduce_window_sum", "reduce_window_max", "reduce_window_min",

@@ -7,7 +7,11 @@ combined all-reduces free the partial gradients) and ``memory_report``, the peak
 of one plan from the values' local sizes, the resharded and transient buffers and a
 recompute edit. Every buffer counts at its sharded size; arguments live throughout,
 outputs counted whole (as XLA reports them), donated outputs aliased: an over-estimate
-rather than an under-estimate. Imports ``_facts``, ``_report``, the program and rule types
+rather than an under-estimate. A value fused into its reader keeps its operands alive until
+that read; a shard_map region's operands, body arrays and results are one buffer each
+(``CostFacts.aliases``) unless the plan shards an operand otherwise than the region reads it;
+under ``lowering="cpu"`` random bits are threefry's two materialised halves
+(``cpu_random_bits``). Imports ``_facts``, ``_report``, the program and rule types
 and ``partex.analysis._recompute``'s ``backward_span``.
 """
 
@@ -42,31 +46,78 @@ class Liveness:
     mid_def: np.ndarray  # ... the op making each
     mid_end: np.ndarray  # ... the op after its last use
     mid_long: np.ndarray  # ... saved across much of the step: activations
+    mid_scale: np.ndarray  # ... its buffers per byte of its value (XLA:CPU's random bits: their two halves)
     inputs: np.ndarray
     outputs: np.ndarray  # sorted
     input_cat: np.ndarray  # per input: parameters, optimizer, activations (the data)
     output_cat: dict[int, str]  # an output that mirrors an input (the updated state): its category
     alias_pairs: tuple[tuple[int, int], ...]  # (input, output) donated pairs
+    # a region boundary's (operand, body value, boundary op, end of the body value's uses),
+    # as four arrays (empty: none): one buffer where the plan gives both the same size
+    region_pairs: tuple[np.ndarray, ...]
     alias_arrays: tuple[np.ndarray, np.ndarray]  # the same, as two arrays
 
 
-def fused_values(program) -> np.ndarray:
+def fused_values(program, lowering: str = "tpu") -> np.ndarray:
     """Per value: XLA fuses it away. A value made by an elementwise op and read only by
     one elementwise op or reduction is made and read inside one fusion: never in memory,
-    neither written by its maker nor read by its reader."""
+    neither written by its maker nor read by its reader. Under ``lowering="cpu"`` also what
+    is computed from random bits elementwise and read only inside fusions
+    (``cpu_random_bits``)."""
+    out = _fused(program)
+    if lowering == "cpu":
+        out |= cpu_random_bits(program)[0]
+        out[_alias_roots(program)[list(program.outputs)]] = False
+    return out
+
+
+def cpu_random_bits(program) -> tuple[np.ndarray, dict[int, tuple[int, ...]]]:
+    """XLA:CPU's random bits (``CostFacts.cpu_rolled_bits``): per value, whether it is
+    computed from random bits by elementwise ops alone and read only inside fusions (XLA
+    computes it again in each reader's fusion from the bits' halves: never in memory); and
+    each such value's random-bits values, whose halves live until its last read."""
     p = program
-    fusible, readers = having("fusible"), having("fusion_reader")
-    consumers = np.zeros(len(p.values), dtype=np.int64)
-    fusible_reader = np.zeros(len(p.values), dtype=bool)
+    rolled, fusible, readers = having("cpu_rolled_bits"), having("fusible"), having("fusion_reader")
+    source: dict[int, tuple[int, ...]] = {}  # a value computed from random bits alone -> the bits
     for op in p.ops:
-        for v in set(op.inputs):
+        if op.primitive in rolled:
+            for o in op.outputs:
+                source[o] = (o,)
+        elif op.primitive in fusible and op.outputs:
+            big = [v for v in op.inputs if math.prod(p.values[v].shape) > 1]  # scalars broadcast in
+            if big and all(v in source for v in big):
+                src = tuple(dict.fromkeys(b for v in big for b in source[v]))
+                for o in op.outputs:
+                    source[o] = src
+    read_in_fusion = dict.fromkeys(source, True)
+    read = set()
+    for op in p.ops:
+        for v in op.inputs:
+            if v in source:
+                read.add(v)
+                read_in_fusion[v] &= op.primitive in readers
+    unmade = np.zeros(len(p.values), dtype=bool)
+    for v in source:
+        unmade[v] = v in read and read_in_fusion[v] and p.ops[p.values[v].producer].primitive not in rolled
+    return unmade, {v: source[v] for v in np.flatnonzero(unmade).tolist()}
+
+
+def _fused(program) -> np.ndarray:
+    p = program
+    fusible, readers, aliasing = having("fusible"), having("fusion_reader"), having("aliases")
+    root = _alias_roots(p)  # a value read through a region's boundary is read where the body reads it
+    consumers = np.zeros(len(p.values), dtype=np.int64)
+    fusion_read = np.ones(len(p.values), dtype=bool)  # every reader reads it inside a fusion
+    for op in p.ops:
+        if op.primitive in aliasing:
+            continue
+        for v in {int(root[v]) for v in op.inputs}:
             consumers[v] += 1
-            fusible_reader[v] = op.primitive in readers
-    made_fusible = np.array([v.producer != NO_PRODUCER and p.ops[v.producer].primitive in fusible
-                             for v in p.values], dtype=bool)
-    out = np.zeros(len(p.values), dtype=bool)
-    out[:] = made_fusible & (consumers == 1) & fusible_reader
-    out[list(p.outputs)] = False
+            fusion_read[v] &= op.primitive in readers
+    made = [p.ops[v.producer].primitive if v.producer != NO_PRODUCER else None for v in p.values]
+    made_fusible = np.array([m in fusible for m in made], dtype=bool)
+    out = made_fusible & fusion_read & (consumers == 1)
+    out[root[list(p.outputs)]] = False
     return out
 
 
@@ -159,15 +210,74 @@ def _aliases(p, donate) -> list[tuple[int, int]]:
     return pairs
 
 
-def build_liveness(analysis, donate, fused: np.ndarray) -> Liveness:
+def _alias_roots(p) -> np.ndarray:
+    """Per value, the value whose buffer it is (itself, or through ops that only alias their
+    operands: a shard_map region's boundary) - the first of its chain."""
+    root = np.arange(len(p.values), dtype=np.int64)
+    aliasing = having("aliases")
+    for op in p.ops:  # program order: an operand's root is settled before its result's
+        if op.primitive in aliasing:
+            for i, o in zip(op.inputs, op.outputs):
+                root[o] = root[i]
+    return root
+
+
+def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -> Liveness:
     p = analysis.program
     n_ops = len(p.ops)
     end = _last_uses(p)
     prod = np.fromiter((v.producer for v in p.values), dtype=np.int64, count=len(p.values))
+    aliasing = having("aliases")
+    aliases = [(op.id, i, o) for op in reversed(p.ops) if op.primitive in aliasing
+               for i, o in zip(op.inputs, op.outputs)]  # last first: a chain's end reaches its first
+    # (an operand an elementwise op made XLA computes again there from its own operands, or
+    # keeps for its other readers: only a value no fusion can recompute - a matmul's, a
+    # reduction's, an argument - is kept for the fused read)
+    fusible = having("fusible")
+    kept = [v.producer == NO_PRODUCER or p.ops[v.producer].primitive not in fusible for v in p.values]
+    fusing = [([i for i in op.inputs if kept[i]], [o for o in op.outputs if fused[o]]) for op in reversed(p.ops)]
+    # XLA:CPU's random bits: a mask computed from them is computed again from their halves
+    bits = cpu_random_bits(p)[1] if lowering == "cpu" else {}
+    fusing += [(list(src), [v]) for v, src in bits.items()]
+    fusing = [(ins, outs) for ins, outs in fusing if outs]
+    # A buffer seen under several values (a region's operand and the body's array) lives
+    # until the last use of any; a value XLA fuses into its reader is computed there, from
+    # its operands, which live until that read (a ReLU's mask read in the backward pass
+    # keeps its input). Each can lengthen the other's ranges: repeated until none changes.
+    for _ in range(8):
+        before = end.copy()
+        for _, i, o in aliases:
+            end[i] = max(end[i], end[o])
+        for ins, outs in fusing:
+            last = max(end[o] for o in outs)
+            for i in ins:
+                end[i] = max(end[i], last)
+        if np.array_equal(before, end):
+            break
+    scale = np.ones(len(p.values), dtype=np.float64)
+    if lowering == "cpu":  # random bits: two uint32 halves (cpu_random_bits)
+        for op in p.ops:
+            if op.primitive == "random_bits":
+                val = p.values[op.outputs[0]]
+                scale[val.id] = 2 * max(4, val.dtype.itemsize) / val.dtype.itemsize
     is_mid = np.ones(len(p.values), dtype=bool)
     is_mid[list(set(p.inputs))] = False
     is_mid[list(set(p.outputs))] = False
     is_mid &= prod != NO_PRODUCER
+    # Where a plan shards a region's operand otherwise than the region takes it (a ZeRO
+    # weight gathered for a body that reads it whole), the body's array is a buffer of its
+    # own, from the boundary to the last use through it: memory_report adds it then.
+    split = [(i, o, at, max(end[o], at) + 1) for at, i, o in aliases if is_mid[o]]
+    # Otherwise it counts once, at its first value; not at all where one of the values is
+    # an argument or an output (counted whole already).
+    root = _alias_roots(p)
+    aliased = np.flatnonzero(root != np.arange(len(root)))
+    if len(aliased):
+        whole = np.zeros(len(root), dtype=bool)
+        np.logical_or.at(whole, root[aliased], ~is_mid[aliased])
+        whole[root[aliased]] |= ~is_mid[root[aliased]]
+        is_mid[aliased] = False
+        is_mid[whole] = False
     # XLA fuses elementwise chains: a value made by an elementwise op and read only by
     # one elementwise op or reduction is never materialised.
     is_mid &= ~fused
@@ -184,9 +294,10 @@ def build_liveness(analysis, donate, fused: np.ndarray) -> Liveness:
     in_cat = dict(zip(p.inputs, cat))
     return Liveness(
         n_ops=n_ops, value_end=np.where(end < 0, n_ops, end + 1).tolist(), mid=mid, mid_def=mid_def,
-        mid_end=mid_end, mid_long=span > max(8, n_ops // 10), inputs=np.array(p.inputs, dtype=np.int64),
+        mid_end=mid_end, mid_long=span > max(8, n_ops // 10), mid_scale=scale[mid], inputs=np.array(p.inputs, dtype=np.int64),
         outputs=np.array(sorted(set(p.outputs)), dtype=np.int64), input_cat=np.array(cat),
         output_cat={ovid: in_cat[ivid] for ovid, ivid in roles.mirror.items()}, alias_pairs=tuple(alias_pairs),
+        region_pairs=tuple(np.array(x, dtype=np.int64) for x in zip(*split)) if split else (),
         alias_arrays=(np.array([i for i, _ in alias_pairs], dtype=np.int64),
                       np.array([o for _, o in alias_pairs], dtype=np.int64)))
 
@@ -203,7 +314,7 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         alias = float(local[ao][np.isclose(local[ai], local[ao])].sum())
     else:
         alias = 0.0
-    b = local[live.mid]
+    b = local[live.mid] * live.mid_scale
     n = live.n_ops + 2
     mid_end = live.mid_end if edit is None else edit.mid_end
     delta = (np.bincount(live.mid_def, weights=b, minlength=n)
@@ -214,6 +325,11 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
     if edit is not None and len(edit.tmp_v):
         size = np.maximum.reduceat(local[edit.tmp_v], edit.tmp_seg)
         delta += np.bincount(edit.tmp_at, weights=size, minlength=n) - np.bincount(edit.tmp_at + 1, weights=size, minlength=n)
+    if live.region_pairs:
+        outer, body, at, stop = live.region_pairs
+        own = ~np.isclose(local[outer], local[body])
+        if own.any():
+            buffers = [*buffers, *zip(at[own].tolist(), stop[own].tolist(), local[body][own].tolist())]
     if buffers:
         start, stop, size = (np.array(x) for x in zip(*buffers))
         delta += np.bincount(start, weights=size, minlength=n) - np.bincount(stop, weights=size, minlength=n)

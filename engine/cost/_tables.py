@@ -109,7 +109,7 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
     values = p.values
     nbytes = np.fromiter((v.nbytes for v in values), dtype=np.float64, count=len(values))
     sigs, vsig = _signatures(analysis, fixed)
-    fused = fused_values(p)
+    fused = fused_values(p, lowering)
     patterns, op_pattern, total_flops = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering)
     # groups each signature / pattern depends on, as bitmasks (hot path)
     sig_mask = [mask(g for g, _ in sig) for sig in sigs]
@@ -129,5 +129,5 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
         axis_lat={a: mesh.axis_latency(a, hardware) for a in mesh.axes},
         nbytes=_read_only(nbytes), sigs=sigs, vsig=_read_only(vsig), sig_mask=sig_mask, sig_masks=_by_mask(sig_mask),
         patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask, mask_groups=_by_mask(pat_mask),
-        total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused),
+        total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused, lowering),
         combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late)
