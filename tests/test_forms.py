@@ -191,3 +191,21 @@ def test_gradient_accumulation_under_scan_trains_sharded():
     s = lc.session(mod.make(), mesh=mod.MESH)
     _runs(s, None, strategy="zero3")
     _searched_fits(mod)
+
+
+def test_a_misplaced_shard_is_caught_beside_a_typed_key_in_the_state():
+    """The state carries a key<fry> key beside the parameters: its bits (RMS ~1e9 as numbers)
+    do not set the scale the parameters' errors are judged at, so a parameter with its two
+    halves swapped is flagged, and the correct run is not."""
+    from numerics_models.wrong import swapped
+
+    mod = load("dropout_typed_keys")
+    fn, args, _ = lc.unpack(mod.make())
+    s = lc.session(mod.make(), mesh=mod.MESH)
+    cal, run = partex.calibrate_numerics(s.plan(strategy="zero3").apply(fn), fn, args)
+    got = run()
+    assert "out/0/key" in cal.paths
+    assert cal.compare(got)["ok"]
+    bad = cal.compare(swapped(cal.paths, got, "out/0/params/layers/1/w_out"))
+    assert not bad["ok"] and bad["worst_output"] == "out/0/params/layers/1/w_out", bad
+    assert bad["max_rel_err"] > 100 * bad["tolerance"], bad
