@@ -46,7 +46,7 @@ class Liveness:
     mid_def: np.ndarray  # ... the op making each
     mid_end: np.ndarray  # ... the op after its last use
     mid_long: np.ndarray  # ... saved across much of the step: activations
-    mid_scale: np.ndarray  # ... its buffers per byte of its value (XLA:CPU's random bits: their two halves)
+    mid_scale: np.ndarray | None  # ... its buffers per byte of its value (XLA:CPU's random bits: two halves); None: 1
     inputs: np.ndarray
     outputs: np.ndarray  # sorted
     input_cat: np.ndarray  # per input: parameters, optimizer, activations (the data)
@@ -275,7 +275,6 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     if len(aliased):
         whole = np.zeros(len(root), dtype=bool)
         np.logical_or.at(whole, root[aliased], ~is_mid[aliased])
-        whole[root[aliased]] |= ~is_mid[root[aliased]]
         is_mid[aliased] = False
         is_mid[whole] = False
     # XLA fuses elementwise chains: a value made by an elementwise op and read only by
@@ -294,7 +293,7 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     in_cat = dict(zip(p.inputs, cat))
     return Liveness(
         n_ops=n_ops, value_end=np.where(end < 0, n_ops, end + 1).tolist(), mid=mid, mid_def=mid_def,
-        mid_end=mid_end, mid_long=span > max(8, n_ops // 10), mid_scale=scale[mid], inputs=np.array(p.inputs, dtype=np.int64),
+        mid_end=mid_end, mid_long=span > max(8, n_ops // 10), mid_scale=scale[mid] if (scale != 1).any() else None, inputs=np.array(p.inputs, dtype=np.int64),
         outputs=np.array(sorted(set(p.outputs)), dtype=np.int64), input_cat=np.array(cat),
         output_cat={ovid: in_cat[ivid] for ovid, ivid in roles.mirror.items()}, alias_pairs=tuple(alias_pairs),
         region_pairs=tuple(np.array(x, dtype=np.int64) for x in zip(*split)) if split else (),
@@ -314,7 +313,7 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         alias = float(local[ao][np.isclose(local[ai], local[ao])].sum())
     else:
         alias = 0.0
-    b = local[live.mid] * live.mid_scale
+    b = local[live.mid] if live.mid_scale is None else local[live.mid] * live.mid_scale
     n = live.n_ops + 2
     mid_end = live.mid_end if edit is None else edit.mid_end
     delta = (np.bincount(live.mid_def, weights=b, minlength=n)
@@ -329,7 +328,8 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         outer, body, at, stop = live.region_pairs
         own = ~np.isclose(local[outer], local[body])
         if own.any():
-            buffers = [*buffers, *zip(at[own].tolist(), stop[own].tolist(), local[body][own].tolist())]
+            size = local[body][own]
+            delta += np.bincount(at[own], weights=size, minlength=n) - np.bincount(stop[own], weights=size, minlength=n)
     if buffers:
         start, stop, size = (np.array(x) for x in zip(*buffers))
         delta += np.bincount(start, weights=size, minlength=n) - np.bincount(stop, weights=size, minlength=n)
