@@ -3,8 +3,9 @@ training step is written in (``scripts/forms/<form>.py``), whether partex analys
 ops, decision groups at 2 and 4 layers and layer stacks, each hand plan's numerics against
 the unsharded step (run on the devices), predicted/XLA memory and collective-byte ratios, and
 the searched plan under a budget of 0.5x the replicated plan's memory, or, where no hand plan
-meets that per XLA, the smallest hand plan's XLA peak (a budget XLA meets): whether it fits
-per XLA. ``dropout_typed_keys`` adds a row per recompute kind of its layer stack (on zero3).
+meets that per XLA, the budget at which the smallest hand plan's XLA peak keeps the default
+memory margin free: whether it fits per XLA. ``dropout_typed_keys``, ``moe_all_to_all`` and ``ring_attention``
+(whose layers hold a shard_map region) add a row per recompute kind of their layer stack (on zero3).
 Each form also shows verify's calibrated numerics on a deliberately wrong run: zero3's
 outputs with its largest parameter's two halves swapped (a shard in the wrong place), and
 how far beyond its tolerance the comparison puts it.
@@ -49,7 +50,7 @@ from numerics_models.wrong import swapped  # noqa: E402
 FORMS = ["explicit_reshard", "explicit_auto_axes", "moe_all_to_all", "moe_ragged_all_to_all", "partial_manual",
          "ring_attention", "dropout_typed_keys", "int8_matmul", "grad_accum_scan"]
 HAND = ("dp", "megatron", "zero3", "expert")
-RECOMPUTE_FORMS = {"dropout_typed_keys"}  # forms whose layer stack gets a row per recompute kind
+RECOMPUTE_FORMS = {"dropout_typed_keys", "moe_all_to_all", "ring_attention"}  # forms whose layer stack gets a row per recompute kind
 FRACTION = 0.5  # the searched plan's budget: this share of the replicated plan's memory
 SIMULATIONS = 200
 ENGINE = os.path.dirname(os.path.abspath(partex.__file__))
@@ -142,11 +143,15 @@ def wrong_shard(s: partex.Session, made, name: str) -> str:
 
 def search_budget(made, mesh: str, hand_xla: list[float]) -> tuple[float, str]:
     """FRACTION x the replicated plan's predicted memory; where every hand plan's XLA peak is
-    above that, the smallest of them (a budget a hand plan meets per XLA)."""
-    half = FRACTION * lc.replicated_bytes(lc.session(made, mesh=mesh))
+    above that, the budget at which the smallest of them keeps the default memory margin free
+    (its XLA peak / (1 - margin)): the budget a user who runs that hand plan has."""
+    s = lc.session(made, mesh=mesh)
+    half = FRACTION * lc.replicated_bytes(s)
     if hand_xla and min(hand_xla) > half:
-        return min(hand_xla), (f"the smallest hand plan's XLA peak: no hand plan meets {FRACTION}x replicated "
-                               f"({partex.format_bytes(half)})")
+        margin = s.hardware.memory_margin
+        return min(hand_xla) / (1 - margin), (
+            f"the smallest hand plan's XLA peak {partex.format_bytes(min(hand_xla))} with the {margin:.0%} "
+            f"margin free: no hand plan meets {FRACTION}x replicated ({partex.format_bytes(half)})")
     return half, f"{FRACTION}x replicated"
 
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 from .._decisions import LOOP_RECOMPUTE_KINDS, RECOMPUTE_KINDS
 from ..tracing._program import NO_PRODUCER, TOP_REGION, Program, ValueId
 from ._stacks import Block, layer_blocks
@@ -121,10 +123,9 @@ def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]
     for blk in blocks:
         if blk.start + blk.extent > b:
             continue
-        ops = program.ops[blk.start:blk.start + blk.period * blk.count]
-        if any(op.region != TOP_REGION or op.primitive.endswith(("_enter", "_exit")) for op in ops):
-            continue
         copies = tuple((blk.start + k * blk.period, blk.start + (k + 1) * blk.period) for k in range(blk.count))
+        if not all(_recomputable(program, lo, hi) for lo, hi in copies):
+            continue
         u = Unit(len(out), blk, "", b, until, copies, layers=blk.count)
         # nothing the backward reads, or recomputed already (the step's own jax.checkpoint)
         if not any(plan_copy(program, u, k, "full", readers).at >= 0 for k in range(len(copies))):
@@ -138,6 +139,34 @@ def units(program: Program, blocks: Sequence[Block] | None = None) -> list[Unit]
             out.append(u)
     out.sort(key=lambda u: u.copies[0][0])
     return [dataclasses.replace(u, id=i, label=f"stack{i}") for i, u in enumerate(out)]
+
+
+def shard_map_spans(program: Program, lo: int, hi: int) -> dict[int, int] | None:
+    """The ``shard_map`` regions among ops [lo, hi), enter op -> exit op (a region's body is
+    traced inline, between the two); None where a region crosses the range's ends."""
+    spans: dict[int, int] = {}
+    open_: list[int] = []
+    for op in program.ops[lo:hi]:
+        if op.primitive == "shard_map_enter":
+            open_.append(op.id)
+        elif op.primitive == "shard_map_exit":
+            if not open_:
+                return None
+            spans[open_.pop()] = op.id
+    return None if open_ else spans
+
+
+def _recomputable(program: Program, lo: int, hi: int) -> bool:
+    """Ops [lo, hi) can be bound again in the backward pass: top-level ops and whole
+    shard_map regions (bound as one op, whatever their bodies hold); no loop or branch."""
+    spans = shard_map_spans(program, lo, hi)
+    if spans is None:
+        return False
+    inside = np.zeros(hi - lo, dtype=bool)
+    for enter, exit_ in spans.items():
+        inside[enter - lo:exit_ - lo + 1] = True
+    return all(inside[op.id - lo] or (op.region == TOP_REGION and not op.primitive.endswith(("_enter", "_exit")))
+               for op in program.ops[lo:hi])
 
 
 def _where(program: Program, op: int) -> str:
@@ -217,6 +246,10 @@ def plan_copy(program: Program, u: Unit, k: int, kind: str, readers=None) -> Cop
         for v in ops[o].inputs:
             if v in made and v not in saved:
                 stack.append(made[v])
+    # a shard_map region runs again whole (apply binds it as one op)
+    for enter, exit_ in (shard_map_spans(program, lo, hi) or {}).items():
+        if any(enter <= o <= exit_ for o in need):
+            need.update(range(enter, exit_ + 1))
     seq = tuple(sorted(need))
     produced = {v for o in seq for v in ops[o].outputs}
     leaves = tuple(sorted({v for o in seq for v in ops[o].inputs if v not in produced and v not in program.constants}))

@@ -347,7 +347,14 @@ class _Interpreter:
         """Bind the forward ops ``ops`` again, in order, on the values in ``local`` (by value
         id; the step's constants otherwise); their results, constrained, go to ``local``."""
         program, specs = self.program, self.value_specs
+        skip = -1  # a shard_map region's body and exit: bound with its enter op, whole
         for o in ops:
+            if o <= skip:
+                continue
+            results = program.ops[o].outputs
+            if program.ops[o].primitive == "shard_map_enter":
+                skip = self._shard_map_exit(o)
+                results = program.ops[skip].outputs
             eqn = self.eqn_of[o]
             invals = []
             for a in eqn.invars:
@@ -362,9 +369,21 @@ class _Interpreter:
                 invals.append(x)
             with _eqn_context(eqn, self.context_mesh):
                 outs = self.bind(eqn, o, invals)
-            for vid, x in zip(program.ops[o].outputs, outs):
+            for vid, x in zip(results, outs):
                 spec = specs.get(vid)
                 local[vid] = self._constrain(x, spec, f"recomputed value {vid}") if spec is not None else x
+
+    def _shard_map_exit(self, enter: int) -> int:
+        """The exit op of the shard_map region entered at op ``enter``."""
+        depth = 0
+        for op in self.program.ops[enter + 1:]:
+            if op.primitive == "shard_map_enter":
+                depth += 1
+            elif op.primitive == "shard_map_exit":
+                if not depth:
+                    return op.id
+                depth -= 1
+        raise AssertionError(f"shard_map region at op {enter} has no exit")
 
     def _loop_leaves(self, lp: LoopPlan, carry, xs, extra) -> dict:
         """In the backward loop's body: the values the recomputation reads (``xs``: the
