@@ -206,13 +206,21 @@ def test_int8_matmuls_with_straight_through_gradients_train_sharded():
 
 
 def test_gradient_accumulation_under_scan_trains_sharded():
-    """The microbatch loop is one scan; zero3 runs with the step's numerics; a searched plan
-    fits."""
+    """The microbatch loop is one scan; zero3 runs with the step's numerics; XLA hoists the
+    gather of each ZeRO weight out of the loop, which the prediction charges once per step
+    (2.00x XLA's bytes when it was charged per microbatch); the loop's gradient
+    accumulators are one buffer each, as XLA's loop state (dp 1.19x XLA's memory when the
+    initial zeros were counted beside them); a searched plan fits."""
     mod = load("grad_accum_scan")
     an = _analysed(mod)
     assert sum(op.primitive == "scan_enter" for op in an.program.ops) == 1
     s = lc.session(mod.make(), mesh=mod.MESH)
-    _runs(s, None, strategy="zero3")
+    out = _runs(s, None, strategy="zero3")
+    gathered = out.collectives["all-gather"]
+    assert gathered.xla_bytes > 0 and gathered.ratio == pytest.approx(1.0), gathered
+    assert 0.9 <= out.memory.ratio <= 1.1, out.memory
+    dp = s.verify(s.plan(strategy="dp"), mark=False)
+    assert 0.95 <= dp.memory.ratio <= 1.05, dp.memory
     _searched_fits(mod)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def fused_values(program, lowering: str = "tpu") -> np.ndarray:
     out = _fused(program)
     if lowering == "cpu":
         out |= cpu_random_bits(program)[0]
-        out[_alias_roots(program)[list(program.outputs)]] = False
+        out[alias_roots(program)[list(program.outputs)]] = False
     return out
 
 
@@ -105,7 +105,7 @@ def cpu_random_bits(program) -> tuple[np.ndarray, dict[int, tuple[int, ...]]]:
 def _fused(program) -> np.ndarray:
     p = program
     fusible, readers, aliasing = having("fusible"), having("fusion_reader"), having("aliases")
-    root = _alias_roots(p)  # a value read through a region's boundary is read where the body reads it
+    root = alias_roots(p)  # a value read through a region's boundary is read where the body reads it
     consumers = np.zeros(len(p.values), dtype=np.int64)
     fusion_read = np.ones(len(p.values), dtype=bool)  # every reader reads it inside a fusion
     for op in p.ops:
@@ -210,16 +210,43 @@ def _aliases(p, donate) -> list[tuple[int, int]]:
     return pairs
 
 
-def _alias_roots(p) -> np.ndarray:
+def alias_roots(p, carries: Sequence[tuple[int, int, int]] = ()) -> np.ndarray:
     """Per value, the value whose buffer it is (itself, or through ops that only alias their
-    operands: a shard_map region's boundary) - the first of its chain."""
+    operands: a shard_map region's boundary; ``carries``: a loop's state) - the first of
+    its chain."""
     root = np.arange(len(p.values), dtype=np.int64)
     aliasing = having("aliases")
     for op in p.ops:  # program order: an operand's root is settled before its result's
         if op.primitive in aliasing:
             for i, o in zip(op.inputs, op.outputs):
                 root[o] = root[i]
+    for _, i, o in sorted(carries):
+        root[o] = root[i]
     return root
+
+
+def _loop_carries(p) -> list[tuple[int, int, int]]:
+    """(op, operand, result) pairs that are one buffer as XLA runs a loop: the loop state.
+    A carry's initial value is the state the body reads (where nothing else reads it: XLA
+    copies one read again after the loop), and a carry the body makes is the loop's result."""
+    readers = np.zeros(len(p.values), dtype=np.int64)
+    for op in p.ops:
+        for v in set(op.inputs):
+            readers[v] += 1
+    outer = set(p.inputs) | set(p.outputs)
+    enter_of = {r.exit: r.enter for r in p.regions if r.exit >= 0}
+    pairs = []
+    for op in p.ops:
+        if op.primitive in ("scan_enter", "while_enter"):
+            n = op.params["num_carry"] if op.primitive == "scan_enter" else len(op.outputs)
+            pairs += [(op.id, i, o) for i, o in zip(op.inputs[:n], op.outputs[:n])
+                      if readers[i] == 1 and i not in outer and p.values[i].producer != NO_PRODUCER]
+        elif op.primitive in ("scan_exit", "while_exit"):
+            n = op.params["num_carry"] if op.primitive == "scan_exit" else len(op.outputs)
+            enter = enter_of[op.id]
+            pairs += [(op.id, i, o) for i, o in zip(op.inputs[:n], op.outputs[:n])
+                      if p.values[i].producer > enter and o not in outer]
+    return pairs
 
 
 def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -> Liveness:
@@ -230,6 +257,7 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     aliasing = having("aliases")
     aliases = [(op.id, i, o) for op in reversed(p.ops) if op.primitive in aliasing
                for i, o in zip(op.inputs, op.outputs)]  # last first: a chain's end reaches its first
+    carries = _loop_carries(p)
     # (an operand an elementwise op made XLA computes again there from its own operands, or
     # keeps for its other readers: only a value no fusion can recompute - a matmul's, a
     # reduction's, an argument - is kept for the fused read)
@@ -247,6 +275,8 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     for _ in range(8):
         before = end.copy()
         for _, i, o in aliases:
+            end[i] = max(end[i], end[o])
+        for _, i, o in reversed(carries):
             end[i] = max(end[i], end[o])
         for ins, outs in fusing:
             last = max(end[o] for o in outs)
@@ -270,7 +300,7 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     split = [(i, o, at, max(end[o], at) + 1) for at, i, o in aliases if is_mid[o]]
     # Otherwise it counts once, at its first value; not at all where one of the values is
     # an argument or an output (counted whole already).
-    root = _alias_roots(p)
+    root = alias_roots(p, carries)
     aliased = np.flatnonzero(root != np.arange(len(root)))
     if len(aliased):
         whole = np.zeros(len(root), dtype=bool)
@@ -322,7 +352,8 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         size = local[edit.clone_v] * edit.clone_n
         delta += np.bincount(edit.clone_a, weights=size, minlength=n) - np.bincount(edit.clone_b, weights=size, minlength=n)
     if edit is not None and len(edit.tmp_v):
-        size = np.maximum.reduceat(local[edit.tmp_v], edit.tmp_seg)
+        rows = np.bincount(edit.tmp_row, weights=local[edit.tmp_v])
+        size = np.maximum.reduceat(rows, edit.tmp_seg)
         delta += np.bincount(edit.tmp_at, weights=size, minlength=n) - np.bincount(edit.tmp_at + 1, weights=size, minlength=n)
     if live.region_pairs:
         outer, body, at, stop = live.region_pairs

@@ -195,7 +195,7 @@ class CostModel:
         exposed = None
         if overlap and comm > 0:
             # the recomputation's ops run as one block, their collectives in line
-            secs, exposed = overlapped(t, self._timeline(), aggs, common.dup_ops)
+            secs, exposed = overlapped(t, self._timeline(), aggs, common.dup_ops, common.hoisted)
             step = min(step, secs + xc + xm)
         ideal = t.total_flops / (self.mesh.size * self.hw.peak_flops)
         mem = memory_report(t.live, local, detail, buffers, edit)

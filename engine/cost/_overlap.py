@@ -219,10 +219,16 @@ class _Run:
     """One run of the schedule: the clocks, the plan's per-op compute seconds and
     collectives, and what it charges the collectives."""
 
-    __slots__ = ("st", "tl", "op_c", "opc", "op_colls", "special", "exposed", "pending")
+    __slots__ = ("st", "tl", "op_c", "opc", "op_colls", "special", "exposed", "pending", "hoisted", "later")
 
-    def __init__(self, st: SimState, tl: Timeline, op_c: np.ndarray, op_colls: dict, special: np.ndarray):
+    def __init__(self, st: SimState, tl: Timeline, op_c: np.ndarray, op_colls: dict, special: np.ndarray,
+                 hoisted: dict | None = None):
         self.st, self.tl, self.op_c, self.op_colls, self.special = st, tl, op_c, op_colls, special
+        # op -> {collective index: the loops XLA hoists it out of}: issued on their first trip only
+        self.hoisted: dict[int, dict[int, tuple[int, ...]]] = {}
+        for (o, k), loops in (hoisted or {}).items():
+            self.hoisted.setdefault(o, {})[k] = loops
+        self.later: set[int] = set()  # the loops being scheduled in a later trip than their first
         self.opc = op_c.tolist()
         self.exposed: dict = collections.defaultdict(float)
         # The regions read and write the pending dict the run starts with; SimState.shift
@@ -230,7 +236,7 @@ class _Run:
         self.pending = st.pending
 
 
-def overlapped(t: "Tables", tl: Timeline, aggs, dup_ops) -> tuple[float, dict]:
+def overlapped(t: "Tables", tl: Timeline, aggs, dup_ops, hoisted=None) -> tuple[float, dict]:
     """The step's time with collectives overlapping compute, as XLA's latency-hiding
     scheduler runs them on TPU and GPU: one compute stream runs the ops in program order,
     one communication stream the collectives in the order they are issued.
@@ -251,7 +257,8 @@ def overlapped(t: "Tables", tl: Timeline, aggs, dup_ops) -> tuple[float, dict]:
       fetched under the first's compute) and the second trip counted for the rest.
 
     ``aggs``: the plan's aggregates, one per entry of ``t.mask_groups``; ``dup_ops``: the
-    (op, collective) pairs CSE makes free. Returns (seconds, (pattern, collective) ->
+    (op, collective) pairs CSE makes free; ``hoisted``: (op, collective) -> the loops XLA
+    hoists it out of (``Reshards.hoisted``), issued on their first trip only. Returns (seconds, (pattern, collective) ->
     seconds per step the step waits for it)."""
     pat_c = np.zeros(len(t.patterns))
     op_colls: dict[int, list] = {}
@@ -267,7 +274,7 @@ def overlapped(t: "Tables", tl: Timeline, aggs, dup_ops) -> tuple[float, dict]:
         if lst is not None:
             op_colls[o] = [x for x in lst if x.position != k]
     st = SimState(t.axes)
-    run = _Run(st, tl, pat_c[t.op_pattern], op_colls, special)
+    run = _Run(st, tl, pat_c[t.op_pattern], op_colls, special, hoisted)
     _region(run, 0, 1.0)
     if st.tm > st.tc:  # the step ends when the links are done
         st.wait(st.tm, max((lst[-1][1], lst[-1][2]) for lst in st.busy.values() if lst)[1], 1.0, run.exposed)
@@ -298,6 +305,9 @@ def _region(run: _Run, rid: int, mult: float) -> None:
             if r is not None and r[0] > start:
                 start, binding = r
         lst = op_colls.get(o, ())
+        if lst and run.later and o in run.hoisted:  # hoisted out of a loop in a later trip: done
+            h = run.hoisted[o]
+            lst = [x for x in lst if not (x[0] in h and run.later.intersection(h[x[0]]))]
         if not lst:
             if binding is not None:
                 if view_op[o]:
@@ -345,12 +355,15 @@ def _loop(run: _Run, rid: int, mult: float) -> None:
     length, carried = run.tl.loops.get(rid, (1, ()))
     marks = []
     for trip in range(min(length, 2)):
+        if trip:
+            run.later.add(rid)
         _region(run, rid, mult if trip == 0 else mult * (length - 1))
         for v in carried:  # the next trip reads what this one carries
             r = st.pending.get(v)
             if r is not None:
                 st.wait(r[0], r[1], mult if trip == 0 else mult * (length - 1), run.exposed)
         marks.append((st.tc, dict(st.free), st.horizon))
+    run.later.discard(rid)
     if len(marks) == 2 and length > 2:
         (c1, m1, h1), (c2, m2, h2) = marks
         n = length - 2

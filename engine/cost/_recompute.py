@@ -6,7 +6,7 @@ residuals' shortened lifetimes; the recomputed copies' own; the recomputation's
 temporaries; the weights re-taken in the backward pass) and ``extra_cost``, the time and
 collectives of an edit's re-run ops under some decisions. Which ops a unit re-runs is
 ``partex.analysis._recompute``'s (``plan_unit``); this module only prices it. Imports
-``partex.analysis._recompute`` only.
+``partex.analysis._recompute`` and ``_liveness``'s ``alias_roots``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..analysis._recompute import LoopPlan, plan_unit
+from ._liveness import alias_roots
 
 if TYPE_CHECKING:
     from ._patterns import PatternCost
@@ -36,9 +37,13 @@ class Edit:
     clone_b: np.ndarray  # ... to their last backward read
     clone_n: np.ndarray  # copies of each (a value a forward loop stacks: its length)
     late: dict[int, tuple[int, int]]  # weight -> the backward pass's ops: reads there reshard anew
-    tmp_v: np.ndarray  # the recomputations' temporaries, per layer from tmp_seg, ...
+    # the recomputations' temporaries: (row, value) pairs, a row a set of values live at
+    # once; a recomputation's rows from tmp_seg on; the largest row of each, live at its
+    # recompute point (tmp_at)
+    tmp_row: np.ndarray
+    tmp_v: np.ndarray
     tmp_seg: np.ndarray
-    tmp_at: np.ndarray  # ... the largest of each live at its recompute point
+    tmp_at: np.ndarray
 
 
 def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> Edit:
@@ -51,14 +56,14 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
     mid_end = live.mid_end.copy()
     extra: collections.Counter = collections.Counter()
     clone_v, clone_a, clone_b, clone_n = [], [], [], []
-    tmp_v, tmp_seg, tmp_at = [], [], []
+    tmps = _Temporaries()
+    root = None
     late: dict[int, tuple[int, int]] = dict(t.user_late)
     for u, kind in rc:
         unit = units[u]
         for cp in plan_unit(p, unit, kind):
             if isinstance(cp, LoopPlan):
-                _edit_loop(t, unit, cp, extra, mid_at, mid_end, (clone_v, clone_a, clone_b, clone_n),
-                           (tmp_v, tmp_seg, tmp_at))
+                _edit_loop(t, unit, cp, extra, mid_at, mid_end, (clone_v, clone_a, clone_b, clone_n), tmps)
                 continue
             if cp.at < 0:
                 continue
@@ -66,7 +71,7 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
                 late[v] = (unit.boundary, unit.until)
             _charge(t, cp.ops, set(cp.weights), extra)
             rec = set(cp.recomputed)
-            tmps = []
+            made = []
             for o in cp.ops:
                 for v in p.ops[o].outputs:
                     i = mid_at.get(v)
@@ -80,11 +85,15 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
                         clone_b.append(live.value_end[v])
                         clone_n.append(1)
                     else:
-                        tmps.append(v)
-            if tmps:  # the recomputation's own temporaries: freed as it goes, the largest counts
-                tmp_seg.append(len(tmp_v))
-                tmp_v += tmps
-                tmp_at.append(cp.at)
+                        made.append(v)
+            # the recomputation's own temporaries, each live from its op to its last read
+            # there (a region's body value that is a recomputed result's buffer is that copy)
+            if root is None:
+                root = alias_roots(p)
+            copies = {int(root[v]) for v in rec}
+            made = [v for v in made if v not in copies]
+            if made:
+                tmps.add(_live_sets(p, cp.ops, made, root), cp.at)
             for v in cp.leaves:  # read again at the recompute point
                 i = mid_at.get(v)
                 if i is not None:
@@ -95,7 +104,44 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
     return Edit(rc, list(by_mask.items()), mid_end, np.array(clone_v, dtype=np.int64),
                 np.array(clone_a, dtype=np.int64), np.array(clone_b, dtype=np.int64),
                 np.array(clone_n, dtype=np.float64), late,
-                *(np.array(x, dtype=np.int64) for x in (tmp_v, tmp_seg, tmp_at)))
+                *(np.array(x, dtype=np.int64) for x in (tmps.row, tmps.v, tmps.seg, tmps.at)))
+
+
+class _Temporaries:
+    """The recomputations' temporaries as Edit holds them (rows of values live at once)."""
+
+    def __init__(self):
+        self.row: list[int] = []
+        self.v: list[int] = []
+        self.seg: list[int] = []
+        self.at: list[int] = []
+        self.rows = 0
+
+    def add(self, rows: list[list[int]], at: int) -> None:
+        self.seg.append(self.rows)
+        for r in rows:
+            self.row += [self.rows] * len(r)
+            self.v += r
+            self.rows += 1
+        self.at.append(at)
+
+
+def _live_sets(p, ops, made: list[int], root) -> list[list[int]]:
+    """The sets of ``made`` values live at once as ``ops`` run in order: after each op
+    that makes one, those made so far whose last read among ``ops`` (through an alias:
+    ``root``, per value the value whose buffer it is) is not behind."""
+    pos = {o: k for k, o in enumerate(ops)}
+    first = {v: pos[p.values[v].producer] for v in made}
+    last = dict(first)
+    for k, o in enumerate(ops):
+        for v in p.ops[o].inputs:
+            v = int(root[v])
+            if v in last:
+                last[v] = max(last[v], k)
+    rows = []
+    for k in sorted(set(first.values())):
+        rows.append([v for v in made if first[v] <= k <= last[v]])
+    return rows
 
 
 def _charge(t: "Tables", ops, shared: set, extra) -> None:
@@ -138,12 +184,9 @@ def _edit_loop(t: "Tables", unit, lp: LoopPlan, extra, mid_at, mid_end, clones, 
         clone_a.append(exit_.id)
         clone_b.append(last)
         clone_n.append(unit.layers)
-    tmp_v, tmp_seg, tmp_at = tmps
     made = [v for o in lp.ops for v in p.ops[o].outputs if v in mid_at]
-    if made:
-        tmp_seg.append(len(tmp_v))
-        tmp_v += made
-        tmp_at.append(lp.backward)
+    if made:  # the largest (a loop body's live sets: not modelled)
+        tmps.add([[v] for v in made], lp.backward)
 
 
 def extra_cost(items, rel, pattern_cost: Callable[[int, tuple], "PatternCost"]) -> tuple[float, float, list]:
