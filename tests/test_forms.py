@@ -191,8 +191,10 @@ def test_dropout_masks_memory_is_xla_cpus_random_bits():
 
 
 def test_int8_matmuls_with_straight_through_gradients_train_sharded():
-    """partex sees the int8 x int8 -> int32 dots; zero3 runs with the step's numerics; a
-    searched plan fits."""
+    """partex sees the int8 x int8 -> int32 dots; the MLP's hidden dim is a Megatron pair
+    (the quantisers' max over it is a row's all-reduce, not a reduction that rules a pair
+    out): megatron shards it on `model`, and megatron and zero3 run with the step's
+    numerics; a searched plan fits."""
     mod = load("int8_matmul")
     an = _analysed(mod)
     p = an.program
@@ -201,6 +203,9 @@ def test_int8_matmuls_with_straight_through_gradients_train_sharded():
                  and p.values[op.outputs[0]].dtype == jnp.int32]
     assert len(int8_dots) == 4  # two per layer, forward only: the backward pass is in float
     s = lc.session(mod.make(), mesh=mod.MESH)
+    megatron = s.strategy("megatron")
+    assert any(d.axis == "model" for d in megatron), megatron
+    _runs(s, None, strategy="megatron")
     _runs(s, None, strategy="zero3")
     _searched_fits(mod)
 

@@ -34,8 +34,10 @@ Nothing here reads a label, a logical axis name or a pytree path: a user's Llama
   matmul.
 - **Pair groups** (Megatron's tensor-parallel pairs: attention heads, the FFN hidden dim, a
   plain MLP's hidden layer, a convnet's channels): groups some param matmul produces and some
-  param matmul contracts, over which no other forward op reduces (layer norms reduce over
-  d_model, ``q·k`` contracts the head dim: both are excluded), and which are not experts.
+  param matmul contracts, over which no other forward op sums (layer norms reduce over
+  d_model, ``q·k`` contracts the head dim: both are excluded; a max over it, as an int8
+  quantiser's scale takes, is an all-reduce of one number per row and does not count), and
+  which are not experts.
 - **Vocabulary-like groups**: groups a param matmul produces that no param matmul contracts,
   where that matmul contracts no pair group (a column-parallel matmul fed by a replicated
   activation: the LM head's vocabulary; the last matmul of an MLP contracts its pair group
@@ -390,9 +392,10 @@ def _contractions(an: DimAnalysis, forward: frozenset[OpId], is_weight, on_data)
             con.embedding |= {an.group_of(op.inputs[0], d) for f in factors
                               if f.kind == FactorKind.REDUCTION for i, d in f.operands if i == 0}
             con.embedding.discard(NO_DIM)
-        else:
+        else:  # a max or min over it (a quantiser's scale, softmax's max) is a row's all-reduce
             con.other_reduced |= {an.group_of(op.inputs[i], d) for f in factors
-                                  if f.kind == FactorKind.REDUCTION for i, d in f.operands}
+                                  if f.kind == FactorKind.REDUCTION and f.reduce not in ("max", "min")
+                                  for i, d in f.operands}
         if op.primitive in CONCAT_PRIMITIVES:
             axis = op.params["dimension"]
             into = an.group_of(op.outputs[0], axis)
