@@ -162,6 +162,21 @@ def test_argmax_over_a_sharded_vocabulary_is_a_reduction_priced_as_xla_does():
     assert out.collectives["all-gather"].ratio == 1.0 and out.numerics.ok, out
 
 
+def test_an_argmax_index_iota_is_resharded_from_the_results_sharding_as_xla_does():
+    """The MoE demo's router argmax over experts sharded on `data`, its result on the batch
+    (also `data`): XLA lowers the argmax to a reduce over the logits and an iota of their shape,
+    gives the iota the result's sharding and all-to-alls it to the logits' (4 KiB over the two
+    layers, which partex once missed); the (value, index) partials are gathered as before."""
+    import partex
+
+    m = partex.load_model("moe")
+    s = partex.Session(m.fn, m.args, mesh="data=4,expert=2")
+    out = s.verify(s.plan(strategy="expert"), mark=False)
+    a2a = out.collectives["all-to-all"]
+    assert a2a.xla_bytes > 0 and a2a.ratio == 1.0, a2a
+    assert out.collectives["all-gather"].ratio == 1.0, out.collectives
+
+
 def test_batched_linear_algebra_shards_its_batch_dims_with_vector_results_too():
     """eigh's eigenvalues are a vector per matrix: the batch dim ties the matrices, the
     eigenvectors and the eigenvalues alike (the rule counts batch dims from each tensor's own

@@ -283,6 +283,8 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
     local_bytes = _operands(t, pat, dec, fax, in_view, spec, colls, views)
     transient: list[Transient] = []
     local_bytes = _results(t, pat, dec, fax, out_view, spec, colls, views, transient, local_bytes)
+    if pat.gather_partials:
+        _argmax_index(t, pat, dec, fax, in_view, spec, colls)
     flops = pat.flops / shard
     for k, ratio in pat.halo_flops:
         if fax[k]:
@@ -359,6 +361,21 @@ def _results(t: "Tables", pat: Pattern, dec, fax, out_view, spec: SpecFn, colls:
             colls[n0:] = [Need(c.kind, c.axes, c.bytes * w, c.cause, c.operand, c.view, c.view_bytes)
                           for c in colls[n0:]]
     return local_bytes
+
+
+def _argmax_index(t: "Tables", pat: Pattern, dec, fax, in_view, spec: SpecFn, colls: list) -> None:
+    """An argmax's (argmin's) indices: XLA lowers it to a reduce over the operand and an iota
+    of its shape (the index dtype), and its partitioner gives the iota the result's sharding
+    (on the kept dims; the reduced dim whole), then reshards it to the operand's like any
+    operand: an all-to-all where the result keeps the axis the reduced dim is sharded over
+    (an MoE router's argmax over experts sharded on `data`, its result on the batch)."""
+    (sig, fmap), (rsig, rmap) = pat.operands[0], pat.results[0]
+    rv = spec(rsig, dec)
+    at = {k: j for j, k in enumerate(rmap)}  # factor -> result dim
+    have = [list(rv[at[k]]) if k in at and at[k] < len(rv) else [] for k in fmap]
+    want = in_view.get(0) or view(fax, fmap, pat.minors, "in", 0)
+    index_bytes = pat.operand_bytes[0] / (pat.gather_partials - 1.0)  # (value, index) bytes per value byte - 1
+    reshard(t.axis_size, have, want, index_bytes, t.sigs[sig], colls)
 
 
 def _reduce_partials(t: "Tables", pat: Pattern, fax, partial, pgroup, vspec, ospec, lb: float, colls: list,
