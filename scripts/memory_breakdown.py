@@ -47,65 +47,23 @@ def _model(spec: str):
 
 def _peak(cm, decisions, top: int) -> None:
     """Run the cost model on ``decisions`` and print what its peak holds."""
-    import numpy as np
-
-    from partex.cost import _model as model_module
-
     program = cm.program
-    captured = {}
-    original = model_module.memory_report
-
-    def capture(live, local, detail, buffers=(), edit=None):
-        captured.update(live=live, local=local, buffers=list(buffers), edit=edit)
-        return original(live, local, detail, buffers, edit)
-
-    model_module.memory_report = capture
-    try:
-        report = cm.evaluate(decisions, detail=True)
-    finally:
-        model_module.memory_report = original
-    live, local, buffers, edit = captured["live"], captured["local"], captured["buffers"], captured["edit"]
-    n = live.n_ops + 2
-    rows = []  # (start, stop, bytes, what)
-    mid_end = live.mid_end if edit is None else edit.mid_end
-    scale = np.ones(len(live.mid)) if live.mid_scale is None else live.mid_scale
-    for v, a, b, k in zip(live.mid.tolist(), live.mid_def.tolist(), mid_end.tolist(), scale.tolist()):
-        rows.append((a, b, float(local[v]) * k, f"value {v}"))
-    rows += [(a, b, float(size), "buffer") for a, b, size in buffers]
-    if edit is not None:
-        for v, a, b, k in zip(edit.clone_v.tolist(), edit.clone_a.tolist(), edit.clone_b.tolist(),
-                              edit.clone_n.tolist()):
-            rows.append((a, b, float(local[v]) * k, f"recomputed copy of value {v}"))
-        if len(edit.tmp_v):
-            sums = np.bincount(edit.tmp_row, weights=local[edit.tmp_v])
-            for at, size in zip(edit.tmp_at.tolist(), np.maximum.reduceat(sums, edit.tmp_seg).tolist()):
-                rows.append((at, at + 1, size, "a recomputation's temporaries"))
-    if live.region_pairs:
-        outer, body, at, stop = live.region_pairs
-        for o, v, a, b in zip(outer.tolist(), body.tolist(), at.tolist(), stop.tolist()):
-            if not np.isclose(local[o], local[v]):
-                rows.append((a, b, float(local[v]), f"region body array, value {v}"))
-    delta = np.zeros(n)
-    for a, b, size, _ in rows:
-        delta[a] += size
-        delta[b] -= size
-    t = int(np.argmax(np.cumsum(delta)))
-    m = report.memory
-    where = program.ops[t] if t < len(program.ops) else None
+    m = cm.evaluate(decisions, detail=True).memory
+    t = m.peak_op
+    where = program.ops[t] if 0 <= t < len(program.ops) else None
     print(f"predicted peak {m.peak:,.0f} B: arguments {m.arguments:,.0f}, outputs {m.outputs:,.0f}, "
           f"temporaries {m.temporaries:,.0f}, aliased {m.alias:,.0f}")
     print(f"the temporaries' peak is at op {t}" + (f" ({where.primitive}, {where.source})" if where else ""))
-    alive = sorted((r for r in rows if r[0] <= t < r[1]), key=lambda r: -r[2])
-    for a, b, size, what in alive[:top]:
-        op = program.ops[a] if a < len(program.ops) else None
+    for h in m.held[:top]:
+        made = program.ops[h.start] if h.start < len(program.ops) else None
         shape = ""
-        if what.startswith("value ") or what.startswith("recomputed"):
-            v = int(what.rsplit(" ", 1)[1])
-            shape = f"{tuple(program.values[v].shape)} {program.values[v].dtype} "
-        src = f"{op.primitive} at {op.source}" if op is not None else ""
-        print(f"  {size:>12,.0f} B  ops {a}-{b}  {what}  {shape}made by {src}")
-    if len(alive) > top:
-        print(f"  ... {len(alive) - top} more ({sum(r[2] for r in alive[top:]):,.0f} B)")
+        if h.value >= 0:
+            val = program.values[h.value]
+            shape = f" {h.value} {tuple(val.shape)} {val.dtype}"
+        src = f", made by {made.primitive} at {made.source}" if made is not None else ""
+        print(f"  {h.bytes:>12,.0f} B  ops {h.start}-{h.stop}  {h.kind}{shape}{src}")
+    if len(m.held) > top:
+        print(f"  ... {len(m.held) - top} more ({sum(h.bytes for h in m.held[top:]):,.0f} B)")
 
 
 def main() -> None:

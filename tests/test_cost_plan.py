@@ -228,3 +228,25 @@ def test_a_mesh_axis_that_divides_nothing_is_refused_and_the_session_keeps_its_m
     assert s.mesh.text() == "data=4,model=2" and [s.label(p) for p in s.pins] == ["ffn->model"]
     assert s.reconfigure(mesh="data=2,model=4") == []  # a mesh that divides: accepted, pin kept
     assert [s.label(p) for p in s.pins] == ["ffn->model"]
+
+
+def test_a_detailed_memory_report_lists_what_its_peak_holds(tiny, mesh42):
+    """With detail, the report names the op its temporaries peak at and every buffer live
+    there, largest first: their bytes sum to the temporaries; zero3 holds gathered weights
+    (buffers the plan adds), and a recomputed stack holds recomputed copies past its
+    recompute point."""
+    import partex
+
+    cm = _cm(tiny, mesh42)
+    zero3 = strategy_decisions("zero3", tiny.analysis, mesh42)
+    assert "buffer" in {h.kind for h in cm.evaluate(zero3, detail=True).memory.held}
+    for decisions in (zero3, [*zero3, partex.Recompute(tiny.analysis.units[0].id, "full")]):
+        m = cm.evaluate(decisions, detail=True).memory
+        assert 0 <= m.peak_op < len(tiny.program.ops)
+        assert math.isclose(sum(h.bytes for h in m.held), m.temporaries, rel_tol=1e-9)
+        assert [h.bytes for h in m.held] == sorted((h.bytes for h in m.held), reverse=True)
+        assert all(h.start <= m.peak_op < h.stop for h in m.held)
+        assert all(h.value >= 0 for h in m.held if h.kind in ("value", "recomputed copy"))
+    kinds = {h.kind for h in m.held}
+    assert "recomputed copy" in kinds or "recomputation temporaries" in kinds, kinds
+    assert cm.evaluate(zero3).memory.held == ()  # without detail: not computed

@@ -41,10 +41,10 @@ Imports ``analysis``, ``tracing`` and partex's bottom modules (mesh, decisions) 
 from ._facts import CostFacts, cost_facts, facts_of
 from ._kinds import KINDS, CollectiveKind
 from ._model import CostModel
-from ._report import CollectiveCost, CostReport, MemoryReport
+from ._report import CollectiveCost, CostReport, HeldBuffer, MemoryReport
 from ._shardings import Spec
 
 __all__ = [
-    "KINDS", "CollectiveCost", "CollectiveKind", "CostFacts", "CostModel", "CostReport", "MemoryReport", "Spec",
+    "KINDS", "CollectiveCost", "CollectiveKind", "CostFacts", "CostModel", "CostReport", "HeldBuffer", "MemoryReport", "Spec",
     "cost_facts", "facts_of",
 ]

@@ -28,7 +28,7 @@ from ..analysis._recompute import backward_span
 from ..analysis._rules import FactorKind
 from ..tracing._program import NO_PRODUCER
 from ._facts import having
-from ._report import MemoryReport
+from ._report import HeldBuffer, MemoryReport
 
 if TYPE_CHECKING:
     from ._recompute import Edit
@@ -368,8 +368,33 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
     t = int(np.argmax(live_bytes)) if len(live_bytes) else 0
     temps = float(live_bytes[t]) if len(live_bytes) else 0.0
     peak = args + outs + temps - alias
-    breakdown = _breakdown(live, local, b, mid_end, t, edit) if detail else {}
-    return MemoryReport(peak, args, outs, temps, alias, breakdown)
+    if not detail:
+        return MemoryReport(peak, args, outs, temps, alias, {})
+    breakdown = _breakdown(live, local, b, mid_end, t, edit)
+    return MemoryReport(peak, args, outs, temps, alias, breakdown, t, _held(live, local, b, mid_end, t, edit, buffers))
+
+
+def _held(live: Liveness, local: np.ndarray, b: np.ndarray, mid_end: np.ndarray, t: int,
+          edit: "Edit | None", buffers) -> tuple[HeldBuffer, ...]:
+    """What the peak at op t holds, largest first (the terms memory_report sums there)."""
+    out = [HeldBuffer(float(size), int(a), int(e), "value", int(v))
+           for v, a, e, size in zip(live.mid.tolist(), live.mid_def.tolist(), mid_end.tolist(), b.tolist())
+           if a <= t < e]
+    out += [HeldBuffer(float(size), int(a), int(e), "buffer") for a, e, size in buffers if a <= t < e]
+    if edit is not None:
+        out += [HeldBuffer(float(local[v] * n), int(a), int(e), "recomputed copy", int(v))
+                for v, a, e, n in zip(edit.clone_v.tolist(), edit.clone_a.tolist(), edit.clone_b.tolist(),
+                                      edit.clone_n.tolist()) if a <= t < e]
+        if len(edit.tmp_v):
+            sizes = np.maximum.reduceat(np.bincount(edit.tmp_row, weights=local[edit.tmp_v]), edit.tmp_seg)
+            out += [HeldBuffer(float(size), int(at), int(at) + 1, "recomputation temporaries")
+                    for at, size in zip(edit.tmp_at.tolist(), sizes.tolist()) if at == t]
+    if live.region_pairs:
+        outer, body, at, stop = live.region_pairs
+        out += [HeldBuffer(float(local[v]), int(a), int(e), "region array", int(v))
+                for o, v, a, e in zip(outer.tolist(), body.tolist(), at.tolist(), stop.tolist())
+                if a <= t < e and not np.isclose(local[o], local[v])]
+    return tuple(sorted(out, key=lambda h: -h.bytes))
 
 
 def _breakdown(live: Liveness, local: np.ndarray, b: np.ndarray, mid_end: np.ndarray, t: int,

@@ -42,6 +42,22 @@ class MemoryReport:
     temporaries: float  # peak of the intermediates
     alias: float
     breakdown: dict  # parameters, optimizer, activations, temporaries (at the peak)
+    # with detail: the op at which the temporaries peak (-1: not computed), and what is
+    # live there, largest first
+    peak_op: int = -1
+    held: tuple["HeldBuffer", ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeldBuffer:
+    """A buffer live at the predicted peak: a value (``value`` >= 0) or one the plan adds."""
+
+    bytes: float  # per device
+    start: int  # the op that makes it ...
+    stop: int  # ... and the op before which it is freed
+    kind: str  # "value", "buffer" (a reshard's copy, a partial result), "recomputed copy",
+    #            "recomputation temporaries", "region array"
+    value: int = -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
