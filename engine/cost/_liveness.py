@@ -377,9 +377,10 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
 def _held(live: Liveness, local: np.ndarray, b: np.ndarray, mid_end: np.ndarray, t: int,
           edit: "Edit | None", buffers) -> tuple[HeldBuffer, ...]:
     """What the peak at op t holds, largest first (the terms memory_report sums there)."""
+    at = np.flatnonzero((live.mid_def <= t) & (mid_end > t))
     out = [HeldBuffer(float(size), int(a), int(e), "value", int(v))
-           for v, a, e, size in zip(live.mid.tolist(), live.mid_def.tolist(), mid_end.tolist(), b.tolist())
-           if a <= t < e]
+           for v, a, e, size in zip(live.mid[at].tolist(), live.mid_def[at].tolist(), mid_end[at].tolist(),
+                                    b[at].tolist())]
     out += [HeldBuffer(float(size), int(a), int(e), "buffer") for a, e, size in buffers if a <= t < e]
     if edit is not None:
         out += [HeldBuffer(float(local[v] * n), int(a), int(e), "recomputed copy", int(v))
