@@ -57,7 +57,7 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
     extra: collections.Counter = collections.Counter()
     clone_v, clone_a, clone_b, clone_n = [], [], [], []
     tmps = _Temporaries()
-    root = None
+    root = alias_roots(p)
     late: dict[int, tuple[int, int]] = dict(t.user_late)
     for u, kind in rc:
         unit = units[u]
@@ -88,8 +88,6 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
                         made.append(v)
             # the recomputation's own temporaries, each live from its op to its last read
             # there (a region's body value that is a recomputed result's buffer is that copy)
-            if root is None:
-                root = alias_roots(p)
             copies = {int(root[v]) for v in rec}
             made = [v for v in made if v not in copies]
             if made:
@@ -138,10 +136,15 @@ def _live_sets(p, ops, made: list[int], root) -> list[list[int]]:
             v = int(root[v])
             if v in last:
                 last[v] = max(last[v], k)
-    rows = []
+    # a sweep over the ops that make them; a set is kept only where one of its values dies
+    # before the next is made (any other is contained in a later one)
+    rows, alive = [], []
     for k in sorted(set(first.values())):
-        rows.append([v for v in made if first[v] <= k <= last[v]])
-    return rows
+        kept = [v for v in alive if last[v] >= k]
+        if len(kept) < len(alive):
+            rows.append(alive)
+        alive = kept + [v for v in made if first[v] == k]
+    return rows + [alive]
 
 
 def _charge(t: "Tables", ops, shared: set, extra) -> None:

@@ -33,7 +33,7 @@ from jax._src.pjit import with_sharding_constraint as _with_sharding_constraint
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._errors import PartexError
-from ..analysis._recompute import LoopPlan
+from ..analysis._recompute import LoopPlan, shard_map_spans
 from ..tracing._program import EXPLICIT_SHARDING_PARAMS, ClosedJaxpr, Program, scan_counts
 
 __all__ = ["constrained_function"]
@@ -347,13 +347,15 @@ class _Interpreter:
         """Bind the forward ops ``ops`` again, in order, on the values in ``local`` (by value
         id; the step's constants otherwise); their results, constrained, go to ``local``."""
         program, specs = self.program, self.value_specs
-        skip = -1  # a shard_map region's body and exit: bound with its enter op, whole
+        # a shard_map region is bound whole with its enter op: its results are the exit's
+        regions = (shard_map_spans(program, ops[0], ops[-1] + 1) or {}) if ops else {}
+        skip = -1
         for o in ops:
             if o <= skip:
                 continue
             results = program.ops[o].outputs
-            if program.ops[o].primitive == "shard_map_enter":
-                skip = self._shard_map_exit(o)
+            if o in regions:
+                skip = regions[o]
                 results = program.ops[skip].outputs
             eqn = self.eqn_of[o]
             invals = []
@@ -372,18 +374,6 @@ class _Interpreter:
             for vid, x in zip(results, outs):
                 spec = specs.get(vid)
                 local[vid] = self._constrain(x, spec, f"recomputed value {vid}") if spec is not None else x
-
-    def _shard_map_exit(self, enter: int) -> int:
-        """The exit op of the shard_map region entered at op ``enter``."""
-        depth = 0
-        for op in self.program.ops[enter + 1:]:
-            if op.primitive == "shard_map_enter":
-                depth += 1
-            elif op.primitive == "shard_map_exit":
-                if not depth:
-                    return op.id
-                depth -= 1
-        raise AssertionError(f"shard_map region at op {enter} has no exit")
 
     def _loop_leaves(self, lp: LoopPlan, carry, xs, extra) -> dict:
         """In the backward loop's body: the values the recomputation reads (``xs``: the
