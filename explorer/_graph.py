@@ -102,6 +102,7 @@ class GraphView(pn.viewable.Viewer):
         self.overview = button("partex-graph-overview", "Overview", width=100, margin=(0, 6),
                                description="Close the clusters opened since the model loaded")
         self.overview.on_click(lambda e: self._show(None))
+        self._ringing = False  # set while the view sets the ring itself
         self.node_src.selected.on_change("indices", self._on_tap)
         s = self.state
         s.param.watch(self._rebuild, ["graph"])
@@ -256,20 +257,23 @@ class GraphView(pn.viewable.Viewer):
     # ------------------------------------------------------------------ selection
     def _on_tap(self, attr, old, new):
         lay = self.layout
-        if not new or lay is None:
+        if self._ringing or lay is None:
+            return
+        if not new:  # a click off every node: the card keeps its group, and the graph its ring
+            self._sync_selection(echo=True)
             return
         data: dict[str, Any] = self.node_src.data  # the columns _rebuild wrote
         key, gid = data["key"][new[0]], data["gid"][new[0]]
         if gid >= 0:
             if self.state.selected_group != gid:
                 self.state.selected_group = gid
-            return
-        self._show(lay.tree.open(lay.opened, key), reveal=False)
-        g = self.state.selected_group
-        lay = self.layout  # laid out anew
-        if g is not None and lay is not None and g not in lay.nodes:  # the click closed the selected group's cluster
-            self.state.selected_group = None
-        self._sync_selection()
+        else:
+            self._show(lay.tree.open(lay.opened, key), reveal=False)
+            g = self.state.selected_group
+            lay = self.layout  # laid out anew
+            if g is not None and lay is not None and g not in lay.nodes:  # the click closed the selected group's cluster
+                self.state.selected_group = None
+        self._sync_selection(echo=True)
 
     def _on_search(self, event):
         text = (event.new or "").strip()
@@ -298,14 +302,26 @@ class GraphView(pn.viewable.Viewer):
         self._sync_selection()
 
     @bokeh_update
-    def _sync_selection(self) -> None:
+    def _sync_selection(self, echo: bool = False) -> None:
         """Ring the state's selected group, the row whose key is its id: the Decision card
-        shows the same group, or, with none selected (or the group not drawn), no row is."""
+        shows the same group, or, with none selected (or the group not drawn), no row is.
+
+        With ``echo`` (a click's answer) the ring is sent to the page even where this side
+        already holds it: a ring the server sent before the click was heard (a new layout, a
+        new best restyling the graph) reaches the page after the page's own, and would
+        otherwise stay there while the card shows the clicked group."""
         g = self.state.selected_group
         keys = list(self.node_src.data["key"])
         want = [keys.index(str(g))] if g is not None and str(g) in keys else []
-        if list(self.node_src.selected.indices) != want:
-            self.node_src.selected.indices = want
+        sel = self.node_src.selected
+        self._ringing = True  # _on_tap hears only the page's clicks
+        try:
+            if list(sel.indices) != want:
+                sel.indices = want
+            elif echo:
+                sel.trigger("indices", want, want)
+        finally:
+            self._ringing = False
 
 
 def search_options(infos) -> dict[str, int]:

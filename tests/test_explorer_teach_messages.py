@@ -112,7 +112,9 @@ def test_teach_never_covers_its_target_says_what_compare_shows_and_leaves_the_pa
     wait_until(lambda: not _text(tab, "partex-teach-target"), what="the walkthrough to close")
     after = wait_until(lambda: (lambda s: s["selected"] == before["selected"] and s)(state(tab)),
                        what="the selected group put back")
-    assert (_value(tab, "partex-compare-a"), _value(tab, "partex-compare-b")) == compare_before
+    # the compared plans come back in the Compare card's own patch, after the selection's
+    wait_until(lambda: (_value(tab, "partex-compare-a"), _value(tab, "partex-compare-b")) == compare_before,
+               what=f"Compare to show {compare_before} again")
     wait_until(lambda: verify_btn.count() == 1, what="Verify to verify the search's plan again")
     assert after["selected"] == before["selected"]
 
