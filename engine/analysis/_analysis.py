@@ -87,6 +87,9 @@ class Group:
     size: int  # the (largest) dim size
     bytes: int
     decidable: bool  # worth a decision: not a loop axis, not tiny
+    # mesh axes no decision on it can use: every dim of it lies in partially manual
+    # shard_map regions manual over them
+    manual: frozenset[str] = frozenset()
 
 
 # A conflict's resolution is a decision on its group: Resolve(group, "second"). With no
@@ -537,11 +540,13 @@ def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fracti
     title_bases = tuple(_title_base(dims.votes[nds[0]], dims.inputs[nds[0]], made_by.get(nds[0], {}),
                                     labels[nds[0]]) for nds in raw_groups)
     max_bytes = max((sum(nd_bytes[n] for n in nds) for nds in raw_groups), default=1.0)
-    # named dims of shard_map bodies' values: per-device code, not the plan's to shard
+    # named dims of fully manual shard_map bodies' values: per-device code, not the plan's to shard
     manual_nd = set()
-    if program.manual_values:
-        in_body = np.isin(value_of_node, np.fromiter(program.manual_values, dtype=np.int64)) & live
+    fully = [v for v in program.manual_values if v not in program.manual_axes]
+    if fully:
+        in_body = np.isin(value_of_node, np.array(fully, dtype=np.int64)) & live
         manual_nd = set(node_nd[in_body].tolist())
+    nd_manual = _manual_axes(program, node_nd, value_of_node, live)
     groups: list[Group] = []
     seen_labels: collections.Counter[str] = collections.Counter()
     for gid, nds in enumerate(raw_groups):
@@ -555,7 +560,8 @@ def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fracti
         is_loop = any(n in dims.loop for n in nds)
         decidable = bool((not is_loop) and gbytes >= min_group_fraction * max_bytes
                          and not any(n in manual_nd for n in nds))
-        groups.append(Group(gid, lab, tuple(nds), max(max(nd_sizes[n]) for n in nds), gbytes, decidable))
+        manual = frozenset.intersection(*(nd_manual.get(n, frozenset()) for n in nds))
+        groups.append(Group(gid, lab, tuple(nds), max(max(nd_sizes[n]) for n in nds), gbytes, decidable, manual))
 
     named_dims = tuple(
         NamedDim(nd, groups[group_of_nd[nd]].label, tuple(sorted(nd_sizes[nd])), int(dims.members[nd]),
@@ -564,6 +570,22 @@ def layer_groups(program: Program, dims: DimComponents, blocks, min_group_fracti
         for nd in range(num_nd)
     )
     return LayerGroups(tuple(groups), named_dims, group_of_nd, title_bases)
+
+
+def _manual_axes(program: Program, node_nd: np.ndarray, value_of_node: np.ndarray, live: np.ndarray
+                 ) -> dict[int, frozenset[str]]:
+    """Named dim -> the mesh axes every value holding it is manual over (the named dims all
+    of whose values lie in partially manual regions; the others have none)."""
+    if not program.manual_axes:
+        return {}
+    in_part = np.isin(value_of_node, np.fromiter(program.manual_axes, dtype=np.int64)) & live
+    out: dict[int, frozenset[str]] = {}
+    for nd, v in zip(node_nd[in_part].tolist(), value_of_node[in_part].tolist()):
+        axes = program.manual_axes[v]
+        out[nd] = out[nd] & axes if nd in out else axes
+    for nd in set(node_nd[live & ~in_part].tolist()):
+        out.pop(nd, None)
+    return out
 
 
 def _signatures(program: Program, dims: DimComponents, blocks, layered: dict[str, str], prod: np.ndarray

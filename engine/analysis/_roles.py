@@ -118,7 +118,7 @@ def _flows(op) -> list[tuple[int, tuple[int, ...]]] | None:
     reads every operand" (ordinary ops)."""
     prim = op.primitive
     n_out = len(op.outputs)
-    if prim in ("scan_enter", "while_enter"):
+    if prim in ("scan_enter", "while_enter", "shard_map_enter", "shard_map_exit"):
         return [(j, (j,)) for j in range(n_out)]
     if prim == "scan_exit":
         nc = op.params["num_carry"]

@@ -140,13 +140,14 @@ def conservative_rule(params, ins, outs) -> list[Factor]:
 # Primitives that deliberately get the conservative rule (no silent gaps: the registry test
 # checks every lax primitive is either here or has a rule).
 CONSERVATIVE = frozenset({
-    # collectives / shard_map internals: already explicitly partitioned code
-    "all_gather", "all_gather_done", "all_gather_invariant", "all_gather_reduced",
-    "all_gather_reduced_start", "all_gather_start", "all_to_all", "all_to_all_done",
-    "all_to_all_start", "axis_index", "pbroadcast", "pbroadcast_done", "pbroadcast_start",
-    "pmax", "pmin", "ppermute", "ppermute_done", "ppermute_start", "precv", "psend",
-    "preduced", "psum", "psum_done", "psum_invariant", "psum_invariant_start", "psum_start",
-    "ragged_all_to_all", "reduce_scatter", "reduce_scatter_done", "reduce_scatter_start",
+    # collectives / shard_map internals: already explicitly partitioned code (those with a
+    # rule below are read through, so a partially manual region's body is one with its operands)
+    "all_gather_done", "all_gather_reduced",
+    "all_gather_reduced_start", "all_gather_start", "all_to_all_done",
+    "all_to_all_start", "axis_index", "pbroadcast_done", "pbroadcast_start",
+    "ppermute_done", "ppermute_start", "precv", "psend",
+    "preduced", "psum_done", "psum_invariant_start", "psum_start",
+    "ragged_all_to_all", "reduce_scatter_done", "reduce_scatter_start",
     "unreduced_psum", "unreduced_psum_start", "unreduced_reduce_scatter",
     "unreduced_reduce_scatter_start", "vary_unreduced_cast_p", "vary_unreduced_cast",
     "pbroadcast_dynamic", "unreduced_pmax", "unreduced_pmin",
@@ -832,6 +833,58 @@ def _leading_tie(params, ins, outs):
     return _keep(fs)
 
 
+# --------------------------------------------------------------------------- collectives
+
+# A collective over a shard_map region's manual axes moves whole per-device buffers: the
+# tensor dims it does not cut or grow are each device's own, shardable over the axes the
+# region leaves to the partitioner (a partially manual region) as an elementwise op's are.
+
+@register("psum", "psum_invariant", "pmax", "pmin", "pvary", "pbroadcast", "ppermute")
+def _per_device(params, ins, outs):
+    """Operand i's dim d is result i's."""
+    return _keep(_f(s, P, [(i, d)], [(i, d)]) for i, sh in enumerate(ins) for d, s in enumerate(sh))
+
+
+def _cut(ins, outs, changed_in: dict[int, int | None], changed_out: set[int]) -> list[Factor]:
+    """One operand, one result: operand dim d is result dim ``changed_in.get(d, d)`` (None:
+    it has none), the dims in ``changed_out`` are the result's own."""
+    fs, tied = [], set()
+    for d, s in enumerate(ins[0]):
+        r = changed_in.get(d, d)
+        if r is None or r in changed_out:
+            fs.append(_f(s, N, operands=[(0, d)]))
+        else:
+            fs.append(_f(s, P, [(0, d)], [(0, r)]))
+            tied.add(r)
+    fs += [_f(s, N, results=[(0, r)]) for r, s in enumerate(outs[0]) if r not in tied]
+    return _keep(fs)
+
+
+@register("all_gather", "all_gather_invariant")
+def _all_gather(params, ins, outs):
+    """The gathered dim grows (tiled) or is a new dim (untiled); the others pass."""
+    gd = params["all_gather_dimension"]
+    if params.get("tiled"):
+        return _cut(ins, outs, {gd: None}, {gd})
+    return _cut(ins, outs, {d: d + (d >= gd) for d in range(len(ins[0]))}, {gd})
+
+
+@register("reduce_scatter", "psum_scatter")
+def _reduce_scatter(params, ins, outs):
+    """The scattered dim shrinks (tiled) or goes (untiled); the others pass."""
+    sd = params["scatter_dimension"]
+    if params.get("tiled"):
+        return _cut(ins, outs, {sd: None}, {sd})
+    return _cut(ins, outs, {d: (None if d == sd else d - (d > sd)) for d in range(len(ins[0]))}, set())
+
+
+@register("all_to_all")
+def _all_to_all(params, ins, outs):
+    """The split and concatenated dims change size; the others pass."""
+    cut = {params["split_axis"], params["concat_axis"]}
+    return _cut(ins, outs, {d: None for d in cut}, cut)
+
+
 # --------------------------------------------------------------------------- loop pseudo-ops
 # Emitted by the tracer around kept bodies (see _program.py).
 
@@ -898,25 +951,30 @@ def _cond_exit(params, ins, outs):
 @register("shard_map_enter")
 def _shard_map_enter(params, ins, outs):
     """[operands (global)...] -> [body inputs (per device)...]. An operand dim the region's
-    in_specs shard is read as it is sharded (no collective: each device takes its block); one
-    they leave whole is read whole (a plan that shards it elsewhere gathers it here: over a
-    manual axis the body needs it so; over an axis a partially manual region leaves to the
-    partitioner, XLA might keep it sharded, so this over-counts, the safe side). The body's
-    dims are the region's own: result-only, need-replication, never tied to a plan's."""
-    return _region_boundary(params["in_specs"], ins, outs)
+    in_specs shard is read as it is sharded (no collective: each device takes its block). One
+    they leave whole is read whole over the region's manual axes: in a fully manual region
+    the body's dims are the region's own (need-replication, never tied to a plan's), and a
+    plan that shards the operand there gathers it; in a partially manual region the operand
+    dim and the body's are one (the partitioner keeps the body sharded over the axes the
+    region leaves to it), and the body's values drop the manual axes (``_tables``), so a plan
+    that shards the operand over one gathers it there."""
+    return _region_boundary(params, params["in_specs"], ins, outs)
 
 
 @register("shard_map_exit")
 def _shard_map_exit(params, ins, outs):
     """[body outputs (per device)...] -> [results (global)...]: in_specs' rule, mirrored."""
-    mirrored = _region_boundary(params["out_specs"], outs, ins)
+    mirrored = _region_boundary(params, params["out_specs"], outs, ins)
     return [Factor(f.size, f.kind, f.results, f.operands, f.reduce) for f in mirrored]
 
 
-def _region_boundary(specs, outer, inner) -> list[Factor]:
-    fs = [_f(s, P if spec[d] else N, operands=[(i, d)])
+def _region_boundary(params, specs, outer, inner) -> list[Factor]:
+    free = len(params["manual"]) < len(params["mesh"])  # axes the region leaves to the partitioner
+    tied = {(i, d) for i, spec in enumerate(specs) for d in range(len(outer[i])) if free and not spec[d]}
+    fs = [_f(s, P, operands=[(i, d)], results=[(i, d)]) if (i, d) in tied else _f(s, P if spec[d] else N,
+                                                                                  operands=[(i, d)])
           for i, (spec, sh) in enumerate(zip(specs, outer)) for d, s in enumerate(sh)]
-    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(inner) for d, s in enumerate(sh)]
+    fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(inner) for d, s in enumerate(sh) if (j, d) not in tied]
     return _keep(fs)
 
 

@@ -85,7 +85,7 @@ class DecisionSpace:
                 continue
             sizes = {s for nd in g.named_dims for s in analysis.named_dims[nd].sizes}
             for a, n in zip(mesh.axes, mesh.sizes):
-                if n > 1 and any(s % n == 0 for s in sizes):
+                if n > 1 and any(s % n == 0 for s in sizes) and a not in g.manual:
                     actions.append(Shard(g.id, a))
         for u in self.units:  # one recompute kind per layer stack of the forward pass
             actions += [Recompute(u.id, k) for k in u.kinds]
@@ -203,6 +203,9 @@ class DecisionSpace:
                               "use user_shardings='replace' (CLI: --user-shardings replace) to let partex place it")
         if not g.decidable:
             raise PartexError(f"dimension {g.label!r} is not shardable (a loop axis or too small)")
+        if d.axis in g.manual:
+            raise PartexError(f"dimension {g.label!r} lies inside shard_map regions manual over {d.axis!r}: "
+                              f"only the axes they leave to the partitioner can shard it")
         if d not in self.actions:
             raise PartexError(f"mesh axis {d.axis!r} (size {self.mesh.axis_size(d.axis)}) does not divide "
                               f"dimension {g.label!r} (size {g.size})")

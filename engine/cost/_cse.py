@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, NamedTuple
 
+from ._facts import having
 from ._kinds import CollectiveKind
 
 if TYPE_CHECKING:
@@ -61,9 +62,15 @@ def common_reshards(t: "Tables", resharded, late: dict[int, tuple[int, int]] | N
                 saved += secs * (trip - once)
                 dup[(pi, k)] += trip - once
                 hoisted[(op_id, k)] = loops
-    # The resharded copies are buffers of their own, live from first to last reader.
+    # The resharded copies are buffers of their own, live from first to last reader; but
+    # where only a shard_map region's boundary reads one, it is the region's own array of
+    # that value (``Liveness.region_pairs``), counted there.
+    aliasing = having("aliases")
+    ops = t.program.ops
     spans: dict = {}
-    for (region, vid, key, _), (a, b, v, *_) in seen.items():
+    for (region, vid, key, _), (a, b, v, _, uses) in seen.items():
+        if all(ops[u[4]].primitive in aliasing for u in uses):
+            continue
         x = spans.setdefault((region, vid, key), [a, b, v])
         x[0], x[1] = min(x[0], a), max(x[1], b)
     buffers = [(a, b + 1, v) for a, b, v in spans.values()]

@@ -60,6 +60,10 @@ class CostModel:
         self.axis_size = t.axis_size
         self.sigs = t.sigs
         self.patterns = t.patterns
+        # group -> [(its view id in partially manual regions, their manual axes)] (_tables.region_groups)
+        self._views: dict[int, list[tuple[int, frozenset[str]]]] = {}
+        for k, (g, manual) in enumerate(t.views):
+            self._views.setdefault(g, []).append((len(analysis.groups) + k, manual))
         # memo tables, keyed by what each result depends on (a mask's decisions, ...)
         self._sig_cache: dict = {}  # (signature, decisions) -> its sharding
         self._pat_cache: dict = {}  # (pattern, decisions) -> PatternCost
@@ -80,8 +84,12 @@ class CostModel:
         placed: list[Shard | Resolve] = [d for d in decisions if isinstance(d, (Shard, Resolve))]
         if fixed.groups:  # the user's shardings first; a plan cannot move a group they fix
             placed = [*fixed.decisions, *(d for d in placed if d.group not in fixed.groups)]
-        return [(d.group, d.axis, self.axis_size[d.axis]) if isinstance(d, Shard) else (d.group, d.resolution, 0)
-                for d in placed]
+        out = [(d.group, d.axis, self.axis_size[d.axis]) if isinstance(d, Shard) else (d.group, d.resolution, 0)
+               for d in placed]
+        if self._views:  # each group as partially manual regions see it, after the group's own
+            out = [t for g, a, n in out
+                   for t in [(g, a, n)] + [(v, a, n) for v, manual in self._views.get(g, ()) if a not in manual]]
+        return out
 
     @staticmethod
     def recompute_of(decisions: Sequence[Decision]) -> tuple[tuple[int, str], ...]:
@@ -230,7 +238,8 @@ class CostModel:
                 count = int(pat.weight) - dup_count.get((pi, k), 0) if n is None else int(n)
                 if count <= 0:
                     continue
-                cause = groups[c.cause].label if c.cause != NO_DIM and c.cause < len(groups) else "-"
+                g = c.cause if c.cause < len(groups) else self.tables.views[c.cause - len(groups)][0]
+                cause = groups[g].label if c.cause != NO_DIM else "-"
                 hidden = 0.0
                 if exposed is not None and n is None:
                     hidden = max(0.0, c.time * count - exposed.get((pi, k), 0.0))

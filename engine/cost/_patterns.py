@@ -209,9 +209,12 @@ def _manual(facts, op, nbytes) -> tuple:
     return ((CollectiveKind(kind), axes, size),) if axes and size else ()
 
 
-def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str
+def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=None
                      ) -> tuple[tuple[Pattern, ...], np.ndarray, float]:
-    """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step)."""
+    """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step).
+    ``seen``: manual axes -> the group of each named dim as partially manual regions manual
+    over them see it (``_tables.region_groups``), for the ops of their bodies; a region's
+    enter and exit ops take the side outside it."""
     p = analysis.program
     values = p.values
     # values any device can make locally at any sharding (broadcast scalars, iotas):
@@ -226,6 +229,8 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str
     wire = [_cpu_wire(v) if lowering == "cpu" else 1.0 for v in values]
     ids = (analysis.node_base, analysis.node_nd,
            np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64))
+    region_ids = {m: (ids[0], ids[1], gnd) for m, gnd in (seen or {}).items()}
+    manual_axes = p.manual_axes
     per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist())
     index: dict[tuple, int] = {}
     keys: list[tuple[PatternKey, tuple]] = []
@@ -234,7 +239,13 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str
     op_pattern = np.zeros(len(p.ops), dtype=np.int64)
     total_flops = 0.0
     for op, fs in zip(p.ops, analysis.factors):
-        key, flops, halo_flops = _op_key(op, fs, values, ids, *per_value)
+        op_ids = ids
+        if region_ids:
+            side = op.inputs if op.primitive == "shard_map_enter" else op.outputs
+            manual = manual_axes.get(side[0]) if side else None
+            if manual is not None:
+                op_ids = region_ids.get(manual, ids)
+        key, flops, halo_flops = _op_key(op, fs, values, op_ids, *per_value)
         total_flops += flops * op.trip
         pi = index.get(key)
         if pi is None:
@@ -276,8 +287,11 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
     whole_mesh_partials(t, pat, fax)
     unaligned_minors(axis_size, pat, fax)
     shard = shards(axis_size, fax)
-    colls: list[Need] = [Need(kind, tuple(a for a in axes if a in axis_size), size, NO_DIM)
-                         for kind, axes, size in pat.manual if any(a in axis_size for a in axes)]
+    colls: list[Need] = []
+    if pat.manual:  # a body's collective moves each device's buffer: its share where the plan shards the body
+        n = shards(axis_size, spec(pat.results[0][0], dec)) if pat.results else 1
+        colls += [Need(kind, tuple(a for a in axes if a in axis_size), size / n, NO_DIM)
+                  for kind, axes, size in pat.manual if any(a in axis_size for a in axes)]
     in_view, out_view = shifted_views(t, pat, dec, colls, spec)
     views: list = []
     local_bytes = _operands(t, pat, dec, fax, in_view, spec, colls, views)

@@ -57,13 +57,49 @@ class Tables:
     # plan gathers is gathered again there, as under a re-gather decision: weight ->
     # the backward pass's ops
     user_late: dict[int, tuple[int, int]]
+    # group ids from len(analysis.groups) on: a group as partially manual shard_map regions
+    # see it, (the group, the axes they are manual over) each (``region_groups``)
+    views: tuple[tuple[int, frozenset[str]], ...] = ()
 
 
-def _signatures(analysis: Analysis, fixed) -> tuple[list[Sig], np.ndarray]:
-    """The distinct value signatures, and each value's."""
+def region_groups(analysis: Analysis) -> tuple[tuple[tuple[int, frozenset[str]], ...], dict[frozenset[str], np.ndarray]]:
+    """The groups as partially manual ``shard_map`` regions see them. A body's dims are its
+    operands' (``_rules``: one named dim across the boundary), but no plan shards them over
+    an axis the region is manual over: each group a body holds is another group id there,
+    which a decision on the group shards over the region's other axes only
+    (``CostModel._decisions``). A plan that puts an operand's dim on a manual axis then
+    gathers it where it enters (XLA: the region's in_specs leave it whole there), and a body
+    sharded over the others costs and holds its share.
+
+    Returns ((group, manual axes) per view id, from len(analysis.groups) on; manual axes ->
+    the group of each named dim as those regions see it, NO_DIM last)."""
+    p = analysis.program
+    gnd = np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64)
+    if not p.manual_axes:
+        return (), {}
+    base, nd = analysis.node_base, analysis.node_nd
+    first = len(analysis.groups)
+    ids: dict[tuple[int, frozenset[str]], int] = {}
+    for v, manual in p.manual_axes.items():
+        for d in range(len(p.values[v].shape)):
+            n = nd[base[v] + d]
+            if n != NO_DIM:
+                ids.setdefault((int(gnd[n]), manual), first + len(ids))
+    seen: dict[frozenset[str], np.ndarray] = {}
+    for (g, manual), vid in ids.items():
+        arr = seen.get(manual)
+        if arr is None:
+            arr = seen[manual] = gnd.copy()
+        arr[gnd == g] = vid
+    return tuple(ids), seen
+
+
+def _signatures(analysis: Analysis, fixed, seen: dict[frozenset[str], np.ndarray]) -> tuple[list[Sig], np.ndarray]:
+    """The distinct value signatures, and each value's (a partially manual region's value's
+    groups as the region sees them: ``region_groups``)."""
     p = analysis.program
     base, nd = analysis.node_base, analysis.node_nd
-    gnd = np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64)
+    gnd_all = np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64)
     # Dims held whole in one value: those the user's shardings leave replicated there, and
     # those XLA's partitioner may not shard (CostFacts.blocked_dims: an interior pad's).
     unshardable = {v: set(ds) for v, ds in fixed.replicated.items()}
@@ -80,6 +116,8 @@ def _signatures(analysis: Analysis, fixed) -> tuple[list[Sig], np.ndarray]:
     for v in p.values:
         b = base[v.id]
         held = unshardable.get(v.id, ())
+        manual = p.manual_axes.get(v.id)
+        gnd = gnd_all if manual is None else seen.get(manual, gnd_all)
         sig = tuple((int(gnd[nd[b + d]]) if nd[b + d] != NO_DIM and d not in held else NO_DIM, s)
                     for d, s in enumerate(v.shape))
         i = index.get(sig)
@@ -108,9 +146,10 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
     p = analysis.program
     values = p.values
     nbytes = np.fromiter((v.nbytes for v in values), dtype=np.float64, count=len(values))
-    sigs, vsig = _signatures(analysis, fixed)
+    views, seen = region_groups(analysis)
+    sigs, vsig = _signatures(analysis, fixed, seen)
     fused = fused_values(p, lowering)
-    patterns, op_pattern, total_flops = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering)
+    patterns, op_pattern, total_flops = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering, seen)
     # groups each signature / pattern depends on, as bitmasks (hot path)
     sig_mask = [mask(g for g, _ in sig) for sig in sigs]
     pat_mask = []
@@ -130,4 +169,5 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
         nbytes=_read_only(nbytes), sigs=sigs, vsig=_read_only(vsig), sig_mask=sig_mask, sig_masks=_by_mask(sig_mask),
         patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask, mask_groups=_by_mask(pat_mask),
         total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused, lowering),
-        combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late)
+        combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late,
+        views=views)

@@ -163,6 +163,7 @@ class _Interpreter:
         self.var_ids = program.var_ids
         self.eqn_ops = program.eqn_ops
         self._shardings: dict[Any, NamedSharding] = {}
+        self._region_mesh = None  # a partially manual region's mesh while its body is evaluated
         # exit pseudo-op id of every structured eqn's region, by its enter op id
         self._exit_of = {r.enter: r.exit for r in program.regions if r.enter >= 0}
         n_in = len(program.closed_jaxpr.jaxpr.invars)
@@ -202,9 +203,11 @@ class _Interpreter:
     # ------------------------------------------------------------------ constraints
     def _constrain(self, x, spec: PartitionSpec, what: str):
         try:
-            sh = self._shardings.get(spec)
+            # in a partially manual region's body: on the region's mesh (its manual axes as such)
+            mesh = self.mesh if self._region_mesh is None else self._region_mesh
+            sh = self._shardings.get((mesh, spec))
             if sh is None:
-                sh = self._shardings[spec] = NamedSharding(self.mesh, spec)
+                sh = self._shardings[(mesh, spec)] = NamedSharding(mesh, spec)
             return _with_sharding_constraint(x, sh)
         except Exception as e:  # a constraint partex made and JAX refused: partex's bug, keep it whole
             e.add_note(f"partex: while constraining {what} (shape {tuple(jax.numpy.shape(x))}) to {spec}")
@@ -220,13 +223,18 @@ class _Interpreter:
 
     def constrain_var(self, var, x):
         vid = self.var_ids.get(id(var))
-        if vid is None or vid in self.program.manual_values:  # a region's values: per device, as written
+        if vid is None or self._as_written(vid):
             return x
         spec = self.value_specs.get(vid)
         if spec is None:
             return x
         v = self.program.values[vid]
         return self._constrain(x, spec, f"value {vid} ({v.name or 'intermediate'})")
+
+    def _as_written(self, vid: int) -> bool:
+        """A fully manual region's value: per device, as the region computes it (a partially
+        manual one's the plan shards over the axes the region leaves to the partitioner)."""
+        return vid in self.program.manual_values and vid not in self.program.manual_axes
 
     def constrain_operand(self, op_id: int, i: int, x):
         spec = self.operand_specs.get((op_id, i))
@@ -419,21 +427,34 @@ class _Interpreter:
                 return [self._user_constrain(out[0], spec, op_id), *out[1:]] if spec is not None else out
         if name == "shard_map":
             eqn = self._on_plan_mesh(eqn)
+            if self._partly_manual(eqn):
+                return self._region(eqn, invals)
         return self._bind(eqn, op_id, invals)
 
+    @staticmethod
+    def _partly_manual(eqn) -> bool:
+        p = eqn.params
+        manual = p.get("newly_manual_axes", p.get("manual_axes", frozenset(p["mesh"].axis_names)))
+        return bool(set(p["mesh"].axis_names) - set(manual))
+
     def _region(self, eqn, invals) -> list:
-        """An explicit-mode step's shard_map region, its body evaluated again on the plan's mesh
-        (its typed shardings dropped; the region's manual axes as the region has them)."""
+        """A shard_map region whose body is evaluated again on the plan's mesh (the region's
+        manual axes as the region has them): an explicit-mode step's (its typed shardings
+        dropped), and a partially manual one's, whose values take the plan's shardings over
+        the axes the region leaves to the partitioner."""
         p = eqn.params
         body = p["jaxpr"]
         inner, consts = (body.jaxpr, body.consts) if isinstance(body, ClosedJaxpr) else (body, ())
+        partly = self._partly_manual(eqn)
 
         def per_device(*xs):
-            outer, self.context_mesh = self.context_mesh, jax.sharding.get_abstract_mesh()  # the region's own
+            here = jax.sharding.get_abstract_mesh()  # the region's own
+            outer, self.context_mesh = self.context_mesh, here
+            outer_mesh, self._region_mesh = self._region_mesh, (here if partly else None)
             try:
-                return tuple(self.eval(inner, consts, list(xs), constrain_invars=False))
+                return tuple(self.eval(inner, consts, list(xs), constrain_invars=partly))
             finally:
-                self.context_mesh = outer
+                self.context_mesh, self._region_mesh = outer, outer_mesh
 
         manual = p.get("newly_manual_axes", p.get("manual_axes", frozenset(self.mesh.axis_names)))
         region = jax.shard_map(per_device, mesh=self._on_plan_mesh(eqn).params["mesh"], in_specs=tuple(p["in_specs"]),

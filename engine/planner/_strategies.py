@@ -47,7 +47,7 @@ def _axes(mesh: MeshSpec) -> tuple[str, str]:
 def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> list[Shard]:
     """Shard(group, axis) for the groups whose size the axis divides."""
     n = mesh.axis_size(axis)
-    return [Shard(g, axis) for g in groups if an.groups[g].size % n == 0]
+    return [Shard(g, axis) for g in groups if an.groups[g].size % n == 0 and axis not in an.groups[g].manual]
 
 
 def _dp(an: Analysis, mesh: MeshSpec) -> list[Shard]:
@@ -85,7 +85,8 @@ def _zero3(an: Analysis, mesh: MeshSpec, fixed: Fixed = NO_FIXED) -> list[Shard]
         # its largest dim still free to take the data axis
         for d in sorted(range(len(shape)), key=lambda d: -shape[d]):
             g = gs[d]
-            if g != NO_DIM and g in decidable and g not in decided and an.groups[g].size % n == 0:
+            if (g != NO_DIM and g in decidable and g not in decided and an.groups[g].size % n == 0
+                    and data not in an.groups[g].manual):
                 dec.append(Shard(g, data))
                 decided.add(g)
                 on_data.add(g)

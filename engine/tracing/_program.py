@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -155,8 +155,12 @@ class Program:
     # unsharded run trace it under this mesh's context), else None.
     explicit_mesh: Any = None
     # The values of ``shard_map`` bodies: per-device code, at the shapes each device holds;
-    # no plan shards them (the region's own specs place what crosses it).
+    # apply leaves them as written (the region's own specs place what crosses it).
     manual_values: frozenset[ValueId] = frozenset()
+    # Those of partially manual regions (``axis_names=`` a subset of the mesh), with the mesh
+    # axes their region is manual over: the partitioner shards them over the others, as a
+    # plan's decisions on those axes say. The values of fully manual regions are not here.
+    manual_axes: Mapping[ValueId, frozenset[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def num_ops(self) -> int:
@@ -480,6 +484,7 @@ class _Tracer:
         self.scope = ""  # the name stack of the eqn being walked, through inlined calls
         self.barrier_reads: set[ValueId] = set()
         self.manual_values: set[ValueId] = set()  # the values of shard_map bodies
+        self.manual_axes: dict[ValueId, frozenset[str]] = {}  # ... of partially manual ones: their manual axes
         self.explicit = explicit  # the step is in explicit sharding mode (its types carry shardings)
 
     # ---- values
@@ -560,7 +565,7 @@ class _Tracer:
             self.values, self.ops, self.regions, inputs, outputs, list(in_paths),
             list(out_paths), in_tree, out_tree, self.closed, self.var_ids, self.constants,
             self.eqn_ops, self.user_shardings, barrier_reads=frozenset(self.barrier_reads),
-            manual_values=frozenset(self.manual_values),
+            manual_values=frozenset(self.manual_values), manual_axes=dict(self.manual_axes),
         )
 
     def walk(self, jaxpr, region: int, trip: int) -> None:
@@ -780,8 +785,10 @@ def _shard_map(t: _Tracer, eqn, region: int, trip: int) -> None:
     """A ``shard_map`` region: its body is per-device code, traced at the shapes each device
     holds, between ``shard_map_enter`` (the operands, global, to the body's inputs) and
     ``shard_map_exit`` (the body's outputs to the results). The body's values are the
-    region's (``Program.manual_values``): no plan shards them further. The region's
-    ``in_specs``/``out_specs`` are the user's shardings of the values crossing it."""
+    region's (``Program.manual_values``): a fully manual region's are the user's own, a
+    partially manual one's (``Program.manual_axes``) the plan shards over the axes the region
+    leaves to the partitioner. The region's ``in_specs``/``out_specs`` are the user's
+    shardings of the values crossing it."""
     p = eqn.params
     operands = [t.read(a) for a in eqn.invars]
     src = t.source(eqn)
@@ -802,7 +809,17 @@ def _shard_map(t: _Tracer, eqn, region: int, trip: int) -> None:
     body_outs = [t.read(a) for a in bj.outvars]
     info = dict(info, out_specs=tuple(_spec_axes(sp, len(v.aval.shape)) for sp, v in zip(p["out_specs"], eqn.outvars)))
     exit_ = t.emit("shard_map_exit", info, body_outs, [v.aval for v in eqn.outvars], src, region, trip, eqn.outvars)
-    t.manual_values.update(range(first, exit_.outputs[0] if exit_.outputs else len(t.values)))
+    body_values = range(first, exit_.outputs[0] if exit_.outputs else len(t.values))
+    # a value of a region inside this one is manual over both regions' axes
+    every = frozenset(mesh.axis_names)
+    inner = {v: t.manual_axes.get(v, every) if v in t.manual_values else frozenset() for v in body_values}
+    t.manual_values.update(body_values)
+    for v, axes in inner.items():
+        axes = axes | frozenset(manual)
+        if axes < every:
+            t.manual_axes[v] = axes
+        else:
+            t.manual_axes.pop(v, None)
     t.eqn_ops[id(eqn)] = enter.id
     auto = len(manual) < len(mesh.axis_names)
     site = _call_site(eqn)
