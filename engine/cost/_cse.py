@@ -8,8 +8,9 @@ their own, live from their first reader to their last. A reshard inside a loop b
 value made outside the loop (a weight a gradient-accumulation loop reads in every
 microbatch) is loop-invariant: XLA's while-loop invariant code motion hoists it out of the
 loop, so it runs once per trip of the region the value is made in, and its copy lives
-through the whole loop. Pure over the tables (the program's ops and the patterns); imports
-``_kinds`` only.
+through the whole loop. A reshard only a ``shard_map`` region's boundary reads is the region's
+own array of the value (the liveness counts it), not another buffer. Pure over the tables
+(the program's ops and the patterns); imports ``_kinds`` and ``_facts``.
 """
 
 from __future__ import annotations
