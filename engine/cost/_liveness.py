@@ -9,7 +9,8 @@ recompute edit. Every buffer counts at its sharded size; arguments live througho
 outputs counted whole (as XLA reports them), donated outputs aliased: an over-estimate
 rather than an under-estimate. A value fused into its reader keeps its operands alive until
 that read; a shard_map region's operands, body arrays and results are one buffer each
-(``CostFacts.aliases``) unless the plan shards an operand otherwise than the region reads it;
+(``CostFacts.aliases``) unless the plan gathers one across the boundary (then a copy of its
+own, to the next boundary that gathers it again);
 under ``lowering="cpu"`` random bits are threefry's two materialised halves
 (``cpu_random_bits``). Imports ``_facts``, ``_report``, the program and rule types
 and ``partex.analysis._recompute``'s ``backward_span``.
@@ -52,8 +53,9 @@ class Liveness:
     input_cat: np.ndarray  # per input: parameters, optimizer, activations (the data)
     output_cat: dict[int, str]  # an output that mirrors an input (the updated state): its category
     alias_pairs: tuple[tuple[int, int], ...]  # (input, output) donated pairs
-    # a region boundary's (operand, body value, boundary op, end of the body value's uses),
-    # as four arrays (empty: none): one buffer where the plan gives both the same size
+    # a region boundary's (operand, body value, boundary op, end of the body value's uses,
+    # end of its uses up to the next boundary its buffer crosses, that boundary's pair or -1),
+    # as six arrays (empty: none): one buffer where the plan gives both the same size
     region_pairs: tuple[np.ndarray, ...]
     alias_arrays: tuple[np.ndarray, np.ndarray]  # the same, as two arrays
 
@@ -249,6 +251,52 @@ def _loop_carries(p) -> list[tuple[int, int, int]]:
     return pairs
 
 
+_BOUNDARY = frozenset({"shard_map_enter", "shard_map_exit"})
+
+
+def _extend(end: np.ndarray, aliases, carries, fusing) -> np.ndarray:
+    for _ in range(8):
+        before = end.copy()
+        for _, i, o in aliases:
+            end[i] = max(end[i], end[o])
+        for _, i, o in reversed(carries):
+            end[i] = max(end[i], end[o])
+        for ins, outs in fusing:
+            last = max(end[o] for o in outs)
+            for i in ins:
+                end[i] = max(end[i], last)
+        if np.array_equal(before, end):
+            break
+    return end
+
+
+def _region_pairs(p, aliases, boundary: set, is_mid: np.ndarray, end: np.ndarray, near: np.ndarray) -> list:
+    """(operand, body value, boundary op, end, end before the next boundary, next pair) of
+    each region boundary whose far side is an intermediate: the far side's array lives to the
+    end of its uses, or, where the next boundary its buffer reaches is a buffer of its own
+    there (``memory_report`` decides, by the plan's sizes), to that boundary."""
+    pairs = sorted((at, i, o) for at, i, o in aliases if at in boundary and is_mid[o])
+    by_operand = {i: k for k, (_, i, _) in reversed(list(enumerate(pairs)))}
+    inner: dict[int, list[int]] = collections.defaultdict(list)  # value -> what aliases it inside a region
+    for at, i, o in aliases:
+        if at not in boundary:
+            inner[i].append(o)
+    out = []
+    for at, i, o in pairs:
+        seen, todo, nxt = {o}, [o], -1
+        while todo:
+            v = todo.pop()
+            k = by_operand.get(v)
+            if k is not None and pairs[k][0] > at and (nxt < 0 or pairs[k][0] < pairs[nxt][0]):
+                nxt = k
+            for w in inner.get(v, ()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        out.append((i, o, at, max(end[o], at) + 1, max(near[o], at) + 1, nxt))
+    return out
+
+
 def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -> Liveness:
     p = analysis.program
     n_ops = len(p.ops)
@@ -272,18 +320,11 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     # until the last use of any; a value XLA fuses into its reader is computed there, from
     # its operands, which live until that read (a ReLU's mask read in the backward pass
     # keeps its input). Each can lengthen the other's ranges: repeated until none changes.
-    for _ in range(8):
-        before = end.copy()
-        for _, i, o in aliases:
-            end[i] = max(end[i], end[o])
-        for _, i, o in reversed(carries):
-            end[i] = max(end[i], end[o])
-        for ins, outs in fusing:
-            last = max(end[o] for o in outs)
-            for i in ins:
-                end[i] = max(end[i], last)
-        if np.array_equal(before, end):
-            break
+    # ``near``: the same, but not through a region's boundary (where a plan may make the
+    # array across it a buffer of its own).
+    boundary = {op.id for op in p.ops if op.primitive in _BOUNDARY}
+    near = _extend(end.copy(), [a for a in aliases if a[0] not in boundary], carries, fusing)
+    end = _extend(end, aliases, carries, fusing)
     scale = np.ones(len(p.values), dtype=np.float64)
     if lowering == "cpu":  # random bits: two uint32 halves (cpu_random_bits)
         for op in p.ops:
@@ -294,10 +335,11 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     is_mid[list(set(p.inputs))] = False
     is_mid[list(set(p.outputs))] = False
     is_mid &= prod != NO_PRODUCER
-    # Where a plan shards a region's operand otherwise than the region takes it (a ZeRO
-    # weight gathered for a body that reads it whole), the body's array is a buffer of its
-    # own, from the boundary to the last use through it: memory_report adds it then.
-    split = [(i, o, at, max(end[o], at) + 1) for at, i, o in aliases if is_mid[o]]
+    # Where a plan gathers an array across a region's boundary (a ZeRO weight for a body
+    # that reads it whole, a residual leaving the region stacked over its manual axes), the
+    # far side is a buffer of its own, from the boundary to the last use through it or to
+    # the next boundary that gathers it again: memory_report adds it then.
+    split = _region_pairs(p, aliases, boundary, is_mid, end, near)
     # Otherwise it counts once, at its first value; not at all where one of the values is
     # an argument or an output (counted whole already).
     root = alias_roots(p, carries)
@@ -356,8 +398,8 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         size = np.maximum.reduceat(rows, edit.tmp_seg)
         delta += np.bincount(edit.tmp_at, weights=size, minlength=n) - np.bincount(edit.tmp_at + 1, weights=size, minlength=n)
     if live.region_pairs:
-        outer, body, at, stop = live.region_pairs
-        own = ~np.isclose(local[outer], local[body])
+        outer, body, at, stop = _region_arrays(live, local)
+        own = _gathered(local[outer], local[body])
         if own.any():
             size = local[body][own]
             delta += np.bincount(at[own], weights=size, minlength=n) - np.bincount(stop[own], weights=size, minlength=n)
@@ -372,6 +414,26 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         return MemoryReport(peak, args, outs, temps, alias, {})
     breakdown = _breakdown(live, local, b, mid_end, t, edit)
     return MemoryReport(peak, args, outs, temps, alias, breakdown, t, _held(live, local, b, mid_end, t, edit, buffers))
+
+
+def _region_arrays(live: Liveness, local: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The region pairs' (operand, body value, boundary op, end) under a plan's sizes: a
+    gathered array crossing a boundary lives to the end of its uses, or, where the next
+    boundary its buffer reaches gathers it again into a buffer of its own, to that boundary."""
+    outer, body, at, stop, near, nxt = live.region_pairs
+    has = nxt >= 0
+    if has.any():
+        k = nxt[has]
+        again = np.zeros(len(nxt), dtype=bool)
+        again[has] = _gathered(local[outer[k]], local[body[k]])
+        stop = np.where(again, near, stop)
+    return outer, body, at, stop
+
+
+def _gathered(before, after):
+    """Where a region's boundary gathers its value (the array across it bigger than the one it
+    is read from): a copy of its own. A block sliced from it is read where it lies."""
+    return after > before * (1 + 1e-9)
 
 
 def _held(live: Liveness, local: np.ndarray, b: np.ndarray, mid_end: np.ndarray, t: int,
@@ -391,10 +453,10 @@ def _held(live: Liveness, local: np.ndarray, b: np.ndarray, mid_end: np.ndarray,
             out += [HeldBuffer(float(size), int(at), int(at) + 1, "recomputation temporaries")
                     for at, size in zip(edit.tmp_at.tolist(), sizes.tolist()) if at == t]
     if live.region_pairs:
-        outer, body, at, stop = live.region_pairs
+        outer, body, at, stop = _region_arrays(live, local)
         out += [HeldBuffer(float(local[v]), int(a), int(e), "region array", int(v))
                 for o, v, a, e in zip(outer.tolist(), body.tolist(), at.tolist(), stop.tolist())
-                if a <= t < e and not np.isclose(local[o], local[v])]
+                if a <= t < e and _gathered(local[o], local[v])]
     return tuple(sorted(out, key=lambda h: -h.bytes))
 
 
