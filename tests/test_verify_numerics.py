@@ -162,11 +162,15 @@ def test_cli_verify_run_reports_each_tolerance_and_where_it_comes_from(capsys, t
     assert main(["verify", model, str(plan), "--run"]) == 0
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if "numerics:" in x)
-    assert "ok:" in line and "tolerance" in line and "its noise" in line and "3 perturbed runs" in line, line
     assert main(["verify", model, str(plan), "--run", "--json"]) == 0
     n = json.loads(capsys.readouterr().out)["numerics"]
-    assert n["ok"] and n["noise_runs"] == 3 and n["noise_factor"] == NUMERICS_NOISE_FACTOR
-    # the quantiser's noise, not the fixed floor, sets this leaf's tolerance
-    assert n["tolerance"] == pytest.approx(n["noise_factor"] * n["noise"]) and n["tolerance"] > NUMERICS_RTOL
+    assert n["ok"] and n["noise_runs"] == 3 and n["noise_factor"] == NUMERICS_NOISE_FACTOR and n["noise"] > 0
+    # the worst leaf's tolerance is its calibrated noise or the fixed least tolerance,
+    # whichever is larger (which leaf is worst depends on where the quantiser's rounding
+    # flips: on the CPU's instruction set), and the line says which, with both figures
+    assert n["tolerance"] == pytest.approx(max(NUMERICS_RTOL, n["noise_factor"] * n["noise"]))
+    basis = partex.Numerics.from_json(n).basis()
+    assert f"ok: {n['worst_output']}" in line and f"tolerance {n['tolerance']:.1e}" in line and basis in line, line
+    assert "3 perturbed runs" in basis or "over 3 runs" in basis
     assert n["largest_rel_err"] >= n["max_rel_err"] and n["largest_output"]
     assert partex.Numerics.from_json(n).to_json() == n
