@@ -34,12 +34,17 @@ Two options mirror how MaxText trains (defaults keep the plain float32 model, un
   MaxText); the form uses ``+``, not commas, so that it survives the CLI's
   ``--config a=1,b=2`` splitting. MaxText wraps the scanned layer with
   ``prevent_cse=False``; so does this model.
+- ``attention``: ``"dot"`` (default: einsums and a softmax, the [seq, seq] scores in memory)
+  or ``"flash"``: JAX's Pallas flash-attention kernels (``_flash``: the scores stay in the
+  kernel's blocks; partitioned over batch and heads by ``custom_partitioning``), as MaxText's
+  ``attention: flash`` runs its splash kernel on TPU. The key/value heads are repeated to the
+  query heads' count for the kernel. Off TPU the kernels run in Pallas' interpreter.
 
 Presets ``maxtext-32b``, ``maxtext-22b``, ``llama2-70b`` (v5p), ``llama2-70b-v6e``,
 ``llama3.1-70b-v6e`` and ``llama3.1-8b-v6e`` mirror published MaxText runs (dims, global
 batch = per-device batch x chips, sequence, bf16, remat policy); ``PUBLISHED_RUNS`` gives each
 one's hardware, mesh and published MFU, and the comments by each preset say what is not
-mirrored (splash attention above all: this model computes attention with plain einsums).
+mirrored. The presets whose runs used MaxText's flash (splash) kernel set ``attention="flash"``.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from . import _flash
 from ._common import (DemoModelError, ModelDef, check_divides, normal, ones, randint, rmsnorm,
                       stack_spec, weight)
 
@@ -70,6 +76,7 @@ class LlamaConfig:
     lr: float = 3e-3
     dtype: str = "float32"  # "float32" or "bfloat16" (bf16 compute, float32 parameters)
     remat: str = "none"  # "none", "full", a MaxText remat_policy name, or "custom:..."
+    attention: str = "dot"  # "dot" (einsums, scores in memory) or "flash" (Pallas kernels)
 
     @property
     def head_dim(self) -> int:
@@ -86,11 +93,12 @@ LLAMA_7B = LlamaConfig(layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=11008
 # Each preset mirrors one published MaxText run: dims, global batch (per-device batch x
 # chips), sequence, bf16 compute over float32 weights, the run's remat_policy. lr is MaxText's
 # default learning_rate (3e-5); it changes no shape, FLOP or byte. The meshes and the MFU
-# are in PUBLISHED_RUNS below, the sources by each preset. Not mirrored in any of them:
-# MaxText's attention is the splash (flash) Pallas kernel (`attention: flash`, or
-# `autoselected`, which picks it for training on TPU), which never materialises the
-# [batch, heads, seq, seq] scores and skips fully masked causal blocks; here attention is
-# plain einsums (scores materialised, full seq x seq work). Also not mirrored:
+# are in PUBLISHED_RUNS below, the sources by each preset. The runs that used MaxText's
+# splash (flash) Pallas kernel (`attention: flash`, or `autoselected`, which picks it for
+# training on TPU) use JAX's Pallas flash-attention kernels here (`attention="flash"`): the
+# [batch, heads, seq, seq] scores never reach memory. Not mirrored: splash skips fully
+# masked causal blocks, JAX's flash kernels are counted at the full seq x seq work; the
+# key/value heads are repeated for the kernel (splash reads grouped heads as they are). Also not mirrored:
 # `use_iota_embed: true` (MaxText embeds by a one-hot matmul, here a gather), AdamW's weight
 # decay (here Adam), RMSNorm epsilon 1e-5 (here 1e-6), the XLA/libtpu flags.
 
@@ -104,7 +112,7 @@ LLAMA_7B = LlamaConfig(layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=11008
 # before RoPE there: only elementwise work differs).
 MAXTEXT_32B = LlamaConfig(layers=32, d_model=8192, heads=64, kv_heads=64, d_ff=28672,
                           vocab=32000, seq=2048, batch=6 * 64, lr=3e-5, dtype="bfloat16",
-                          remat="minimal")
+                          remat="minimal", attention="flash")
 # MaxText README (Apr 2023, commit 281e04b) "22B | 1x v4-128 | 156 TFLOP/s | 56.7%" from
 # MaxText/configs/1xv4-128.sh: scale=3 (emb 6144, 24 heads of head_dim 256, mlp 24576,
 # 48 layers), vocab 32768, per_device_batch_size=16, max_target_length=1024, remat full,
@@ -126,7 +134,7 @@ MAXTEXT_22B = LlamaConfig(layers=48, d_model=6144, heads=24, kv_heads=24, d_ff=1
 # attention autoselected (= flash on TPU).
 LLAMA2_70B = LlamaConfig(layers=80, d_model=8192, heads=64, kv_heads=8, d_ff=28672, vocab=32000,
                          seq=4096, batch=4 * 512, lr=3e-5, dtype="bfloat16",
-                         remat="save_dot_except_mlpwi")
+                         remat="save_dot_except_mlpwi", attention="flash")
 # tpu-recipes training/trillium/Llama2-70B-MaxText (MaxText tag tpu-recipes-v0.1.2, model
 # llama2-70b-4096-sc): v6e-256, max_target_length=4096, remat_policy=qkv_proj_offloaded,
 # ici_fsdp_transpose=-1 (256), attention=flash; its log line "seconds: 9.052, TFLOP/s/device:
@@ -141,7 +149,7 @@ LLAMA2_70B_V6E = dataclasses.replace(LLAMA2_70B, batch=2 * 256, remat="qkv_proj_
 # scaling (rope_type llama3.1; only rope_theta 500000 is).
 LLAMA31_70B_V6E = LlamaConfig(
     layers=80, d_model=8192, heads=64, kv_heads=8, d_ff=28672, vocab=128256, seq=8192,
-    batch=5 * 256, rope_theta=500000.0, lr=3e-5, dtype="bfloat16",
+    batch=5 * 256, rope_theta=500000.0, lr=3e-5, dtype="bfloat16", attention="flash",
     remat="custom:decoder_layer_input=offload+query_proj=offload+key_proj=offload"
           "+value_proj=offload")
 # tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (model llama3_1-8b-8192):
@@ -150,7 +158,7 @@ LLAMA31_70B_V6E = LlamaConfig(
 # = 45.46% MFU (tiering.md). RoPE scaling not mirrored, as above.
 LLAMA31_8B_V6E = LlamaConfig(
     layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=14336, vocab=128256, seq=8192,
-    batch=4 * 256, rope_theta=500000.0, lr=3e-5, dtype="bfloat16",
+    batch=4 * 256, rope_theta=500000.0, lr=3e-5, dtype="bfloat16", attention="flash",
     remat="custom:decoder_layer_input=offload+out_proj=offload+query_proj=offload"
           "+key_proj=offload+value_proj=offload")
 
@@ -241,7 +249,14 @@ def validate(c: LlamaConfig) -> None:
     check_divides("llama", "the head dim must be even (rotary pairs)", 2, c.head_dim)
     if c.dtype not in DTYPES:
         raise DemoModelError(f"llama: unknown dtype {c.dtype!r}; valid: {', '.join(DTYPES)}")
+    if c.attention not in ATTENTIONS:
+        raise DemoModelError(f"llama: unknown attention {c.attention!r}; valid: {', '.join(ATTENTIONS)}")
+    if c.attention == "flash" and c.seq % 128:
+        raise DemoModelError(f"llama: attention=flash needs seq a multiple of 128 (the kernels' blocks), got {c.seq}")
     remat_names(c.remat)
+
+
+ATTENTIONS = ("dot", "flash")
 
 
 # --------------------------------------------------------------------------- specs
@@ -320,6 +335,11 @@ def attention(c: LlamaConfig, p, x, cd=None, tag=_no_tag):
     k = _cast(rope(jnp.einsum("bsm,mkd->bskd", h, p["wk"]), c.rope_theta), cd)
     v = jnp.einsum("bsm,mkd->bskd", h, p["wv"])
     q, k, v = tag(q, "query_proj"), tag(k, "key_proj"), tag(v, "value_proj")
+    if c.attention == "flash":  # the kernel's layout: [batch, heads, seq, head_dim]
+        k, v = (jnp.repeat(a, g, axis=2).transpose(0, 2, 1, 3) for a in (k, v))
+        out = _flash.attention(q.transpose(0, 2, 1, 3), k, v, causal=True, sm_scale=1.0 / math.sqrt(hd))
+        out = tag(out.transpose(0, 2, 1, 3), "context")
+        return x + tag(jnp.einsum("bthd,hdm->btm", out, p["wo"]), "out_proj")
     q = q.reshape(b, t, kv, g, hd)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k) / math.sqrt(hd)
     causal = jax.lax.broadcasted_iota(jnp.int32, (t, t), 0) >= \

@@ -28,6 +28,9 @@ class Hardware:
     # XLA runs collectives asynchronously on this hardware (TPU, GPU: its latency-hiding
     # scheduler overlaps them with independent compute); XLA:CPU runs them in line
     overlap: bool = True
+    # bytes/s between a device and its host's memory, one direction, per device (its share of
+    # the host's PCIe / DMA links): what moving a value offloaded to the host takes
+    host_bandwidth: float = 16e9
 
     @property
     def budget(self) -> float:
@@ -48,7 +51,7 @@ class Hardware:
         return hw
 
     def validate(self) -> None:
-        for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth"):
+        for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth"):
             _positive(f"hardware {self.name}: {f}", getattr(self, f))
         if not (math.isfinite(self.link_latency) and self.link_latency >= 0):
             raise PartexError(f"hardware {self.name}: link_latency must be a finite number >= 0, "
@@ -71,16 +74,19 @@ def _positive(what: str, x) -> None:
 
 
 # Public spec sheets. Link bandwidth: one direction of the links a ring on one mesh axis uses.
+# Host bandwidth: a device's share of its host's PCIe links, one direction (TPU hosts serve 4
+# chips, v6e hosts 8, over PCIe 4.0 x16 each way per chip group; A100 PCIe 4.0 x16, H100 5.0
+# x16 per GPU, as achieved by DMA): an estimate, set it (``host_bandwidth``) where measured.
 HARDWARE: dict[str, Hardware] = {
-    "tpu-v4": Hardware("tpu-v4", 275e12, 32 * GiB, 1.2e12, 100e9, 5e-6),
-    "tpu-v5e": Hardware("tpu-v5e", 197e12, 16 * GiB, 0.82e12, 100e9, 5e-6),
-    "tpu-v5p": Hardware("tpu-v5p", 459e12, 95 * GiB, 2.765e12, 200e9, 5e-6),
+    "tpu-v4": Hardware("tpu-v4", 275e12, 32 * GiB, 1.2e12, 100e9, 5e-6, host_bandwidth=16e9),
+    "tpu-v5e": Hardware("tpu-v5e", 197e12, 16 * GiB, 0.82e12, 100e9, 5e-6, host_bandwidth=16e9),
+    "tpu-v5p": Hardware("tpu-v5p", 459e12, 95 * GiB, 2.765e12, 200e9, 5e-6, host_bandwidth=32e9),
     # Trillium: 918 TFLOP/s bf16, 32 GB at 1638 GB/s; ICI 800 GB/s per chip both ways over
     # 4 ports (2D torus): a ring on one axis uses its two ports, 100 GB/s each way
-    "tpu-v6e": Hardware("tpu-v6e", 918e12, 32e9, 1.638e12, 200e9, 5e-6),
-    "a100-40gb": Hardware("a100-40gb", 312e12, 40 * GiB, 1.555e12, 300e9, 10e-6),
-    "h100-80gb": Hardware("h100-80gb", 989e12, 80 * GiB, 3.35e12, 450e9, 10e-6),
-    "cpu": Hardware("cpu", 1e11, 16 * GiB, 50e9, 10e9, 20e-6, overlap=False),
+    "tpu-v6e": Hardware("tpu-v6e", 918e12, 32e9, 1.638e12, 200e9, 5e-6, host_bandwidth=32e9),
+    "a100-40gb": Hardware("a100-40gb", 312e12, 40 * GiB, 1.555e12, 300e9, 10e-6, host_bandwidth=25e9),
+    "h100-80gb": Hardware("h100-80gb", 989e12, 80 * GiB, 3.35e12, 450e9, 10e-6, host_bandwidth=50e9),
+    "cpu": Hardware("cpu", 1e11, 16 * GiB, 50e9, 10e9, 20e-6, overlap=False, host_bandwidth=50e9),
 }
 
 

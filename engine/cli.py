@@ -57,7 +57,8 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                         "(default: the preset's; off on cpu)")
     for flag, what in (("--peak-flops", "peak FLOP/s per device"), ("--hbm-bandwidth", "HBM bytes/s"),
                        ("--link-bandwidth", "link bytes/s per mesh axis"), ("--link-latency", "seconds per collective step"),
-                       ("--hbm", "HBM bytes per device")):
+                       ("--hbm", "HBM bytes per device"),
+                       ("--host-bandwidth", "bytes/s between a device and host memory (offloaded values)")):
         p.add_argument(flag, type=str, help=f"override the preset's {what}")
 
 
@@ -83,6 +84,7 @@ def _hardware(args, base: Hardware | None = None) -> Hardware | None:
         hbm_bandwidth=_number("--hbm-bandwidth", args.hbm_bandwidth),
         link_bandwidth=_number("--link-bandwidth", args.link_bandwidth),
         link_latency=_number("--link-latency", args.link_latency),
+        host_bandwidth=_number("--host-bandwidth", getattr(args, "host_bandwidth", None)),
         hbm_bytes=parse_bytes(args.hbm) if args.hbm else None,
         memory_budget=parse_bytes(args.memory) if args.memory else None,
         memory_margin=args.margin,
@@ -222,6 +224,7 @@ def cmd_analyze(args) -> int:
         out["model"] = res.model.name
         out["preset"] = res.model.preset
         out["trace_seconds"] = round(res.trace_seconds, 3)
+        out["kernels"] = an.kernels()
         out["decision_space"] = an.decision_space(2)
         print(json.dumps(out))
         return 0
@@ -253,6 +256,12 @@ def cmd_analyze(args) -> int:
     if an.static_inputs():
         print("\nstatic arguments (not arrays: closed over when traced, left out of the plan): "
               + ", ".join(f"{p} ({v})" for p, v in an.static_inputs()))
+    kernels = an.kernels()
+    if kernels:
+        print("\nkernels and custom-partitioned ops:")
+        for k in kernels[: args.top]:
+            print(f"  {k['kind']} {k['name']} x{k['count']} at {k['source']}: {k['sharding']}; "
+                  f"priced by {k['cost']}")
     if an.unknown_primitives:
         print("\nprimitives with no factor rule (treated conservatively): "
               + ", ".join(f"{k} x{v}" for k, v in sorted(an.unknown_primitives.items())))

@@ -13,9 +13,12 @@ sources and what is not mirrored). For each:
   by MaxText's own FLOP count (maxtext_utils.calculate_tflops_training_per_device: the
   matmuls' 6·tokens·params plus non-causal attention, no recompute; the 2023 22B run counted
   6·params·tokens alone, and so does its row here);
-- **attention scores**: the compute time of the ops that make or read a [seq, seq] block (the
-  demo materialises the scores; MaxText's splash kernel keeps them on chip), and the MFU with
-  those ops at their FLOP time alone (what a flash kernel would give on partex's model);
+- **attention, remat**: the run's attention (``flash``: JAX's Pallas flash-attention kernels,
+  priced by their cost estimates and bodies, the scores never in memory; ``dot``: einsums) and
+  its remat policy, whose offloaded residuals live in host memory;
+- **memory**: the device peak by partex's count against the chip's HBM, and the host memory
+  the offloaded residuals take; **host transfers**: their seconds over the host link per step
+  and how much of it runs under compute;
 - **partex, searched**: the plan the MCTS search finds in ``--budget`` seconds (it keeps the
   remat the model's code applies, and may add its own), its predicted step and MFU.
 
@@ -71,29 +74,19 @@ def run(name: str, budget: float, overlap: bool) -> dict:
         batch = set(s.analysis.roles.batch_groups)
         dec += [partex.Shard(d.group, "tensor") for d in list(dec)
                 if isinstance(d, partex.Shard) and d.axis == axes[0] and d.group not in batch]
-    r = s.evaluate(dec)
-    # the attention scores: ops that make or read a [..., seq, seq] block (the scores, the
-    # probabilities, the causal mask and their gradients). The demo computes
-    # them with einsums and materialises them; MaxText's splash kernel keeps them on chip,
-    # so they cost their FLOPs alone there: the step with these ops at their FLOP time
-    # bounds what a flash kernel would give on partex's model
-    ops = s.cost_model.op_costs(dec)
-    prog = s.program
-    scores = [op.id for op in prog.ops
-              if any(prog.values[v].shape[-2:] == (c.seq, c.seq) for v in op.outputs + op.inputs)]
-    score_s = float(ops[scores, 0].sum())
-    score_flop_s = float(ops[scores, 1].sum()) / hw.peak_flops
-    flash_step = r.step_time - score_s + score_flop_s
+    r = s.cost_model.evaluate(dec, detail=True)
+    moved = [x for x in r.collectives if x.kind == "host-transfer"]
     out = {"run": name, "chip": pub["chip"], "chips": pub["chips"], "mesh": mesh_text,
+           "attention": c.attention, "remat": c.remat,
            "published_mfu": pub["mfu"], "model_tflops_per_device": model_flops / 1e12,
            "trace_s": traced, "overlap": overlap,
            "published_plan": {"plan": [s.label(d) for d in dec], "step_s": r.step_time,
                               "compute_s": r.compute_time, "comm_s": r.comm_time, "hidden_s": r.hidden_time,
                               "mfu": model_flops / (r.step_time * hw.peak_flops),
-                              "partex_mfu": r.mfu, "peak_bytes": r.memory.peak, "fits": r.fits,
-                              "score_ops_s": score_s, "score_flops_s": score_flop_s,
-                              "flash_bound_step_s": flash_step,
-                              "flash_bound_mfu": model_flops / (flash_step * hw.peak_flops)}}
+                              "partex_mfu": r.mfu, "peak_bytes": r.memory.peak, "host_bytes": r.memory.host,
+                              "hbm_bytes": hw.hbm_bytes, "fits": r.fits,
+                              "host_transfer_s": sum(x.time for x in moved),
+                              "host_transfer_hidden_s": sum(x.hidden for x in moved)}}
     s.run(budget)
     best = s.best()
     if best is not None:
@@ -101,26 +94,29 @@ def run(name: str, budget: float, overlap: bool) -> dict:
         out["searched"] = {"plan": [s.label(d) for d in best.decisions], "step_s": b.step_time,
                            "compute_s": b.compute_time, "comm_s": b.comm_time, "hidden_s": b.hidden_time,
                            "mfu": model_flops / (b.step_time * hw.peak_flops), "partex_mfu": b.mfu,
-                           "peak_bytes": b.memory.peak, "found_s": best.seconds}
+                           "peak_bytes": b.memory.peak, "host_bytes": b.memory.host, "found_s": best.seconds}
     else:
         out["searched"] = None
     return out
 
 
 def show(rows: list[dict]) -> None:
-    print("| run | chips, mesh | published MFU | partex: published sharding (step, MFU, ratio) | fits | "
-          "attention scores (of compute) | scores at FLOP time: MFU (ratio) | partex: searched plan (step, MFU) |")
+    print("| run | chips, mesh | attention, remat | published MFU | partex: published sharding (step, MFU, ratio) | "
+          "memory: device (HBM) / host | host transfers (hidden) | partex: searched plan (step, MFU, memory) |")
     print("|---|---|---|---|---|---|---|---|")
+    fmt = partex.format_bytes
     for o in rows:
         p = o["published_plan"]
         srch = o["searched"]
-        found = (f"{srch['step_s']:.2f} s, {srch['mfu']:.1%}" if srch else "none fits")
-        print(f"| {o['run']} | {o['chips']} x {o['chip']}, {o['mesh']} | {o['published_mfu']:.1%} | "
+        found = (f"{srch['step_s']:.2f} s, {srch['mfu']:.1%}, {fmt(srch['peak_bytes'])}" if srch else "none fits")
+        moved = (f"{p['host_transfer_s']:.2f} s ({p['host_transfer_hidden_s']:.2f} s)"
+                 if p["host_transfer_s"] else "-")
+        print(f"| {o['run']} | {o['chips']} x {o['chip']}, {o['mesh']} | {o['attention']}, {o['remat']} | "
+              f"{o['published_mfu']:.1%} | "
               f"{p['step_s']:.2f} s, {p['mfu']:.1%} ({p['mfu'] / o['published_mfu']:.2f}; compute "
               f"{p['compute_s']:.2f} s, comm {p['comm_s']:.2f} s, {p['hidden_s']:.2f} s hidden) | "
-              f"{'yes' if p['fits'] else 'no'} ({partex.format_bytes(p['peak_bytes'])}) | "
-              f"{p['score_ops_s']:.2f} s ({p['score_ops_s'] / p['compute_s']:.0%}) | "
-              f"{p['flash_bound_mfu']:.1%} ({p['flash_bound_mfu'] / o['published_mfu']:.2f}) | {found} |")
+              f"{fmt(p['peak_bytes'])} ({fmt(p['hbm_bytes'])}){'' if p['fits'] else ': does not fit'}"
+              f" / {fmt(p['host_bytes'])} | {moved} | {found} |")
 
 
 def main() -> int:

@@ -42,3 +42,18 @@ def test_the_22b_run_counts_six_n_t():
     six_n = mod.maxtext_flops_per_device(config, 64, six_n=True)
     params = 22.15e9  # the mirror's (untied head: 0.2B more than the published 21.95B)
     assert six_n == pytest.approx(6 * params * config.batch * config.seq / 64, rel=5e-3)
+
+
+def test_the_v6e_runs_offload_to_the_host_and_keep_their_scores_in_the_kernel():
+    """llama2-70b-v6e as published (flash attention, qkv_proj_offloaded) on its chip and mesh:
+    the offloaded q/k/v projections are host memory and move over the host link; no
+    [seq, seq] block is a value of the step."""
+    mod = _script()
+    out = mod.run("llama2-70b-v6e", 0.0, True)
+    p = out["published_plan"]
+    assert out["attention"] == "flash" and out["remat"] == "qkv_proj_offloaded"
+    # per layer, q, k, v [batch 2, seq 4096, heads 64 + 2 x 8, head_dim 128] bf16 per device
+    per_layer = 2 * 4096 * (64 + 2 * 8) * 128 * 2
+    assert p["host_bytes"] >= 80 * per_layer
+    assert p["host_transfer_s"] > 0 and p["host_transfer_hidden_s"] <= p["host_transfer_s"]
+    assert p["fits"] and p["peak_bytes"] < p["hbm_bytes"]

@@ -169,6 +169,38 @@ class DimAnalysis:
         (path, what it is)."""
         return [(path, f"{type(v).__name__} {v!r:.40}") for _, path, v in self.program.static_inputs]
 
+    def kernels(self) -> list[dict]:
+        """The step's kernels (``pallas_call``) and custom-partitioned ops, one entry per
+        call site: ``kind``, ``name``, ``source``, ``count``, how XLA shards it
+        (``sharding``) and where partex's cost of it comes from (``cost``)."""
+        manual = self.program.manual_values
+        seen: dict[tuple, dict] = {}
+        for op in self.program.ops:
+            if op.primitive not in ("pallas_call", "custom_partitioning"):
+                continue
+            if op.primitive == "pallas_call":
+                name = str(op.params.get("name") or getattr(op.params.get("jaxpr"), "debug_info", None)
+                           and op.params["jaxpr"].debug_info.func_name or "kernel")
+                est = op.params.get("cost_estimate")
+                cost = "its cost_estimate" if est is not None else "its body's FLOPs once per grid step"
+                if op.inputs and op.inputs[0] in manual:
+                    how = "per device (inside a shard_map region)"
+                else:
+                    how = ("XLA's partitioner cannot see inside it: its operands are gathered and it runs whole "
+                           "on every device (shard it with shard_map, or custom_partitioning with a sharding_rule)")
+            else:
+                call = op.params.get("call")
+                name = getattr(getattr(call, "debug_info", None), "func_name", None) or "custom_partitioning"
+                rule = op.params.get("sharding_rule")
+                how = (f"sharded by its sharding_rule '{_rule_text(rule)}'" if hasattr(rule, "operand_mappings")
+                       else "its sharding_rule is not one partex reads (a function of the mesh): every dim kept whole")
+                cost = "the FLOPs of the function it wraps"
+            key = (op.primitive, name, op.source)
+            entry = seen.setdefault(key, {"kind": op.primitive, "name": name, "source": op.source, "count": 0,
+                                          "sharding": how, "cost": cost})
+            entry["count"] += 1
+        return list(seen.values())
+
     # ---- lookups
     def nd_of(self, vid: int, dim: int) -> NamedDimId:
         return int(self.node_nd[self.node_base[vid] + dim])
@@ -849,3 +881,13 @@ def _label(votes, inputs, first_node, values, prod, program, value_of_node, dim_
     if prim == "shard_map_exit":  # a region's result: named by the region's function
         prim = f"{program.ops[p].params.get('name') or 'shard_map'}.out"
     return f"{prim}[{int(dim_of_node[first_node])}]"
+
+
+def _rule_text(rule) -> str:
+    """A Shardy sharding rule in its einsum-like notation (``'b f, b f -> b f'``), with
+    the factors it keeps whole."""
+    def side(ms):
+        return ", ".join(" ".join(d if isinstance(d, str) else "(" + " ".join(d) + ")" for d in m) for m in ms)
+    text = f"{side(rule.operand_mappings)} -> {side(rule.result_mappings)}"
+    kept = tuple(rule.need_replication_factors) + tuple(rule.permutation_factors)
+    return text + (f"; {' '.join(kept)} kept whole" if kept else "")

@@ -158,6 +158,10 @@ CONSERVATIVE = frozenset({
     "eig", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve", "geqp3", "lu_pivots_to_permutation",
     "select_and_gather_add", "select_and_scatter", "from_edtype", "to_edtype", "stage",
     "random_gamma",
+    # a Pallas kernel is one custom call to XLA's partitioner, which cannot see inside it: it
+    # gathers the kernel's operands and runs it whole on every device (shard it with
+    # shard_map, or custom_partitioning with a sharding_rule, which partex reads)
+    "pallas_call",
 })
 
 
@@ -976,6 +980,64 @@ def _region_boundary(params, specs, outer, inner) -> list[Factor]:
           for i, (spec, sh) in enumerate(zip(specs, outer)) for d, s in enumerate(sh)]
     fs += [_f(s, N, results=[(j, d)]) for j, sh in enumerate(inner) for d, s in enumerate(sh) if (j, d) not in tied]
     return _keep(fs)
+
+
+# --------------------------------------------------------------------------- kernels
+
+def _sdy_dims(mapping, rank: int) -> list:
+    """One sharding rule operand's or result's factor per dim: a name, or None for a dim
+    it does not map to one factor alone (a compound factor). A leading ``…`` (JAX's
+    ``BATCHING``) stands for the dims the others leave, right-aligned across operands."""
+    from jax._src.custom_partitioning_sharding_rule import BATCHING
+
+    dims: list = []
+    rest = sum(1 for m in mapping if not (isinstance(m, str) and m.startswith(BATCHING)))
+    for m in mapping:
+        if isinstance(m, str) and m.startswith(BATCHING):
+            n = rank - rest
+            dims += [f"{m}:{n - k}" for k in range(n)]
+        else:
+            dims.append(m if isinstance(m, str) else None)
+    return dims
+
+
+def custom_partitioning_rule(params, ins, outs) -> list[Factor]:
+    """A ``custom_partitioning`` op's own rule (its ``sharding_rule``, Shardy's notation:
+    ``'b h q d, b h k d -> b h q d'``): a factor on results and operands is one named
+    dimension (PASS), a ``reduction_factors`` one a REDUCTION, ``need_replication`` and
+    ``permutation`` factors and dims under a compound factor are not sharded. A rule given
+    as a function (of the mesh and the MLIR types) is not read: the op keeps every dim."""
+    rule = params.get("sharding_rule")
+    if rule is None or callable(rule) or not hasattr(rule, "operand_mappings"):
+        return conservative_rule(params, ins, outs)
+    if len(rule.operand_mappings) != len(ins) or len(rule.result_mappings) != len(outs):
+        return conservative_rule(params, ins, outs)
+    where: dict[str, tuple[list, list]] = {}
+    fs: list[Factor | None] = []
+    for side, mappings, shapes in ((0, rule.operand_mappings, ins), (1, rule.result_mappings, outs)):
+        for i, (mapping, shape) in enumerate(zip(mappings, shapes)):
+            dims = _sdy_dims(mapping, len(shape))
+            if len(dims) != len(shape):
+                return conservative_rule(params, ins, outs)
+            for d, name in enumerate(dims):
+                if name is None:
+                    fs.append(_f(shape[d], N, operands=[(i, d)]) if side == 0 else _f(shape[d], N, results=[(i, d)]))
+                else:
+                    where.setdefault(name, ([], []))[side].append((i, d))
+    held = set(rule.need_replication_factors) | set(rule.permutation_factors)
+    reduced = set(rule.reduction_factors)
+    for name, (operands, results) in where.items():
+        size = (ins[operands[0][0]][operands[0][1]] if operands else outs[results[0][0]][results[0][1]])
+        if name in held or (name in reduced and results) or (not results and name not in reduced):
+            fs += [_f(size, N, operands=[r]) for r in operands] + [_f(size, N, results=[r]) for r in results]
+        elif name in reduced:
+            fs.append(_f(size, FactorKind.REDUCTION, operands=operands))
+        else:
+            fs.append(_f(size, P, operands=operands, results=results))
+    return _keep(fs)
+
+
+factor_rules["custom_partitioning"] = custom_partitioning_rule
 
 
 PSEUDO_OPS = frozenset({"scan_enter", "scan_exit", "while_enter", "while_exit", "cond_enter", "cond_exit",

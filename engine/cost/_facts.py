@@ -7,8 +7,8 @@ memory). What the factor rule of a primitive says (which dims move together) is
 the quirks of XLA's partitioner on it -- is here, one entry per primitive, registered in
 families right after the helpers that define them.
 
-Imports ``_rules`` only (the factor-rule registry, and the helpers and primitive sets that
-count FLOPs as XLA does).
+Imports ``_rules`` (the factor-rule registry, and the helpers and primitive sets that
+count FLOPs as XLA does) and ``_kernels`` (what a kernel costs).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from ..analysis._rules import (
     factor_rules,
     pointwise_rule,
 )
+from ._kernels import (call_flops, call_hbm_bytes, pallas_flops, pallas_hbm_bytes, ragged_dot_cpu_flops,
+                       ragged_dot_flops)
 
 Shape = tuple[int, ...]
 FlopsRule = Callable[[dict, Sequence[Shape], Sequence[Shape]], float]
@@ -142,6 +144,12 @@ class CostFacts:
     # again, so they live until the last use of anything computed from the bits elementwise
     # alone, and what is computed so is never materialised (liveness.cpu_random_bits)
     cpu_rolled_bits: bool = False
+    # a kernel: the HBM bytes it says it reads and writes beyond its operands' and results'
+    # once (a flash kernel reads K and V once per block of queries); params -> bytes, 0: none said
+    hbm_bytes: Callable[[dict], float] | None = None
+    # its FLOPs as XLA:CPU runs it where that differs from TPU and GPU (``ragged_dot``,
+    # lowered densely there): what verify compares with on simulated devices
+    cpu_flops: FlopsRule | None = None
 
 
 DEFAULT = CostFacts()
@@ -225,3 +233,12 @@ for _kind, _names, _bytes in (
         ("all-to-all", ("all_to_all", "ragged_all_to_all"), _larger),
         ("collective-permute", ("ppermute",), _larger)):
     define(_names, manual=(_kind, _bytes), flops=no_flops)
+
+
+# Kernels (``_kernels``): a Pallas kernel is one custom call to XLA, priced by its cost
+# estimate or its body; a custom_partitioning op by the function it wraps.
+define(["pallas_call"], flops=lambda params, ins, outs: pallas_flops(params, ins, outs, facts_of),
+       hbm_bytes=pallas_hbm_bytes)
+define(["custom_partitioning"], flops=lambda params, ins, outs: call_flops(params, ins, outs, facts_of),
+       hbm_bytes=call_hbm_bytes)
+define(["ragged_dot_general"], flops=ragged_dot_flops, cpu_flops=ragged_dot_cpu_flops)

@@ -23,6 +23,9 @@ class CollectiveKind(enum.StrEnum):
     ALL_TO_ALL = "all-to-all"
     # point to point: halo rows of neighbours, blocks reordered between devices
     COLLECTIVE_PERMUTE = "collective-permute"
+    # not a collective: a copy between a device's memory and its host's (an offloaded value
+    # going out or coming back), over the host link; XLA runs it asynchronously
+    HOST_TRANSFER = "host-transfer"
 
     @property
     def ring_passes(self) -> int:
@@ -34,5 +37,6 @@ class CollectiveKind(enum.StrEnum):
 _RING_PASSES = {CollectiveKind.ALL_REDUCE: 2}
 _RING_PASSES.update({k: 1 for k in CollectiveKind if k not in _RING_PASSES})
 
-# every kind's name, in report order (plain strings: what the HLO parser and the verifier key on)
-KINDS: tuple[str, ...] = tuple(k.value for k in CollectiveKind)
+# every collective's name, in report order (plain strings: what the HLO parser and the
+# verifier key on); a host transfer is not among them
+KINDS: tuple[str, ...] = tuple(k.value for k in CollectiveKind if k is not CollectiveKind.HOST_TRANSFER)

@@ -58,6 +58,9 @@ class Liveness:
     # as six arrays (empty: none): one buffer where the plan gives both the same size
     region_pairs: tuple[np.ndarray, ...]
     alias_arrays: tuple[np.ndarray, np.ndarray]  # the same, as two arrays
+    # per value, in host memory (an offloaded residual, a parameter kept on the host): not
+    # on the device; None where none is or the backend keeps every value on the device
+    host: np.ndarray | None = None
 
 
 def fused_values(program, lowering: str = "tpu") -> np.ndarray:
@@ -251,6 +254,26 @@ def _loop_carries(p) -> list[tuple[int, int, int]]:
     return pairs
 
 
+# Ops XLA runs in place on their first operand's buffer when nothing else reads it.
+_IN_PLACE = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min",
+                       "scatter_min", "scatter-max", "scatter_max", "dynamic_update_slice"})
+
+
+def _in_place(p) -> list[tuple[int, int, int]]:
+    """(op, operand, result) pairs of a scatter or dynamic-update-slice whose first operand
+    only it reads, an intermediate: XLA updates that buffer in place (the zeros a one-hot
+    gradient is scattered into are the gradient's buffer)."""
+    readers = np.zeros(len(p.values), dtype=np.int64)
+    for op in p.ops:
+        for v in set(op.inputs):
+            readers[v] += 1
+    outer = set(p.inputs) | set(p.outputs)
+    return [(op.id, op.inputs[0], op.outputs[0]) for op in p.ops
+            if op.primitive in _IN_PLACE and op.inputs and readers[op.inputs[0]] == 1
+            and op.inputs[0] not in outer and p.values[op.inputs[0]].producer != NO_PRODUCER
+            and op.outputs[0] not in outer]
+
+
 _BOUNDARY = frozenset({"shard_map_enter", "shard_map_exit"})
 
 
@@ -305,7 +328,7 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     aliasing = having("aliases")
     aliases = [(op.id, i, o) for op in reversed(p.ops) if op.primitive in aliasing
                for i, o in zip(op.inputs, op.outputs)]  # last first: a chain's end reaches its first
-    carries = _loop_carries(p)
+    carries = _loop_carries(p) + _in_place(p)
     # (an operand an elementwise op made XLA computes again there from its own operands, or
     # keeps for its other readers: only a value no fusion can recompute - a matmul's, a
     # reduction's, an argument - is kept for the fused read)
@@ -370,14 +393,40 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
         output_cat={ovid: in_cat[ivid] for ovid, ivid in roles.mirror.items()}, alias_pairs=tuple(alias_pairs),
         region_pairs=tuple(np.array(x, dtype=np.int64) for x in zip(*split)) if split else (),
         alias_arrays=(np.array([i for i, _ in alias_pairs], dtype=np.int64),
-                      np.array([o for _, o in alias_pairs], dtype=np.int64)))
+                      np.array([o for _, o in alias_pairs], dtype=np.int64)),
+        host=_host_mask(p, lowering))
+
+
+def _host_mask(p, lowering: str) -> np.ndarray | None:
+    """Per value, whether it lives in host memory; None where none does or on XLA:CPU,
+    which keeps every value in device memory whatever its memory space."""
+    if lowering == "cpu" or not any(v.host for v in p.values):
+        return None
+    return np.fromiter((v.host for v in p.values), dtype=bool, count=len(p.values))
+
+
+def host_peak(live: Liveness, local: np.ndarray) -> float:
+    """The most host memory per device the step holds at once: its arguments and results in
+    host memory and the peak of its offloaded intermediates."""
+    if live.host is None:
+        return 0.0
+    hb = np.where(live.host, local, 0.0)
+    n = live.n_ops + 2
+    b = hb[live.mid]
+    delta = np.bincount(live.mid_def, weights=b, minlength=n) - np.bincount(live.mid_end, weights=b, minlength=n)
+    mids = float(np.cumsum(delta).max()) if len(delta) else 0.0
+    return float(hb[live.inputs].sum() + hb[live.outputs].sum()) + max(mids, 0.0)
 
 
 def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), edit: "Edit | None" = None
                   ) -> MemoryReport:
     """The per-device peak: arguments + outputs + the peak of the live intermediates, the
     resharded and transient ``buffers`` ((from op, to op, bytes)) and an edit's recomputed
-    copies and temporaries - the aliased outputs. ``local``: per value, its bytes per device."""
+    copies and temporaries - the aliased outputs. ``local``: per value, its bytes per device.
+    Values in host memory take none of the device's; ``host`` is their own peak."""
+    host = host_peak(live, local)
+    if live.host is not None:
+        local = np.where(live.host, 0.0, local)
     args = float(local[live.inputs].sum())
     outs = float(local[live.outputs].sum())
     if live.alias_pairs:
@@ -411,9 +460,10 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
     temps = float(live_bytes[t]) if len(live_bytes) else 0.0
     peak = args + outs + temps - alias
     if not detail:
-        return MemoryReport(peak, args, outs, temps, alias, {})
+        return MemoryReport(peak, args, outs, temps, alias, {}, host=host)
     breakdown = _breakdown(live, local, b, mid_end, t, edit)
-    return MemoryReport(peak, args, outs, temps, alias, breakdown, t, _held(live, local, b, mid_end, t, edit, buffers))
+    return MemoryReport(peak, args, outs, temps, alias, breakdown, t, _held(live, local, b, mid_end, t, edit, buffers),
+                        host)
 
 
 def _region_arrays(live: Liveness, local: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -20,6 +20,7 @@ import numpy as np
 from ..analysis._rules import PSEUDO_OPS
 from ..tracing._program import NO_PRODUCER
 from ._facts import having
+from ._patterns import HOST_LINK
 
 if TYPE_CHECKING:
     from ._aggregate import Aggregate
@@ -273,7 +274,7 @@ def overlapped(t: "Tables", tl: Timeline, aggs, dup_ops, hoisted=None) -> tuple[
         lst = op_colls.get(o)
         if lst is not None:
             op_colls[o] = [x for x in lst if x.position != k]
-    st = SimState(t.axes)
+    st = SimState(t.axes + (HOST_LINK,))
     run = _Run(st, tl, pat_c[t.op_pattern], op_colls, special, hoisted)
     _region(run, 0, 1.0)
     if st.tm > st.tc:  # the step ends when the links are done

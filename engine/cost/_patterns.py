@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from ._tables import Tables
 
 REDUCTION = FactorKind.REDUCTION
+# the link a host transfer runs over, as the overlap schedule names links (not a mesh axis)
+HOST_LINK = "<host>"
 SpecFn = Callable[[int, tuple], list]  # (signature, decisions) -> its sharding (memoised)
 
 
@@ -55,6 +57,8 @@ class PatternKey(NamedTuple):
     operand_hbm: tuple[bool, ...]
     result_hbm: tuple[bool, ...]
     manual: tuple  # a collective the user wrote in a shard_map body: ((kind, axes, bytes),), else ()
+    kernel_bytes: float  # a kernel's HBM bytes by its own estimate (0: none)
+    host_bytes: float  # bytes the op copies between host and device memory (0: none)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,6 +95,12 @@ class Pattern:
     # included (conv_halo_ratios)
     halo_flops: tuple[tuple[int, float], ...]
     manual: tuple  # ((kind, axes, bytes),) of a collective in a shard_map body, else ()
+    # a kernel's HBM bytes by its own cost estimate, unsharded (0: none): its memory time
+    # reads at least these, its share per device
+    kernel_bytes: float
+    # bytes the op copies between the device's memory and the host's, unsharded (a
+    # ``device_put`` across memory spaces): a host transfer of its share per device
+    host_bytes: float
     weight: float  # executions per step: sum of trips
     ops: tuple[int, ...]
     doubled: dict  # group -> the tensors holding two of its dims (frozensets)
@@ -119,7 +129,7 @@ class PatternCost(NamedTuple):
 
 # ----------------------------------------------------------------------------- compiling
 
-def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused) -> tuple[tuple, float, tuple]:
+def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused, hosted, cpu) -> tuple[tuple, float, tuple]:
     """The pattern key of one op, its FLOPs and its conv halo FLOPs factors (not part of the
     key: the key's factors and shapes fix them). The key is a plain tuple in ``PatternKey``'s
     field order (equal to the record, which is made once per pattern rather than once per
@@ -157,7 +167,7 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused) -> tuple[tupl
                 dim_factor_out[j][d] = k
     ins = [values[i].shape for i in op.inputs]
     outs = [values[o].shape for o in op.outputs]
-    flops = facts.flops(op.params, ins, outs)
+    flops = (facts.cpu_flops if cpu and facts.cpu_flops is not None else facts.flops)(op.params, ins, outs)
     halo_flops = ()
     if facts.halo_ratios is not None and any(f.halo is not None for f in fs):
         r = facts.halo_ratios(op.params, ins, outs)
@@ -176,7 +186,9 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused) -> tuple[tupl
            tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),  # halos, minors
            facts.grouped is not None and facts.grouped(op.params),  # grouped
            tuple(not fused[i] for i in op.inputs), tuple(not fused[o] for o in op.outputs),  # operand/result_hbm
-           _manual(facts, op, nbytes))
+           _manual(facts, op, nbytes),
+           facts.hbm_bytes(op.params) if facts.hbm_bytes is not None else 0.0,
+           _host_bytes(op, hosted, nbytes))
     return key, flops, halo_flops
 
 
@@ -209,6 +221,14 @@ def _manual(facts, op, nbytes) -> tuple:
     return ((CollectiveKind(kind), axes, size),) if axes and size else ()
 
 
+def _host_bytes(op, hosted, nbytes) -> float:
+    """The bytes a ``device_put`` copies between memory spaces (an operand in host memory
+    whose result is on the device, or the other way)."""
+    if hosted is None or op.primitive != "device_put":
+        return 0.0
+    return float(sum(nbytes[o] for i, o in zip(op.inputs, op.outputs) if hosted[i] != hosted[o]))
+
+
 def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=None
                      ) -> tuple[tuple[Pattern, ...], np.ndarray, float]:
     """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step).
@@ -231,7 +251,10 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=No
            np.array([n.group for n in analysis.named_dims] + [NO_DIM], dtype=np.int64))
     region_ids = {m: (ids[0], ids[1], gnd) for m, gnd in (seen or {}).items()}
     manual_axes = p.manual_axes
-    per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist())
+    # XLA:CPU keeps every value in device memory whatever its memory space (offloading
+    # changes nothing there); TPU and GPU copy it to the host and back
+    hosted = [v.host for v in values] if lowering != "cpu" and any(v.host for v in values) else None
+    per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist(), hosted, lowering == "cpu")
     index: dict[tuple, int] = {}
     keys: list[tuple[PatternKey, tuple]] = []
     members: list[list[int]] = []
@@ -270,7 +293,8 @@ def _pattern(key: PatternKey, halo_flops, weight: float, ops: tuple[int, ...], s
     return Pattern(
         key.factors, key.operands, key.results, key.operand_bytes, key.result_bytes, key.flops, key.free,
         key.slot_tensors, key.cheap, key.shift, key.operand_wire, key.result_wire, key.gather_partials,
-        key.halos, key.grouped, dict(key.minors), key.operand_hbm, key.result_hbm, halo_flops, key.manual, weight, ops,
+        key.halos, key.grouped, dict(key.minors), key.operand_hbm, key.result_hbm, halo_flops, key.manual,
+        key.kernel_bytes, key.host_bytes, weight, ops,
         {g: frozenset(ts) for g, ts in doubled.items()})
 
 
@@ -292,6 +316,9 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
         n = shards(axis_size, spec(pat.results[0][0], dec)) if pat.results else 1
         colls += [Need(kind, tuple(a for a in axes if a in axis_size), size / n, NO_DIM)
                   for kind, axes, size in pat.manual if any(a in axis_size for a in axes)]
+    if pat.host_bytes:  # a copy to or from host memory: each device moves its own share
+        n = shards(axis_size, spec(pat.results[0][0], dec)) if pat.results else 1
+        colls.append(Need(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), pat.host_bytes / n, NO_DIM))
     in_view, out_view = shifted_views(t, pat, dec, colls, spec)
     views: list = []
     local_bytes = _operands(t, pat, dec, fax, in_view, spec, colls, views)
@@ -300,6 +327,8 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
     if pat.gather_partials:
         _argmax_index(t, pat, dec, fax, in_view, spec, colls)
     flops = pat.flops / shard
+    if pat.kernel_bytes:
+        local_bytes = max(local_bytes, pat.kernel_bytes / shard)
     for k, ratio in pat.halo_flops:
         if fax[k]:
             flops *= ratio

@@ -46,6 +46,9 @@ class MemoryReport:
     # live there, largest first
     peak_op: int = -1
     held: tuple["HeldBuffer", ...] = ()
+    # host memory per device the step holds at its peak (offloaded values, parameters or
+    # optimizer state kept on the host); not part of ``peak``, which is the device's
+    host: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -59,6 +59,8 @@ def coll_time(t: "Tables", kind: CollectiveKind, axes: tuple[str, ...], nbytes: 
     """Ring (alpha-beta) seconds of one execution over ``axes``: the (n-1)/n share of the
     bytes over the slowest axis's links plus a latency per hop, twice for an all-reduce.
     An all-to-all's bytes are the local buffer: (n-1)/n^2 of the full tensor crosses."""
+    if kind is CollectiveKind.HOST_TRANSFER:  # a copy to or from host memory, over the host link
+        return nbytes / t.hw.host_bandwidth if nbytes else 0.0
     axis_size = t.axis_size
     n = prod(axis_size, axes)
     if n <= 1:

@@ -75,6 +75,9 @@ class Value:
     # bits per element where ``dtype`` cannot say (0: its itemsize): 4 for int4 / float4, whose
     # numpy dtype is a byte; a typed PRNG key's words (64 for key<fry>, 128 for key<rbg>)
     bits: int = 0
+    # in host memory (its type's memory space: an array ``device_put`` to ``pinned_host``, a
+    # residual a checkpoint policy offloads, a parameter kept on the host): not on the device
+    host: bool = False
 
     @property
     def path(self) -> str:
@@ -316,9 +319,27 @@ def abstract(x) -> jax.ShapeDtypeStruct:
     if _is_scalar(x):
         return jax.ShapeDtypeStruct((), jax.numpy.result_type(x), weak_type=True)
     sharding = getattr(x, "sharding", None)
-    if _explicitly_typed(sharding):  # explicit sharding mode: the sharding is part of the type
+    if _explicitly_typed(sharding) or _host_kind(sharding):
+        # explicit sharding mode: the sharding is part of the type; an array in host memory:
+        # its memory space is (the step moves it to the device where it reads it)
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
+
+
+def _host_kind(sharding) -> bool:
+    return getattr(sharding, "memory_kind", None) in HOST_MEMORY_KINDS
+
+
+def in_host_memory(aval) -> bool:
+    """Whether a value of type ``aval`` lives in host memory (its memory space)."""
+    try:
+        space = getattr(aval, "memory_space", None)
+    except ValueError:  # a concrete array's: JAX asks for jax.typeof(x).memory_space
+        return False
+    return getattr(space, "name", "") == "Host"
 
 
 def _bits(raw, dtype: np.dtype) -> int:
@@ -497,7 +518,8 @@ class _Tracer:
             dtype = np.dtype(np.uint64)
         bits = _bits(raw, dtype)
         vid = len(self.values)
-        self.values.append(Value(vid, shape, dtype, producer, name, bits if bits != 8 * dtype.itemsize else 0))
+        self.values.append(Value(vid, shape, dtype, producer, name, bits if bits != 8 * dtype.itemsize else 0,
+                                 in_host_memory(aval)))
         return vid
 
     def read(self, atom) -> ValueId:

@@ -69,6 +69,11 @@ def map_jaxprs(p, on_closed, on_jaxpr):
     return p
 
 
+# Ops whose jaxpr params are a kernel's body or the function a custom partitioner wraps:
+# XLA runs them as given, so no rewrite reaches inside.
+OPAQUE_CALLS = frozenset({"pallas_call", "custom_partitioning"})
+
+
 @dataclasses.dataclass(frozen=True)
 class _Piece:
     """Rows [start, stop) of ``src`` along the rotation's axis, made by eqns ``made_by``."""
@@ -104,6 +109,9 @@ class _Rewriter:
     def _rewrite(self, jaxpr):
         eqns = []
         for e in jaxpr.eqns:
+            if e.primitive.name in OPAQUE_CALLS:  # a kernel's body is the kernel's own
+                eqns.append(e)
+                continue
             params = {k: self.param(p) for k, p in e.params.items()}
             changed = any(params[k] is not e.params[k] for k in params)
             eqns.append(e.replace(params=params) if changed else e)
