@@ -45,7 +45,7 @@ def host_row(fn, args, mesh: str) -> str:
     r = s.evaluate(s.strategy("dp"), detail=True)
     moved = [c for c in r.collectives if c.kind == "host-transfer"]
     return (f"tpu-v5p dp: device {partex.format_bytes(r.memory.peak)}, host {partex.format_bytes(r.memory.host)}, "
-            f"{len(moved)} host transfers, {sum(c.time for c in moved) * 1e6:.1f} us "
+            f"{sum(c.count for c in moved)} host transfers, {sum(c.time for c in moved) * 1e6:.1f} us "
             f"({sum(c.hidden for c in moved) * 1e6:.1f} us hidden)")
 
 
