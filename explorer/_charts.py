@@ -128,7 +128,13 @@ class KpiView(pn.viewable.Viewer):
 def memory_columns() -> dict:
     """The empty columns of a memory_figure's source."""
     return {k: [] for k in (*MEMORY_PARTS, *(f"{k}_txt" for k in MEMORY_PARTS), "row", "total", "outline",
-                            "note", "note_over", "peak_txt")}
+                            "note", "note_over", "peak_txt", "host_txt")}
+
+
+def host_text(memory) -> str:
+    """A plan's host memory beside its device bar (offloaded values are not on the device):
+    '' when it holds none."""
+    return f"  + {fmt_bytes(memory.host)} on the host" if memory.host else ""
 
 
 def memory_figure(name: str, src: ColumnDataSource, height: int, bar: float) -> tuple:
@@ -150,7 +156,7 @@ def memory_figure(name: str, src: ColumnDataSource, height: int, bar: float) -> 
     budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
     p.add_layout(budget)
     p.add_tools(HoverTool(renderers=[*bars], tooltips=[("plan", "@row"), *((k, f"@{k}_txt") for k in MEMORY_PARTS),
-                                                    ("peak", "@peak_txt")]))
+                                                    ("device peak", "@peak_txt"), ("host", "@host_txt")]))
     p.legend.orientation = "horizontal"
     p.legend.location = "top_left"
     p.legend.label_text_font_size = "11px"
@@ -206,12 +212,13 @@ class MemoryView(pn.viewable.Viewer):
             d["total"].append(m.peak / scale)
             d["outline"].append(None if fits else OVER)
             saved = f"  ({fmt_bytes(r.saving_all.memory.peak)} without recompute)" if r.recomputes else ""
-            note = fmt_bytes(m.peak) + saved + ("" if fits else "  over budget")
+            note = fmt_bytes(m.peak) + host_text(m) + saved + ("" if fits else "  over budget")
             d["note"].append(note if fits else "")
             d["note_over"].append("" if fits else note)
             for k, v in zip(MEMORY_PARTS, parts):
                 d[f"{k}_txt"].append(fmt_bytes(v))
             d["peak_txt"].append(fmt_bytes(m.peak))
+            d["host_txt"].append(fmt_bytes(m.host))
         rows_rev = list(reversed(d["row"]))
         self.fig.y_range.factors = rows_rev
         self.src.data = d
@@ -230,6 +237,8 @@ class MemoryView(pn.viewable.Viewer):
             + (f"<span class='bad'>Over budget: {esc(', '.join(over))}.</span>" if over else "Every plan fits.")
             + (f" What recompute saves against the same sharding keeping every residual: {'; '.join(saved)}."
                if saved else "")
+            + (" Bars are device memory; values offloaded to host memory are written after them, apart."
+               if any(r.report.memory.host for _, r in rows) else "")
             + "</div>")
 
 

@@ -21,7 +21,7 @@ from bokeh.models import ColumnDataSource
 
 from partex import Decision, Recompute, Resolve
 
-from ._charts import MEMORY_PARTS, OVER, _unit, memory_columns, memory_figure, plan_rows
+from ._charts import MEMORY_PARTS, OVER, _unit, host_text, memory_columns, memory_figure, plan_rows
 from ._engine import PlanSummary
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time
 from ._tables import Table
@@ -390,13 +390,14 @@ class CompareView(pn.viewable.Viewer):
                 v = float(r.memory.breakdown.get(k, 0.0))
                 d[k].append(v / scale)
                 d[f"{k}_txt"].append(fmt_bytes(v))
-            note = fmt_bytes(r.memory.peak) + ("" if r.fits else "  over budget")
+            note = fmt_bytes(r.memory.peak) + host_text(r.memory) + ("" if r.fits else "  over budget")
             d["row"].append(name)
             d["total"].append(r.memory.peak / scale)
             d["outline"].append(None if r.fits else OVER)
             d["note"].append(note if r.fits else "")
             d["note_over"].append("" if r.fits else note)
             d["peak_txt"].append(fmt_bytes(r.memory.peak))
+            d["host_txt"].append(fmt_bytes(r.memory.host))
         self.fig.y_range.factors = list(names[::-1])  # A on top
         self.src.data = d
         self.budget.visible = shown_budget

@@ -367,3 +367,32 @@ def test_a_bad_value_typed_while_a_new_mesh_loads_keeps_its_mark(tmp_path):
         assert not st.field_error
     finally:
         st.close()
+
+
+def test_the_memory_bars_write_host_memory_apart_from_the_device_bar(tmp_path):
+    """A model whose remat policy offloads its residuals to host memory: each plan's bar is
+    its device memory, and the host memory it holds is written after it and in the hover."""
+    from partex.explorer._charts import MemoryView, plan_rows
+
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.model_name = "llama"
+        st.overrides = "remat=qkv_proj_offloaded,seq=64"
+        st.hardware = "tpu-v5p"
+        st.budget_text = ""
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and not st.busy and st.config.hw.name == "tpu-v5p"
+                and "llama" in st.message and st.baselines, "the offloading llama on tpu-v5p")
+        view = MemoryView(state=st)
+        d = view.src.data
+        notes = [n or o for n, o in zip(d["note"], d["note_over"])]
+        rows = dict(zip(d["row"], zip(notes, d["host_txt"], d["peak_txt"])))
+        assert rows and all("on the host" in note and host != "0 B" for note, host, _ in rows.values()), rows
+        for name, r in plan_rows(st):
+            m = r.report.memory
+            assert m.host > 0 and rows[name][1] == partex.explorer._format.fmt_bytes(m.host)
+            assert rows[name][2] == partex.explorer._format.fmt_bytes(m.peak)
+        assert "offloaded to host memory" in view.caption.object
+    finally:
+        st.close()
