@@ -752,3 +752,31 @@ def test_teach_walks_through_the_model_pointing_at_each_card(tab):
     wait_until(lambda: not tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-teach-target').text"),
                what="the walkthrough to close")
     assert not tab.evaluate("!!window._pxTeach")  # the outline cleared
+
+
+def test_host_memory_is_written_apart_from_the_device_bars(tab):
+    """A llama whose remat policy offloads q/k/v to host memory, on tpu-v5p: each memory bar
+    is the device's, and the host memory the plan holds is written after it."""
+    choose(tab, "partex-model", "llama")
+    overrides = tab.locator("input[placeholder='e.g. layers=4,batch=16']")
+    overrides.fill("remat=qkv_proj_offloaded,seq=64")
+    choose(tab, "partex-hardware", "tpu-v5p")
+    budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
+    budget.fill("")
+    budget.press("Enter")
+    click(tab, "Analyze")
+    wait_until(lambda: (lambda s: s.get("phase") == "ready" and "llama" in str((s.get("model") or {}).get("spec"))
+                        and s["config"]["hardware"] == "tpu-v5p")(state(tab)), timeout=2 * WAIT_S,
+               what="the offloading llama on tpu-v5p")
+    notes = wait_until(lambda: (lambda n: n if n and all("on the host" in x for x in n) else None)(tab.evaluate(
+        """() => {
+        const fig = Bokeh.documents[0].get_model_by_name('partex-memory');
+        const r = fig.renderers.find(r => r.data_source.data.note !== undefined);
+        const d = r.data_source.data;
+        return Array.from(d.note).map((n, i) => n || d.note_over[i]) }""")), what="host memory in the notes")
+    assert all(" + " in n for n in notes), notes
+    caption = tab.locator(".caption", has_text="offloaded to host memory").first
+    wait_until(lambda: caption.count() > 0, what="the memory caption on host memory")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.locator(".card-title", has_text="Memory per device").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.screenshot(path=SHOTS / "host_memory.png")
