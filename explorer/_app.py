@@ -78,7 +78,8 @@ class ProbeView(pn.viewable.Viewer):
 # outline it, and move the walkthrough's overlay (.px-teach) where that card is not: over the
 # sidebar left of it, below the sidebar's search controls (the Search step asks for Run); else
 # right of the card, below or above what shows of it. The overlay moves again whenever its
-# size changes (another step's text) or the window's does. An empty text clears the outline.
+# size changes (another step's text) or the window's does; the card is kept in view while the
+# page above it is still laid out. An empty text clears the outline.
 # The cards sit in nested shadow roots.
 POINT_AT_CARD = """
 const want = cb_obj.text.split("|")[0];
@@ -102,6 +103,19 @@ card.scrollIntoView({block: "start"});
 card.style.outline = "3px solid #f59e0b";
 card.style.outlineOffset = "2px";
 window._pxTeach = card;
+// Cards above it may still be drawing (a chart's or table's late layout moves everything
+// below): keep the card in view for a while, until the step changes or the user scrolls.
+const since = performance.now();
+let userMoved = false;
+const moved = () => { userMoved = true; };
+for (const ev of ["wheel", "touchmove", "keydown"]) window.addEventListener(ev, moved, {once: true, passive: true});
+function keep() {
+  if (window._pxTeach !== card || userMoved) return;
+  const b = card.getBoundingClientRect();
+  if (b.top < -5 || b.top > window.innerHeight - 60) card.scrollIntoView({block: "start"});
+  if (performance.now() - since < 15000) requestAnimationFrame(keep);
+}
+requestAnimationFrame(keep);
 
 function place() {
   const target = window._pxTeach;
