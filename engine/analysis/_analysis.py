@@ -179,8 +179,8 @@ class DimAnalysis:
             if op.primitive not in ("pallas_call", "custom_partitioning"):
                 continue
             if op.primitive == "pallas_call":
-                name = str(op.params.get("name") or getattr(op.params.get("jaxpr"), "debug_info", None)
-                           and op.params["jaxpr"].debug_info.func_name or "kernel")
+                body = getattr(op.params.get("jaxpr"), "debug_info", None)
+                name = str(op.params.get("name") or getattr(body, "func_name", None) or "kernel")
                 est = op.params.get("cost_estimate")
                 cost = "its cost_estimate" if est is not None else "its body's FLOPs once per grid step"
                 if op.inputs and op.inputs[0] in manual:

@@ -95,10 +95,6 @@ def pallas_hbm_bytes(params) -> float:
     return float(est.bytes_accessed) if est is not None else 0.0
 
 
-def has_estimate(params) -> bool:
-    return _estimate(params) is not None
-
-
 def call_flops(params, ins, outs, facts_of) -> float:
     """A ``custom_partitioning`` op: the FLOPs of the function it wraps."""
     call = params.get("call")

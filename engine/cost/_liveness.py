@@ -230,14 +230,20 @@ def alias_roots(p, carries: Sequence[tuple[int, int, int]] = ()) -> np.ndarray:
     return root
 
 
-def _loop_carries(p) -> list[tuple[int, int, int]]:
-    """(op, operand, result) pairs that are one buffer as XLA runs a loop: the loop state.
-    A carry's initial value is the state the body reads (where nothing else reads it: XLA
-    copies one read again after the loop), and a carry the body makes is the loop's result."""
+def _reader_counts(p) -> np.ndarray:
+    """Per value, how many ops read it."""
     readers = np.zeros(len(p.values), dtype=np.int64)
     for op in p.ops:
         for v in set(op.inputs):
             readers[v] += 1
+    return readers
+
+
+def _loop_carries(p, readers: np.ndarray) -> list[tuple[int, int, int]]:
+    """(op, operand, result) pairs that are one buffer as XLA runs a loop: the loop state.
+    A carry's initial value is the state the body reads (where nothing else reads it: XLA
+    copies one read again after the loop), and a carry the body makes is the loop's result.
+    ``readers``: per value, the ops reading it."""
     outer = set(p.inputs) | set(p.outputs)
     enter_of = {r.exit: r.enter for r in p.regions if r.exit >= 0}
     pairs = []
@@ -259,14 +265,11 @@ _IN_PLACE = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "
                        "scatter_min", "scatter-max", "scatter_max", "dynamic_update_slice"})
 
 
-def _in_place(p) -> list[tuple[int, int, int]]:
+def _in_place(p, readers: np.ndarray) -> list[tuple[int, int, int]]:
     """(op, operand, result) pairs of a scatter or dynamic-update-slice whose first operand
     only it reads, an intermediate: XLA updates that buffer in place (the zeros a one-hot
-    gradient is scattered into are the gradient's buffer)."""
-    readers = np.zeros(len(p.values), dtype=np.int64)
-    for op in p.ops:
-        for v in set(op.inputs):
-            readers[v] += 1
+    gradient is scattered into are the gradient's buffer). ``readers``: per value, the ops
+    reading it."""
     outer = set(p.inputs) | set(p.outputs)
     return [(op.id, op.inputs[0], op.outputs[0]) for op in p.ops
             if op.primitive in _IN_PLACE and op.inputs and readers[op.inputs[0]] == 1
@@ -328,7 +331,8 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     aliasing = having("aliases")
     aliases = [(op.id, i, o) for op in reversed(p.ops) if op.primitive in aliasing
                for i, o in zip(op.inputs, op.outputs)]  # last first: a chain's end reaches its first
-    carries = _loop_carries(p) + _in_place(p)
+    readers = _reader_counts(p)
+    carries = _loop_carries(p, readers) + _in_place(p, readers)
     # (an operand an elementwise op made XLA computes again there from its own operands, or
     # keeps for its other readers: only a value no fusion can recompute - a matmul's, a
     # reduction's, an argument - is kept for the fused read)
