@@ -45,6 +45,8 @@ class ModelDef:
     spec(config) -> (param_spec, batch_spec), pytrees of `Leaf`.
     loss(config, params, batch) -> scalar f32 loss.
     validate(config) raises DemoModelError for inconsistent configs.
+    host_state(config) -> (parameters, optimizer state) kept in host memory between steps
+    (MaxText's ``parameter_memory_host_offload``, ``optimizer_memory_host_offload``).
     """
 
     name: str
@@ -54,6 +56,7 @@ class ModelDef:
     spec: Callable[[Any], tuple[Any, Any]]
     loss: Callable[[Any, Any, Any], jax.Array]
     validate: Callable[[Any], None] | None = None
+    host_state: Callable[[Any], tuple[bool, bool]] | None = None
 
 
 # --------------------------------------------------------------------------- config parsing
@@ -283,12 +286,24 @@ def adam_update(params, grads, state, lr: float, b1: float = 0.9, b2: float = 0.
     return new_params, {"mu": mu, "nu": nu, "count": count}
 
 
-def make_train_step(loss_fn: Callable[[Any, Any], jax.Array], lr: float, name: str) -> Callable:
-    """train_step(params, opt_state, batch) -> (new_params, new_opt_state, loss)."""
+def make_train_step(loss_fn: Callable[[Any, Any], jax.Array], lr: float, name: str,
+                    host_params: bool = False, host_opt: bool = False) -> Callable:
+    """train_step(params, opt_state, batch) -> (new_params, new_opt_state, loss).
+    ``host_params`` / ``host_opt``: the parameters / Adam's state come in host memory and go
+    back there; the step copies them to the device where it reads them (as MaxText's
+    parameter and optimizer memory host offload)."""
 
     def train_step(params, opt_state, batch):
+        if host_params:
+            params = jax.device_put(params, jax.memory.Space.Device)
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        if host_opt:
+            opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
         new_params, new_opt_state = adam_update(params, grads, opt_state, lr)
+        if host_opt:
+            new_opt_state = jax.device_put(new_opt_state, jax.memory.Space.Host)
+        if host_params:
+            new_params = jax.device_put(new_params, jax.memory.Space.Host)
         return new_params, new_opt_state, loss
 
     train_step.__name__ = train_step.__qualname__ = f"{name.replace('-', '_')}_train_step"
@@ -296,6 +311,16 @@ def make_train_step(loss_fn: Callable[[Any, Any], jax.Array], lr: float, name: s
 
 
 # --------------------------------------------------------------------------- build
+
+
+def _in_host_memory(tree: Any) -> Any:
+    """Arrays (or ShapeDtypeStructs) placed in pinned host memory; where, on the devices, is
+    the plan's to say (the mesh here only carries the memory kind: its axis is Auto)."""
+    devices = jax.devices()
+    mesh = jax.sharding.Mesh(np.array(devices), ("host_offload",), axis_types=(jax.sharding.AxisType.Auto,))
+    host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(), memory_kind="pinned_host")
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=host)
+                        if isinstance(x, jax.ShapeDtypeStruct) else jax.device_put(x, host), tree)
 
 
 def build_model(mdef: ModelDef, preset: str, overrides: Mapping[str, Any] | None) -> Model:
@@ -316,9 +341,14 @@ def build_model(mdef: ModelDef, preset: str, overrides: Mapping[str, Any] | None
     else:
         params, batch = spec_abstract(param_spec), spec_abstract(batch_spec)
     opt_state = adam_init(params)
+    host_params, host_opt = mdef.host_state(config) if mdef.host_state is not None else (False, False)
+    if host_params:
+        params = _in_host_memory(params)
+    if host_opt:
+        opt_state = _in_host_memory(opt_state)
     pnames = spec_names(param_spec)
     axis_names = (pnames, {"mu": pnames, "nu": pnames, "count": ()}, spec_names(batch_spec))
     loss_fn = lambda params, batch: mdef.loss(config, params, batch)
-    fn = make_train_step(loss_fn, config.lr, mdef.name)
+    fn = make_train_step(loss_fn, config.lr, mdef.name, host_params, host_opt)
     return Model(fn=fn, args=(params, opt_state, batch), axis_names=axis_names,
                  name=mdef.name, preset=preset, config=config)

@@ -15,7 +15,9 @@ Two options mirror how MaxText trains (defaults keep the plain float32 model, un
   used, the residual stream between layers is bf16, and every matmul takes bf16 operands.
   RMSNorm's mean square, the attention softmax and the loss (logits cast up, log-softmax,
   mean) are computed in float32, as MaxText's RMSNorm, attention kernel and
-  ``cast_logits_to_fp32`` do.
+  ``cast_logits_to_fp32`` do; the loss takes one-hot targets, as MaxText's
+  ``cross_entropy_with_logits`` does (the gradient of the logits is then elementwise, not a
+  scatter into a [batch, seq, vocab] block of zeros).
 - ``remat``: rematerialisation of the scanned layer, with MaxText's ``remat_policy`` names:
   ``"none"`` (default: no ``jax.checkpoint``), ``"full"`` (``jax.checkpoint`` around the
   layer, nothing saved: everything recomputed in the backward pass), or a policy that saves
@@ -77,6 +79,9 @@ class LlamaConfig:
     dtype: str = "float32"  # "float32" or "bfloat16" (bf16 compute, float32 parameters)
     remat: str = "none"  # "none", "full", a MaxText remat_policy name, or "custom:..."
     attention: str = "dot"  # "dot" (einsums, scores in memory) or "flash" (Pallas kernels)
+    # MaxText's: the parameters / Adam's state kept in host memory between steps
+    parameter_memory_host_offload: bool = False
+    optimizer_memory_host_offload: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -398,7 +403,10 @@ def loss(c: LlamaConfig, params, batch):
     if cd is not None:  # the loss in float32 (MaxText's cast_logits_to_fp32)
         logits = logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(logp, batch["targets"][:, :, None], axis=-1)
+    if cd is not None:  # MaxText's one-hot cross entropy
+        picked = jnp.sum(jax.nn.one_hot(batch["targets"], c.vocab, dtype=logp.dtype) * logp, axis=-1)
+    else:
+        picked = jnp.take_along_axis(logp, batch["targets"][:, :, None], axis=-1)
     return -jnp.mean(picked)
 
 
@@ -410,4 +418,5 @@ LLAMA = ModelDef(
     spec=spec,
     loss=loss,
     validate=validate,
+    host_state=lambda c: (c.parameter_memory_host_offload, c.optimizer_memory_host_offload),
 )

@@ -4,7 +4,8 @@
 - ``Resolve(group, resolution)``: a conflicted group (a tensor holding two of its dims)
   shards its ``"second"`` dim there, or ``"neither"`` (module docstring of ``_analysis``).
 - ``Recompute(unit, kind)``: a layer stack (a recompute unit) is rematerialised in the
-  backward pass: ``"regather"``, ``"dots"`` or ``"full"`` (``_recompute``).
+  backward pass: ``"regather"``, ``"dots"`` or ``"full"``, or its matmul outputs are saved in
+  host memory and the rest recomputed, ``"offload"`` (``_recompute``).
 
 Decisions are hashable and totally ordered. In files (plans, sessions, search states) a
 decision is a pair ``[id, slot]`` whose slot is the mesh axis, ``"resolve:<resolution>"``
@@ -27,8 +28,13 @@ NamedDimId = int
 NO_DIM = -1  # the group (and named dim) of a size-1 dim: never sharded, in none
 
 RESOLUTIONS = ("second", "neither")
-RECOMPUTE_KINDS = ("regather", "dots", "full")  # "save" (the default) is no decision
-LOOP_RECOMPUTE_KINDS = ("dots", "full")  # under scan every iteration gathers its weights anew
+RECOMPUTE_KINDS = ("regather", "dots", "full", "offload")  # "save" (the default) is no decision
+LOOP_RECOMPUTE_KINDS = ("dots", "full", "offload")  # under scan every iteration gathers its weights anew
+# what each recompute kind does to a layer stack, in words (the explorer's and the CLI's)
+RECOMPUTE_WHAT = {"regather": "weights gathered again in the backward pass",
+                  "dots": "matmul outputs saved, the rest recomputed in the backward pass",
+                  "full": "every layer recomputed from its input in the backward pass",
+                  "offload": "matmul outputs kept in host memory, the rest recomputed in the backward pass"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)

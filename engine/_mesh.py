@@ -31,10 +31,22 @@ class Hardware:
     # bytes/s between a device and its host's memory, one direction, per device (its share of
     # the host's PCIe / DMA links): what moving a value offloaded to the host takes
     host_bandwidth: float = 16e9
+    # bytes of host memory per device (its share of its host's RAM): what the values a plan
+    # keeps in host memory may take, less the same margin
+    host_memory_bytes: float = 100e9
 
     @property
     def budget(self) -> float:
         return self.memory_budget if self.memory_budget is not None else self.hbm_bytes
+
+    @property
+    def host_limit(self) -> float:
+        """What a plan may keep in host memory per device by the cost model's count."""
+        return self.host_memory_bytes * (1.0 - self.memory_margin)
+
+    def fits(self, peak: float, host: float = 0.0) -> bool:
+        """Whether a plan of this device peak and host memory fits (both less the margin)."""
+        return peak <= self.limit and host <= self.host_limit
 
     @property
     def limit(self) -> float:
@@ -51,7 +63,7 @@ class Hardware:
         return hw
 
     def validate(self) -> None:
-        for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth"):
+        for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth", "host_memory_bytes"):
             _positive(f"hardware {self.name}: {f}", getattr(self, f))
         if not (math.isfinite(self.link_latency) and self.link_latency >= 0):
             raise PartexError(f"hardware {self.name}: link_latency must be a finite number >= 0, "
@@ -77,16 +89,27 @@ def _positive(what: str, x) -> None:
 # Host bandwidth: a device's share of its host's PCIe links, one direction (TPU hosts serve 4
 # chips, v6e hosts 8, over PCIe 4.0 x16 each way per chip group; A100 PCIe 4.0 x16, H100 5.0
 # x16 per GPU, as achieved by DMA): an estimate, set it (``host_bandwidth``) where measured.
+# Host memory: a device's share of its host's RAM, from the cloud machine types that hold
+# the chips (TPU v4 ct4p 407 GB / 4 chips, v5e ct5lp 192 GB / 4, v5p ct5p 448 GB / 4, v6e
+# ct6e 720 GB / 4; A100 a2-highgpu-8g 680 GB / 8, H100 a3-highgpu-8g 1872 GB / 8), less
+# nothing for the host's own use: set it (``host_memory_bytes``) for your machines.
 HARDWARE: dict[str, Hardware] = {
-    "tpu-v4": Hardware("tpu-v4", 275e12, 32 * GiB, 1.2e12, 100e9, 5e-6, host_bandwidth=16e9),
-    "tpu-v5e": Hardware("tpu-v5e", 197e12, 16 * GiB, 0.82e12, 100e9, 5e-6, host_bandwidth=16e9),
-    "tpu-v5p": Hardware("tpu-v5p", 459e12, 95 * GiB, 2.765e12, 200e9, 5e-6, host_bandwidth=32e9),
+    "tpu-v4": Hardware("tpu-v4", 275e12, 32 * GiB, 1.2e12, 100e9, 5e-6, host_bandwidth=16e9,
+                       host_memory_bytes=407e9 / 4),
+    "tpu-v5e": Hardware("tpu-v5e", 197e12, 16 * GiB, 0.82e12, 100e9, 5e-6, host_bandwidth=16e9,
+                        host_memory_bytes=192e9 / 4),
+    "tpu-v5p": Hardware("tpu-v5p", 459e12, 95 * GiB, 2.765e12, 200e9, 5e-6, host_bandwidth=32e9,
+                        host_memory_bytes=448e9 / 4),
     # Trillium: 918 TFLOP/s bf16, 32 GB at 1638 GB/s; ICI 800 GB/s per chip both ways over
     # 4 ports (2D torus): a ring on one axis uses its two ports, 100 GB/s each way
-    "tpu-v6e": Hardware("tpu-v6e", 918e12, 32e9, 1.638e12, 200e9, 5e-6, host_bandwidth=32e9),
-    "a100-40gb": Hardware("a100-40gb", 312e12, 40 * GiB, 1.555e12, 300e9, 10e-6, host_bandwidth=25e9),
-    "h100-80gb": Hardware("h100-80gb", 989e12, 80 * GiB, 3.35e12, 450e9, 10e-6, host_bandwidth=50e9),
-    "cpu": Hardware("cpu", 1e11, 16 * GiB, 50e9, 10e9, 20e-6, overlap=False, host_bandwidth=50e9),
+    "tpu-v6e": Hardware("tpu-v6e", 918e12, 32e9, 1.638e12, 200e9, 5e-6, host_bandwidth=32e9,
+                        host_memory_bytes=720e9 / 4),
+    "a100-40gb": Hardware("a100-40gb", 312e12, 40 * GiB, 1.555e12, 300e9, 10e-6, host_bandwidth=25e9,
+                          host_memory_bytes=680e9 / 8),
+    "h100-80gb": Hardware("h100-80gb", 989e12, 80 * GiB, 3.35e12, 450e9, 10e-6, host_bandwidth=50e9,
+                          host_memory_bytes=1872e9 / 8),
+    "cpu": Hardware("cpu", 1e11, 16 * GiB, 50e9, 10e9, 20e-6, overlap=False, host_bandwidth=50e9,
+                    host_memory_bytes=64 * GiB),
 }
 
 

@@ -251,7 +251,8 @@ class BenchRow:
     with no plan). The rest belongs to some rows only: the ILP's ``status`` and ``build_s``;
     the search's ``simulations``, ``total_s`` and ``smallest_memory``; the exhaustive row's
     ``plans``, ``space``, ``per_axis``, ``complete`` and ``projected_s``; with ``verify``, XLA's
-    peak (``xla_memory_bytes``), predicted / XLA (``memory_ratio``) and ``xla_fits``.
+    peak (``xla_memory_bytes``), predicted / XLA (``memory_ratio``) and ``xla_fits``; a plan
+    keeping values in host memory, ``host_bytes``.
     ``to_json`` writes the keys a row was given, in the order given."""
 
     strategy: str
@@ -274,13 +275,17 @@ class BenchRow:
     per_axis: int | None = None
     complete: bool | None = None
     projected_s: float | None = None
+    host_bytes: float | None = None  # host memory per device (offloaded values), where any
     given: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)  # the extras set, in order
 
     _BASE = ("strategy", "decisions", "step_time_s", "mfu", "memory_bytes", "fits", "search_s")
 
     @classmethod
     def make(cls, strategy: str, decisions, report, search_s: float | None, **extra) -> BenchRow:
-        """A row from a cost report (None: no plan) and the row's own extras."""
+        """A row from a cost report (None: no plan) and the row's own extras (and its host
+        memory, where the plan keeps values there)."""
+        if report is not None and report.memory.host:
+            extra = {**extra, "host_bytes": report.memory.host}
         return cls(strategy, tuple(decisions), report.step_time if report else None, report.mfu if report else None,
                    report.memory.peak if report else None, bool(report.fits) if report else False, search_s,
                    given=tuple(extra), **extra)

@@ -58,7 +58,8 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     for flag, what in (("--peak-flops", "peak FLOP/s per device"), ("--hbm-bandwidth", "HBM bytes/s"),
                        ("--link-bandwidth", "link bytes/s per mesh axis"), ("--link-latency", "seconds per collective step"),
                        ("--hbm", "HBM bytes per device"),
-                       ("--host-bandwidth", "bytes/s between a device and host memory (offloaded values)")):
+                       ("--host-bandwidth", "bytes/s between a device and host memory (offloaded values)"),
+                       ("--host-memory", "host memory per device for offloaded values (e.g. 100GiB)")):
         p.add_argument(flag, type=str, help=f"override the preset's {what}")
 
 
@@ -86,6 +87,7 @@ def _hardware(args, base: Hardware | None = None) -> Hardware | None:
         link_latency=_number("--link-latency", args.link_latency),
         host_bandwidth=_number("--host-bandwidth", getattr(args, "host_bandwidth", None)),
         hbm_bytes=parse_bytes(args.hbm) if args.hbm else None,
+        host_memory_bytes=parse_bytes(args.host_memory) if getattr(args, "host_memory", None) else None,
         memory_budget=parse_bytes(args.memory) if args.memory else None,
         memory_margin=args.margin,
         overlap=None if getattr(args, "overlap", None) is None else args.overlap == "on",
@@ -554,7 +556,10 @@ def cmd_bench(args) -> int:
         return 0
     print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""
-    print(f"  {'strategy':<14} {'step time':>12} {'MFU':>7} {'memory':>11} {'fits':>5} {'search s':>9}{xla_cols}")
+    hosted = any(r.host_bytes for r in rows)  # a column for host memory where a plan keeps values there
+    host_col = f" {'host':>11}" if hosted else ""
+    print(f"  {'strategy':<14} {'step time':>12} {'MFU':>7} {'memory':>11}{host_col} {'fits':>5} {'search s':>9}"
+          f"{xla_cols}")
     for r in rows:
         t = f"{r.step_time_s * 1e3:.3f} ms" if r.step_time_s is not None else "-"
         mfu = f"{r.mfu:.1%}" if r.mfu is not None else "-"
@@ -565,7 +570,8 @@ def cmd_bench(args) -> int:
             ratio = f"{r.memory_ratio:.2f}" if r.memory_ratio else "-"
             xla = f" {format_bytes(r.xla_memory_bytes):>11} {ratio:>8}"
         fits = "-" if r.complete is False else "yes" if r.fits else "NO"  # a skipped exhaustive row
-        print(f"  {r.strategy:<14} {t:>12} {mfu:>7} {mem:>11} {fits:>5} {ss:>9}{xla}")
+        host = f" {format_bytes(r.host_bytes) if r.host_bytes else '-':>11}" if hosted else ""
+        print(f"  {r.strategy:<14} {t:>12} {mfu:>7} {mem:>11}{host} {fits:>5} {ss:>9}{xla}")
     hand = [r.step_time_s for r in rows if r.fits and r.step_time_s is not None
             and r.strategy not in ("mcts", "mcts-no-remat", "ilp", "exhaustive", "replicated")]
     mc = next(r for r in rows if r.strategy == "mcts")

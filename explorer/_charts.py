@@ -207,12 +207,14 @@ class MemoryView(pn.viewable.Viewer):
             parts = [float(m.breakdown.get(k, 0.0)) for k in MEMORY_PARTS]
             for k, v in zip(MEMORY_PARTS, parts):
                 d[k].append(v / scale)
-            fits = m.peak <= budget
+            host_over = m.host > s.config.hw.host_memory_bytes
+            fits = m.peak <= budget and not host_over
             d["row"].append(name)
             d["total"].append(m.peak / scale)
             d["outline"].append(None if fits else OVER)
             saved = f"  ({fmt_bytes(r.saving_all.memory.peak)} without recompute)" if r.recomputes else ""
-            note = fmt_bytes(m.peak) + host_text(m) + saved + ("" if fits else "  over budget")
+            note = (fmt_bytes(m.peak) + host_text(m) + saved
+                    + ("  over the host's memory" if host_over else "" if m.peak <= budget else "  over budget"))
             d["note"].append(note if fits else "")
             d["note_over"].append("" if fits else note)
             for k, v in zip(MEMORY_PARTS, parts):
@@ -229,12 +231,16 @@ class MemoryView(pn.viewable.Viewer):
         self.fig.xaxis.axis_label = f"per-device memory ({unit})"
         self.fig.height = 110 + 34 * len(rows)
         over = [n for n, r in rows if r.report.memory.peak > budget]
+        host_over = [n for n, r in rows if r.report.memory.host > s.config.hw.host_memory_bytes]
         saved = [f"{esc(n)}: {fmt_bytes(r.saving_all.memory.peak - r.report.memory.peak)} for "
                  f"{fmt_time(r.report.step_time - r.saving_all.step_time)} more step time"
                  for n, r in rows if r.recomputes]
         self.caption.object = (
             f"<div class='caption'>Dashed red line: the budget, {fmt_bytes(budget)} per device. "
-            + (f"<span class='bad'>Over budget: {esc(', '.join(over))}.</span>" if over else "Every plan fits.")
+            + (f"<span class='bad'>Over budget: {esc(', '.join(over))}.</span>" if over
+               else "" if host_over else "Every plan fits.")
+            + (f" <span class='bad'>Over the host memory ({fmt_bytes(s.config.hw.host_memory_bytes)} per device): "
+               f"{esc(', '.join(host_over))}.</span>" if host_over else "")
             + (f" What recompute saves against the same sharding keeping every residual: {'; '.join(saved)}."
                if saved else "")
             + (" Bars are device memory; values offloaded to host memory are written after them, apart."

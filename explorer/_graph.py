@@ -14,7 +14,7 @@ import param
 from bokeh.models import ColumnDataSource, HoverTool, Range1d, TapTool
 from bokeh.plotting import figure
 
-from partex import GroupInfo, Recompute, Resolve, Shard
+from partex import RECOMPUTE_WHAT, GroupInfo, Recompute, Resolve, Shard
 
 from ._engine import short_source
 from ._format import esc, fmt_bytes
@@ -362,10 +362,8 @@ def _tooltip(info: GroupInfo, axes, pinned: bool, forbidden, conflicted: bool, r
         warn = (f"<div style='color:#dc2626'>conflict: one tensor has two of its dims in this group; "
                 f"{esc(how)}</div>")
     if remat:
-        what = {"full": "every layer recomputed from its input", "dots": "matmul outputs saved, the rest recomputed",
-                "regather": "weights gathered again"}.get(remat[1], remat[1])
-        warn += (f"<div style='color:{REMAT}'>{esc(remat[0])} → recompute:{esc(remat[1])}: {esc(what)} "
-                 "in the backward pass</div>")
+        what = RECOMPUTE_WHAT.get(remat[1], remat[1])
+        warn += f"<div style='color:{REMAT}'>{esc(remat[0])} → recompute:{esc(remat[1])}: {esc(what)}</div>"
     return (f"<div style='font:12px sans-serif;max-width:340px'><b>{esc(info.shown)}</b> · size {info.size} · "
             f"{fmt_bytes(info.bytes)} · {info.layers} named dim(s)<br>plan: {esc(state)}{warn}"
             f"<div style='margin-top:4px;color:#475569'>{rows}{more}</div></div>")

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import panel as pn
 import param
 
-from partex import Recompute, Resolve
+from partex import RECOMPUTE_WHAT, Recompute, Resolve
 
 from ._charts import plan_rows
 from ._engine import short_source
@@ -194,7 +194,9 @@ def _chip_title(ws, d) -> str:
     if d.kind is not Recompute:
         return ""
     u = ws.an.unit_by_label(d.group)
-    return f" title='{esc(u.description)}'" if u is not None else ""
+    kind = d.axis[len(Recompute.PREFIX):]
+    what = RECOMPUTE_WHAT.get(kind, kind)
+    return f" title='{esc(u.description)}: {esc(what)}'" if u is not None else ""
 
 
 def decisions_by_axis(decisions) -> str:

@@ -20,7 +20,10 @@ sources and what is not mirrored). For each:
   the offloaded residuals take; **host transfers**: their seconds over the host link per step
   and how much of it runs under compute;
 - **partex, searched**: the plan the MCTS search finds in ``--budget`` seconds (it keeps the
-  remat the model's code applies, and may add its own), its predicted step and MFU.
+  remat the model's code applies, and may add its own), its predicted step and MFU;
+- **partex, searched, its own remat**: the same run with no remat in the model's code, the
+  search choosing the sharding and each layer stack's recompute or offload (``recompute``
+  ``dots``, ``full``, ``offload``: the matmul outputs in host memory) in ``--budget`` seconds.
 
     JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/published_mfu.py [--budget 30] [--overlap off] [--json out.json]
 """
@@ -97,18 +100,31 @@ def run(name: str, budget: float, overlap: bool) -> dict:
                            "peak_bytes": b.memory.peak, "host_bytes": b.memory.host, "found_s": best.seconds}
     else:
         out["searched"] = None
+    # the same run without the model's own remat: the search chooses recompute / offload
+    own = partex.Session.from_spec("llama", preset=name, overrides=["remat=none"], mesh=mesh_text, hardware=hw)
+    own.run(budget)
+    best = own.best()
+    out["searched_own_remat"] = None if best is None else {
+        "plan": [own.label(d) for d in best.decisions], "step_s": best.report.step_time,
+        "mfu": model_flops / (best.report.step_time * hw.peak_flops), "peak_bytes": best.report.memory.peak,
+        "host_bytes": best.report.memory.host, "found_s": best.seconds,
+        "remat": [own.label(d) for d in best.decisions if isinstance(d, partex.Recompute)]}
     return out
 
 
 def show(rows: list[dict]) -> None:
     print("| run | chips, mesh | attention, remat | published MFU | partex: published sharding (step, MFU, ratio) | "
-          "memory: device (HBM) / host | host transfers (hidden) | partex: searched plan (step, MFU, memory) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "memory: device (HBM) / host | host transfers (hidden) | partex: searched plan (step, MFU, memory) | "
+          "partex: searched, its own remat (step, MFU, memory / host, remat) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     fmt = partex.format_bytes
     for o in rows:
         p = o["published_plan"]
         srch = o["searched"]
         found = (f"{srch['step_s']:.2f} s, {srch['mfu']:.1%}, {fmt(srch['peak_bytes'])}" if srch else "none fits")
+        own = o["searched_own_remat"]
+        chosen = (f"{own['step_s']:.2f} s, {own['mfu']:.1%}, {fmt(own['peak_bytes'])} / {fmt(own['host_bytes'])}, "
+                  f"{', '.join(own['remat']) or 'none'}" if own else "none fits")
         moved = (f"{p['host_transfer_s']:.2f} s ({p['host_transfer_hidden_s']:.2f} s)"
                  if p["host_transfer_s"] else "-")
         print(f"| {o['run']} | {o['chips']} x {o['chip']}, {o['mesh']} | {o['attention']}, {o['remat']} | "
@@ -116,7 +132,7 @@ def show(rows: list[dict]) -> None:
               f"{p['step_s']:.2f} s, {p['mfu']:.1%} ({p['mfu'] / o['published_mfu']:.2f}; compute "
               f"{p['compute_s']:.2f} s, comm {p['comm_s']:.2f} s, {p['hidden_s']:.2f} s hidden) | "
               f"{fmt(p['peak_bytes'])} ({fmt(p['hbm_bytes'])}){'' if p['fits'] else ': does not fit'}"
-              f" / {fmt(p['host_bytes'])} | {moved} | {found} |")
+              f" / {fmt(p['host_bytes'])} | {moved} | {found} | {chosen} |")
 
 
 def main() -> int:

@@ -6,12 +6,13 @@ import json
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from partex import PartexError, analyze_model
 from partex.cost import CostModel
-from partex import MeshSpec, Plan, get_hardware, parse_bytes
+from partex import MeshSpec, Plan, Session, get_hardware, parse_bytes
 from partex.plan._planned import default_donate
 from partex.plan._planning import make_plan
 from partex.planner._strategies import strategy_decisions
@@ -250,3 +251,37 @@ def test_a_detailed_memory_report_lists_what_its_peak_holds(tiny, mesh42):
     kinds = {h.kind for h in m.held}
     assert "recomputed copy" in kinds or "recomputation temporaries" in kinds, kinds
     assert cm.evaluate(zero3).memory.held == ()  # without detail: not computed
+
+
+def _loss_over_logits(x, w, targets):
+    """A bf16 logits block read by a float32 log-softmax and a one-hot loss (MaxText's)."""
+    logits = (x @ w).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.sum(jax.nn.one_hot(targets, w.shape[1], dtype=logp.dtype) * logp, axis=-1))
+
+
+def test_tpu_recomputes_a_cheap_float32_chain_from_its_bf16_logits_where_each_reader_reads_it():
+    """On TPU and GPU the float32 log-softmax chain over a bf16 [tokens, vocab] block, read
+    by several fusions (the forward's reductions, the backward's), is computed in each of
+    them from the logits, which stay in memory instead: the peak holds no float32
+    [tokens, vocab] value. XLA:CPU materialises the chain: its lowering keeps it."""
+    def step(x, w, t):
+        return jax.grad(_loss_over_logits, argnums=1)(x, w, t)
+
+    x = jnp.ones((256, 64), jnp.bfloat16)
+    w = jnp.ones((64, 1024), jnp.bfloat16)
+    t = jnp.zeros((256,), jnp.int32)
+    s = Session(step, (x, w, t), mesh="data=8", hardware="tpu-v5p")
+    block = 256 * 1024 * 4  # one float32 [tokens, vocab] value
+    reports = {}
+    for lowering in ("tpu", "cpu"):
+        cm = CostModel(s.analysis, s.cost_model.mesh, s.cost_model.hw, lowering=lowering)
+        r = cm.evaluate([], detail=True)
+        held = [h for h in r.memory.held if h.value >= 0]
+        reports[lowering] = (r.memory.peak, [s.program.values[h.value] for h in held])
+    peak_tpu, held_tpu = reports["tpu"]
+    peak_cpu, held_cpu = reports["cpu"]
+    assert not [v for v in held_tpu if v.nbytes >= block and str(v.dtype) == "float32"]
+    assert [v for v in held_tpu if v.shape == (256, 1024) and str(v.dtype) == "bfloat16"]  # the logits
+    assert [v for v in held_cpu if v.nbytes >= block and str(v.dtype) == "float32"]
+    assert peak_tpu < peak_cpu - block / 2

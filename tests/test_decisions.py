@@ -70,10 +70,12 @@ def test_a_plan_file_from_before_the_types_loads_and_scores_as_it_did(session):
     candidate = session.scored(plan)
     assert candidate.decisions == (Shard(batch, "data"), Shard(seq, "model"), Resolve(seq, "second"),
                                    Recompute(u.id, "full"))
-    assert candidate.report.step_time == pytest.approx(plan.predicted["step_time_s"], rel=1e-12)
-    # its memory as the cost model prices the same decisions now (the file's own figure is an
-    # older model's)
-    assert candidate.report.memory.peak == session.evaluate(list(candidate.decisions)).memory.peak
+    # its step time and memory as the cost model prices the same decisions now (the file's own
+    # figures are an older model's: its step time 1.5e-5 apart, before the model computed
+    # cheap elementwise chains where each fusion reads them)
+    now = session.evaluate(list(candidate.decisions))
+    assert candidate.report.step_time == now.step_time
+    assert candidate.report.memory.peak == now.memory.peak
     # written again, the plan's decisions are the file's, pins included
     again = session.plan(list(candidate.decisions), strategy=plan.strategy,
                          pinned=[d for d, pd in zip(candidate.decisions, plan.decisions) if pd.pinned])
@@ -93,7 +95,7 @@ def test_a_session_file_from_before_the_types_resumes(tmp_path):
     best = s.best()
     assert best is not None
     assert [d.to_json() for d in best.decisions] == saved["search"]["best"][1]
-    assert best.report.step_time == pytest.approx(saved["search"]["best"][0], rel=1e-12)
+    assert best.report.step_time == s.evaluate(list(best.decisions)).step_time  # as the model prices it now
     assert s.stats().simulations == saved["search"]["simulations"]
     s.step(8)
     assert s.stats().simulations == saved["search"]["simulations"] + 8
@@ -102,4 +104,7 @@ def test_a_session_file_from_before_the_types_resumes(tmp_path):
     s.save(tmp_path / "again.json")
     state = json.loads((tmp_path / "again.json").read_text())["search"]
     assert state["pins"] == saved["search"]["pins"] and state["forbidden"] == saved["search"]["forbidden"]
-    assert state["actions"] == saved["search"]["actions"]
+    # the space has gained a recompute kind since the file was written: its actions are the
+    # file's and the new kind's
+    assert [a for a in state["actions"] if a in saved["search"]["actions"]] == saved["search"]["actions"]
+    assert {a[1] for a in state["actions"] if a not in saved["search"]["actions"]} == {"recompute:offload"}

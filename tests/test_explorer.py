@@ -193,6 +193,16 @@ def tab(chromium, server):
     p.context.close()
 
 
+def memory_notes(page: Page) -> list:
+    """The note written after each bar of the memory chart (a row's in note where it fits,
+    in note_over where it does not)."""
+    return page.evaluate("""() => {
+        const fig = Bokeh.documents[0].get_model_by_name('partex-memory');
+        const r = fig.renderers.find(r => r.data_source.data.note !== undefined);
+        const d = r.data_source.data;
+        return Array.from(d.note).map((n, i) => n || d.note_over[i]) }""")
+
+
 def click(page: Page, label: str) -> None:
     page.get_by_role("button", name=label, exact=True).click()
 
@@ -544,11 +554,7 @@ def test_a_tight_budget_shows_the_recompute_the_plan_takes(tab):
     assert "recompute saves" in head.inner_text()
     caption = tab.locator(".caption", has_text="What recompute saves").first
     wait_until(lambda: caption.count() > 0 and "search:" in caption.inner_text(), what="the memory caption")
-    notes = tab.evaluate("""() => {
-        const fig = Bokeh.documents[0].get_model_by_name('partex-memory');
-        const r = fig.renderers.find(r => r.data_source.data.note !== undefined);
-        const d = r.data_source.data;  // a row's note is in note (fits) or note_over
-        return Array.from(d.note).map((n, i) => n || d.note_over[i]) }""")
+    notes = memory_notes(tab)
     assert any("without recompute" in n for n in notes), notes
     # the graph marks the groups local to the recomputed layers (ffn, heads), not batch
     nodes = tab.evaluate("""() => {
@@ -570,6 +576,37 @@ def test_a_tight_budget_shows_the_recompute_the_plan_takes(tab):
     tab.screenshot(path=SHOTS / "recompute_plan.png")
     tab.locator(".card-title", has_text="Memory per device").first.evaluate("e => e.scrollIntoView({block: 'start'})")
     tab.screenshot(path=SHOTS / "recompute_memory.png")
+
+
+def test_an_offload_decision_shows_as_a_recompute_one_with_its_host_memory(tab):
+    """The scanned transformer on tpu-v5p at 700 KiB per device: the search keeps the layer
+    stack's matmul outputs in host memory (``recompute:offload``); the plan's chip names the
+    stack and says where they go, and the memory bar writes the host memory after it."""
+    choose(tab, "partex-model", "transformer-scan")
+    choose(tab, "partex-hardware", "tpu-v5p")
+    budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
+    budget.fill("700KiB")
+    budget.press("Enter")
+    click(tab, "Analyze")
+    wait_until(lambda: (lambda s: s.get("phase") == "ready" and "transformer-scan" in str((s.get("model") or {}).get("spec"))
+                        and s["config"]["hardware"] == "tpu-v5p" and s["config"]["budget"] == 700 * 1024)(state(tab)),
+               timeout=2 * WAIT_S, what="the scanned transformer on tpu-v5p at 700 KiB")
+    s = run_until(tab, lambda s: s["best"] is not None and any(d["axis"] == "recompute:offload"
+                                                                 for d in s["best"]["decisions"]),
+                  what="a plan that offloads")
+    assert s["best"]["fits"]
+    chip = tab.locator(".chip.remat", has_text="stack0→recompute:offload").first
+    wait_until(lambda: chip.count() > 0, what="the offload chip")
+    assert "host memory" in chip.get_attribute("title")
+    notes = wait_until(lambda: (lambda n: n if n and any("on the host" in x for x in n) else None)(memory_notes(tab)),
+                       what="host memory in the notes")
+    assert any("on the host" in n for n in notes), notes
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.locator(".card-title", has_text="Plan").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    chip.hover()
+    tab.screenshot(path=SHOTS / "offload_plan.png")
+    tab.locator(".card-title", has_text="Memory per device").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.screenshot(path=SHOTS / "offload_memory.png")
 
 
 def test_screenshots_of_the_main_views(tab):
@@ -768,12 +805,8 @@ def test_host_memory_is_written_apart_from_the_device_bars(tab):
     wait_until(lambda: (lambda s: s.get("phase") == "ready" and "llama" in str((s.get("model") or {}).get("spec"))
                         and s["config"]["hardware"] == "tpu-v5p")(state(tab)), timeout=2 * WAIT_S,
                what="the offloading llama on tpu-v5p")
-    notes = wait_until(lambda: (lambda n: n if n and all("on the host" in x for x in n) else None)(tab.evaluate(
-        """() => {
-        const fig = Bokeh.documents[0].get_model_by_name('partex-memory');
-        const r = fig.renderers.find(r => r.data_source.data.note !== undefined);
-        const d = r.data_source.data;
-        return Array.from(d.note).map((n, i) => n || d.note_over[i]) }""")), what="host memory in the notes")
+    notes = wait_until(lambda: (lambda n: n if n and all("on the host" in x for x in n) else None)(memory_notes(tab)),
+                       what="host memory in the notes")
     assert all(" + " in n for n in notes), notes
     caption = tab.locator(".caption", has_text="offloaded to host memory").first
     wait_until(lambda: caption.count() > 0, what="the memory caption on host memory")

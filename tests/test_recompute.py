@@ -1,6 +1,7 @@
 """Recompute as a decision: the layer stacks a decision covers, apply's re-emitted forward
 ops, the cost model's charge for them, and the search and plan files that carry them."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -8,6 +9,7 @@ import partex
 from partex import demo_models
 from partex.tracing._program import trace
 from partex.analysis._recompute import backward_span, plan_unit, units
+from partex.cost import CostModel
 
 
 def _session(name, mesh="data=4,model=2", **kw):
@@ -37,7 +39,7 @@ def test_a_unit_is_a_forward_layer_stack_read_again_by_the_backward_pass():
     scan = demo_models.build("transformer-scan", "tiny")
     sp = trace(scan.fn, scan.args)
     (su,) = units(sp)
-    assert su.block is None and su.layers == 2 and su.kinds == ("dots", "full")
+    assert su.block is None and su.layers == 2 and su.kinds == ("dots", "full", "offload")
     fwd, bwd = su.loop
     assert fwd < su.boundary <= bwd and sp.ops[fwd].primitive == sp.ops[bwd].primitive == "scan_enter"
     (lf,) = plan_unit(sp, su, "full")
@@ -220,3 +222,62 @@ def test_dropout_keys_go_through_every_recompute_kind(typed):
         plan = s.plan([*s.strategy("dp"), (u.label, "recompute:" + kind)])
         out = s.verify(plan, run=True, mark=False)
         assert out.numerics is not None and out.numerics.ok, (kind, out.numerics)
+
+
+def test_offload_keeps_the_saved_matmul_outputs_in_host_memory():
+    """``offload`` saves what ``dots`` saves, in host memory: the same ops recomputed, the
+    saved matmul outputs the backward pass reads out of device memory and into host memory,
+    copied out and back over the host link (XLA:CPU ignores memory spaces: there it is
+    ``dots``). Applied, the step copies them to host memory (in its jaxpr); its numerics are
+    the unsharded step's (``test_every_recompute_kind_matches_the_unsharded_step``)."""
+    for name in ("transformer", "transformer-scan"):
+        m = demo_models.build(name, "tiny")
+        s = partex.Session(m.fn, m.args, mesh="data=4,model=2", hardware="tpu-v5p")
+        (u,) = s.units
+        p = s.program
+        off, dots = plan_unit(p, u, "offload"), plan_unit(p, u, "dots")
+        for o, d in zip(off, dots, strict=True):
+            assert o.ops == d.ops
+            if u.loop is None:
+                assert o.recomputed == d.recomputed and o.offloaded
+                assert all(p.ops[p.values[v].producer].primitive == "dot_general" for v in o.offloaded)
+            else:
+                assert o.dropped == d.dropped and o.host_ys and o.host_in
+        base = s.strategy("zero3")
+        with_dots, with_off = [*base, partex.Recompute(0, "dots")], [*base, partex.Recompute(0, "offload")]
+        r_dots, r_off = s.evaluate(with_dots, detail=True), s.evaluate(with_off, detail=True)
+        assert r_dots.memory.host == 0 and r_off.memory.host > 0
+        assert r_off.memory.peak <= r_dots.memory.peak
+        moved = [c for c in r_off.collectives if c.kind == "host-transfer"]
+        assert moved and all(c.cause == f"{u.label} offload" for c in moved)
+        assert sum(c.bytes * c.count for c in moved) == pytest.approx(2 * r_off.memory.host)
+        slow = partex.Session(m.fn, m.args, mesh="data=4,model=2",
+                              hardware=s.cost_model.hw.replace(host_bandwidth=1e6))
+        assert slow.evaluate(with_off).step_time > r_off.step_time + 0.5 * 2 * r_off.memory.host / 1e6
+        # XLA:CPU's lowering keeps them on the device
+        cpu = CostModel(s.analysis, s.cost_model.mesh, s.cost_model.hw, lowering="cpu")
+        c_dots, c_off = cpu.evaluate(s.decisions(with_dots)), cpu.evaluate(s.decisions(with_off))
+        assert c_off.memory.peak == c_dots.memory.peak and c_off.memory.host == 0
+        # applied: copied to host memory in the step's jaxpr
+        text = str(jax.make_jaxpr(s.plan(with_off).apply(m.fn))(*m.args))
+        assert "<host>" in text and "<host>" not in str(jax.make_jaxpr(s.plan(with_dots).apply(m.fn))(*m.args))
+
+
+def test_the_search_takes_offload_where_dots_does_not_fit_and_full_costs_more():
+    """Under a budget that the matmul outputs saved on the device exceed, the search keeps
+    them in host memory (the transfers run under compute) rather than recompute the layer
+    whole. Host memory is a budget too: on hosts with too little of it no plan offloads, and
+    the best plan is slower."""
+    m = demo_models.build("transformer-scan", "tiny")
+    s = partex.Session(m.fn, m.args, mesh="data=4,model=2", hardware="tpu-v5p", memory="700KiB")
+    s.step(80)
+    best = s.best()
+    assert best is not None and partex.Recompute(0, "offload") in best.decisions
+    assert best.report.memory.host > 0 and best.report.fits
+    small_host = partex.get_hardware("tpu-v5p").replace(host_memory_bytes=best.report.memory.host / 2)
+    cramped = partex.Session(m.fn, m.args, mesh="data=4,model=2", hardware=small_host, memory="700KiB")
+    assert not cramped.evaluate(best.decisions).fits  # the same plan over the host's memory
+    cramped.step(80)
+    other = cramped.best()
+    assert other is None or (partex.Recompute(0, "offload") not in other.decisions
+                             and other.report.step_time > best.report.step_time)

@@ -236,8 +236,8 @@ def test_cli_bench_json_rows(capsys):
     assert rows["mcts-no-remat"]["step_time_s"] >= mcts["step_time_s"] * (1 - 1e-9)
     one = [c for c in s.baselines().values() if c.report.fits and len({d.slot for d in c.decisions}) == len(c.decisions)]
     per_axis = [sum(1 for d in s._search.actions if d.slot == axis) for axis in ("data", "model")]
-    # and one more choice: the layer stack saved or recomputed one of three ways
-    assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1]) * 4
+    # and one more choice: the layer stack saved, recomputed one of three ways, or offloaded
+    assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1]) * 5
     assert one and all(ex["step_time_s"] <= c.report.step_time * (1 + 1e-9) for c in one)
 
 

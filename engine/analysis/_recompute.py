@@ -20,7 +20,11 @@ The kinds, as ``jax.checkpoint`` and its policies give them:
   dimensions, as ``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``) and recompute
   the rest (elementwise ops, attention's scores and probabilities) in the backward pass;
 - ``full``: save only what the layer reads (its input and weights) and recompute the whole
-  layer in the backward pass.
+  layer in the backward pass;
+- ``offload``: as ``dots``, but the saved matmul outputs the backward pass reads go to host
+  memory as the forward pass makes them and come back for the backward pass (as
+  ``jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")``, and
+  MaxText's ``*_offloaded`` remat policies): device memory traded for the host link's time.
 
 Both remat kinds re-gather the layer's weights too (the recomputation reads them behind the
 same barrier, as ``jax.checkpoint`` does). For each copy of the layer, ``CopyPlan`` gives
@@ -61,6 +65,7 @@ class CopyPlan:
     weights: tuple[ValueId, ...]  # program inputs the layer reads: re-taken after the barrier
     anchors: tuple[ValueId, ...]  # backward values the barrier waits for (no early hoisting)
     until: int = -1  # the backward pass's last op: later reads (the optimizer's) keep the weights as they were
+    offloaded: tuple[ValueId, ...] = ()  # ``offload``: saved residuals kept in host memory until ``at``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +82,12 @@ class LoopPlan:
     dropped: tuple[int, ...]  # indices of the forward loop's stacked outputs (ys) it no longer makes
     feeds: tuple[tuple[int, ValueId], ...]  # (backward enter operand, forward body value): the recomputed slices
     reuse: tuple[tuple[ValueId, int], ...]  # (leaf, backward enter operand): a leaf already stacked and read
+    # ``offload``: the stacked outputs (indices of the ys) and the new stacked leaves
+    # (indices into ``stacked``) the forward loop stacks in host memory, and the backward
+    # loop's operands that read one of them (each slice brought back as the loop reads it)
+    host_ys: tuple[int, ...] = ()
+    host_stacked: tuple[int, ...] = ()
+    host_in: tuple[int, ...] = ()
 
     at = -1  # no point in the top-level program: apply acts at the two loops
 
@@ -229,12 +240,17 @@ def plan_copy(program: Program, u: Unit, k: int, kind: str, readers=None) -> Cop
     # saved: what the forward goes on to read after the layer (the next layer's input, the
     # loss's), and under ``dots`` the matmuls with weights
     saved = {v for v in made if any(hi <= r < u.boundary for r in readers[v])}
-    if kind == "dots":
-        saved |= {ops[made[v]].outputs[0] for v in late
-                  if ops[made[v]].primitive == "dot_general" and not ops[made[v]].params["dimension_numbers"][1][0]}
+    dots: set[int] = set()
+    if kind in ("dots", "offload"):
+        dots = {ops[made[v]].outputs[0] for v in late if _saveable_dot(ops[made[v]])}
+        saved |= dots
     recomputed = [v for v in late if v not in saved]
-    if not recomputed:
+    offloaded = tuple(sorted(v for v in dots if v in late)) if kind == "offload" else ()
+    if not recomputed and not offloaded:
         return CopyPlan(-1, (), (), (), (), ())
+    if not recomputed:  # nothing recomputed: the offloaded values come back where first read
+        at = min(r for v in offloaded for r in readers[v] if r >= u.boundary)
+        return CopyPlan(at, (), (), (), (), (), u.until, offloaded)
     # the backward slice of the recomputed values within the layer, down to saved values
     need: set[int] = set()
     stack = [made[v] for v in recomputed]
@@ -253,8 +269,9 @@ def plan_copy(program: Program, u: Unit, k: int, kind: str, readers=None) -> Cop
     seq = tuple(sorted(need))
     produced = {v for o in seq for v in ops[o].outputs}
     leaves = tuple(sorted({v for o in seq for v in ops[o].inputs if v not in produced and v not in program.constants}))
-    at = min(r for v in recomputed for r in readers[v] if r >= u.boundary)
-    return CopyPlan(at, seq, leaves, tuple(recomputed), weights, _anchors(program, at, u.boundary), u.until)
+    at = min(r for v in (*recomputed, *offloaded) for r in readers[v] if r >= u.boundary)
+    return CopyPlan(at, seq, leaves, tuple(recomputed), weights, _anchors(program, at, u.boundary), u.until,
+                    offloaded)
 
 
 def _anchors(program: Program, at: int, boundary: int) -> tuple[ValueId, ...]:
@@ -269,7 +286,7 @@ def plan_unit(program: Program, u: Unit, kind: str) -> tuple[CopyPlan | LoopPlan
     readers = value_readers(program)
     if u.loop is not None:
         lp = plan_loop(program, u, kind, readers)
-        return (lp,) if lp.ops else ()
+        return (lp,) if lp.ops or lp.host_ys else ()
     return tuple(plan_copy(program, u, k, kind, readers) for k in range(len(u.copies)))
 
 
@@ -296,11 +313,17 @@ def plan_loop(program: Program, u: Unit, kind: str, readers=None) -> LoopPlan:
     only_b = [j for j, (bv, sv) in enumerate(zip(ys_body, ys_out))
               if bv in made and readers[sv] and all(r == b_enter for r in readers[sv])]
     saved = {bv for j, bv in enumerate(ys_body) if j not in only_b}
-    if kind == "dots":
-        saved |= {v for v, o in made.items() if _saveable_dot(ops[o]) and ops[o].outputs[0] == v}
+    dots: set[int] = set()
+    if kind in ("dots", "offload"):
+        dots = {v for v, o in made.items() if _saveable_dot(ops[o]) and ops[o].outputs[0] == v}
+        saved |= dots
     dropped = tuple(j for j in only_b if ys_body[j] not in saved)
+    # ``offload``: the matmul outputs the backward loop alone reads, stacked already, are
+    # stacked in host memory
+    host_ys = tuple(j for j in only_b if j not in dropped and ys_body[j] in dots) if kind == "offload" else ()
+    host_in = tuple(i for i, sv in enumerate(bin_) if sv in ys_out and ys_out.index(sv) in host_ys)
     if not dropped:
-        return LoopPlan(f_enter, b_enter, (), (), (), (), (), ())
+        return LoopPlan(f_enter, b_enter, (), (), (), (), (), (), host_ys, (), host_in)
     need: set[int] = set()
     stack = [made[ys_body[j]] for j in dropped]
     while stack:
@@ -321,4 +344,6 @@ def plan_loop(program: Program, u: Unit, kind: str, readers=None) -> LoopPlan:
     stacked = tuple(v for v in leaves if v not in consts and v not in xs and v not in dict(reuse))
     feeds = tuple((i, ys_body[ys_out.index(sv)]) for i, sv in enumerate(bin_)
                   if sv in ys_out and ys_out.index(sv) in dropped)
-    return LoopPlan(f_enter, b_enter, seq, leaves, stacked, dropped, feeds, reuse)
+    # and so are the matmul outputs stacked anew for the recomputation
+    host_stacked = tuple(k for k, v in enumerate(stacked) if v in dots) if kind == "offload" else ()
+    return LoopPlan(f_enter, b_enter, seq, leaves, stacked, dropped, feeds, reuse, host_ys, host_stacked, host_in)

@@ -73,6 +73,55 @@ def fused_values(program, lowering: str = "tpu") -> np.ndarray:
     if lowering == "cpu":
         out |= cpu_random_bits(program)[0]
         out[alias_roots(program)[list(program.outputs)]] = False
+    else:
+        out |= _recomputed_at_reads(program, out)
+    return out
+
+
+def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4) -> np.ndarray:
+    """TPU and GPU: per value, made by an elementwise op, read by several readers each
+    inside a fusion, and no larger than what it is computed from: XLA computes it in each
+    reader's fusion (a cheap producer is duplicated into its consumers; an expensive one,
+    such as ``exp``, is recomputed there by the rematerialisation pass under memory
+    pressure) from its operands, which stay in memory instead: the float32 log-softmax
+    chain over a bfloat16 [batch, seq, vocab] logits block is never in memory, its logits
+    are. A value computed from more than ``most`` kept buffers, or from as many bytes as it
+    takes, is kept (XLA keeps what is no cheaper to hold than to recompute), and so is one
+    the optimizer reads after the backward pass (a gradient cast up for the update: computed
+    from the reduced gradient, which the plan holds sharded, not from the unreduced one).
+    XLA:CPU neither duplicates such producers nor rematerialises: not under
+    ``lowering="cpu"``."""
+    p = program
+    fusible, readers, aliasing = having("fusible"), having("fusion_reader"), having("aliases")
+    root = alias_roots(p)
+    span = backward_span(p)
+    after = span[1] if span is not None else len(p.ops)
+    read_in_fusion = np.ones(len(p.values), dtype=bool)
+    read = np.zeros(len(p.values), dtype=bool)
+    for op in p.ops:
+        if op.primitive in aliasing:
+            continue
+        for v in op.inputs:
+            read[root[v]] = True
+            read_in_fusion[root[v]] &= op.primitive in readers and op.id <= after
+    outputs = set(root[list(p.outputs)].tolist())
+    nbytes = [v.nbytes for v in p.values]
+    out = np.zeros(len(p.values), dtype=bool)
+    # per value computed in fusions: the kept buffers it is computed from
+    sources: dict[int, frozenset[int]] = {}
+    for op in p.ops:
+        if op.primitive not in fusible or not op.outputs:
+            continue
+        src: set[int] = set()
+        for i in op.inputs:
+            src |= sources.get(i, {i})
+        if len(src) > most:
+            continue
+        cost = sum(nbytes[i] for i in src)
+        for o in op.outputs:
+            if fused[o] or (read[o] and read_in_fusion[o] and o not in outputs and cost < nbytes[o]):
+                out[o] = not fused[o]
+                sources[o] = frozenset(src)
     return out
 
 
@@ -337,7 +386,11 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     # keeps for its other readers: only a value no fusion can recompute - a matmul's, a
     # reduction's, an argument - is kept for the fused read)
     fusible = having("fusible")
-    kept = [v.producer == NO_PRODUCER or p.ops[v.producer].primitive not in fusible for v in p.values]
+    # (on TPU and GPU a chain of fused values is computed in its last reader's fusion, or in
+    # each of its readers', from the chain's operands, which live until then; XLA:CPU
+    # computes a fused chain's elementwise operands where they are made)
+    kept = [v.producer == NO_PRODUCER or p.ops[v.producer].primitive not in fusible
+            or (lowering != "cpu" and bool(fused[v.id])) for v in p.values]
     fusing = [([i for i in op.inputs if kept[i]], [o for o in op.outputs if fused[o]]) for op in reversed(p.ops)]
     # XLA:CPU's random bits: a mask computed from them is computed again from their halves
     bits = cpu_random_bits(p)[1] if lowering == "cpu" else {}

@@ -10,6 +10,7 @@ aggregate, per CSE key, per recompute edit) and sums. Imports every module of th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -24,7 +25,8 @@ from ._cse import Reshards, common_reshards
 from ._facts import facts_of
 from ._liveness import memory_report
 from ._overlap import Timeline, build_timeline, overlapped
-from ._patterns import PatternCost, pattern_cost
+from ._kinds import CollectiveKind
+from ._patterns import HOST_LINK, PatternCost, pattern_cost
 from ._recompute import Edit, build_edit, extra_cost
 from ._report import CollectiveCost, CostReport
 from ._shardings import Spec, assign, shards
@@ -207,11 +209,24 @@ class CostModel:
             step = min(step, secs + xc + xm)
         ideal = t.total_flops / (self.mesh.size * self.hw.peak_flops)
         mem = memory_report(t.live, local, detail, buffers, edit)
+        moved = ()
+        if edit is not None and len(edit.host_v):
+            # offloaded residuals: copied out as the forward pass makes them and back as the
+            # backward pass reads them, over the host link, which runs beside the compute
+            # (the forward's and the backward's): only what outlasts the compute is waited for
+            host = local[edit.host_v] * edit.host_n
+            mem = dataclasses.replace(mem, host=mem.host + float(host.sum()))
+            secs = 2 * host / self.hw.host_bandwidth
+            wait = max(0.0, float(secs.sum()) - compute) if overlap else float(secs.sum())
+            comm += float(secs.sum())
+            step += wait
+            if detail:
+                moved = tuple(self._host_rows(edit, host, secs, wait))
         report_colls = ()
         if detail:
-            report_colls = tuple(self._collective_rows(colls, common.dup, extra_colls, exposed))
+            report_colls = tuple(self._collective_rows(colls, common.dup, extra_colls, exposed)) + moved
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
-                          self.hw.budget, mem.peak <= self.hw.limit, report_colls, max(0.0, compute + comm - step))
+                          self.hw.budget, self.hw.fits(mem.peak, mem.host), report_colls, max(0.0, compute + comm - step))
 
     def _common_reshards(self, aggs, reshard_keys: list, rc, late) -> Reshards:
         """The plan's operand reshards after CSE, memoised on what they depend on: the
@@ -223,6 +238,20 @@ class CostModel:
             resharded = [x for agg in aggs for x in agg.resharded]
             common = self._reshard_cache[rkey] = common_reshards(self.tables, resharded, late)
         return common
+
+    def _host_rows(self, edit: Edit, host: np.ndarray, secs: np.ndarray, wait: float) -> Iterable[CollectiveCost]:
+        """One host-transfer row per offloading unit (out and back: two per layer), the
+        time the step waits for spread over them by their seconds."""
+        total = float(secs.sum())
+        for u in dict.fromkeys(edit.host_unit):
+            own = np.array([x == u for x in edit.host_unit])
+            unit = self.units[u]
+            t = float(secs[own].sum())
+            nbytes = float(host[own].sum()) / max(1, unit.layers)
+            op = unit.copies[0][0]
+            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), nbytes, 2 * max(1, unit.layers), t, op,
+                                 self.program.ops[op].source, f"{unit.label} offload",
+                                 hidden=t - wait * t / total if total > 0 else 0.0)
 
     def _collective_rows(self, colls, dup_count, extra=(), exposed=None) -> Iterable[CollectiveCost]:
         """The collectives, one row per pattern and kind; ``extra``: (pattern, collectives,

@@ -58,7 +58,7 @@ class PatternKey(NamedTuple):
     result_hbm: tuple[bool, ...]
     manual: tuple  # a collective the user wrote in a shard_map body: ((kind, axes, bytes),), else ()
     kernel_bytes: float  # a kernel's HBM bytes by its own estimate (0: none)
-    host_bytes: float  # bytes the op copies between host and device memory (0: none)
+    host_bytes: tuple[tuple[int, float], ...]  # (result, bytes) the op copies between host and device memory
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,9 +98,10 @@ class Pattern:
     # a kernel's HBM bytes by its own cost estimate, unsharded (0: none): its memory time
     # reads at least these, its share per device
     kernel_bytes: float
-    # bytes the op copies between the device's memory and the host's, unsharded (a
-    # ``device_put`` across memory spaces): a host transfer of its share per device
-    host_bytes: float
+    # (result, bytes) of each array the op copies between the device's memory and the
+    # host's, unsharded (a ``device_put`` across memory spaces): a host transfer of its
+    # share per device
+    host_bytes: tuple[tuple[int, float], ...]
     weight: float  # executions per step: sum of trips
     ops: tuple[int, ...]
     doubled: dict  # group -> the tensors holding two of its dims (frozensets)
@@ -221,12 +222,13 @@ def _manual(facts, op, nbytes) -> tuple:
     return ((CollectiveKind(kind), axes, size),) if axes and size else ()
 
 
-def _host_bytes(op, hosted, nbytes) -> float:
-    """The bytes a ``device_put`` copies between memory spaces (an operand in host memory
-    whose result is on the device, or the other way)."""
+def _host_bytes(op, hosted, nbytes) -> tuple[tuple[int, float], ...]:
+    """(result, bytes) of each array a ``device_put`` copies between memory spaces (an
+    operand in host memory whose result is on the device, or the other way)."""
     if hosted is None or op.primitive != "device_put":
-        return 0.0
-    return float(sum(nbytes[o] for i, o in zip(op.inputs, op.outputs) if hosted[i] != hosted[o]))
+        return ()
+    return tuple((j, float(nbytes[o])) for j, (i, o) in enumerate(zip(op.inputs, op.outputs))
+                 if hosted[i] != hosted[o])
 
 
 def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=None
@@ -316,9 +318,9 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
         n = shards(axis_size, spec(pat.results[0][0], dec)) if pat.results else 1
         colls += [Need(kind, tuple(a for a in axes if a in axis_size), size / n, NO_DIM)
                   for kind, axes, size in pat.manual if any(a in axis_size for a in axes)]
-    if pat.host_bytes:  # a copy to or from host memory: each device moves its own share
-        n = shards(axis_size, spec(pat.results[0][0], dec)) if pat.results else 1
-        colls.append(Need(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), pat.host_bytes / n, NO_DIM))
+    if pat.host_bytes:  # copies to or from host memory: each device moves its own share of each
+        moved = sum(size / shards(axis_size, spec(pat.results[j][0], dec)) for j, size in pat.host_bytes)
+        colls.append(Need(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), moved, NO_DIM))
     in_view, out_view = shifted_views(t, pat, dec, colls, spec)
     views: list = []
     local_bytes = _operands(t, pat, dec, fax, in_view, spec, colls, views)

@@ -44,6 +44,11 @@ class Edit:
     tmp_v: np.ndarray
     tmp_seg: np.ndarray
     tmp_at: np.ndarray
+    # ``offload``: the values kept in host memory (their local size, times host_n: a
+    # stack's layers), each copied there in the forward pass and back for the backward
+    host_v: np.ndarray
+    host_n: np.ndarray
+    host_unit: tuple[int, ...]  # per host value, its unit
 
 
 def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> Edit:
@@ -59,11 +64,28 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
     tmps = _Temporaries()
     root = alias_roots(p)
     late: dict[int, tuple[int, int]] = dict(t.user_late)
+    # XLA:CPU keeps every value in device memory (it ignores memory spaces): there an
+    # offloaded residual is a saved one
+    on_host = t.lowering != "cpu"
+    host: list[tuple[int, float, int]] = []  # (value, copies, unit)
+
+    def back_at(v: int, i: int, at: int, boundary: int) -> None:
+        """Intermediate ``v`` (its index ``i``) dies after its forward reads (those before
+        ``boundary``); a copy of it (recomputed, or back from host memory) lives from ``at``
+        to its last backward read."""
+        fwd = [r for r in readers[v] if r < boundary]
+        mid_end[i] = (max(fwd) if fwd else p.values[v].producer) + 1
+        clone_v.append(v)
+        clone_a.append(at)
+        clone_b.append(live.value_end[v])
+        clone_n.append(1)
+
     for u, kind in rc:
         unit = units[u]
         for cp in plan_unit(p, unit, kind):
             if isinstance(cp, LoopPlan):
-                _edit_loop(t, unit, cp, extra, mid_at, mid_end, (clone_v, clone_a, clone_b, clone_n), tmps)
+                _edit_loop(t, unit, cp, extra, mid_at, mid_end, (clone_v, clone_a, clone_b, clone_n), tmps,
+                           host if on_host else None)
                 continue
             if cp.at < 0:
                 continue
@@ -78,14 +100,10 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
                     if i is None:
                         continue
                     if v in rec:  # dies after its forward reads; a copy lives to its backward ones
-                        fwd = [r for r in readers[v] if r < unit.boundary]
-                        mid_end[i] = (max(fwd) if fwd else p.values[v].producer) + 1
-                        clone_v.append(v)
-                        clone_a.append(cp.at)
-                        clone_b.append(live.value_end[v])
-                        clone_n.append(1)
+                        back_at(v, i, cp.at, unit.boundary)
                     else:
                         made.append(v)
+            _release_fused_roots(t, rec, unit.boundary, readers, mid_at, mid_end)
             # the recomputation's own temporaries, each live from its op to its last read
             # there (a region's body value that is a recomputed result's buffer is that copy)
             copies = {int(root[v]) for v in rec}
@@ -96,13 +114,59 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
                 i = mid_at.get(v)
                 if i is not None:
                     mid_end[i] = max(mid_end[i], cp.at + 1)
+            for v in cp.offloaded if on_host else ():  # on the host from its last forward read to ``at``
+                i = mid_at.get(v)
+                if i is not None:
+                    back_at(v, i, cp.at, unit.boundary)
+                    host.append((v, 1.0, u))
     by_mask: dict[int, list] = collections.defaultdict(list)
     for (pi, excl), n in extra.items():
         by_mask[t.pat_mask[pi]].append((pi, excl, n))
     return Edit(rc, list(by_mask.items()), mid_end, np.array(clone_v, dtype=np.int64),
                 np.array(clone_a, dtype=np.int64), np.array(clone_b, dtype=np.int64),
                 np.array(clone_n, dtype=np.float64), late,
-                *(np.array(x, dtype=np.int64) for x in (tmps.row, tmps.v, tmps.seg, tmps.at)))
+                np.array(tmps.row, dtype=np.int64), np.array(tmps.v, dtype=np.int64),
+                np.array(tmps.seg, dtype=np.int64), np.array(tmps.at, dtype=np.int64),
+                np.array([v for v, _, _ in host], dtype=np.int64), np.array([n for _, n, _ in host], dtype=np.float64),
+                tuple(u for _, _, u in host))
+
+
+def _release_fused_roots(t: "Tables", rec: set, boundary: int, readers, mid_at, mid_end) -> None:
+    """A recomputed residual XLA fuses into its backward readers kept what it is computed
+    from alive until then (``build_liveness``); recomputed, it no longer does: each such
+    operand (read by no backward op itself) dies after its last forward read, and its fused
+    values', unless a fused value it makes is read in the backward pass and not recomputed."""
+    p, fused = t.program, t.fused
+    roots: set[int] = set()
+    for v in rec:
+        if not fused[v]:
+            continue
+        todo = [v]
+        while todo:
+            x = todo.pop()
+            for i in p.ops[p.values[x].producer].inputs:
+                if fused[i]:
+                    todo.append(i)
+                elif i in mid_at:
+                    roots.add(i)
+    for r in roots:
+        if any(o >= boundary for o in readers[r]):
+            continue
+        last, todo, seen, ok = p.values[r].producer, [r], {r}, True
+        while todo and ok:
+            x = todo.pop()
+            for o in readers[x]:
+                if o >= boundary:
+                    ok = x in rec
+                    continue
+                last = max(last, o)
+                for y in p.ops[o].outputs:
+                    if fused[y] and y not in seen:
+                        seen.add(y)
+                        todo.append(y)
+        if ok:
+            i = mid_at[r]
+            mid_end[i] = min(mid_end[i], last + 1)
 
 
 class _Temporaries:
@@ -165,11 +229,13 @@ def _charge(t: "Tables", ops, shared: set, extra) -> None:
         extra[(pi, tuple(excl))] += op.trip
 
 
-def _edit_loop(t: "Tables", unit, lp: LoopPlan, extra, mid_at, mid_end, clones, tmps) -> None:
+def _edit_loop(t: "Tables", unit, lp: LoopPlan, extra, mid_at, mid_end, clones, tmps, host) -> None:
     """A scan unit's edit: the body ops run again in the backward loop (each as often as
     the forward's), the stacked residuals it no longer makes, the values it stacks
     instead (live from the forward loop to the backward loop's end), and the
-    recomputation's largest temporary in the backward loop's body."""
+    recomputation's largest temporary in the backward loop's body. ``host`` (None: memory
+    spaces ignored): where the stacks an ``offload`` keeps in host memory go (a slice at a
+    time on the device: not counted)."""
     p, live = t.program, t.live
     exit_ = p.ops[unit.copies[0][1] - 1]
     _charge(t, lp.ops, set(), extra)
@@ -181,8 +247,16 @@ def _edit_loop(t: "Tables", unit, lp: LoopPlan, extra, mid_at, mid_end, clones, 
         if i is not None:
             mid_end[i] = live.mid_def[i]  # never made
             last = max(last, live.value_end[stacked_out[j]])
+    for j in lp.host_ys:
+        i = mid_at.get(stacked_out[j])
+        if host is not None and i is not None:
+            mid_end[i] = live.mid_def[i]  # in host memory
+            host.append((stacked_out[j], 1.0, unit.id))
     clone_v, clone_a, clone_b, clone_n = clones
-    for v in lp.stacked:
+    for k, v in enumerate(lp.stacked):
+        if host is not None and k in lp.host_stacked:
+            host.append((v, float(unit.layers), unit.id))
+            continue
         clone_v.append(v)
         clone_a.append(exit_.id)
         clone_b.append(last)

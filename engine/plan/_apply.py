@@ -112,6 +112,16 @@ def is_low(dtype) -> bool:
         return False
 
 
+def _to_host(x):
+    """A copy of ``x`` in host memory (an offloaded residual)."""
+    return jax.device_put(x, jax.memory.Space.Host)
+
+
+def _to_device(x):
+    """``x`` back in device memory."""
+    return jax.device_put(x, jax.memory.Space.Device)
+
+
 def _widen(x):
     """x in float32 if it is a 16-bit float, else as it is."""
     dtype = getattr(x, "dtype", None)
@@ -146,12 +156,16 @@ class _Interpreter:
         self.rc_ops = {o for cp in (*recompute, *loops) for o in cp.ops}
         self.rc_keep = {v for cp in recompute for v in (*cp.leaves, *cp.weights, *cp.anchors)} \
             | {v for lp in loops for v in lp.leaves}
+        # ``offload``: residuals copied to host memory where they are made, back at ``at``
+        self.to_host = {v for cp in self.recompute for v in cp.offloaded}
+        self.rc_keep |= self.to_host
         self.eqn_of: dict[int, Any] = {}  # forward ops a recompute binds again
         # XLA:CPU expands optimisation barriers early and runs CSE after: there the saved
         # values a recomputation reads are made distinct from the forward's (_distinct)
         self.distinct = mesh.devices.flat[0].platform == "cpu"
         self.by_vid: dict[int, Any] = {}  # the values a recompute reads, as made
         self.override: dict[int, Any] = {}  # recomputed values, by value
+        self.on_host: dict[int, Any] = {}  # offloaded values' host copies, by value
         self.retaken: dict[int, tuple[Any, int]] = {}  # weight -> (re-taken value, last op reading it)
         self.promote = promote
         self.mesh = mesh
@@ -189,6 +203,7 @@ class _Interpreter:
             for cp in self.recompute:
                 self.rc_at.setdefault(cp.at, []).append(cp)
             self.eqn_of, self.by_vid, self.override, self.retaken, self.loop_saved = {}, {}, {}, {}, {}
+            self.on_host = {}
             # an explicit-mode step runs on the plan's mesh, whose axes are Auto: the plan's
             # constraints place its values, and its own typed shardings become constraints
             context = (jax.sharding.use_abstract_mesh(self.context_mesh) if self.context_mesh is not None
@@ -275,6 +290,8 @@ class _Interpreter:
                 vid = var_ids.get(id(var))
                 if vid in keep:
                     by_vid[vid] = x
+                    if vid in self.to_host:
+                        self.on_host[vid] = _to_host(x)
 
         for var, c in zip(jaxpr.constvars, consts):
             store(var, self.constrain_var(var, widen(c)))
@@ -335,6 +352,10 @@ class _Interpreter:
         optimisation barrier; later reads take the recomputed values and the re-taken weights."""
         specs = self.value_specs
         for cp in plans:
+            for v in cp.offloaded:  # back from host memory for the backward pass (and the recomputation)
+                spec = specs.get(v)
+                back = _to_device(self.on_host[v])
+                self.override[v] = self._constrain(back, spec, f"offloaded value {v}") if spec is not None else back
             names = list(dict.fromkeys((*cp.leaves, *cp.weights, *cp.anchors)))
             xs = [self.override[v] if v in self.override else
                   self.retaken[v][0] if v in self.retaken else self.by_vid[v] for v in names]
@@ -389,7 +410,7 @@ class _Interpreter:
         of its xs operands), through one optimisation barrier with the loop's carry (the
         cotangent it waits for)."""
         names = [*lp.stacked, *(v for v, _ in self.loop_saved[lp.forward][1])]
-        vals = list(extra)
+        vals = [_to_device(x) if k in lp.host_stacked else x for k, x in enumerate(extra)]
         ncarry = self.program.ops[lp.backward].params["num_carry"]
         for v, i in lp.reuse:
             names.append(v)
@@ -585,17 +606,23 @@ class _Interpreter:
             xs = [x for x in xs if x is not None] + list(stacked) + [x for _, x in xs_leaves_b]
 
         def f(c, x):
-            if bwd is not None:
+            if bwd is not None and bwd.ops:
                 it = iter(x[:n_xs - len(fed)])
                 full = [None if k in fed else next(it) for k in range(n_xs)]
+                full = [_to_device(y) if k + ncarry in bwd.host_in else y for k, y in enumerate(full)]
                 local = self._loop_leaves(bwd, c, full, x[n_xs - len(fed):])
                 self._rebind(bwd.ops, local)
                 x = [local[fed[k]] if k in fed else full[k] for k in range(n_xs)]
+            elif bwd is not None:  # slices of stacks kept in host memory (nothing recomputed)
+                x = [_to_device(y) if k + ncarry in bwd.host_in else y for k, y in enumerate(x)]
             outs = self.eval(body.jaxpr, body.consts, [*consts, *c, *x], mask)
             outs = [self._exit_operand(enter_id, i, o) for i, o in enumerate(outs)]
             carry, ys = outs[:ncarry], outs[ncarry:]
             if fwd is not None:
-                ys = [y for j, y in enumerate(ys) if j not in fwd.dropped] + [self.by_vid[v] for v in fwd.stacked]
+                ys = [_to_host(y) if j in fwd.host_ys else y for j, y in enumerate(ys)]
+                ys = [y for j, y in enumerate(ys) if j not in fwd.dropped] + [
+                    _to_host(self.by_vid[v]) if k in fwd.host_stacked else self.by_vid[v]
+                    for k, v in enumerate(fwd.stacked)]
             return carry, ys
 
         kw = {}

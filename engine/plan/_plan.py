@@ -189,14 +189,19 @@ class Plan:
         import jax
         from jax.sharding import NamedSharding
 
-        from ..tracing._program import is_array_leaf  # JAX, only when a plan is applied
+        from ..tracing._program import HOST_MEMORY_KINDS, is_array_leaf  # JAX, only when a plan is applied
         from ._planned import spec_from_json  # likewise
 
         mesh = mesh if mesh is not None else self.jax_mesh()
         specs = iter(self._leaf_specs(args))
+
+        def kind(x):  # an argument the user keeps in host memory stays there
+            k = getattr(getattr(x, "sharding", None), "memory_kind", None)
+            return k if k in HOST_MEMORY_KINDS else None
+
         return jax.tree_util.tree_map(
-            lambda x: NamedSharding(mesh, spec_from_json(next(specs))) if is_array_leaf(x) else None,
-            tuple(args))
+            lambda x: NamedSharding(mesh, spec_from_json(next(specs)), memory_kind=kind(x)) if is_array_leaf(x)
+            else None, tuple(args))
 
     def shard_inputs(self, args: Sequence[Any], mesh=None):
         """``args`` as global arrays on the plan's mesh: host values (numpy or this process's

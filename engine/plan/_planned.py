@@ -105,8 +105,12 @@ class PlannedFunction:
         value_specs, operand_specs = constraint_specs(cm, decisions) if self.constrain else ({}, {})
         self.num_constraints = (len(value_specs), len(operand_specs))
         self.bound = bound
-        in_sh = [NamedSharding(mesh, spec_from_json(self.plan.inputs.get(p, []))) for p in program.input_paths]
-        out_sh = [NamedSharding(mesh, spec_from_json(self.plan.outputs.get(p, []))) for p in program.output_paths]
+        # an argument or result the step keeps in host memory stays there (its memory kind)
+        kind = lambda v: "pinned_host" if program.values[v].host else None  # noqa: E731
+        in_sh = [NamedSharding(mesh, spec_from_json(self.plan.inputs.get(p, [])), memory_kind=kind(v))
+                 for p, v in zip(program.input_paths, program.inputs, strict=True)]
+        out_sh = [NamedSharding(mesh, spec_from_json(self.plan.outputs.get(p, [])), memory_kind=kind(v))
+                  for p, v in zip(program.output_paths, program.outputs, strict=True)]
         in_tree = jax.tree_util.tree_unflatten(program.in_tree, in_sh)
         out_tree = jax.tree_util.tree_unflatten(program.out_tree, out_sh)
         # static (non-array) leaves are closed over: the jitted body takes the array leaves
@@ -122,7 +126,8 @@ class PlannedFunction:
             return jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
                            donate_argnums=() if promote else donate)
 
-        if program.explicit_mesh is not None:  # typed arguments moved to the plan's shardings first
+        if program.explicit_mesh is not None or any(program.values[v].host for v in program.inputs):
+            # typed arguments, and those in host memory, moved to the plan's shardings first
             self._jitted = _Untyping(jitted(), self._untyped)
             self._promoted = lambda: _Untyping(jitted(promote=True), self._untyped)
         else:
@@ -148,18 +153,25 @@ class PlannedFunction:
 
     def _untyped(self, args):
         """An explicit-mode step's arguments on the plan's mesh: their typed shardings (on the
-        step's own mesh) moved to the plan's input shardings, which are not typed."""
+        step's own mesh) moved to the plan's input shardings, which are not typed; and an
+        argument in host memory moved to its plan sharding there."""
         program = self.program
-        if program is None or program.explicit_mesh is None:
+        if program is None:
             return args
         leaves, tree = jax.tree_util.tree_flatten(tuple(args))
         mesh = self.mesh
         out = []
-        for x, path in zip(leaves, program.input_paths):
-            sharding = NamedSharding(mesh, spec_from_json(self.plan.inputs.get(path, [])))
+        for x, path, v in zip(leaves, program.input_paths, program.inputs, strict=True):
+            host = program.values[v].host
+            if program.explicit_mesh is None and not host:
+                out.append(x)
+                continue
+            sharding = NamedSharding(mesh, spec_from_json(self.plan.inputs.get(path, [])),
+                                     memory_kind="pinned_host" if host else None)
             if isinstance(x, jax.ShapeDtypeStruct):
                 out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type))
-            elif isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding != sharding:
+            elif (isinstance(getattr(x, "sharding", None), NamedSharding) or (host and isinstance(x, jax.Array))) \
+                    and x.sharding != sharding:
                 out.append(jax.device_put(x, sharding))  # typed on the step's mesh, or placed otherwise
             else:
                 out.append(x)
@@ -167,8 +179,9 @@ class PlannedFunction:
 
 
 class _Untyping:
-    """An explicit-mode step's jitted plan: called (or lowered) on the arguments as the user
-    holds them, typed on the step's own mesh, it first moves them to the plan's shardings."""
+    """An explicit-mode step's (or one with arguments in host memory) jitted plan: called (or
+    lowered) on the arguments as the user holds them, typed on the step's own mesh or placed
+    in host memory by the user, it first moves them to the plan's shardings."""
 
     def __init__(self, jitted, untyped: Callable):
         self.jitted, self.untyped = jitted, untyped

@@ -67,7 +67,8 @@ class Evaluator:
         e = self.evals.get(key)
         if e is None:
             r = self.cm.evaluate(decisions)
-            e = self.evals[key] = (r.step_time, r.memory.peak, self.fits(r.memory.peak))
+            e = self.evals[key] = (r.step_time, r.memory.peak,
+                                   self.fits(r.memory.peak) and r.memory.host <= self.hw.host_limit)
             if r.memory.peak < self.smallest_memory[0]:
                 self.smallest_memory = (r.memory.peak, decisions)
             if e[2] and (self.best is None or r.step_time < self.best.step_time * (1 - 1e-9)):

@@ -120,7 +120,8 @@ def exhaustive_limits(cm: CostModel, actions: Sequence[Decision], limits: Sequen
         n += 1
         for k, limit in enumerate(limits):
             b = best[k]
-            if r.memory.peak <= limit and (b is None or r.step_time < b[0] * (1 - 1e-9)):
+            if r.memory.peak <= limit and r.memory.host <= cm.hw.host_limit and (
+                    b is None or r.step_time < b[0] * (1 - 1e-9)):
                 best[k] = (r.step_time, decisions, r)
         if n % 512 == 0:
             if callback is not None:

@@ -354,7 +354,7 @@ class _Rounds:
 
     def consider(self, plan, rep: CostReport, pred) -> bool:
         """Keep ``plan`` if it fits and is faster than the best; whether it was kept."""
-        if rep.memory.peak > self.budget or (self.best and rep.step_time >= self.best.step_time * (1 - 1e-9)):
+        if rep.memory.peak > self.budget or not rep.memory.host <= self.ilp.cm.hw.host_limit or (self.best and rep.step_time >= self.best.step_time * (1 - 1e-9)):
             return False
         self.best = _Best(rep.step_time, dict(plan), rep, pred)
         return True
@@ -438,6 +438,7 @@ class _Rounds:
             return ILPResult((), None, status, predicted_time=None, **common)
         rep = self.best.report
         if explicit and rep.budget != self.budget:
-            rep = dataclasses.replace(rep, budget=self.budget, fits=rep.memory.peak <= self.budget)
+            rep = dataclasses.replace(rep, budget=self.budget, fits=rep.memory.peak <= self.budget
+                                      and rep.memory.host <= self.ilp.cm.hw.host_limit)
         return ILPResult(self.ilp.decisions(self.best.plan), rep, "time_limit" if self.timed_out else "optimal",
                          predicted_time=self.best.predicted, **common)

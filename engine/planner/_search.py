@@ -249,8 +249,22 @@ class Search:
         s = cls(cm, space, seed=int(p["seed"]), exploration=float(p["exploration"]),
                 rollout_width=int(p["rollout_width"]), polish_every=int(p["polish_every"]),
                 warm_start=bool(p["warm_start"]))
-        if [_decision(x) for x in state["actions"]] != s.actions:
+        saved = [_decision(x) for x in state["actions"]]
+        # a state saved before its space gained decisions (a new recompute kind) resumes: its
+        # actions are renumbered, and a node still expanding lists the new ones it may take
+        index = {d: i for i, d in enumerate(s.actions)}
+        if any(d not in index for d in saved):
             raise ValueError("it was saved for a different model or mesh (its decision space differs)")
+        renumber = [index[d] for d in saved]
+        added = sorted(set(range(len(s.actions))) - set(renumber))
+
+        def action(a) -> int:
+            a = int(a)
+            if a == STOP:
+                return a
+            if not 0 <= a < len(renumber):
+                raise ValueError(f"action {a!r} out of range")
+            return renumber[a]
 
         def dec(x) -> Decision:
             d = _decision(x)
@@ -266,17 +280,13 @@ class Search:
 
         pins = Pins(decs(state["pins"]), frozenset(decs(state["forbidden"])))
         nodes = {}
-        n_actions = len(s.actions)
         for k, visits, value, children, untried in state["nodes"]:
-            kids = {}
-            for a, c in children:
-                if not (a == STOP or 0 <= int(a) < n_actions):
-                    raise ValueError(f"action {a!r} out of range")
-                kids[int(a)] = key(c)
+            kids = {action(a): key(c) for a, c in children}
             if untried is not None:
-                untried = [int(a) for a in untried]
-                if any(not (a == STOP or 0 <= a < n_actions) for a in untried):
-                    raise ValueError("an untried action is out of range")
+                untried = [action(a) for a in untried]
+                if added and untried:  # the new actions it may take, tried after the rest
+                    legal = set(s.tree.legal(s.evaluator.decisions_of(key(k)), pins.forbidden))
+                    untried[1:1] = [a for a in added if a in legal and a not in kids]
             nodes[key(k)] = Node(int(visits), float(value), kids, untried)
         for node in nodes.values():
             for c in node.children.values():
