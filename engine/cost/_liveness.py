@@ -80,7 +80,7 @@ def fused_values(program, lowering: str = "tpu") -> np.ndarray:
 
 def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4) -> np.ndarray:
     """TPU and GPU: per value, made by an elementwise op, read by several readers each
-    inside a fusion, and no larger than what it is computed from: XLA computes it in each
+    inside a fusion, and larger than what it is computed from: XLA computes it in each
     reader's fusion (a cheap producer is duplicated into its consumers; an expensive one,
     such as ``exp``, is recomputed there by the rematerialisation pass under memory
     pressure) from its operands, which stay in memory instead: the float32 log-softmax
