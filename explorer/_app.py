@@ -78,8 +78,10 @@ class ProbeView(pn.viewable.Viewer):
 # outline it, and move the walkthrough's overlay (.px-teach) where that card is not: over the
 # sidebar left of it, below the sidebar's search controls (the Search step asks for Run); else
 # right of the card, below or above what shows of it. The overlay moves again whenever its
-# size changes (another step's text) or the window's does; the card is kept in view while the
-# page above it is still laid out. An empty text clears the outline.
+# size changes (another step's text) or the window's does. A card not on the page yet is
+# looked for again (up to 30 s) while the step lasts; found, it is kept in view until the step
+# changes or the user scrolls, clicks or types (cards above it may still be laid out, a table
+# may scroll the page). An empty text clears the outline.
 # The cards sit in nested shadow roots.
 POINT_AT_CARD = """
 const want = cb_obj.text.split("|")[0];
@@ -93,29 +95,39 @@ function find(root, test) {
   return null;
 }
 const has = (name) => (el) => el.classList && el.classList.contains(name);
-let el = find(document, (e) => has("card-title")(e) && e.textContent.trim() === want);
-if (!el) return;
-let card = el;
-while (card && !has("px-card")(card))
-  card = card.parentElement || (card.getRootNode() instanceof ShadowRoot ? card.getRootNode().host : null);
-card = card || el;
-card.scrollIntoView({block: "start"});
-card.style.outline = "3px solid #f59e0b";
-card.style.outlineOffset = "2px";
-window._pxTeach = card;
-// Cards above it may still be drawing (a chart's or table's late layout moves everything
-// below): keep the card in view for a while, until the step changes or the user scrolls.
+const step = cb_obj.text;
 const since = performance.now();
-let userMoved = false;
-const moved = () => { userMoved = true; };
-for (const ev of ["wheel", "touchmove", "keydown"]) window.addEventListener(ev, moved, {once: true, passive: true});
-function keep() {
-  if (window._pxTeach !== card || userMoved) return;
-  const b = card.getBoundingClientRect();
-  if (b.top < -5 || b.top > window.innerHeight - 60) card.scrollIntoView({block: "start"});
-  if (performance.now() - since < 15000) requestAnimationFrame(keep);
+// The card is pointed at once it is on the page (a busy page may still be drawing it), as
+// long as the step is this one.
+function point() {
+  if (cb_obj.text !== step) return;
+  const el = find(document, (e) => has("card-title")(e) && e.textContent.trim() === want);
+  if (!el) {
+    if (performance.now() - since < 30000) requestAnimationFrame(point);
+    return;
+  }
+  let card = el;
+  while (card && !has("px-card")(card))
+    card = card.parentElement || (card.getRootNode() instanceof ShadowRoot ? card.getRootNode().host : null);
+  card = card || el;
+  card.scrollIntoView({block: "start"});
+  card.style.outline = "3px solid #f59e0b";
+  card.style.outlineOffset = "2px";
+  window._pxTeach = card;
+  // Cards above it may still be drawing (a chart's or table's late layout moves everything
+  // below), and a table may scroll the page to a row: the card is kept in view until the
+  // step changes or the user scrolls, clicks or types.
+  let userMoved = false;
+  const moved = () => { userMoved = true; };
+  for (const ev of ["wheel", "touchmove", "keydown", "mousedown"])
+    window.addEventListener(ev, moved, {once: true, passive: true});
+  const keep = setInterval(() => {
+    if (window._pxTeach !== card || userMoved) { clearInterval(keep); return; }
+    const b = card.getBoundingClientRect();
+    if (b.top < -5 || b.top > window.innerHeight - 60) card.scrollIntoView({block: "start"});
+  }, 250);
+  place();
 }
-requestAnimationFrame(keep);
 
 function place() {
   const target = window._pxTeach;
@@ -151,7 +163,7 @@ if (!window._pxTeachWatch) {
     window.addEventListener("resize", () => window._pxTeachPlace && window._pxTeachPlace());
   }
 }
-place();
+point();
 requestAnimationFrame(place);
 """
 
