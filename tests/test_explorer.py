@@ -203,6 +203,22 @@ def memory_notes(page: Page) -> list:
         return Array.from(d.note).map((n, i) => n || d.note_over[i]) }""")
 
 
+def analyze_on(page: Page, model: str, hardware: str, budget: str = "", overrides: str = "") -> None:
+    """Analyze ``model`` (with its config ``overrides``) on ``hardware`` under ``budget``
+    (empty: the chip's HBM) from the sidebar, and wait until the page has it."""
+    choose(page, "partex-model", model)
+    if overrides:
+        page.locator("input[placeholder='e.g. layers=4,batch=16']").fill(overrides)
+    choose(page, "partex-hardware", hardware)
+    box = page.locator("input[placeholder=\"empty: the chip's HBM\"]")
+    box.fill(budget)
+    box.press("Enter")
+    click(page, "Analyze")
+    wait_until(lambda: (lambda s: s.get("phase") == "ready" and model in str((s.get("model") or {}).get("spec"))
+                        and s["config"]["hardware"] == hardware)(state(page)), timeout=2 * WAIT_S,
+               what=f"{model} on {hardware}")
+
+
 def click(page: Page, label: str) -> None:
     page.get_by_role("button", name=label, exact=True).click()
 
@@ -582,15 +598,8 @@ def test_an_offload_decision_shows_as_a_recompute_one_with_its_host_memory(tab):
     """The scanned transformer on tpu-v5p at 700 KiB per device: the search keeps the layer
     stack's matmul outputs in host memory (``recompute:offload``); the plan's chip names the
     stack and says where they go, and the memory bar writes the host memory after it."""
-    choose(tab, "partex-model", "transformer-scan")
-    choose(tab, "partex-hardware", "tpu-v5p")
-    budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
-    budget.fill("700KiB")
-    budget.press("Enter")
-    click(tab, "Analyze")
-    wait_until(lambda: (lambda s: s.get("phase") == "ready" and "transformer-scan" in str((s.get("model") or {}).get("spec"))
-                        and s["config"]["hardware"] == "tpu-v5p" and s["config"]["budget"] == 700 * 1024)(state(tab)),
-               timeout=2 * WAIT_S, what="the scanned transformer on tpu-v5p at 700 KiB")
+    analyze_on(tab, "transformer-scan", "tpu-v5p", budget="700KiB")
+    wait_until(lambda: state(tab)["config"]["budget"] == 700 * 1024, what="the 700 KiB budget")
     s = run_until(tab, lambda s: s["best"] is not None and any(d["axis"] == "recompute:offload"
                                                                  for d in s["best"]["decisions"]),
                   what="a plan that offloads")
@@ -794,17 +803,7 @@ def test_teach_walks_through_the_model_pointing_at_each_card(tab):
 def test_host_memory_is_written_apart_from_the_device_bars(tab):
     """A llama whose remat policy offloads q/k/v to host memory, on tpu-v5p: each memory bar
     is the device's, and the host memory the plan holds is written after it."""
-    choose(tab, "partex-model", "llama")
-    overrides = tab.locator("input[placeholder='e.g. layers=4,batch=16']")
-    overrides.fill("remat=qkv_proj_offloaded,seq=64")
-    choose(tab, "partex-hardware", "tpu-v5p")
-    budget = tab.locator("input[placeholder=\"empty: the chip's HBM\"]")
-    budget.fill("")
-    budget.press("Enter")
-    click(tab, "Analyze")
-    wait_until(lambda: (lambda s: s.get("phase") == "ready" and "llama" in str((s.get("model") or {}).get("spec"))
-                        and s["config"]["hardware"] == "tpu-v5p")(state(tab)), timeout=2 * WAIT_S,
-               what="the offloading llama on tpu-v5p")
+    analyze_on(tab, "llama", "tpu-v5p", overrides="remat=qkv_proj_offloaded,seq=64")
     notes = wait_until(lambda: (lambda n: n if n and all("on the host" in x for x in n) else None)(memory_notes(tab)),
                        what="host memory in the notes")
     assert all(" + " in n for n in notes), notes
