@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ._decisions import RECOMPUTE_KINDS, RECOMPUTE_WHAT, RESOLUTIONS, Decision, Recompute, Resolve, Shard
+from ._decisions import (MEMORY_SPACES, RECOMPUTE_KINDS, RECOMPUTE_WHAT, RESOLUTIONS, STATE_LABELS, STATES, Decision,
+                         Memory, Recompute, Resolve, Shard)
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
@@ -143,7 +144,8 @@ __all__ = [
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
     "VerifyReport", "Compared", "WorkCompared", "CollectiveCompared", "Numerics", "SearchStats", "RootAction",
-    "Decision", "Shard", "Resolve", "Recompute", "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "RECOMPUTE_WHAT", "RESOLUTIONS",
+    "Decision", "Shard", "Resolve", "Recompute", "Memory", "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "RECOMPUTE_WHAT",
+    "RESOLUTIONS", "STATES", "STATE_LABELS", "MEMORY_SPACES",
     # the analysis, for those who look inside
     "ModelAnalysis", "LoadedModel", "Analysis", "Unit", "Conflict", "Group", "GroupInfo", "NamedDim", "Program", "Op", "Value",
     "Factor", "FactorKind", "CONSERVATIVE", "factor_rules", "trace", "analyze_model", "load_model",

@@ -6,14 +6,18 @@
 - ``Recompute(unit, kind)``: a layer stack (a recompute unit) is rematerialised in the
   backward pass: ``"regather"``, ``"dots"`` or ``"full"``, or its matmul outputs are saved in
   host memory and the rest recomputed, ``"offload"`` (``_recompute``).
+- ``Memory(state, space)``: a set of the step's state (``STATES``: the optimizer state, the
+  parameters) is kept in another memory space between steps, ``"host"``: the step copies
+  each array to the device where it first reads it and its update back (MaxText's
+  ``optimizer_memory_host_offload``, ``parameter_memory_host_offload``).
 
 Decisions are hashable and totally ordered. In files (plans, sessions, search states) a
 decision is a pair ``[id, slot]`` whose slot is the mesh axis, ``"resolve:<resolution>"``
-or ``"recompute:<kind>"``; ``slot`` and ``decision_of`` convert, and nothing else reads or
+``"recompute:<kind>"`` or ``"memory:<space>"``; ``slot`` and ``decision_of`` convert, and nothing else reads or
 writes that spelling. A decision's order and hash are those of its pair: sorted plans
 follow the file format's order, and the search's sets iterate as its pairs would.
 
-A new kind of decision (pipeline stages, offload) is a new class here with its slot
+A new kind of decision (pipeline stages, say) is a new class here with its slot
 prefix in ``_PREFIXED``. This module imports nothing of partex: every stage may use it.
 """
 
@@ -35,15 +39,24 @@ RECOMPUTE_WHAT = {"regather": "weights gathered again in the backward pass",
                   "dots": "matmul outputs saved, the rest recomputed in the backward pass",
                   "full": "every layer recomputed from its input in the backward pass",
                   "offload": "matmul outputs kept in host memory, the rest recomputed in the backward pass"}
+# the sets of step state a ``Memory`` decision places, by id (the roles ``partex.analysis``
+# gives the step's inputs), and the memory spaces it places them in ("device", the default,
+# is no decision)
+STATES = ("optimizer", "parameters")
+STATE_LABELS = {"optimizer": "optimizer state", "parameters": "parameters"}
+MEMORY_SPACES = ("host",)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class Decision(abc.ABC):
-    """One decision of a plan. ``id`` is a decision group's id (``Shard``, ``Resolve``) or
-    a recompute unit's (``Recompute``); ``slot`` is its second field in files."""
+    """One decision of a plan. ``id`` is a decision group's id (``Shard``, ``Resolve``), a
+    recompute unit's (``Recompute``) or a state set's (``Memory``); ``slot`` is its second
+    field in files."""
 
     PREFIX: ClassVar[str] = ""  # the slot's prefix in files ("" for a mesh axis)
-    #: whether the id names a decision group (else a recompute unit)
+    #: what the id names: a decision group, a recompute unit or a state set (``STATES``)
+    ON: ClassVar[str] = "group"
+    #: whether the id names a decision group
     ON_GROUP: ClassVar[bool] = True
     # (id, slot), made once: the search hashes and compares decisions in its inner loops
     _pair: tuple[int, str] = dataclasses.field(init=False, repr=False, compare=False)
@@ -54,12 +67,12 @@ class Decision(abc.ABC):
     @property
     @abc.abstractmethod
     def id(self) -> int:
-        """The decision group's id, or the recompute unit's."""
+        """The decision group's id, the recompute unit's or the state set's."""
 
     @property
     @abc.abstractmethod
     def value(self) -> str:
-        """The axis, resolution or kind (the slot without its prefix)."""
+        """The axis, resolution, kind or memory space (the slot without its prefix)."""
 
     @property
     def slot(self) -> str:
@@ -136,6 +149,7 @@ class Recompute(Decision):
     """Rematerialise recompute unit ``unit`` (a layer stack) in the backward pass."""
 
     PREFIX: ClassVar[str] = "recompute:"
+    ON: ClassVar[str] = "unit"
     ON_GROUP: ClassVar[bool] = False
     unit: int
     kind: str
@@ -149,8 +163,33 @@ class Recompute(Decision):
         return self.kind
 
 
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Memory(Decision):
+    """Keep state set ``state`` (an index into ``STATES``) in memory space ``space``
+    between steps."""
+
+    PREFIX: ClassVar[str] = "memory:"
+    ON: ClassVar[str] = "state"
+    ON_GROUP: ClassVar[bool] = False
+    state: int
+    space: str
+
+    @property
+    def id(self) -> int:
+        return self.state
+
+    @property
+    def value(self) -> str:
+        return self.space
+
+    @property
+    def role(self) -> str:
+        """The state set's role (``STATES``)."""
+        return STATES[self.state]
+
+
 # The kinds a file's slot prefix names; a slot without a known prefix is a mesh axis.
-_PREFIXED: dict[str, type[Decision]] = {cls.PREFIX: cls for cls in (Resolve, Recompute)}
+_PREFIXED: dict[str, type[Decision]] = {cls.PREFIX: cls for cls in (Resolve, Recompute, Memory)}
 
 
 def slot_kind(slot: str) -> type[Decision]:
@@ -180,3 +219,7 @@ def recomputes(decisions: Iterable[Decision]) -> list[Recompute]:
 
 def resolutions(decisions: Iterable[Decision]) -> list[Resolve]:
     return [d for d in decisions if isinstance(d, Resolve)]
+
+
+def memories(decisions: Iterable[Decision]) -> list[Memory]:
+    return [d for d in decisions if isinstance(d, Memory)]

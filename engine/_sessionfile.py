@@ -66,7 +66,7 @@ def session_json(s: Session) -> dict:
     m = s.model.model
 
     def named(decs):
-        return [{"group": (an.groups if d.ON_GROUP else an.units)[d.id].label, "axis": d.slot} for d in decs]
+        return [{"group": an.subject_label(d), "axis": d.slot} for d in decs]
 
     return {
         "format": FORMAT,

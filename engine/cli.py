@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Sequence, overload
 
+from ._decisions import STATE_LABELS, STATES
 from ._errors import PartexError
 from ._loader import analyze_model, demo_names, load_model
 from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
@@ -251,6 +252,13 @@ def cmd_analyze(args) -> int:
         print("\nlayer stacks a recompute decision covers (--pin LABEL=recompute:KIND):")
         for u in an.units:
             print(f"  {u.description}; kinds {', '.join(u.kinds)}")
+    if an.movable_states():
+        print("\nstate a memory decision keeps in host memory between steps (--pin SET=memory:host):")
+        vals = an.program.values
+        for st in an.movable_states():
+            ins = an.state_inputs(st)
+            print(f"  {STATES[st]}: {STATE_LABELS[STATES[st]]}, {len(ins)} arrays, "
+                  f"{format_bytes(sum(vals[v].nbytes for v in ins))}")
     if an.user_shardings:
         print(f"\nthe step's own shardings ({len(an.user_shardings)}; kept as fixed decisions by default):")
         for us in an.user_shardings[: args.top]:

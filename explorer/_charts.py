@@ -212,7 +212,7 @@ class MemoryView(pn.viewable.Viewer):
             d["row"].append(name)
             d["total"].append(m.peak / scale)
             d["outline"].append(None if fits else OVER)
-            saved = f"  ({fmt_bytes(r.saving_all.memory.peak)} without recompute)" if r.recomputes else ""
+            saved = f"  ({fmt_bytes(r.saving_all.memory.peak)} without {r.saving_what})" if r.recomputes else ""
             note = (fmt_bytes(m.peak) + host_text(m) + saved
                     + ("  over the host's memory" if host_over else "" if m.peak <= budget else "  over budget"))
             d["note"].append(note if fits else "")
@@ -241,7 +241,8 @@ class MemoryView(pn.viewable.Viewer):
                else "" if host_over else "Every plan fits.")
             + (f" <span class='bad'>Over the host memory ({fmt_bytes(s.config.hw.host_memory_bytes)} per device): "
                f"{esc(', '.join(host_over))}.</span>" if host_over else "")
-            + (f" What recompute saves against the same sharding keeping every residual: {'; '.join(saved)}."
+            + (f" What recompute and host memory save against the same sharding keeping every residual and its "
+               f"state on the device: {'; '.join(saved)}."
                if saved else "")
             + (" Bars are device memory; values offloaded to host memory are written after them, apart."
                if any(r.report.memory.host for _, r in rows) else "")

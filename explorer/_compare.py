@@ -19,7 +19,7 @@ import panel as pn
 import param
 from bokeh.models import ColumnDataSource
 
-from partex import Decision, Recompute, Resolve
+from partex import Decision, Memory, Recompute, Resolve
 
 from ._charts import MEMORY_PARTS, OVER, _unit, host_text, memory_columns, memory_figure, plan_rows
 from ._engine import PlanSummary
@@ -70,10 +70,15 @@ def _pair(a: float, b: float) -> dict:
     return {"a": a, "b": b, "delta": b - a, "ratio": b / a if a else None}
 
 
+# what a plan that takes no decision on a row does: shards nothing, saves a stack's
+# residuals, keeps a state set in device memory
+_DEFAULT = {"group": "unsharded", "unit": "kept", "state": "in device memory"}
+
+
 def _subject(decision: Decision) -> tuple[str, int]:
-    """What a decision decides on: a recompute decision's id is a layer stack's (a unit),
-    every other's a decision group's; the two numberings overlap."""
-    return ("group" if decision.ON_GROUP else "stack", decision.id)
+    """What a decision decides on: a recompute decision's id is a layer stack's (a unit), a
+    memory decision's a state set's, every other's a decision group's; the numberings overlap."""
+    return (decision.ON, decision.id)
 
 
 def _decision_rows(a_decisions, b_decisions, an) -> list[dict]:
@@ -90,7 +95,7 @@ def _decision_rows(a_decisions, b_decisions, an) -> list[dict]:
     for kind, i in dict.fromkeys([*by_a, *by_b]):  # A's order, then what only B decides
         da, db = by_a.get((kind, i), []), by_b.get((kind, i), [])
         rows.append({
-            "kind": kind, "id": i, "label": (an.units if kind == "stack" else an.groups)[i].label,
+            "kind": kind, "id": i, "label": an.subject_label(da[0] if da else db[0]),
             "a": tuple(da), "b": tuple(db),
             "a_labels": tuple(an.decision_label(d, "→") for d in da),
             "b_labels": tuple(an.decision_label(d, "→") for d in db),
@@ -182,11 +187,11 @@ def _chips(summary: PlanSummary, row: dict, side: str) -> str:
     """A plan's choices for one row as the plan view's chips: pinned, recompute, resolution."""
     chips = []
     for d in row[side]:
-        cls = "pin" if d in summary.pinned else "remat" if isinstance(d, Recompute) \
+        cls = "pin" if d in summary.pinned else "remat" if isinstance(d, (Recompute, Memory)) \
             else "resolve" if isinstance(d, Resolve) else ""
         chips.append(f"<span class='chip {cls}'>{'pinned ' if d in summary.pinned else ''}{esc(d.slot)}</span>")
     if not chips:
-        return f"<span class='muted'>{'kept' if row['kind'] == 'stack' else 'unsharded'}</span>"
+        return f"<span class='muted'>{_DEFAULT[row['kind']]}</span>"
     return f"<div class='chips'>{''.join(chips)}</div>"
 
 
@@ -343,7 +348,7 @@ class CompareView(pn.viewable.Viewer):
                 same += r["a_labels"]
                 continue
             group = esc(r["label"])
-            if r["kind"] == "stack":  # say which layers: "stack0" alone means little
+            if r["kind"] == "unit":  # say which layers: "stack0" alone means little
                 group += f"<div class='small muted'>{esc(an.units[r['id']].description)}</div>"
             rows.append((group, _chips(sa, r, "a"), _chips(sb, r, "b")))
         self.decisions.update(rows)

@@ -14,8 +14,8 @@ import threading
 from typing import Any, Callable, Sequence
 
 from partex import (
-    HARDWARE, CostReport, Decision, Hardware, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Plan, Recompute,
-    Session, analyze_model, as_hardware, as_mesh, demo_models,
+    HARDWARE, CostReport, Decision, Hardware, Memory, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Plan,
+    Recompute, Session, analyze_model, as_hardware, as_mesh, demo_models,
 )
 
 CUSTOM = "custom"  # the model picker's entry for a user's own module:attr
@@ -172,12 +172,19 @@ class PlanSummary:
     report: CostReport  # with collectives (detail=True)
     plan: Plan
     simulation: int | None = None  # for the search's best: found at this simulation
-    # the same sharding without its recompute decisions (None: it has none): what they save
+    # the same sharding without its recompute and memory decisions (None: it has none): what they save
     saving_all: CostReport | None = None
 
     @property
     def recomputes(self) -> bool:
+        """Whether the plan recomputes or keeps state in host memory (``saving_all`` set)."""
         return self.saving_all is not None
+
+    @property
+    def saving_what(self) -> str:
+        """What the plan's memory-saving decisions are, in words."""
+        kinds = {type(d) for d in self.decisions if isinstance(d, (Recompute, Memory))}
+        return " and ".join(w for k, w in ((Recompute, "recompute"), (Memory, "host memory")) if k in kinds)
 
     def labels(self, an) -> list[str]:
         return [an.decision_label(d) for d in self.decisions]
@@ -205,7 +212,7 @@ class Workspace:
                   simulation: int | None = None, report: CostReport | None = None) -> PlanSummary:
         """A PlanSummary; given both the plan and its detailed report, no evaluation."""
         decisions = tuple(decisions)
-        sharding = tuple(d for d in decisions if not isinstance(d, Recompute))
+        sharding = tuple(d for d in decisions if not isinstance(d, (Recompute, Memory)))
         saving_all = None
         if report is None or plan is None or len(sharding) < len(decisions):
             with self.lock:

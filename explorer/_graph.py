@@ -66,8 +66,8 @@ def assignment(state) -> dict[int, list[str]]:
 
 def decision_text(an, decision, arrow: str = "→") -> str:
     """A decision as a view writes it: the group's title (``Analysis.titles``) and the axis;
-    a recompute decision names its layer stack."""
-    if isinstance(decision, Recompute):
+    a recompute decision names its layer stack, a memory one its state set."""
+    if not decision.ON_GROUP:
         return an.decision_label(decision, arrow)
     return f"{an.titles[decision.group]}{arrow}{decision.slot}"
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import panel as pn
 import param
 
-from partex import RECOMPUTE_WHAT, Recompute, Resolve
+from partex import RECOMPUTE_WHAT, Memory, Recompute, Resolve
 
 from ._charts import plan_rows
 from ._engine import short_source
@@ -128,7 +128,7 @@ class PlanView(pn.viewable.Viewer):
         fits = "fits" if r.fits else "<span class='bad'>over budget</span>"
         if summary.recomputes:
             w = summary.saving_all
-            fits += (f" · recompute saves {fmt_bytes(w.memory.peak - r.memory.peak)} per device for "
+            fits += (f" · {summary.saving_what} saves {fmt_bytes(w.memory.peak - r.memory.peak)} per device for "
                      f"{fmt_time(r.step_time - w.step_time)} more step time")
         self.header.object = (
             f"<div class='plan-head'><div class='chips'>{chips}</div><div class='muted'>mesh {esc(plan.mesh.text())} · "
@@ -138,6 +138,7 @@ class PlanView(pn.viewable.Viewer):
         sig = {p: (shape, dtype) for p, shape, dtype in plan.signature.get("inputs", [])}
         mesh = plan.mesh
         rows = []
+        host = set(plan.host_inputs)  # kept in host memory by a memory decision
         for path, spec in plan.inputs.items():
             shape, dtype = sig.get(path, ([], ""))
             n = 1
@@ -145,7 +146,8 @@ class PlanView(pn.viewable.Viewer):
                 for a in ([] if e is None else [e] if isinstance(e, str) else e):
                     n *= mesh.axis_size(a)
             nbytes = math.prod(shape) * _itemsize(dtype)
-            rows.append((path, str(tuple(shape)), dtype, fmt_spec(spec), fmt_bytes(nbytes / n)))
+            rows.append((path, str(tuple(shape)), dtype, fmt_spec(spec),
+                         fmt_bytes(nbytes / n) + (" in host memory" if path in host else "")))
         self.specs.update(rows)
         colls = sorted(r.collectives, key=lambda c: -c.time)
         self.colls.update([(c.kind, ",".join(c.axes), fmt_bytes(c.bytes), c.count, fmt_time(c.time),
@@ -179,11 +181,12 @@ def comm_split(r, hw) -> str:
 def _chip_class(d) -> str:
     if d.pinned:
         return "pin"
-    return "remat" if d.kind is Recompute else "resolve" if d.kind is Resolve else ""
+    return "remat" if d.kind in (Recompute, Memory) else "resolve" if d.kind is Resolve else ""
 
 
 def _chip_title(ws, d) -> str:
-    """A recompute chip's tooltip: the layer stack it covers; a resolution's: what it keeps."""
+    """A recompute chip's tooltip: the layer stack it covers; a resolution's: what it keeps;
+    a memory decision's: where the state lives."""
     if d.kind is Resolve:
         g = ws.an.group_by_label(d.group)
         c = next((c for c in ws.an.conflicts if g is not None and c.group == g.id), None)
@@ -191,6 +194,9 @@ def _chip_title(ws, d) -> str:
             return ""
         text = c.options[1] if d.axis == Resolve.PREFIX + "second" else c.options[2]
         return f" title='{esc(text)}'"
+    if d.kind is Memory:
+        return (f" title='{esc(d.group)} kept in host memory between steps: copied to the device where the step "
+                "first reads it, its update copied back'")
     if d.kind is not Recompute:
         return ""
     u = ws.an.unit_by_label(d.group)

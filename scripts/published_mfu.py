@@ -21,9 +21,11 @@ sources and what is not mirrored). For each:
   and how much of it runs under compute;
 - **partex, searched**: the plan the MCTS search finds in ``--budget`` seconds (it keeps the
   remat the model's code applies, and may add its own), its predicted step and MFU;
-- **partex, searched, its own remat**: the same run with no remat in the model's code, the
-  search choosing the sharding and each layer stack's recompute or offload (``recompute``
-  ``dots``, ``full``, ``offload``: the matmul outputs in host memory) in ``--budget`` seconds.
+- **partex, searched, its own remat**: the same run with no remat and no optimizer or
+  parameter host offload in the model's code, the search choosing the sharding, each layer
+  stack's recompute or offload (``recompute`` ``dots``, ``full``, ``offload``: the matmul
+  outputs in host memory) and where the optimizer state and the parameters live
+  (``memory:host``) in ``--budget`` seconds.
 
     JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/published_mfu.py [--budget 30] [--overlap off] [--json out.json]
 """
@@ -100,22 +102,25 @@ def run(name: str, budget: float, overlap: bool) -> dict:
                            "peak_bytes": b.memory.peak, "host_bytes": b.memory.host, "found_s": best.seconds}
     else:
         out["searched"] = None
-    # the same run without the model's own remat: the search chooses recompute / offload
-    own = partex.Session.from_spec("llama", preset=name, overrides=["remat=none"], mesh=mesh_text, hardware=hw)
+    # the same run without the model's own remat and state offload: the search chooses
+    # recompute / offload and where the state lives
+    own = partex.Session.from_spec("llama", preset=name, mesh=mesh_text, hardware=hw,
+                                   overrides=["remat=none", "optimizer_memory_host_offload=false",
+                                              "parameter_memory_host_offload=false"])
     own.run(budget)
     best = own.best()
     out["searched_own_remat"] = None if best is None else {
         "plan": [own.label(d) for d in best.decisions], "step_s": best.report.step_time,
         "mfu": model_flops / (best.report.step_time * hw.peak_flops), "peak_bytes": best.report.memory.peak,
         "host_bytes": best.report.memory.host, "found_s": best.seconds,
-        "remat": [own.label(d) for d in best.decisions if isinstance(d, partex.Recompute)]}
+        "remat": [own.label(d) for d in best.decisions if isinstance(d, (partex.Recompute, partex.Memory))]}
     return out
 
 
 def show(rows: list[dict]) -> None:
     print("| run | chips, mesh | attention, remat | published MFU | partex: published sharding (step, MFU, ratio) | "
           "memory: device (HBM) / host | host transfers (hidden) | partex: searched plan (step, MFU, memory) | "
-          "partex: searched, its own remat (step, MFU, memory / host, remat) |")
+          "partex: searched, its own remat and state placement (step, MFU, memory / host, decisions) |")
     print("|---|---|---|---|---|---|---|---|---|")
     fmt = partex.format_bytes
     for o in rows:

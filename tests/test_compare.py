@@ -73,7 +73,7 @@ def test_a_recompute_decision_is_labelled_by_its_layer_stack(state, plans):
     assert len(rows) == 1
     row = rows[0]
     assert isinstance(d, partex.Recompute)
-    assert row["kind"] == "stack" and row["label"] == an.units[d.unit].label != an.groups[d.unit].label
+    assert row["kind"] == "unit" and row["label"] == an.units[d.unit].label != an.groups[d.unit].label
     assert row["a"] == () and row["b"] == (d,) and row["b_labels"] == (an.decision_label(d, "→"),)
 
 

@@ -104,7 +104,7 @@ def test_a_session_file_from_before_the_types_resumes(tmp_path):
     s.save(tmp_path / "again.json")
     state = json.loads((tmp_path / "again.json").read_text())["search"]
     assert state["pins"] == saved["search"]["pins"] and state["forbidden"] == saved["search"]["forbidden"]
-    # the space has gained a recompute kind since the file was written: its actions are the
+    # the space has gained a recompute kind and memory decisions since the file was written: its actions are the
     # file's and the new kind's
     assert [a for a in state["actions"] if a in saved["search"]["actions"]] == saved["search"]["actions"]
-    assert {a[1] for a in state["actions"] if a not in saved["search"]["actions"]} == {"recompute:offload"}
+    assert {a[1] for a in state["actions"] if a not in saved["search"]["actions"]} == {"recompute:offload", "memory:host"}

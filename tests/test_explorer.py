@@ -596,17 +596,20 @@ def test_a_tight_budget_shows_the_recompute_the_plan_takes(tab):
 
 def test_an_offload_decision_shows_as_a_recompute_one_with_its_host_memory(tab):
     """The scanned transformer on tpu-v5p at 700 KiB per device: the search keeps the layer
-    stack's matmul outputs in host memory (``recompute:offload``); the plan's chip names the
-    stack and says where they go, and the memory bar writes the host memory after it."""
+    stack's matmul outputs in host memory (``recompute:offload``) and the optimizer state
+    there between steps (``memory:host``); each plan chip names what it covers and says where
+    it goes, and the memory bar writes the host memory after it."""
     analyze_on(tab, "transformer-scan", "tpu-v5p", budget="700KiB")
     wait_until(lambda: state(tab)["config"]["budget"] == 700 * 1024, what="the 700 KiB budget")
-    s = run_until(tab, lambda s: s["best"] is not None and any(d["axis"] == "recompute:offload"
-                                                                 for d in s["best"]["decisions"]),
-                  what="a plan that offloads")
+    s = run_until(tab, lambda s: s["best"] is not None and {"recompute:offload", "memory:host"}
+                  <= {d["axis"] for d in s["best"]["decisions"]}, what="a plan that offloads")
     assert s["best"]["fits"]
     chip = tab.locator(".chip.remat", has_text="stack0→recompute:offload").first
     wait_until(lambda: chip.count() > 0, what="the offload chip")
     assert "host memory" in chip.get_attribute("title")
+    state_chip = tab.locator(".chip.remat", has_text="optimizer state→memory:host").first
+    wait_until(lambda: state_chip.count() > 0, what="the optimizer state's chip")
+    assert "kept in host memory between steps" in state_chip.get_attribute("title")
     notes = wait_until(lambda: (lambda n: n if n and any("on the host" in x for x in n) else None)(memory_notes(tab)),
                        what="host memory in the notes")
     assert any("on the host" in n for n in notes), notes

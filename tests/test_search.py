@@ -209,7 +209,8 @@ def test_cli_search_impossible_budget_exit_2(tmp_path, capsys):
 def test_cli_search_pin_that_breaks_the_budget_names_it(tmp_path, capsys):
     code = main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "700KiB", "--budget", "2",
                  "--pin", "head_dim=data", "--forbid", "batch=data", "--forbid", "seq=data",
-                 "--forbid", "d_model=data", "--out", str(tmp_path / "p.json")])
+                 "--forbid", "d_model=data", "--forbid", "optimizer=memory:host", "--forbid", "parameters=memory:host",
+                 "--out", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert code == 2 and "with pins head_dim->data" in err and "smallest memory found" in err
 
@@ -236,8 +237,11 @@ def test_cli_bench_json_rows(capsys):
     assert rows["mcts-no-remat"]["step_time_s"] >= mcts["step_time_s"] * (1 - 1e-9)
     one = [c for c in s.baselines().values() if c.report.fits and len({d.slot for d in c.decisions}) == len(c.decisions)]
     per_axis = [sum(1 for d in s._search.actions if d.slot == axis) for axis in ("data", "model")]
-    # and one more choice: the layer stack saved, recomputed one of three ways, or offloaded
-    assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1]) * 5
+    # and one more choice: the layer stack saved, recomputed one of three ways, or offloaded;
+    # and each state set (the optimizer state, the parameters) on the device or in host memory
+    states = len(s.analysis.movable_states())
+    assert states == 2
+    assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1]) * 5 * 2**states
     assert one and all(ex["step_time_s"] <= c.report.step_time * (1 + 1e-9) for c in one)
 
 
@@ -245,7 +249,8 @@ def test_cli_bench_exhaustive_skips_a_space_over_its_limit(capsys):
     assert main(["bench", "mlp", "--mesh", "data=4,model=2", "--simulations", "8", "--ilp-time", "5",
                  "--exhaustive-limit", "10"]) == 0
     out = capsys.readouterr().out
-    assert "exhaustive: skipped, 1296 plans of at most 3 decisions per axis (over --exhaustive-limit 10)" in out
+    # 1296 sharding plans, each with the optimizer state and the parameters on the device or the host
+    assert "exhaustive: skipped, 5184 plans of at most 3 decisions per axis (over --exhaustive-limit 10)" in out
     assert [line.split() for line in out.splitlines() if line.strip().startswith("exhaustive ")] == \
         [["exhaustive", "-", "-", "-", "-", "-"]]  # no plan: not "does not fit"
     assert main(["bench", "mlp", "--mesh", "data=4,model=2", "--simulations", "8", "--ilp-time", "5",
@@ -327,13 +332,17 @@ def test_exhaustive_finds_the_optimum_of_every_ordering_and_the_search_reaches_i
     axes = [a for a in cm.mesh.axes if any(d.axis == a for d in shards)]
     every = [[()] + [p for r in (1, 2) for p in itertools.permutations([d.group for d in shards if d.axis == a], r)]
              for a in axes]
+    # each state set on the device or in host memory
+    placed = [[(), (d,)] for d in actions if isinstance(d, partex.Memory)]
+    assert len(placed) == 2
     best = math.inf
-    for combo in itertools.product(*every):
-        r = cm.evaluate(tuple(Shard(g, a) for a, seq in zip(axes, combo) for g in seq))
+    for combo in itertools.product(*every, *placed):
+        r = cm.evaluate(tuple(Shard(g, a) for a, seq in zip(axes, combo) for g in seq)
+                        + tuple(d for ds in combo[len(axes):] for d in ds))
         if r.fits:
             best = min(best, r.step_time)
     assert ex.report.step_time == pytest.approx(best, rel=1e-12)
-    assert ex.plans <= math.prod(len(e) for e in every)
+    assert ex.plans <= math.prod(len(e) for e in every + placed)
     # without conflicts order does not matter: sequences are the subsets
     assert len(axis_sequences([0, 1, 2], 2, set())) == 1 + 3 + 3
     assert len(axis_sequences([0, 1, 2], 2, {frozenset((0, 1))})) == 1 + 3 + 4

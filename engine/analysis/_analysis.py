@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._decisions import NO_DIM, Decision, GroupId, NamedDimId, Resolve
+from .._decisions import MEMORY_SPACES, NO_DIM, STATE_LABELS, STATES, Decision, GroupId, NamedDimId, Resolve
 from ..tracing._program import NO_PRODUCER, Program
 from ._constraints import BINDING, Fixed, UserSharding, fixed_decisions, user_shardings
 from ._recompute import Unit
@@ -211,9 +211,17 @@ class DimAnalysis:
 
     def decision_label(self, decision: Decision, arrow: str = "->") -> str:
         """``group->axis`` for a sharding decision, ``group->resolve:second`` for a
-        resolution, ``layers ...->recompute:kind`` for a recompute one."""
-        name = self.groups[decision.id].label if decision.ON_GROUP else self.units[decision.id].label
-        return f"{name}{arrow}{decision.slot}"
+        resolution, ``layers ...->recompute:kind`` for a recompute one, ``optimizer
+        state->memory:host`` for a memory one."""
+        return f"{self.subject_label(decision)}{arrow}{decision.slot}"
+
+    def subject_label(self, decision: Decision) -> str:
+        """What a decision decides about: its group's, layer stack's or state set's label."""
+        if decision.ON == "unit":
+            return self.units[decision.id].label
+        if decision.ON == "state":
+            return STATE_LABELS[STATES[decision.id]]
+        return self.groups[decision.id].label
 
     def conflicted_groups(self) -> list[int]:
         """Decision groups with an intra conflict: those a resolution decision can take."""
@@ -278,6 +286,18 @@ class Analysis(DimAnalysis):
     titles: Mapping[GroupId, str]
     seconds: float
 
+    def state_inputs(self, state: int) -> tuple[int, ...]:
+        """The input values of state set ``state`` (an index into ``STATES``), in input order."""
+        members = self.roles.optimizer if STATES[state] == "optimizer" else self.roles.parameters
+        return tuple(v for v in self.program.inputs if v in members)
+
+    def movable_states(self) -> tuple[int, ...]:
+        """The state sets a ``Memory`` decision may place: those the step has, not already
+        all in host memory (the step's own placement)."""
+        vals = self.program.values
+        return tuple(s for s in range(len(STATES))
+                     if (ins := self.state_inputs(s)) and not all(vals[v].host for v in ins))
+
     def fixed(self, mesh, mode: str = "keep") -> Fixed:
         """What the user's shardings fix on ``mesh`` (``_constraints.Fixed``); PartexError
         if one names a mesh axis the plan's mesh lacks. ``mode="replace"``: only those no plan
@@ -316,6 +336,10 @@ class Analysis(DimAnalysis):
         out["recompute_units"] = [{"id": u.id, "label": u.label, "layers": u.layers, "source": u.where,
                                    "scan": u.loop is not None, "kinds": list(u.kinds)}
                                   for u in self.units]
+        vals = self.program.values
+        out["state_sets"] = [{"id": st, "role": STATES[st], "label": STATE_LABELS[STATES[st]],
+                              "arrays": len(ins := self.state_inputs(st)), "bytes": sum(vals[v].nbytes for v in ins),
+                              "spaces": list(MEMORY_SPACES)} for st in self.movable_states()]
         out["static_inputs"] = [{"path": p, "value": v} for p, v in self.static_inputs()]
         out["user_sharding_list"] = [
             {**us.to_json(), "groups": [None if self.group_of(us.value, d) == NO_DIM

@@ -3,8 +3,9 @@ and the one way from what a user writes to a ``Decision``.
 
 A user (the CLI, the explorer, a plan file, a script) names a decision by a group — its id,
 its label or an anchor ``input/path:dim`` (an input leaf and a dim of it) — or a layer
-stack (its id, label or anchor), and a slot: a mesh axis, ``resolve:<resolution>`` or
-``recompute:<kind>``. ``DecisionSpace.decision`` turns that into a typed decision or says
+stack (its id, label or anchor), or a set of the step's state (``optimizer``,
+``parameters``), and a slot: a mesh axis, ``resolve:<resolution>``, ``recompute:<kind>`` or
+``memory:<space>``. ``DecisionSpace.decision`` turns that into a typed decision or says
 in one line what is wrong; ``check_takeable`` says whether the search may take it (pins);
 ``from_plan`` reads a plan file's decisions by anchor first, then by label. The search's
 candidate actions (``actions``) and the order of its tree keys' slots (``slots``) live
@@ -19,7 +20,8 @@ from typing import Collection, Iterable, Sequence
 
 import numpy as np
 
-from .._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, Shard, slot_kind
+from .._decisions import (MEMORY_SPACES, RECOMPUTE_KINDS, RESOLUTIONS, STATE_LABELS, STATES, Decision, Memory,
+                          Recompute, Resolve, Shard, slot_kind)
 from .._errors import PartexError
 from .._mesh import MeshSpec
 from ._analysis import Analysis, Group
@@ -56,11 +58,18 @@ def group_anchor(an: Analysis, gid: int) -> str | None:
     return best[1] if best else None
 
 
+def state_anchor(state: int) -> str:
+    """A state set's anchor: its role."""
+    return f"state:{STATES[state]}"
+
+
 def anchor_of(an: Analysis, decision: Decision) -> str | None:
-    """Where a plan file anchors a decision: its layer stack's signature, or an input dim
-    of its group."""
+    """Where a plan file anchors a decision: its layer stack's signature, its state set's
+    role, or an input dim of its group."""
     if isinstance(decision, Recompute):
         return unit_anchor(an.units[decision.unit])
+    if isinstance(decision, Memory):
+        return state_anchor(decision.state)
     return group_anchor(an, decision.id)
 
 
@@ -70,7 +79,7 @@ class DecisionSpace:
 
     ``actions``: the search's candidates, in its order: each decidable group on each mesh
     axis (of size > 1) that divides one of its sizes; each layer stack's recompute kinds;
-    each conflicted group's resolutions. ``slots``: every slot in a fixed order (the mesh
+    each set of the step's state in host memory; each conflicted group's resolutions. ``slots``: every slot in a fixed order (the mesh
     axes, then the recompute and resolution slots), the order of a search tree key.
     """
 
@@ -89,6 +98,8 @@ class DecisionSpace:
                     actions.append(Shard(g.id, a))
         for u in self.units:  # one recompute kind per layer stack of the forward pass
             actions += [Recompute(u.id, k) for k in u.kinds]
+        for st in analysis.movable_states():  # the optimizer state, the parameters in host memory
+            actions += [Memory(st, m) for m in MEMORY_SPACES]
         self.conflicted = tuple(g for g in analysis.conflicted_groups() if g not in fixed.groups)
         for g in self.conflicted:  # a conflict's other resolutions, once the group is sharded
             actions += [Resolve(g, r) for r in RESOLUTIONS]
@@ -96,6 +107,7 @@ class DecisionSpace:
         # every slot, in a search tree key's order, with the decision it makes of an id
         kinds: list[tuple[type[Decision], str]] = [(Shard, a) for a in mesh.axes]
         kinds += [(Recompute, k) for k in RECOMPUTE_KINDS] + [(Resolve, r) for r in RESOLUTIONS]
+        kinds += [(Memory, m) for m in MEMORY_SPACES]
         self._kinds: dict[str, tuple[type[Decision], str]] = {cls.PREFIX + v: (cls, v) for cls, v in kinds}
         self.slots: tuple[str, ...] = tuple(self._kinds)
 
@@ -105,19 +117,26 @@ class DecisionSpace:
         return cls(id, value)  # type: ignore[call-arg]
 
     def on_group(self, slot: str) -> bool:
-        """Whether a slot's decisions name decision groups (else layer stacks)."""
+        """Whether a slot's decisions name decision groups (else layer stacks or state sets)."""
         return self._kinds[slot][0].ON_GROUP
+
+    def id_count(self, slot: str) -> int:
+        """How many ids a slot's decisions may name (groups, layer stacks or state sets)."""
+        on = self._kinds[slot][0].ON
+        return len(self.an.groups) if on == "group" else len(self.units) if on == "unit" else len(STATES)
 
     def legal(self, decisions: Sequence[Decision], forbidden: Collection[Decision]) -> list[int]:
         """The indices of the actions a plan of ``decisions`` may take next: not taken, not
-        forbidden, one recompute kind per layer stack, one resolution per group, of a group
-        the plan shards."""
+        forbidden, one recompute kind per layer stack, one memory space per state set, one
+        resolution per group, of a group the plan shards."""
         taken = set(decisions)
         recomputed = {d.unit for d in decisions if isinstance(d, Recompute)}  # one kind per stack
+        placed = {d.state for d in decisions if isinstance(d, Memory)}  # one space per state set
         resolved = {d.group for d in decisions if isinstance(d, Resolve)}  # one resolution per group ...
         sharded = {d.group for d in decisions if isinstance(d, Shard)}  # ... of a group the plan shards
         return [i for i, d in enumerate(self.actions) if d not in taken and d not in forbidden
                 and not (isinstance(d, Recompute) and d.unit in recomputed)
+                and not (isinstance(d, Memory) and d.state in placed)
                 and not (isinstance(d, Resolve) and (d.group in resolved or d.group not in sharded))]
 
     # ------------------------------------------------------------------ what users name
@@ -151,13 +170,28 @@ class DecisionSpace:
             raise PartexError(f"unknown layer stack {ref!r}; known: {', '.join(x.label for x in self.units)}")
         return u
 
+    def state(self, ref: GroupRef) -> int:
+        """A state set (``STATES``) by id, role (``optimizer``, ``parameters``), label or anchor."""
+        if isinstance(ref, (int, np.integer)) and not isinstance(ref, bool) and 0 <= ref < len(STATES):
+            s = int(ref)
+        else:
+            names = {**{r: k for k, r in enumerate(STATES)}, **{STATE_LABELS[r]: k for k, r in enumerate(STATES)},
+                     **{state_anchor(k): k for k in range(len(STATES))}}
+            if str(ref) not in names:
+                raise PartexError(f"unknown state set {ref!r}; known: {', '.join(STATES)}")
+            s = names[str(ref)]
+        if not self.an.state_inputs(s):
+            raise PartexError(f"this step has no {STATE_LABELS[STATES[s]]} (no input it returns updated "
+                              f"{'and the loss does not read' if STATES[s] == 'optimizer' else 'that the loss reads'})")
+        return s
+
     def decision(self, ref: GroupRef, slot: str) -> Decision:
-        """The decision a user names: ``ref`` a group (id, label, anchor) or, for
-        ``recompute:<kind>``, a layer stack; ``slot`` a mesh axis, ``resolve:<resolution>``
-        or ``recompute:<kind>``. A sharding on any group the mesh axis exists for (the
+        """The decision a user names: ``ref`` a group (id, label, anchor), for
+        ``recompute:<kind>`` a layer stack, for ``memory:<space>`` a state set; ``slot`` a
+        mesh axis, ``resolve:<resolution>``, ``recompute:<kind>`` or ``memory:<space>``. A sharding on any group the mesh axis exists for (the
         cost model prices any); a resolution or recompute only where the model has one."""
         if not isinstance(slot, str):
-            raise PartexError(f"a decision's axis is text (a mesh axis, resolve:... or recompute:...), "
+            raise PartexError(f"a decision's axis is text (a mesh axis, resolve:..., recompute:... or memory:...), "
                               f"got {type(slot).__name__}")
         kind = slot_kind(slot)
         value = slot[len(kind.PREFIX):]
@@ -169,6 +203,14 @@ class DecisionSpace:
                 raise PartexError(f"{u.label} is a layer stack under scan, whose weights every iteration gathers "
                                   f"anew: its recompute kinds are {', '.join(u.kinds)}")
             return Recompute(u.id, value)
+        if kind is Memory:
+            if value not in MEMORY_SPACES:
+                raise PartexError(f"unknown memory space {value!r}; known: {', '.join(MEMORY_SPACES)} "
+                                  "(device memory, the default, needs no decision)")
+            s = self.state(ref)
+            if s not in self.an.movable_states():
+                raise PartexError(f"the step's {STATE_LABELS[STATES[s]]} is in host memory already (its own placement)")
+            return Memory(s, value)
         if kind is Resolve:
             g = self.group(ref)
             if value not in RESOLUTIONS:
@@ -213,8 +255,7 @@ class DecisionSpace:
     def in_range(self, d: Decision) -> bool:
         """Whether ``d`` names a group or stack of this model and a slot of this mesh (a
         file's decision checked before use)."""
-        n = len(self.an.groups) if d.ON_GROUP else len(self.units)
-        return 0 <= d.id < n and d.slot in self._kinds
+        return d.slot in self._kinds and 0 <= d.id < self.id_count(d.slot)
 
 
 def from_plan(an: Analysis, decisions: Sequence) -> list[Decision]:
@@ -231,6 +272,12 @@ def from_plan(an: Analysis, decisions: Sequence) -> list[Decision]:
                 raise PartexError(f"plan decision recomputes {d.group!r}, a layer stack this function does not "
                                   f"have; its stacks: {', '.join(u.label for u in units) or 'none'}")
             out.append(Recompute(u.id, d.axis[len(Recompute.PREFIX):]))
+            continue
+        if kind is Memory:
+            s = next((k for k, r in enumerate(STATES) if state_anchor(k) == d.anchor or STATE_LABELS[r] == d.group), None)
+            if s is None or not an.state_inputs(s):
+                raise PartexError(f"plan decision places {d.group!r}, state this function does not have")
+            out.append(Memory(s, d.axis[len(Memory.PREFIX):]))
             continue
         gid = group_at(an, d.anchor) if d.anchor else None
         if gid is None:

@@ -454,6 +454,43 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
         host=_host_mask(p, lowering))
 
 
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Moved:
+    """What keeping sets of the step's state in host memory (a plan's ``Memory``
+    decisions) changes in device memory: the arguments and their updates are in host memory
+    (``host``, with the program's own host values); a device copy of each argument lives
+    from its first read to its last, and each update from where it is made to the end of the
+    step, whence it is copied out."""
+
+    host: np.ndarray  # per value: in host memory
+    copy_v: np.ndarray  # the device copies' values ...
+    copy_a: np.ndarray  # ... live from ...
+    copy_b: np.ndarray  # ... to
+    copy_cat: tuple[str, ...]  # ... each one's category (parameters, optimizer)
+
+
+def moved_state(program, live: Liveness, inputs: Sequence[int], outputs: Sequence[int]) -> Moved:
+    """``Moved`` for state arguments ``inputs`` and their updates ``outputs`` in host memory."""
+    p = program
+    first = np.full(len(p.values), -1, dtype=np.int64)
+    for op in reversed(p.ops):
+        first[list(op.inputs)] = op.id
+    host = np.zeros(len(p.values), dtype=bool) if live.host is None else live.host.copy()
+    cat = dict(zip(live.inputs.tolist(), live.input_cat.tolist()))
+    copies: list[tuple[int, int, int, str]] = []  # (value, from, to, category)
+    for v in inputs:
+        host[v] = True
+        if first[v] >= 0:  # an argument nothing reads needs no copy
+            copies.append((v, int(first[v]), live.value_end[v], cat[v]))
+    for o in outputs:
+        host[o] = True
+        made = p.values[o].producer
+        if made != NO_PRODUCER:
+            copies.append((o, made, live.n_ops, live.output_cat.get(o, "activations")))
+    cv, ca, cb = (np.array([c[k] for c in copies], dtype=np.int64) for k in range(3))
+    return Moved(host, cv, ca, cb, tuple(c[3] for c in copies))
+
+
 def _host_mask(p, lowering: str) -> np.ndarray | None:
     """Per value, whether it lives in host memory; None where none does or on XLA:CPU,
     which keeps every value in device memory whatever its memory space."""
@@ -462,28 +499,39 @@ def _host_mask(p, lowering: str) -> np.ndarray | None:
     return np.fromiter((v.host for v in p.values), dtype=bool, count=len(p.values))
 
 
-def host_peak(live: Liveness, local: np.ndarray) -> float:
+def host_peak(live: Liveness, local: np.ndarray, mask: np.ndarray | None = None) -> float:
     """The most host memory per device the step holds at once: its arguments and results in
-    host memory and the peak of its offloaded intermediates."""
-    if live.host is None:
+    host memory (a donated argument and the result that reuses its buffer once) and the
+    peak of its offloaded intermediates. ``mask``: per value, in host memory (default
+    ``live.host``)."""
+    mask = live.host if mask is None else mask
+    if mask is None:
         return 0.0
-    hb = np.where(live.host, local, 0.0)
+    hb = np.where(mask, local, 0.0)
     n = live.n_ops + 2
     b = hb[live.mid]
     delta = np.bincount(live.mid_def, weights=b, minlength=n) - np.bincount(live.mid_end, weights=b, minlength=n)
     mids = float(np.cumsum(delta).max()) if len(delta) else 0.0
-    return float(hb[live.inputs].sum() + hb[live.outputs].sum()) + max(mids, 0.0)
+    alias = 0.0
+    if live.alias_pairs:
+        ai, ao = live.alias_arrays
+        alias = float(hb[ao][np.isclose(hb[ai], hb[ao])].sum())
+    return float(hb[live.inputs].sum() + hb[live.outputs].sum()) - alias + max(mids, 0.0)
 
 
-def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), edit: "Edit | None" = None
-                  ) -> MemoryReport:
+def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), edit: "Edit | None" = None,
+                  moved: Moved | None = None) -> MemoryReport:
     """The per-device peak: arguments + outputs + the peak of the live intermediates, the
-    resharded and transient ``buffers`` ((from op, to op, bytes)) and an edit's recomputed
-    copies and temporaries - the aliased outputs. ``local``: per value, its bytes per device.
-    Values in host memory take none of the device's; ``host`` is their own peak."""
-    host = host_peak(live, local)
-    if live.host is not None:
-        local = np.where(live.host, 0.0, local)
+    resharded and transient ``buffers`` ((from op, to op, bytes)), an edit's recomputed
+    copies and temporaries and the device copies of state kept in host memory (``moved``)
+    - the aliased outputs. ``local``: per value, its bytes per device. Values in host
+    memory take none of the device's; ``host`` is their own peak."""
+    mask = live.host if moved is None else moved.host
+    host = host_peak(live, local, mask)
+    has_copies = moved is not None and len(moved.copy_v) > 0
+    copies = local[moved.copy_v] if moved is not None and has_copies else None
+    if mask is not None:
+        local = np.where(mask, 0.0, local)
     args = float(local[live.inputs].sum())
     outs = float(local[live.outputs].sum())
     if live.alias_pairs:
@@ -503,6 +551,8 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         rows = np.bincount(edit.tmp_row, weights=local[edit.tmp_v])
         size = np.maximum.reduceat(rows, edit.tmp_seg)
         delta += np.bincount(edit.tmp_at, weights=size, minlength=n) - np.bincount(edit.tmp_at + 1, weights=size, minlength=n)
+    if copies is not None and moved is not None:
+        delta += np.bincount(moved.copy_a, weights=copies, minlength=n) - np.bincount(moved.copy_b, weights=copies, minlength=n)
     if live.region_pairs:
         outer, body, at, stop = _region_arrays(live, local)
         own = _gathered(local[outer], local[body])
@@ -519,8 +569,16 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
     if not detail:
         return MemoryReport(peak, args, outs, temps, alias, {}, host=host)
     breakdown = _breakdown(live, local, b, mid_end, t, edit)
-    return MemoryReport(peak, args, outs, temps, alias, breakdown, t, _held(live, local, b, mid_end, t, edit, buffers),
-                        host)
+    held = _held(live, local, b, mid_end, t, edit, buffers)
+    if copies is not None and moved is not None:  # a state copy on the device counts as its state
+        on = (moved.copy_a <= t) & (moved.copy_b > t)
+        for k in np.flatnonzero(on).tolist():
+            c = moved.copy_cat[k]
+            breakdown[c] = breakdown.get(c, 0.0) + float(copies[k])
+        held = tuple(sorted(held + tuple(HeldBuffer(float(copies[k]), int(moved.copy_a[k]), int(moved.copy_b[k]),
+                                                    "device copy", int(moved.copy_v[k]))
+                                         for k in np.flatnonzero(on).tolist()), key=lambda h: -h.bytes))
+    return MemoryReport(peak, args, outs, temps, alias, breakdown, t, held, host)
 
 
 def _region_arrays(live: Liveness, local: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -1,8 +1,9 @@
 """``CostModel``: the façade that scores plans, memoising what the pure modules compute.
 
-A plan is an ordered list of decisions. ``_decisions`` and ``recompute_of`` turn them into
-what the package works on -- sharding triples (``_shardings``) and sorted (unit, kind)
-recompute pairs -- and are the only code here that reads a decision's form. Everything
+A plan is an ordered list of decisions. ``_decisions``, ``recompute_of`` and ``states_of``
+turn them into what the package works on -- sharding triples (``_shardings``), sorted
+(unit, kind) recompute pairs and the state sets kept in host memory -- and are the only code
+here that reads a decision's form. Everything
 else is a function of the tables (``_tables``, built once per analysis, mesh and
 hardware) and those: the façade holds the memo tables (per signature, per pattern, per
 aggregate, per CSE key, per recompute edit) and sums. Imports every module of the package.
@@ -15,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .._decisions import Decision, Recompute, Resolve, Shard
+from .._decisions import STATE_LABELS, STATES, Decision, Memory, Recompute, Resolve, Shard
 from .._mesh import Hardware, MeshSpec
 from ..analysis._analysis import NO_DIM, Analysis
 from ..analysis._constraints import check_mode
@@ -23,7 +24,7 @@ from ..analysis._recompute import value_readers
 from ._aggregate import aggregate
 from ._cse import Reshards, common_reshards
 from ._facts import facts_of
-from ._liveness import memory_report
+from ._liveness import Moved, memory_report, moved_state
 from ._overlap import Timeline, build_timeline, overlapped
 from ._kinds import CollectiveKind
 from ._patterns import HOST_LINK, PatternCost, pattern_cost
@@ -32,9 +33,7 @@ from ._report import CollectiveCost, CostReport
 from ._shardings import Spec, assign, shards
 from ._tables import build_tables
 
-# TRANSITION: a decision is read as its (id, slot) pair -- (group id, mesh axis or
-# "resolve:..."), (unit id, "recompute:...") -- a tuple or one of partex._decisions' types
-# (which unpack as their pair), by _decisions and recompute_of only.
+# A decision's form is read by _decisions, recompute_of and states_of only.
 
 
 class CostModel:
@@ -73,6 +72,7 @@ class CostModel:
         self._factor_cache: dict = {}  # (mask, decisions) -> the signatures' shard counts
         self._reshard_cache: dict = {}  # (the plan's operand reshards, rc) -> Reshards
         self._edits: dict = {}  # recompute decisions -> Edit
+        self._moves: dict = {}  # state sets in host memory -> (Moved, per set its arguments and updates)
         self._tl: Timeline | None = None  # built on the first overlapped evaluation
         self._readers: list | None = None  # per value, its readers: built on the first edit
 
@@ -98,6 +98,16 @@ class CostModel:
         """The recompute decisions, as sorted (unit, kind); the last one for a unit counts."""
         out = {d.unit: d.kind for d in decisions if isinstance(d, Recompute)}
         return tuple(sorted(out.items()))
+
+    @staticmethod
+    def states_of(decisions: Sequence[Decision]) -> tuple[int, ...]:
+        """The state sets the plan keeps in host memory, sorted."""
+        return tuple(sorted({d.state for d in decisions if isinstance(d, Memory)}))
+
+    def host_state_values(self, decisions: Sequence[Decision]) -> frozenset[int]:
+        """The arguments and results the plan's memory decisions keep in host memory."""
+        states = self.states_of(decisions)
+        return frozenset(np.concatenate(self._moved(states)[1]).tolist()) if states else frozenset()
 
     # ------------------------------------------------------------------ memoised pieces
     def sig_spec(self, sig: int, dec: Sequence[tuple[int, str, int]]) -> list[list[str]]:
@@ -126,6 +136,22 @@ class CostModel:
                 self._readers = value_readers(self.program)
             e = self._edits[rc] = build_edit(self.tables, rc, self.units, self._readers)
         return e
+
+    def _moved(self, states: tuple[int, ...]) -> tuple[Moved, list[np.ndarray]]:
+        """The memory change of keeping ``states`` in host memory, and per set the values it
+        copies over the host link (its arguments, their updates)."""
+        r = self._moves.get(states)
+        if r is None:
+            an = self.analysis
+            back = {i: o for o, i in an.roles.mirror.items()}  # argument -> its update
+            sets = []
+            for st in states:
+                ins = an.state_inputs(st)
+                sets.append(np.array([*ins, *(back[v] for v in ins if v in back)], dtype=np.int64))
+            ins = [v for st in states for v in an.state_inputs(st)]
+            r = self._moves[states] = (moved_state(self.program, self.tables.live, ins,
+                                                   [back[v] for v in ins if v in back]), sets)
+        return r
 
     def _extra(self, edit: Edit, dec, detail: bool) -> tuple[float, float, list]:
         """(compute s, comm s, collectives) of the ops a recompute runs again."""
@@ -208,20 +234,35 @@ class CostModel:
             secs, exposed = overlapped(t, self._timeline(), aggs, common.dup_ops, common.hoisted)
             step = min(step, secs + xc + xm)
         ideal = t.total_flops / (self.mesh.size * self.hw.peak_flops)
-        mem = memory_report(t.live, local, detail, buffers, edit)
-        moved = ()
+        states = self.states_of(decisions)
+        state_moves = self._moved(states) if states else None
+        # XLA:CPU keeps every array in device memory whatever its memory space: there state
+        # kept in host memory is state on the device (its copies still made)
+        mem = memory_report(t.live, local, detail, buffers, edit,
+                            state_moves[0] if state_moves and self.lowering != "cpu" else None)
+        # host transfers run over the host link beside the compute (the forward's and the
+        # backward's): only what outlasts the compute is waited for. Offloaded residuals
+        # are copied out as the forward pass makes them and back as the backward pass reads
+        # them; state kept in host memory is copied in where the step first reads it and
+        # its update out
+        host_secs: list[np.ndarray] = []
+        host = None
         if edit is not None and len(edit.host_v):
-            # offloaded residuals: copied out as the forward pass makes them and back as the
-            # backward pass reads them, over the host link, which runs beside the compute
-            # (the forward's and the backward's): only what outlasts the compute is waited for
             host = local[edit.host_v] * edit.host_n
             mem = dataclasses.replace(mem, host=mem.host + float(host.sum()))
-            secs = 2 * host / self.hw.host_bandwidth
-            wait = max(0.0, float(secs.sum()) - compute) if overlap else float(secs.sum())
-            comm += float(secs.sum())
+            host_secs.append(2 * host / self.hw.host_bandwidth)
+        state_bytes = [float(local[vs].sum()) for vs in state_moves[1]] if state_moves else []
+        host_secs += [np.array([b / self.hw.host_bandwidth]) for b in state_bytes]
+        moved = ()
+        if host_secs:
+            total = float(sum(float(x.sum()) for x in host_secs))
+            wait = max(0.0, total - compute) if overlap else total
+            comm += total
             step += wait
             if detail:
-                moved = tuple(self._host_rows(edit, host, secs, wait))
+                moved = (*(self._host_rows(edit, host, host_secs[0], wait, total)
+                           if edit is not None and host is not None else ()),
+                         *self._state_rows(states, state_bytes, wait, total))
         report_colls = ()
         if detail:
             report_colls = tuple(self._collective_rows(colls, common.dup, extra_colls, exposed)) + moved
@@ -239,10 +280,11 @@ class CostModel:
             common = self._reshard_cache[rkey] = common_reshards(self.tables, resharded, late)
         return common
 
-    def _host_rows(self, edit: Edit, host: np.ndarray, secs: np.ndarray, wait: float) -> Iterable[CollectiveCost]:
+    def _host_rows(self, edit: Edit, host: np.ndarray, secs: np.ndarray, wait: float, total: float
+                   ) -> Iterable[CollectiveCost]:
         """One host-transfer row per offloading unit (out and back: two per layer), the
-        time the step waits for spread over them by their seconds."""
-        total = float(secs.sum())
+        time the step waits for (of ``total`` host-link seconds) spread over them by their
+        seconds."""
         for u in dict.fromkeys(edit.host_unit):
             own = np.array([x == u for x in edit.host_unit])
             unit = self.units[u]
@@ -251,6 +293,20 @@ class CostModel:
             op = unit.copies[0][0]
             yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), nbytes, 2 * max(1, unit.layers), t, op,
                                  self.program.ops[op].source, f"{unit.label} offload",
+                                 hidden=t - wait * t / total if total > 0 else 0.0)
+
+    def _state_rows(self, states: tuple[int, ...], nbytes: list[float], wait: float, total: float
+                    ) -> Iterable[CollectiveCost]:
+        """One host-transfer row per state set kept in host memory (in and out), the time
+        the step waits for (of ``total`` host-link seconds) spread by their seconds."""
+        an = self.analysis
+        for st, b in zip(states, nbytes):
+            t = b / self.hw.host_bandwidth
+            first = an.state_inputs(st)[0]
+            op = next((o.id for o in self.program.ops if first in o.inputs), 0)
+            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), b / 2, 2, t, op,
+                                 self.program.ops[op].source if self.program.ops else "",
+                                 f"{STATE_LABELS[STATES[st]]} in host memory",
                                  hidden=t - wait * t / total if total > 0 else 0.0)
 
     def _collective_rows(self, colls, dup_count, extra=(), exposed=None) -> Iterable[CollectiveCost]:

@@ -59,7 +59,7 @@ class HeldBuffer:
     start: int  # the op that makes it ...
     stop: int  # ... and the op before which it is freed
     kind: str  # "value", "buffer" (a reshard's copy, a partial result), "recomputed copy",
-    #            "recomputation temporaries", "region array"
+    #            "recomputation temporaries", "region array", "device copy" (of state kept in host memory)
     value: int = -1
 
 

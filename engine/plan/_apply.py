@@ -18,7 +18,7 @@ and with it the memory the remat saves.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,7 @@ def constrained_function(
     promote: bool = False,
     recompute: Sequence[Any] = (),
     input_specs: Mapping[int, PartitionSpec] | None = None,
+    host_state: Collection[int] = (),
 ) -> Callable:
     """A function equivalent to the traced one, with sharding constraints inserted.
 
@@ -93,11 +94,16 @@ def constrained_function(
     every iteration of the backward loop binds the forward body's ops again on their slices
     (through a barrier with its carry) before its own body.
 
+    ``host_state``: arguments and results kept in host memory (a plan's memory decisions):
+    an argument comes in host memory and is copied to the device where the step first reads
+    it (its value spec applied to the copy); such a result is copied to host memory where
+    it is returned.
+
     The result takes and returns the same pytrees as the traced function. It is not jitted:
     wrap it in ``jax.jit(..., in_shardings=..., out_shardings=..., donate_argnums=...)``.
     """
     return _Interpreter(program, mesh, value_specs, operand_specs, user_specs, promote, recompute,
-                        input_specs).function()
+                        input_specs, host_state).function()
 
 
 _LOW = frozenset({np.dtype(jnp.bfloat16), np.dtype(np.float16)})
@@ -143,8 +149,12 @@ class _Interpreter:
     the loops' stacked outputs); split into parts, each would take all of it."""
 
     def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None, promote=False, recompute=(),
-                 input_specs=None):
+                 input_specs=None, host_state=()):
         self.program = program
+        host_state = set(host_state)
+        self.host_args = host_state & set(program.inputs)  # copied to the device at their first read
+        self.host_outs = [k for k, v in enumerate(program.outputs) if v in host_state]
+        self.on_device: dict[int, Any] = {}  # host arguments' device copies, by value
         loops = [lp for lp in recompute if isinstance(lp, LoopPlan)]
         recompute = [cp for cp in recompute if not isinstance(cp, LoopPlan)]
         self.recompute = tuple(cp for cp in recompute if cp.at >= 0)
@@ -203,13 +213,15 @@ class _Interpreter:
             for cp in self.recompute:
                 self.rc_at.setdefault(cp.at, []).append(cp)
             self.eqn_of, self.by_vid, self.override, self.retaken, self.loop_saved = {}, {}, {}, {}, {}
-            self.on_host = {}
+            self.on_host, self.on_device = {}, {}
             # an explicit-mode step runs on the plan's mesh, whose axes are Auto: the plan's
             # constraints place its values, and its own typed shardings become constraints
             context = (jax.sharding.use_abstract_mesh(self.context_mesh) if self.context_mesh is not None
                        else contextlib.nullcontext())
             with context:
                 outs = self.eval(closed.jaxpr, closed.consts, leaves, constrain_invars=True)
+            for k in self.host_outs:
+                outs[k] = _to_host(outs[k])
             return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
         constrained.__name__ = "partex_constrained"
@@ -269,6 +281,7 @@ class _Interpreter:
         widen = _widen if self.promote else (lambda x: x)
         override, retaken = self.override, self.retaken
         var_ids, keep, by_vid = self.var_ids, self.rc_keep, self.by_vid
+        host_args = self.host_args
 
         def read(atom, op_id=None):
             if isinstance(atom, jcore.Literal):
@@ -282,6 +295,10 @@ class _Interpreter:
                 # are: the ops inside decide)
                 if vid in retaken and op_id is not None and op_id <= retaken[vid][1]:
                     return retaken[vid][0]
+            if host_args:
+                vid = var_ids.get(id(atom))
+                if vid in host_args:  # state in host memory: its device copy, made at the first read
+                    return self._on_device(vid, env[atom])
             return env[atom]
 
         def store(var, x):
@@ -303,7 +320,8 @@ class _Interpreter:
             )
         for var, x, c in zip(jaxpr.invars, args, constrain_invars):
             x = widen(x)
-            store(var, self.constrain_var(var, x) if c else x)
+            # (an argument in host memory is placed by its input sharding; its copy constrained)
+            store(var, self.constrain_var(var, x) if c and var_ids.get(id(var)) not in host_args else x)
 
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
@@ -347,6 +365,23 @@ class _Interpreter:
         anchors = set(cp.anchors)
         return [y if v in anchors else _distinct(y, zero) for v, y in zip(names, ys)]
 
+    def _on_device(self, vid: int, x):
+        """The device copy of argument ``vid``, in host memory as ``x``: made once, where
+        the step first reads it, with the argument's value spec."""
+        y = self.on_device.get(vid)
+        if y is None:
+            y = _to_device(x)
+            spec = self.value_specs.get(vid)
+            if spec is not None:
+                y = self._constrain(y, spec, f"argument {vid} copied from host memory")
+            y = self.on_device[vid] = y
+        return y
+
+    def _kept(self, vid: int):
+        """A value a recomputation or loop reads as it was made (an argument in host memory:
+        its device copy)."""
+        return self.on_device.get(vid, self.by_vid[vid])
+
     def _recompute(self, plans) -> None:
         """Bind the forward ops of ``plans`` again, on their saved values passed through one
         optimisation barrier; later reads take the recomputed values and the re-taken weights."""
@@ -358,7 +393,7 @@ class _Interpreter:
                 self.override[v] = self._constrain(back, spec, f"offloaded value {v}") if spec is not None else back
             names = list(dict.fromkeys((*cp.leaves, *cp.weights, *cp.anchors)))
             xs = [self.override[v] if v in self.override else
-                  self.retaken[v][0] if v in self.retaken else self.by_vid[v] for v in names]
+                  self.retaken[v][0] if v in self.retaken else self._kept(v) for v in names]
             ys = jax.lax.optimization_barrier(tuple(xs))
             if self.distinct:
                 ys = self._distinct_leaves(cp, names, ys)
@@ -417,7 +452,7 @@ class _Interpreter:
             vals.append(xs[i - ncarry])
         consts = [v for v in lp.leaves if v not in names]
         names += consts
-        vals += [self.by_vid[v] for v in consts]  # the forward loop's consts, as it read them
+        vals += [self._kept(v) for v in consts]  # the forward loop's consts, as it read them
         ys = jax.lax.optimization_barrier((tuple(vals), tuple(carry)))[0]
         specs = self.value_specs
         return {v: self._constrain(y, specs[v], f"saved value {v}") if specs.get(v) is not None else y
@@ -621,7 +656,7 @@ class _Interpreter:
             if fwd is not None:
                 ys = [_to_host(y) if j in fwd.host_ys else y for j, y in enumerate(ys)]
                 ys = [y for j, y in enumerate(ys) if j not in fwd.dropped] + [
-                    _to_host(self.by_vid[v]) if k in fwd.host_stacked else self.by_vid[v]
+                    _to_host(self._kept(v)) if k in fwd.host_stacked else self._kept(v)
                     for k, v in enumerate(fwd.stacked)]
             return carry, ys
 

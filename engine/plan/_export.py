@@ -22,7 +22,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-from .._decisions import Recompute
+from .._decisions import Memory, Recompute
 from .._errors import PartexError
 from .._loader import axis_names_by_value
 from .._mesh import format_bytes
@@ -141,7 +141,8 @@ def flax_rules(plan: Plan, model) -> RulesExport:
         program = trace(model.fn, model.args)
     names = {vid: tuple(n) for vid, n in axis_names_by_value(program, model.axis_names).items()}
     an = analyze(program, names)
-    sharding = dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions if d.kind is not Recompute))
+    sharding = dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions
+                                                         if d.kind is not Recompute and d.kind is not Memory))
     cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, user_shardings=plan.user_shardings)
     specs = cm.value_specs(resolve_decisions(sharding, an))
     # the named arrays: input leaves, and the operands of the marks left by flax's constraints
@@ -164,6 +165,8 @@ def flax_rules(plan: Plan, model) -> RulesExport:
                       for d, a in enumerate(specs[vid]) if a and not (names.get(vid) and d < len(names[vid])
                                                                       and names[vid][d])})
     lost = [f"recompute of {d.group} ({d.axis})" for d in plan.decisions if d.kind is Recompute]
+    lost += [f"{d.group} in host memory ({d.axis}: its arrays in pinned_host between steps, copied where the "
+             "step reads them)" for d in plan.decisions if d.kind is Memory]
     lost.append("the plan's constraints on intermediates the model does not name (XLA's propagation places them)")
     return RulesExport(rules, matched, conflicts, unnamed, lost, acts)
 
@@ -283,9 +286,20 @@ class RulesFunction:
 # --------------------------------------------------------------------------- files
 
 def specs_json(plan: Plan) -> dict:
-    return {"format": "partex-specs", "model": plan.model, "strategy": plan.strategy, "mesh": plan.mesh.to_json(),
-            "arg_names": arg_names(plan), "inputs": plan.inputs, "outputs": plan.outputs,
-            "donate": list(plan.donate)}
+    out = {"format": "partex-specs", "model": plan.model, "strategy": plan.strategy, "mesh": plan.mesh.to_json(),
+           "arg_names": arg_names(plan), "inputs": plan.inputs, "outputs": plan.outputs,
+           "donate": list(plan.donate)}
+    if plan.host_inputs or plan.host_outputs:
+        out["host_memory"] = {"inputs": list(plan.host_inputs), "outputs": list(plan.host_outputs),
+                              "note": HOST_NOTE}
+    return out
+
+
+# what a plan's memory decisions need beyond PartitionSpecs
+HOST_NOTE = ("the plan keeps these leaves in host memory between steps (its memory:host decisions): specs "
+             "alone place them on the device; to keep them on the host the step must copy each to the device "
+             "where it reads it and its update back (jax.device_put to jax.memory.Space.Device / .Host, as "
+             "MaxText's optimizer_memory_host_offload does), or run the step with plan.apply")
 
 
 def arg_names(plan: Plan) -> list[str]:
@@ -319,6 +333,8 @@ def specs_python(plan: Plan, comparison: Mapping[str, Any] | None = None) -> str
     """A standalone Python module (needs only jax) with the mesh and the specs."""
     doc = _header(plan, "PartitionSpecs of the inputs and outputs", comparison) + [
         "", "Only the step's inputs and outputs: XLA's sharding propagation places every intermediate.",
+        *(["", "Not carried: host memory. " + HOST_NOTE[0].upper() + HOST_NOTE[1:] + ": "
+            + ", ".join(plan.host_inputs) + "."] if plan.host_inputs else []),
         "", "    import jax, plan_specs as ps",
         "    mesh = ps.mesh()",
         "    step = jax.jit(train_step, in_shardings=ps.in_shardings(mesh, *args),",

@@ -19,7 +19,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .._decisions import RECOMPUTE_KINDS, RESOLUTIONS, Decision, Recompute, Resolve, slot_kind
+from .._decisions import MEMORY_SPACES, RECOMPUTE_KINDS, RESOLUTIONS, Decision, Memory, Recompute, Resolve, slot_kind
 from .._errors import PartexError
 from .._mesh import Hardware, MeshSpec
 from ._specs import SpecJSON, check_spec
@@ -70,6 +70,10 @@ class Plan:
     # "replace" (the plan places those values); ``fixed`` lists what they fix, for reading
     user_shardings: str = "keep"
     fixed: tuple[dict, ...] = ()
+    # the argument and result leaves (pytree paths) the plan keeps in host memory (its
+    # ``memory:host`` decisions): passed and returned in pinned host memory
+    host_inputs: tuple[str, ...] = ()
+    host_outputs: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
@@ -88,6 +92,7 @@ class Plan:
             "signature": self.signature,
             "predicted": self.predicted,
             "user_shardings": {"mode": self.user_shardings, "fixed": list(self.fixed)},
+            "host_memory": {"inputs": list(self.host_inputs), "outputs": list(self.host_outputs)},
         }
 
     def dumps(self) -> str:
@@ -143,6 +148,10 @@ class Plan:
                 if value not in RECOMPUTE_KINDS:
                     raise PartexError(f"{where}: decision {i} has recompute kind {value!r}; known: "
                                       f"{', '.join(RECOMPUTE_KINDS)}")
+            elif kind is Memory:
+                if value not in MEMORY_SPACES:
+                    raise PartexError(f"{where}: decision {i} has memory space {value!r}; known: "
+                                      f"{', '.join(MEMORY_SPACES)}")
             else:
                 mesh.index(x["axis"])  # unknown axis -> clear error
             decisions.append(PlanDecision(x["group"], x["axis"], x.get("anchor"), bool(x.get("pinned", False))))
@@ -160,9 +169,15 @@ class Plan:
         us = d.get("user_shardings") or {}
         if not isinstance(us, dict) or us.get("mode", "keep") not in ("keep", "replace"):
             raise PartexError(f"{where}: user_shardings must be {{\"mode\": \"keep\" or \"replace\", ...}}")
+        hm = d.get("host_memory") or {}
+        paths = {k: hm.get(k) or [] for k in ("inputs", "outputs")} if isinstance(hm, dict) else None
+        if paths is None or not all(isinstance(v, list) and all(isinstance(p, str) and p in d[k] for p in v)
+                                    for k, v in paths.items()):
+            raise PartexError(f"{where}: host_memory must list the input and output paths kept in host memory "
+                              "({\"inputs\": [...], \"outputs\": [...]}), each a path of the plan's inputs/outputs")
         return cls(mesh, hw, tuple(decisions), dict(d["inputs"]), dict(d["outputs"]), sig,
                    tuple(donate), d.get("predicted") or {}, d.get("model") or {}, d.get("strategy"),
-                   us.get("mode", "keep"), tuple(us.get("fixed") or ()))
+                   us.get("mode", "keep"), tuple(us.get("fixed") or ()), tuple(paths["inputs"]), tuple(paths["outputs"]))
 
     # ------------------------------------------------------------------ apply
     def apply(self, fn: Callable, mesh=None, axis_names=None, constrain: bool = True) -> "PlannedFunction":
@@ -194,10 +209,12 @@ class Plan:
 
         mesh = mesh if mesh is not None else self.jax_mesh()
         specs = iter(self._leaf_specs(args))
+        paths = iter(p for p, _, _ in self.signature.get("inputs", []))
+        host = set(self.host_inputs)
 
-        def kind(x):  # an argument the user keeps in host memory stays there
+        def kind(x):  # an argument the plan or the user keeps in host memory is there
             k = getattr(getattr(x, "sharding", None), "memory_kind", None)
-            return k if k in HOST_MEMORY_KINDS else None
+            return "pinned_host" if next(paths) in host else k if k in HOST_MEMORY_KINDS else None
 
         return jax.tree_util.tree_map(
             lambda x: NamedSharding(mesh, spec_from_json(next(specs)), memory_kind=kind(x)) if is_array_leaf(x)

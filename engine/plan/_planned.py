@@ -14,6 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._decisions import Decision
@@ -80,6 +81,7 @@ class PlannedFunction:
         self._jitted = None
         self.bound: BoundPlan | None = None  # by build(): the plan on the traced step
         self.num_constraints = (0, 0)
+        self._host: frozenset[int] = frozenset()  # values the plan keeps in host memory (by build)
 
     @property
     def program(self) -> Program | None:
@@ -100,13 +102,16 @@ class PlannedFunction:
         if tuple(mesh.axis_names) != self.plan.mesh.axes or tuple(mesh.devices.shape) != self.plan.mesh.sizes:
             raise PartexError(f"the mesh given ({dict(zip(mesh.axis_names, mesh.devices.shape))}) is not the "
                               f"plan's ({self.plan.mesh.text()})")
-        bound = bind(self.plan, self.fn, args, self.axis_names)
+        bound = bind(self.plan, self.fn, self._as_traced(args), self.axis_names)
         program, cm, decisions = bound.program, bound.cost_model, bound.decisions
         value_specs, operand_specs = constraint_specs(cm, decisions) if self.constrain else ({}, {})
         self.num_constraints = (len(value_specs), len(operand_specs))
         self.bound = bound
-        # an argument or result the step keeps in host memory stays there (its memory kind)
-        kind = lambda v: "pinned_host" if program.values[v].host else None  # noqa: E731
+        # an argument or result the step keeps in host memory stays there (its memory kind),
+        # and so does state the plan keeps there (its memory decisions)
+        host = cm.host_state_values(decisions)
+        self._host = host
+        kind = lambda v: "pinned_host" if program.values[v].host or v in host else None  # noqa: E731
         in_sh = [NamedSharding(mesh, spec_from_json(self.plan.inputs.get(p, [])), memory_kind=kind(v))
                  for p, v in zip(program.input_paths, program.inputs, strict=True)]
         out_sh = [NamedSharding(mesh, spec_from_json(self.plan.outputs.get(p, [])), memory_kind=kind(v))
@@ -122,17 +127,29 @@ class PlannedFunction:
 
         def jitted(promote: bool = False):
             body = constrained_function(program, mesh, *specs, promote=promote, recompute=recompute,
-                                        input_specs=input_specs)
+                                        input_specs=input_specs, host_state=host)
             return jax.jit(body, in_shardings=tuple(in_tree), out_shardings=out_tree,
                            donate_argnums=() if promote else donate)
 
-        if program.explicit_mesh is not None or any(program.values[v].host for v in program.inputs):
+        if program.explicit_mesh is not None or any(program.values[v].host or v in host for v in program.inputs):
             # typed arguments, and those in host memory, moved to the plan's shardings first
             self._jitted = _Untyping(jitted(), self._untyped)
             self._promoted = lambda: _Untyping(jitted(promote=True), self._untyped)
         else:
             self._jitted, self._promoted = jitted(), lambda: jitted(promote=True)
         return self._jitted
+
+    def _as_traced(self, args: Sequence[Any]) -> Sequence[Any]:
+        """``args`` as the step is traced on: an argument the plan keeps in host memory as a
+        device array's type (the step reads it on the device: apply copies it there)."""
+        host = set(self.plan.host_inputs)
+        if not host:
+            return args
+        leaves, tree = jax.tree_util.tree_flatten(tuple(args))
+        paths = iter(p for p, _, _ in self.plan.signature.get("inputs", []))
+        out = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) if is_array_leaf(x) and next(paths) in host else x
+               for x in leaves]
+        return jax.tree_util.tree_unflatten(tree, out)
 
     def float32(self, args: Sequence[Any]):
         """The planned step computing in float32 what it computes in bfloat16 / float16 (the
@@ -162,7 +179,7 @@ class PlannedFunction:
         mesh = self.mesh
         out = []
         for x, path, v in zip(leaves, program.input_paths, program.inputs, strict=True):
-            host = program.values[v].host
+            host = program.values[v].host or v in self._host
             if program.explicit_mesh is None and not host:
                 out.append(x)
                 continue

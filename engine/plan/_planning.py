@@ -13,10 +13,9 @@ from ._specs import signature_of, spec_to_json
 
 
 def decision_json(an, decision: Decision, pinned: bool) -> PlanDecision:
-    """A decision as its plan file writes it: the group's (or layer stack's) label, its
-    slot, its anchor."""
-    name = an.groups[decision.id].label if decision.ON_GROUP else an.units[decision.id].label
-    return PlanDecision(name, decision.slot, anchor_of(an, decision), pinned)
+    """A decision as its plan file writes it: the group's (layer stack's, state set's)
+    label, its slot, its anchor."""
+    return PlanDecision(an.subject_label(decision), decision.slot, anchor_of(an, decision), pinned)
 
 
 def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, strategy=None,
@@ -30,6 +29,7 @@ def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, 
     decisions = [d for d in decisions if not d.ON_GROUP or d.id not in cm.fixed.groups]
     specs = cm.value_specs(decisions)
     report = cm.evaluate(decisions, detail=True)
+    host = cm.host_state_values(decisions)
     pinned = set(pinned)
     m = model_analysis.model
     return Plan(
@@ -45,4 +45,6 @@ def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, 
         strategy=strategy,
         user_shardings=cm.user_shardings,
         fixed=fixed_json(cm),
+        host_inputs=tuple(p for v, p in zip(program.inputs, program.input_paths) if v in host),
+        host_outputs=tuple(p for v, p in zip(program.outputs, program.output_paths) if v in host),
     )

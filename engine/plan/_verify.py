@@ -201,7 +201,8 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
         explained = explain(text, cm, report, plan, program.arg_names)
     pred_bytes: dict[str, float] = dict.fromkeys(KINDS, 0.0)
     for k, v in report.collective_bytes.items():
-        pred_bytes[k] += v
+        if k in pred_bytes:  # (host transfers are copies, not collectives: none of XLA's kinds)
+            pred_bytes[k] += v
     m = report.memory
     flops, bytes_accessed = _work(compiled, cm, decisions)
     return VerifyReport(

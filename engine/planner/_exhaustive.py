@@ -18,7 +18,7 @@ import math
 import time
 from typing import Callable, Sequence
 
-from .._decisions import Decision, Recompute, Shard
+from .._decisions import Decision, Memory, Recompute, Shard
 from ..analysis._analysis import NO_DIM
 from ..cost import CostModel, CostReport
 
@@ -75,7 +75,8 @@ def axis_sequences(groups: Sequence[int], k: int, clash: set[frozenset[int]]) ->
 
 def space(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> list[list[tuple[Decision, ...]]]:
     """The independent choices a plan makes, each as its options: per mesh axis, its
-    decision sequences; per layer stack with recompute actions, saving or one kind."""
+    decision sequences; per layer stack with recompute actions, saving or one kind; per
+    state set, device memory or another space."""
     clash = conflicts(cm)
     shards = [d for d in actions if isinstance(d, Shard)]
     axes = [a for a in cm.mesh.axes if any(d.axis == a for d in shards)]
@@ -83,10 +84,14 @@ def space(cm: CostModel, actions: Sequence[Decision], per_axis: int) -> list[lis
               for seq in axis_sequences([d.group for d in shards if d.axis == a], per_axis, clash)]
              for a in axes]
     recompute: dict[int, list[Decision]] = {}
+    placed: dict[int, list[Decision]] = {}
     for d in actions:
         if isinstance(d, Recompute):
             recompute.setdefault(d.unit, []).append(d)
+        elif isinstance(d, Memory):
+            placed.setdefault(d.state, []).append(d)
     slots += [[(), *((d,) for d in ds)] for _, ds in sorted(recompute.items())]
+    slots += [[(), *((d,) for d in ds)] for _, ds in sorted(placed.items())]
     return slots
 
 

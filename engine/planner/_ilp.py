@@ -50,7 +50,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from .._decisions import Decision, Recompute, Shard
+from .._decisions import MEMORY_SPACES, Decision, Memory, Recompute, Shard
 from ..analysis._analysis import Group
 from ..cost import CostModel, CostReport
 
@@ -101,9 +101,10 @@ def group_strategies(size: int, axes: Sequence[str], axis_size: dict[str, int]) 
 
 @dataclasses.dataclass(frozen=True)
 class _UnitChoice:
-    """A layer stack's recompute, as the ILP's one more choice."""
+    """A layer stack's recompute, or where a set of the step's state lives, as the ILP's
+    one more choice."""
 
-    id: int  # -1 - the unit's id
+    id: int  # -1 - the unit's id; -1 - (number of units) - the state set's
 
 
 @dataclasses.dataclass
@@ -162,6 +163,10 @@ class _ILP:
             self.groups.append(_UnitChoice(-1 - u.id))
             self.strategies[-1 - u.id] = [(), *((k,) for k in u.kinds)]  # save, or one recompute kind
             self.pairs += [(-1 - u.id, g) for g in big]
+        self._state_base = -1 - len(cm.units)  # a state set's key: this - its id
+        for st in an.movable_states():  # device memory, or one other space
+            self.groups.append(_UnitChoice(self._state_base - st))
+            self.strategies[self._state_base - st] = [(), *((m,) for m in MEMORY_SPACES)]
         self.rank = {g.id: k for k, g in enumerate(self.groups)}
         self._cache: dict[tuple, CostReport] = {}
         self.evaluations = 0
@@ -169,8 +174,9 @@ class _ILP:
     # ---------------------------------------------------------------- plans
     def decisions(self, plan: dict[int, Strategy]) -> tuple[Decision, ...]:
         out: list[Decision] = []
-        for g in self.groups:  # a unit's key is -1 - its id
-            out += [Shard(g.id, a) if g.id >= 0 else Recompute(-1 - g.id, a) for a in plan.get(g.id, ())]
+        for g in self.groups:  # a unit's key is -1 - its id, a state set's below the units'
+            out += [Shard(g.id, a) if g.id >= 0 else Recompute(-1 - g.id, a) if g.id > self._state_base
+                    else Memory(self._state_base - g.id, a) for a in plan.get(g.id, ())]
         return tuple(out)
 
     def evaluate(self, plan: dict[int, Strategy], overlap: bool | None = None) -> CostReport:

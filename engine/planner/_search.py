@@ -334,7 +334,7 @@ def _key_parse(text: str, space: DecisionSpace):
     for part in text.split("|") if text else ():
         a, _, gs = part.rpartition(":")
         groups = tuple(int(g) for g in gs.split(","))
-        n = 0 if a not in space.slots else len(space.an.groups) if space.on_group(a) else len(space.units)
+        n = space.id_count(a) if a in space.slots else 0
         if not all(0 <= g < n for g in groups):
             raise ValueError(f"tree key {text!r} names no group or axis of this model and mesh")
         key.append((a, groups))
