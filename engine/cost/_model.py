@@ -107,7 +107,8 @@ class CostModel:
     def host_state_values(self, decisions: Sequence[Decision]) -> frozenset[int]:
         """The arguments and results the plan's memory decisions keep in host memory."""
         states = self.states_of(decisions)
-        return frozenset(np.concatenate(self._moved(states)[1]).tolist()) if states else frozenset()
+        return frozenset(v for ins, outs in self._moved(states)[1] for v in (*ins.tolist(), *outs.tolist())) \
+            if states else frozenset()
 
     # ------------------------------------------------------------------ memoised pieces
     def sig_spec(self, sig: int, dec: Sequence[tuple[int, str, int]]) -> list[list[str]]:
@@ -137,9 +138,9 @@ class CostModel:
             e = self._edits[rc] = build_edit(self.tables, rc, self.units, self._readers)
         return e
 
-    def _moved(self, states: tuple[int, ...]) -> tuple[Moved, list[np.ndarray]]:
+    def _moved(self, states: tuple[int, ...]) -> tuple[Moved, list[tuple[np.ndarray, np.ndarray]]]:
         """The memory change of keeping ``states`` in host memory, and per set the values it
-        copies over the host link (its arguments, their updates)."""
+        copies over the host link: (its arguments, their updates)."""
         r = self._moves.get(states)
         if r is None:
             an = self.analysis
@@ -147,7 +148,7 @@ class CostModel:
             sets = []
             for st in states:
                 ins = an.state_inputs(st)
-                sets.append(np.array([*ins, *(back[v] for v in ins if v in back)], dtype=np.int64))
+                sets.append((np.array(ins, dtype=np.int64), np.array([back[v] for v in ins if v in back], dtype=np.int64)))
             ins = [v for st in states for v in an.state_inputs(st)]
             r = self._moves[states] = (moved_state(self.program, self.tables.live, ins,
                                                    [back[v] for v in ins if v in back]), sets)
@@ -243,26 +244,29 @@ class CostModel:
         # host transfers run over the host link beside the compute (the forward's and the
         # backward's): only what outlasts the compute is waited for. Offloaded residuals
         # are copied out as the forward pass makes them and back as the backward pass reads
-        # them; state kept in host memory is copied in where the step first reads it and
-        # its update out
-        host_secs: list[np.ndarray] = []
+        # them; state kept in host memory is copied in ahead of where the step first reads
+        # it (prefetched as a weight's gather is), and its update out once it is made: at
+        # the end of the step, with nothing left to run under, waited for whole
+        bw = self.hw.host_bandwidth
         host = None
+        hidable = 0.0  # seconds that may run under compute
         if edit is not None and len(edit.host_v):
             host = local[edit.host_v] * edit.host_n
             mem = dataclasses.replace(mem, host=mem.host + float(host.sum()))
-            host_secs.append(2 * host / self.hw.host_bandwidth)
-        state_bytes = [float(local[vs].sum()) for vs in state_moves[1]] if state_moves else []
-        host_secs += [np.array([b / self.hw.host_bandwidth]) for b in state_bytes]
+            hidable += 2 * float(host.sum()) / bw
+        state_io = [(float(local[i].sum()) / bw, float(local[o].sum()) / bw) for i, o in state_moves[1]] \
+            if state_moves else []
+        hidable += sum(i for i, _ in state_io)
+        tail = sum(o for _, o in state_io)
         moved = ()
-        if host_secs:
-            total = float(sum(float(x.sum()) for x in host_secs))
-            wait = max(0.0, total - compute) if overlap else total
-            comm += total
-            step += wait
+        if hidable or tail:
+            wait = (max(0.0, hidable - compute) if overlap else hidable)
+            comm += hidable + tail
+            step += wait + tail
             if detail:
-                moved = (*(self._host_rows(edit, host, host_secs[0], wait, total)
+                moved = (*(self._host_rows(edit, host, 2 * host / bw, wait, hidable)
                            if edit is not None and host is not None else ()),
-                         *self._state_rows(states, state_bytes, wait, total))
+                         *self._state_rows(states, state_io, wait, hidable))
         report_colls = ()
         if detail:
             report_colls = tuple(self._collective_rows(colls, common.dup, extra_colls, exposed)) + moved
@@ -295,19 +299,20 @@ class CostModel:
                                  self.program.ops[op].source, f"{unit.label} offload",
                                  hidden=t - wait * t / total if total > 0 else 0.0)
 
-    def _state_rows(self, states: tuple[int, ...], nbytes: list[float], wait: float, total: float
+    def _state_rows(self, states: tuple[int, ...], io: list[tuple[float, float]], wait: float, hidable: float
                     ) -> Iterable[CollectiveCost]:
-        """One host-transfer row per state set kept in host memory (in and out), the time
-        the step waits for (of ``total`` host-link seconds) spread by their seconds."""
+        """One host-transfer row per state set kept in host memory (its copy in and its
+        update's out); of the copies in, the time the step waits for (of ``hidable``
+        host-link seconds that may run under compute) spread by their seconds; the copies
+        out waited for whole."""
         an = self.analysis
-        for st, b in zip(states, nbytes):
-            t = b / self.hw.host_bandwidth
+        for st, (t_in, t_out) in zip(states, io):
             first = an.state_inputs(st)[0]
             op = next((o.id for o in self.program.ops if first in o.inputs), 0)
-            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), b / 2, 2, t, op,
-                                 self.program.ops[op].source if self.program.ops else "",
+            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), (t_in + t_out) * self.hw.host_bandwidth / 2,
+                                 2, t_in + t_out, op, self.program.ops[op].source if self.program.ops else "",
                                  f"{STATE_LABELS[STATES[st]]} in host memory",
-                                 hidden=t - wait * t / total if total > 0 else 0.0)
+                                 hidden=t_in - wait * t_in / hidable if hidable > 0 else 0.0)
 
     def _collective_rows(self, colls, dup_count, extra=(), exposed=None) -> Iterable[CollectiveCost]:
         """The collectives, one row per pattern and kind; ``extra``: (pattern, collectives,

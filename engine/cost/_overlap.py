@@ -62,8 +62,9 @@ def build_timeline(program) -> Timeline:
     views = having("view")
     # Values there at the start of the step or of a loop, whatever the plan: the step's
     # inputs, and what views of them make (a weight cast to bf16, transposed, a layer's
-    # slice of a stacked weight a scan reads). A collective of one can run ahead of its
-    # reader: XLA prefetches FSDP's weight gathers under the previous layer's compute.
+    # slice of a stacked weight a scan reads) or copies of them (``device_put``: a weight a
+    # step keeps in host memory, copied to the device). A collective of one can run ahead
+    # of its reader: XLA prefetches FSDP's weight gathers under the previous layer's compute.
     early = np.zeros(len(values), dtype=bool)
     for v in values:
         early[v.id] = v.producer == NO_PRODUCER
@@ -72,7 +73,7 @@ def build_timeline(program) -> Timeline:
             nc = op.params["num_carry"]
             for j, (i, o) in enumerate(zip(op.inputs, op.outputs)):
                 early[o] = j >= nc and early[i]
-        elif op.primitive in views and op.inputs and all(early[i] for i in op.inputs):
+        elif (op.primitive in views or op.primitive == "device_put") and op.inputs and all(early[i] for i in op.inputs):
             early[list(op.outputs)] = True
     region_ops: dict[int, list[int]] = {r.id: [] for r in p.regions}
     for op in p.ops:
