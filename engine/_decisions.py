@@ -5,7 +5,8 @@
   shards its ``"second"`` dim there, or ``"neither"`` (module docstring of ``_analysis``).
 - ``Recompute(unit, kind)``: a layer stack (a recompute unit) is rematerialised in the
   backward pass: ``"regather"``, ``"dots"`` or ``"full"``, or its matmul outputs are saved in
-  host memory and the rest recomputed, ``"offload"`` (``_recompute``).
+  host memory and the rest recomputed, ``"offload"``, or each layer's input is and the whole
+  layer recomputed, ``"full_offload"`` (``_recompute``).
 - ``Memory(state, space)``: a set of the step's state (``STATES``: the optimizer state, the
   parameters) is kept in another memory space between steps, ``"host"``: the step copies
   each array to the device where it first reads it and its update back (MaxText's
@@ -32,13 +33,14 @@ NamedDimId = int
 NO_DIM = -1  # the group (and named dim) of a size-1 dim: never sharded, in none
 
 RESOLUTIONS = ("second", "neither")
-RECOMPUTE_KINDS = ("regather", "dots", "full", "offload")  # "save" (the default) is no decision
-LOOP_RECOMPUTE_KINDS = ("dots", "full", "offload")  # under scan every iteration gathers its weights anew
+RECOMPUTE_KINDS = ("regather", "dots", "full", "offload", "full_offload")  # "save" (the default) is no decision
+LOOP_RECOMPUTE_KINDS = ("dots", "full", "offload", "full_offload")  # under scan every iteration gathers its weights anew
 # what each recompute kind does to a layer stack, in words (the explorer's and the CLI's)
 RECOMPUTE_WHAT = {"regather": "weights gathered again in the backward pass",
                   "dots": "matmul outputs saved, the rest recomputed in the backward pass",
                   "full": "every layer recomputed from its input in the backward pass",
-                  "offload": "matmul outputs kept in host memory, the rest recomputed in the backward pass"}
+                  "offload": "matmul outputs kept in host memory, the rest recomputed in the backward pass",
+                  "full_offload": "every layer recomputed in the backward pass from its input, kept in host memory"}
 # the sets of step state a ``Memory`` decision places, by id (the roles ``partex.analysis``
 # gives the step's inputs), and the memory spaces it places them in ("device", the default,
 # is no decision)

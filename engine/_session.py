@@ -389,7 +389,7 @@ class Session:
                           timeout=timeout, explain=explain)
         marked = mark and not out.fits
         if marked:
-            self.mark_infeasible(resolve_decisions(plan, self.analysis), out.memory.xla)
+            self.mark_infeasible(resolve_decisions(plan, self.analysis), out.xla_memory.get("device", out.memory.xla))
         return out.replace(marked_infeasible=marked)
 
     def verify_all(self, plans: Sequence[Plan], *, timeout: float = 1800) -> list[VerifyReport]:

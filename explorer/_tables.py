@@ -128,7 +128,9 @@ class PlanView(pn.viewable.Viewer):
         fits = "fits" if r.fits else "<span class='bad'>over budget</span>"
         if summary.recomputes:
             w = summary.saving_all
-            fits += (f" · {summary.saving_what} saves {fmt_bytes(w.memory.peak - r.memory.peak)} per device for "
+            what = summary.saving_what
+            fits += (f" · {what} save{'' if ' and ' in what else 's'} {fmt_bytes(w.memory.peak - r.memory.peak)} "
+                     "per device for "
                      f"{fmt_time(r.step_time - w.step_time)} more step time")
         self.header.object = (
             f"<div class='plan-head'><div class='chips'>{chips}</div><div class='muted'>mesh {esc(plan.mesh.text())} · "

@@ -107,4 +107,4 @@ def test_a_session_file_from_before_the_types_resumes(tmp_path):
     # the space has gained a recompute kind and memory decisions since the file was written: its actions are the
     # file's and the new kind's
     assert [a for a in state["actions"] if a in saved["search"]["actions"]] == saved["search"]["actions"]
-    assert {a[1] for a in state["actions"] if a not in saved["search"]["actions"]} == {"recompute:offload", "memory:host"}
+    assert {a[1] for a in state["actions"] if a not in saved["search"]["actions"]} == {"recompute:offload", "recompute:full_offload", "memory:host"}

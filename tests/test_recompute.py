@@ -39,7 +39,7 @@ def test_a_unit_is_a_forward_layer_stack_read_again_by_the_backward_pass():
     scan = demo_models.build("transformer-scan", "tiny")
     sp = trace(scan.fn, scan.args)
     (su,) = units(sp)
-    assert su.block is None and su.layers == 2 and su.kinds == ("dots", "full", "offload")
+    assert su.block is None and su.layers == 2 and su.kinds == ("dots", "full", "offload", "full_offload")
     fwd, bwd = su.loop
     assert fwd < su.boundary <= bwd and sp.ops[fwd].primitive == sp.ops[bwd].primitive == "scan_enter"
     (lf,) = plan_unit(sp, su, "full")
@@ -228,6 +228,39 @@ def test_dropout_keys_go_through_every_recompute_kind(typed):
         assert out.numerics is not None and out.numerics.ok, (kind, out.numerics)
 
 
+def test_full_offload_keeps_each_layers_input_in_host_memory():
+    """``full_offload`` recomputes what ``full`` does, from each layer's input kept in host
+    memory (MaxText's ``decoder_layer_input: offload``): one value per unrolled layer (the
+    input the forward made for it), a scan's stacked layer inputs; out of device memory,
+    into host memory, on the device again under XLA:CPU; applied, copied to host memory."""
+    for name in ("transformer", "transformer-scan"):
+        m = demo_models.build(name, "tiny")
+        s = partex.Session(m.fn, m.args, mesh="data=4,model=2", hardware="tpu-v5p")
+        (u,) = s.units
+        p = s.program
+        off, full = plan_unit(p, u, "full_offload"), plan_unit(p, u, "full")
+        for o, f in zip(off, full, strict=True):
+            assert o.ops == f.ops
+            if u.loop is None:
+                assert o.recomputed == f.recomputed and len(o.offloaded) == 1
+                (x,) = o.offloaded
+                assert x in o.leaves and p.values[x].shape == (8, 32, 64)  # [batch, seq, d_model]
+            else:
+                assert o.dropped == f.dropped and o.host_ys and o.host_in
+        base = s.strategy("zero3")
+        with_full, with_off = [*base, partex.Recompute(0, "full")], [*base, partex.Recompute(0, "full_offload")]
+        r_full, r_off = s.evaluate(with_full, detail=True), s.evaluate(with_off, detail=True)
+        assert r_full.memory.host == 0 and r_off.memory.host > 0
+        assert r_off.memory.peak <= r_full.memory.peak
+        moved = [c for c in r_off.collectives if c.kind == "host-transfer"]
+        assert sum(c.bytes * c.count for c in moved) == pytest.approx(2 * r_off.memory.host)
+        cpu = CostModel(s.analysis, s.cost_model.mesh, s.cost_model.hw, lowering="cpu")
+        c_full, c_off = cpu.evaluate(s.decisions(with_full)), cpu.evaluate(s.decisions(with_off))
+        assert c_off.memory.peak == c_full.memory.peak and c_off.memory.host == 0
+        text = str(jax.make_jaxpr(s.plan(with_off).apply(m.fn))(*m.args))
+        assert "<host>" in text and "<host>" not in str(jax.make_jaxpr(s.plan(with_full).apply(m.fn))(*m.args))
+
+
 def test_offload_keeps_the_saved_matmul_outputs_in_host_memory():
     """``offload`` saves what ``dots`` saves, in host memory: the same ops recomputed, the
     saved matmul outputs the backward pass reads out of device memory and into host memory,
@@ -271,9 +304,12 @@ def test_the_search_takes_offload_where_dots_does_not_fit_and_full_costs_more():
     """Under a budget that the matmul outputs saved on the device exceed, the search keeps
     them in host memory (the transfers run under compute) rather than recompute the layer
     whole. Host memory is a budget too: on hosts with too little of it for the offloaded
-    values no plan offloads, and the best plan is slower."""
+    values no plan offloads, and the best plan is slower. (The optimizer state and the
+    parameters stay on the device: moving them would free the memory the residuals need.)"""
     m = demo_models.build("transformer-scan", "tiny")
     s = partex.Session(m.fn, m.args, mesh="data=4,model=2", hardware="tpu-v5p", memory="700KiB")
+    for state in partex.STATES:
+        s.forbid(state, "memory:host")
     s.step(80)
     best = s.best()
     assert best is not None and partex.Recompute(0, "offload") in best.decisions
@@ -284,6 +320,8 @@ def test_the_search_takes_offload_where_dots_does_not_fit_and_full_costs_more():
     assert 0 < offload_host <= best.report.memory.host
     small_host = partex.get_hardware("tpu-v5p").replace(host_memory_bytes=offload_host / 2)
     cramped = partex.Session(m.fn, m.args, mesh="data=4,model=2", hardware=small_host, memory="700KiB")
+    for state in partex.STATES:
+        cramped.forbid(state, "memory:host")
     assert not cramped.evaluate(best.decisions).fits  # the same plan over the host's memory
     cramped.step(80)
     other = cramped.best()

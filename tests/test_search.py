@@ -237,11 +237,12 @@ def test_cli_bench_json_rows(capsys):
     assert rows["mcts-no-remat"]["step_time_s"] >= mcts["step_time_s"] * (1 - 1e-9)
     one = [c for c in s.baselines().values() if c.report.fits and len({d.slot for d in c.decisions}) == len(c.decisions)]
     per_axis = [sum(1 for d in s._search.actions if d.slot == axis) for axis in ("data", "model")]
-    # and one more choice: the layer stack saved, recomputed one of three ways, or offloaded;
+    # and one more choice: the layer stack saved, recomputed one of three ways, or offloaded
+    # (its matmul outputs, or its layers' inputs under full recompute);
     # and each state set (the optimizer state, the parameters) on the device or in host memory
     states = len(s.analysis.movable_states())
     assert states == 2
-    assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1]) * 5 * 2**states
+    assert ex["complete"] and ex["plans"] == ex["space"] == (1 + per_axis[0]) * (1 + per_axis[1]) * 6 * 2**states
     assert one and all(ex["step_time_s"] <= c.report.step_time * (1 + 1e-9) for c in one)
 
 

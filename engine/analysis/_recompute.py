@@ -24,7 +24,10 @@ The kinds, as ``jax.checkpoint`` and its policies give them:
 - ``offload``: as ``dots``, but the saved matmul outputs the backward pass reads go to host
   memory as the forward pass makes them and come back for the backward pass (as
   ``jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")``, and
-  MaxText's ``*_offloaded`` remat policies): device memory traded for the host link's time.
+  MaxText's ``*_offloaded`` remat policies): device memory traded for the host link's time;
+- ``full_offload``: as ``full``, but each layer's input goes to host memory as the forward
+  pass makes it and comes back for the layer's recomputation (MaxText's
+  ``decoder_layer_input: offload`` with every other tag recomputed).
 
 Both remat kinds re-gather the layer's weights too (the recomputation reads them behind the
 same barrier, as ``jax.checkpoint`` does). For each copy of the layer, ``CopyPlan`` gives
@@ -33,8 +36,8 @@ what apply re-emits (the ops, where, from which saved values) and what the cost 
 recompute point to its last backward read).
 
 Under ``scan`` a layer's weights are a slice of the stacked weights, gathered in every
-iteration of each loop alike, so re-gather is no decision there: the kinds are ``dots`` and
-``full``, and ``LoopPlan`` says which stacked residuals the forward loop no longer outputs,
+iteration of each loop alike, so re-gather is no decision there: the kinds are ``dots``,
+``full`` and their offloading forms, and ``LoopPlan`` says which stacked residuals the forward loop no longer outputs,
 which values it stacks instead (the layer input, the saved matmul outputs), and which forward
 body ops the backward loop's body runs again, per iteration, before its own.
 """
@@ -246,6 +249,13 @@ def plan_copy(program: Program, u: Unit, k: int, kind: str, readers=None) -> Cop
         saved |= dots
     recomputed = [v for v in late if v not in saved]
     offloaded = tuple(sorted(v for v in dots if v in late)) if kind == "offload" else ()
+    if kind == "full_offload":  # the layer's input: what it reads that the forward made, no other layer reads
+        others = [(a, b) for j, (a, b) in enumerate(u.copies) if j != k]
+        offloaded = tuple(sorted({v for op in ops[lo:hi] for v in op.inputs
+                                 if v not in made and program.values[v].producer != NO_PRODUCER
+                                 and v not in program.constants
+                                 and not any(a <= r < b for r in readers[v] for a, b in others)
+                                 and any(r >= u.boundary for r in readers[v])}))
     if not recomputed and not offloaded:
         return CopyPlan(-1, (), (), (), (), ())
     if not recomputed:  # nothing recomputed: the offloaded values come back where first read
@@ -321,6 +331,9 @@ def plan_loop(program: Program, u: Unit, kind: str, readers=None) -> LoopPlan:
     # ``offload``: the matmul outputs the backward loop alone reads, stacked already, are
     # stacked in host memory
     host_ys = tuple(j for j in only_b if j not in dropped and ys_body[j] in dots) if kind == "offload" else ()
+    if kind == "full_offload":  # every stacked residual kept (the layer inputs the recomputation reads)
+        host_ys = tuple(j for j, sv in enumerate(ys_out) if j not in dropped and readers[sv]
+                        and all(r == b_enter for r in readers[sv]))
     host_in = tuple(i for i, sv in enumerate(bin_) if sv in ys_out and ys_out.index(sv) in host_ys)
     if not dropped:
         return LoopPlan(f_enter, b_enter, (), (), (), (), (), (), host_ys, (), host_in)
@@ -345,5 +358,7 @@ def plan_loop(program: Program, u: Unit, kind: str, readers=None) -> LoopPlan:
     feeds = tuple((i, ys_body[ys_out.index(sv)]) for i, sv in enumerate(bin_)
                   if sv in ys_out and ys_out.index(sv) in dropped)
     # and so are the matmul outputs stacked anew for the recomputation
-    host_stacked = tuple(k for k, v in enumerate(stacked) if v in dots) if kind == "offload" else ()
+    # (``full_offload``: the layer inputs stacked for the recomputation)
+    host_stacked = tuple(k for k, v in enumerate(stacked) if v in dots) if kind == "offload" else \
+        tuple(range(len(stacked))) if kind == "full_offload" else ()
     return LoopPlan(f_enter, b_enter, seq, leaves, stacked, dropped, feeds, reuse, host_ys, host_stacked, host_in)
