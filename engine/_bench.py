@@ -28,15 +28,15 @@ def bench(s: Session, seconds: float = 60.0, *, ilp_time: float = 30.0, simulati
         s.step(simulations)
     else:
         s.run(seconds, callback=callback)
-    xla = None
+    xla = xla_fits = None
     if verify and s.best() is not None:
         _, out = s.verified_best()
-        xla = out.memory.xla
+        xla, xla_fits = out.memory.xla, out.fits
     best = s.best()
     st = s.stats()
     row("mcts", best.decisions if best else (), best.report if best else None,
         best.seconds if best else None, simulations=st.simulations, total_s=st.seconds,
-        smallest_memory=st.smallest_memory, xla_memory_bytes=xla,
+        smallest_memory=st.smallest_memory, xla_memory_bytes=xla, xla_fits=xla_fits,
         memory_ratio=best.report.memory.peak / xla if best and xla else None)  # predicted / XLA
     if s.units:  # the best plan without recompute that the search scored
         dec = s._search.best_without_recompute()

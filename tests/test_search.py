@@ -312,7 +312,7 @@ def test_cli_bench_verify_reports_the_mcts_plans_memory_per_xla(capsys):
     assert main(["bench", "transformer", "--mesh", "data=4,model=2", "--memory", "6MiB", "--simulations", "50",
                  "--ilp-time", "5", "--verify", "--exhaustive", "0", "--json"]) == 0
     mcts = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["strategy"] == "mcts")
-    assert mcts["xla_memory_bytes"] <= parse_bytes("6MiB")
+    assert mcts["xla_fits"]  # (XLA's device figure: a plan may keep its state in host memory)
     assert mcts["memory_ratio"] == pytest.approx(mcts["memory_bytes"] / mcts["xla_memory_bytes"])
     assert 0.7 < mcts["memory_ratio"] < 1.3
 
