@@ -522,7 +522,7 @@ def host_peak(live: Liveness, local: np.ndarray, mask: np.ndarray | None = None)
 def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), edit: "Edit | None" = None,
                   moved: Moved | None = None) -> MemoryReport:
     """The per-device peak: arguments + outputs + the peak of the live intermediates, the
-    resharded and transient ``buffers`` ((from op, to op, bytes)), an edit's recomputed
+    resharded and transient ``buffers`` ((from op, to op, bytes): three arrays), an edit's recomputed
     copies and temporaries and the device copies of state kept in host memory (``moved``)
     - the aliased outputs. ``local``: per value, its bytes per device. Values in host
     memory take none of the device's; ``host`` is their own peak."""
@@ -559,8 +559,8 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         if own.any():
             size = local[body][own]
             delta += np.bincount(at[own], weights=size, minlength=n) - np.bincount(stop[own], weights=size, minlength=n)
-    if buffers:
-        start, stop, size = (np.array(x) for x in zip(*buffers))
+    if buffers and len(buffers[0]):
+        start, stop, size = buffers
         delta += np.bincount(start, weights=size, minlength=n) - np.bincount(stop, weights=size, minlength=n)
     live_bytes = np.cumsum(delta)
     t = int(np.argmax(live_bytes)) if len(live_bytes) else 0
@@ -608,7 +608,9 @@ def _held(live: Liveness, local: np.ndarray, b: np.ndarray, mid_end: np.ndarray,
     out = [HeldBuffer(float(size), int(a), int(e), "value", int(v))
            for v, a, e, size in zip(live.mid[at].tolist(), live.mid_def[at].tolist(), mid_end[at].tolist(),
                                     b[at].tolist())]
-    out += [HeldBuffer(float(size), int(a), int(e), "buffer") for a, e, size in buffers if a <= t < e]
+    if buffers:
+        out += [HeldBuffer(float(size), int(a), int(e), "buffer")
+                for a, e, size in zip(*(x.tolist() for x in buffers)) if a <= t < e]
     if edit is not None:
         out += [HeldBuffer(float(local[v] * n), int(a), int(e), "recomputed copy", int(v))
                 for v, a, e, n in zip(edit.clone_v.tolist(), edit.clone_a.tolist(), edit.clone_b.tolist(),

@@ -22,7 +22,7 @@ from ..analysis._analysis import NO_DIM, Analysis
 from ..analysis._constraints import check_mode
 from ..analysis._recompute import value_readers
 from ._aggregate import aggregate
-from ._cse import Reshards, common_reshards
+from ._cse import ReadClasses, Reshards, common_reshards, read_classes
 from ._facts import facts_of
 from ._liveness import Moved, memory_report, moved_state
 from ._overlap import Timeline, build_timeline, overlapped
@@ -71,6 +71,8 @@ class CostModel:
         self._agg_cache: dict = {}  # (mask, decisions) -> Aggregate; (rc, mask, decisions) -> extra cost
         self._factor_cache: dict = {}  # (mask, decisions) -> the signatures' shard counts
         self._reshard_cache: dict = {}  # (the plan's operand reshards, rc) -> Reshards
+        self._cse_memo: dict = {}  # (read class, rc, its patterns' reshards) -> its CSE (_cse)
+        self._classes: ReadClasses | None = None  # built on the first plan with an operand reshard
         self._edits: dict = {}  # recompute decisions -> Edit
         self._moves: dict = {}  # state sets in host memory -> (Moved, per set its arguments and updates)
         self._tl: Timeline | None = None  # built on the first overlapped evaluation
@@ -172,7 +174,7 @@ class CostModel:
 
     def _timeline(self) -> Timeline:
         if self._tl is None:
-            self._tl = build_timeline(self.program)
+            self._tl = build_timeline(self.tables)
         return self._tl
 
     def _local_bytes(self, dec) -> np.ndarray:
@@ -225,8 +227,10 @@ class CostModel:
             compute += xc
             comm += xm
         common = self._common_reshards(aggs, reshard_keys, rc, t.user_late if edit is None else edit.late)
-        buffers = list(common.buffers)
-        buffers += transients
+        buffers = common.buffers
+        if transients:
+            buffers = tuple(np.concatenate((x, np.array(y, dtype=x.dtype)))
+                            for x, y in zip(buffers, zip(*transients)))
         comm -= common.saved
         step = compute + comm
         exposed = None
@@ -281,7 +285,10 @@ class CostModel:
         common = self._reshard_cache.get(rkey)
         if common is None:
             resharded = [x for agg in aggs for x in agg.resharded]
-            common = self._reshard_cache[rkey] = common_reshards(self.tables, resharded, late)
+            if self._classes is None:
+                self._classes = read_classes(self.tables)
+            common = self._reshard_cache[rkey] = common_reshards(self.tables, self._classes, resharded, late,
+                                                                 self._cse_memo, rc)
         return common
 
     def _host_rows(self, edit: Edit, host: np.ndarray, secs: np.ndarray, wait: float, total: float
