@@ -65,6 +65,7 @@ class Timeline:
     pattern_group: list = dataclasses.field(default_factory=list)  # per pattern: its aggregate (tables' mask group)
     pattern_ops: list = dataclasses.field(default_factory=list)  # per pattern: its ops (an array)
     readers_of: dict = dataclasses.field(default_factory=dict)  # pattern -> _result_readers, filled as asked
+    region_patterns: dict = dataclasses.field(default_factory=dict)  # region -> its ops' patterns (an array)
 
 
 def build_timeline(t: "Tables", periodic: bool = True) -> Timeline:
@@ -131,7 +132,8 @@ def build_timeline(t: "Tables", periodic: bool = True) -> Timeline:
     return Timeline(
         region_ids, child_at, loops, readers, static_special, early_l, view_op.tolist(),
         [op.inputs for op in p.ops], [op.outputs for op in p.ops], stretches, pos, made_in,
-        t.op_pattern.tolist(), pattern_group.tolist(), [np.array(pt.ops, dtype=np.int64) for pt in t.patterns])
+        t.op_pattern.tolist(), pattern_group.tolist(), [np.array(pt.ops, dtype=np.int64) for pt in t.patterns], {},
+        {r: t.op_pattern[ids] for r, ids in region_ids.items()})
 
 
 def schedule_of(t: "Tables", tl: Timeline, agg: "Aggregate") -> tuple[dict, np.ndarray]:
@@ -289,13 +291,15 @@ class _Run:
     """One run of the schedule: the clocks, the plan's per-op compute seconds and
     collectives, and what it charges the collectives."""
 
-    __slots__ = ("st", "tl", "op_c", "by_group", "dup", "special", "exposed", "pending", "hoisted", "later",
+    __slots__ = ("st", "tl", "pat_c", "secs", "by_group", "dup", "special", "exposed", "pending", "hoisted", "later",
                  "dup_ops", "uniform", "ptime", "_marks", "counted")
 
-    def __init__(self, st: SimState, tl: Timeline, op_c: np.ndarray, by_group: list, special: np.ndarray,
+    def __init__(self, st: SimState, tl: Timeline, pat_c: np.ndarray, by_group: list, special: np.ndarray,
                  hoisted: dict | None, dup_ops: tuple):
-        self.st, self.tl, self.op_c, self.by_group, self.special = st, tl, op_c, by_group, special
-        self.dup = np.zeros(len(op_c), dtype=bool)  # per op: CSE finds one of its reshards done
+        self.st, self.tl, self.by_group, self.special = st, tl, by_group, special
+        self.pat_c = pat_c  # per pattern: one execution's compute seconds
+        self.secs = pat_c.tolist()
+        self.dup = np.zeros(len(special), dtype=bool)  # per op: CSE finds one of its reshards done
         self.dup[dup_ops[0]] = True
         # op -> {collective index: the loops XLA hoists it out of}: issued on their first trip only
         self.hoisted: dict[int, dict[int, tuple[int, ...]]] = {}
@@ -395,7 +399,7 @@ def overlapped(t: "Tables", tl: Timeline, aggs, dup_ops, hoisted=None) -> tuple[
         else:
             by_group.append(None)
     st = SimState(t.axes + (HOST_LINK,))
-    run = _Run(st, tl, pat_c[t.op_pattern], by_group, special, hoisted, dup_ops)
+    run = _Run(st, tl, pat_c, by_group, special, hoisted, dup_ops)
     _region(run, 0, 1.0)
     if st.tm > st.tc:  # the step ends when the links are done
         st.wait(st.tm, max((lst[-1][1], lst[-1][2]) for lst in st.busy.values() if lst)[1], 1.0, run.exposed)
@@ -407,10 +411,13 @@ def _region(run: _Run, rid: int, mult: float) -> None:
     ops that issue or wait for a collective, and loop exits, are visited one by one; the
     compute between them is added in one sum."""
     ids = run.tl.region_ops[rid]
-    cum = np.concatenate(([0.0], np.cumsum(run.op_c[ids])))
+    cum = np.concatenate(([0.0], np.cumsum(run.pat_c[run.tl.region_patterns[rid]])))
     sel = np.flatnonzero(run.special[ids])
     at = 0
     for per in run.tl.periodic.get(rid, ()):
+        a, b = np.searchsorted(sel, (per.start, per.start + per.period * per.count)).tolist()
+        if a == b:  # nothing to visit there: compute only, summed with the ops around it
+            continue
         _span(run, ids, cum, sel, at, per.start, mult)
         _periodic(run, rid, ids, cum, sel, per, mult)
         at = per.start + per.period * per.count
@@ -439,9 +446,10 @@ def _visit(run: _Run, o: int, mult: float) -> None:
     st, tl, exposed, pending = run.st, run.tl, run.exposed, run.pending
     ins, outs, early = tl.ins, tl.outs, tl.early
     issue, wait = st.issue, st.wait
-    child = tl.child_at.get(o)
-    if child is not None:
-        _loop(run, child, mult)
+    if tl.child_at:
+        child = tl.child_at.get(o)
+        if child is not None:
+            _loop(run, child, mult)
     start, binding = st.tc, None
     op_in = ins[o]
     for v in op_in:
@@ -450,11 +458,15 @@ def _visit(run: _Run, o: int, mult: float) -> None:
             r = _counted(run, v)
         if r is not None and r[0] > start:
             start, binding = r
-    lst = run.colls(o)
+    pi = tl.op_pattern[o]
+    issues = run.by_group[tl.pattern_group[pi]]
+    lst = issues.get(pi, ()) if issues is not None else ()
+    if lst and run.dup[o]:
+        lst = run.colls(o)
     if lst and run.later and o in run.hoisted:  # hoisted out of a loop in a later trip: done
         h = run.hoisted[o]
         lst = [x for x in lst if not (x[0] in h and run.later.intersection(h[x[0]]))]
-    secs = float(run.op_c[o])
+    secs = run.secs[pi]
     if not lst:
         if binding is not None:
             if tl.view_op[o]:
