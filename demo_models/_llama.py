@@ -1,5 +1,6 @@
 """Llama-style decoder: RMSNorm, rotary positions (RoPE), grouped-query attention, SwiGLU FFN,
-layers stacked and run under `jax.lax.scan`, untied LM head, token cross-entropy.
+layers stacked and run under `jax.lax.scan` (``scan=false``: held in a list and run one after
+another, unrolled), untied LM head, token cross-entropy.
 
 Parameters are keyed as in the Llama reference code (`wq`, `wk`, `wv`, `wo`, `w_gate`,
 `w_up`, `w_down`, `attn_norm`, `ffn_norm`, `final_norm`, `lm_head`), not by role, so the
@@ -82,6 +83,9 @@ class LlamaConfig:
     # MaxText's: the parameters / Adam's state kept in host memory between steps
     parameter_memory_host_offload: bool = False
     optimizer_memory_host_offload: bool = False
+    # the layers stacked and run under lax.scan (MaxText's scan_layers: true), or held in a
+    # list and run one after another in Python (scan_layers: false; flax without nn.scan)
+    scan: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -167,7 +171,16 @@ LLAMA31_8B_V6E = LlamaConfig(
     remat="custom:decoder_layer_input=offload+out_proj=offload+query_proj=offload"
           "+key_proj=offload+value_proj=offload")
 
-PRESETS = {"tiny": LlamaConfig(), "full": LLAMA_7B, "7b": LLAMA_7B,
+# Llama 3.1 405B (Meta's model card and paper: 126 layers, d_model 16384, 128 heads over 8
+# key/value heads, SwiGLU 53248, vocab 128256, RoPE theta 500000) at 8192 tokens and a global
+# batch of 2048 sequences (16M tokens, the paper's batch at that context), bf16 over float32
+# weights, full remat, flash attention. No published MaxText run of it: the mesh is left to
+# partex (``partex search --devices``).
+LLAMA31_405B = LlamaConfig(
+    layers=126, d_model=16384, heads=128, kv_heads=8, d_ff=53248, vocab=128256, seq=8192,
+    batch=2048, rope_theta=500000.0, lr=3e-5, dtype="bfloat16", remat="full", attention="flash")
+
+PRESETS = {"tiny": LlamaConfig(), "full": LLAMA_7B, "7b": LLAMA_7B, "llama3.1-405b": LLAMA31_405B,
            "maxtext-32b": MAXTEXT_32B, "maxtext-22b": MAXTEXT_22B, "llama2-70b": LLAMA2_70B,
            "llama2-70b-v6e": LLAMA2_70B_V6E, "llama3.1-70b-v6e": LLAMA31_70B_V6E,
            "llama3.1-8b-v6e": LLAMA31_8B_V6E}
@@ -285,7 +298,7 @@ def layer_spec(c: LlamaConfig) -> dict:
 def spec(c: LlamaConfig):
     params = {
         "embed": normal((c.vocab, c.d_model), ("vocab", "d_model"), 1.0),
-        "layers": stack_spec(layer_spec(c), c.layers),
+        "layers": stack_spec(layer_spec(c), c.layers) if c.scan else [layer_spec(c) for _ in range(c.layers)],
         "final_norm": ones((c.d_model,), ("d_model",)),
         "lm_head": weight((c.d_model, c.vocab), ("d_model", "vocab")),
     }
@@ -397,7 +410,12 @@ def _layer_fn(c: LlamaConfig):
 def loss(c: LlamaConfig, params, batch):
     cd = DTYPES[c.dtype]
     x = jnp.take(_cast(params["embed"], cd), batch["tokens"], axis=0)  # [batch, seq, d_model]
-    x, _ = jax.lax.scan(_layer_fn(c), x, params["layers"])
+    layer = _layer_fn(c)
+    if c.scan:
+        x, _ = jax.lax.scan(layer, x, params["layers"])
+    else:
+        for p in params["layers"]:
+            x, _ = layer(x, p)
     x = _norm(x, params["final_norm"], cd)
     logits = jnp.einsum("btm,mv->btv", x, _cast(params["lm_head"], cd))
     if cd is not None:  # the loss in float32 (MaxText's cast_logits_to_fp32)
@@ -412,7 +430,7 @@ def loss(c: LlamaConfig, params, batch):
 
 LLAMA = ModelDef(
     name="llama",
-    description="Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, scan over layers",
+    description="Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, scan over layers (or unrolled)",
     config_cls=LlamaConfig,
     presets=PRESETS,
     spec=spec,

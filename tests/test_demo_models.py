@@ -32,6 +32,8 @@ FULL = [
     ("llama", "llama2-70b-v6e", {}),
     ("llama", "llama3.1-70b-v6e", {}),
     ("llama", "llama3.1-8b-v6e", {}),
+    ("llama", "llama3.1-405b", {"layers": "2"}),
+    ("llama", "llama3.1-405b", {"layers": "2", "scan": "false"}),
 ]
 
 

@@ -128,3 +128,32 @@ def test_cse_of_a_class_is_its_members_cse(monkeypatch):
         assert dict(a.dup) == dict(b.dup) and a.hoisted == b.hoisted
         assert sorted(zip(*(x.tolist() for x in a.buffers))) == sorted(zip(*(x.tolist() for x in b.buffers)))
         assert sorted(zip(*(x.tolist() for x in a.dup_ops))) == sorted(zip(*(x.tolist() for x in b.dup_ops)))
+
+
+def test_unrolled_llama_is_the_scanned_one_layer_by_layer():
+    """llama scan=false holds its layers in a list and runs them in a Python loop: the same
+    loss as the scanned model on the same weights, one recompute unit of all its layers, and
+    the same decision groups (an intermediate-only one named by another op)."""
+    import jax
+    import jax.numpy as jnp
+
+    from partex import demo_models
+
+    scanned = demo_models.build("llama", "tiny", {"layers": "3"})
+    unrolled = demo_models.build("llama", "tiny", {"layers": "3", "scan": "false"})
+    params, _, batch = scanned.args
+    layers = [jax.tree.map(lambda w, i=i: w[i], params["layers"]) for i in range(3)]
+    as_list = {**params, "layers": layers}
+    loss = demo_models.MODELS["llama"].loss
+    a = loss(scanned.config, params, batch)
+    b = loss(unrolled.config, as_list, batch)
+    assert jnp.allclose(a, b, rtol=1e-5), (a, b)
+    s = partex.Session.from_spec("llama", preset="tiny", overrides=["layers=3", "scan=false"], mesh="data=4,model=2",
+                                 hardware="tpu-v4")
+    assert [u.layers for u in s.analysis.units] == [3]
+    scan = partex.Session.from_spec("llama", preset="tiny", overrides=["layers=3"], mesh="data=4,model=2",
+                                    hardware="tpu-v4")
+    def named(sess):  # the groups the parameters and the batch name (not intermediate-only ones)
+        return sorted(g.label for g in sess.groups if "[" not in g.label)
+
+    assert named(s) == named(scan) and len(s.groups) == len(scan.groups)
