@@ -29,6 +29,7 @@ from ._bench import bench
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
+from ._meshes import mesh_search
 from ._results import BenchRow, SearchStats, VerifyReport
 from ._sessionfile import ModelSpec, model_spec, read_session, session_json, session_parts, write_session
 from .analysis._analysis import Group
@@ -450,6 +451,30 @@ class Session:
                         f"{self.group(item[0]).label if isinstance(item[0], int) else item[0]}->{item[1]}"
                     notes.append(f"{how} {what} dropped: {e}")
         return notes
+
+    def search_meshes(self, devices: int, *, topology=None, seconds: float = 60.0, max_axes: int = 4,
+                      callback=None):
+        """The mesh as a decision: every factorisation of ``devices`` into up to
+        ``max_axes`` axes (``topology``: 'SLICESxDEVICES[@GB/s]', one axis across the slow
+        network) searched with the plan by successive halving within ``seconds``, on this
+        session's model, hardware and budget (``partex._meshes``). Returns a ``MeshSearch``:
+        the meshes tried, best first; ``use_mesh`` takes one."""
+        return mesh_search(self.model, devices, topology=topology, hardware=self.hardware, seconds=seconds,
+                           max_axes=max_axes, seed=self.seed, warm_start=self.warm_start, spec=self.spec,
+                           user_shardings=self.user_shardings, callback=callback)
+
+    def use_mesh(self, trial) -> list[str]:
+        """Continue on a mesh ``search_meshes`` tried (a ``MeshTrial``): its search as it
+        stands where the halving kept it, else a new one on that mesh; pins kept where they
+        apply (the notes say which did not)."""
+        if trial.session is None:
+            return self.reconfigure(mesh=trial.mesh)
+        pins, forbidden = self.pins, self.forbidden
+        other = trial.session
+        self.mesh, self.hardware = other.mesh, other.hardware
+        self._cost_model, self._space, self._search = other._cost_model, other._space, other._search
+        self._pins, self._baselines = other._pins, other._baselines
+        return self.apply_pins(pins, forbidden)
 
     # ------------------------------------------------------------------ the bench
     def ilp(self, time_limit: float = 30.0):

@@ -15,7 +15,9 @@ from ._decisions import STATE_LABELS, STATES
 from ._errors import PartexError
 from ._loader import analyze_model, demo_names, load_model
 from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
-from ._session import DEFAULT_MARGIN, ModelSpec, Session, verify_plan
+from ._meshes import mesh_search
+from ._session import DEFAULT_MARGIN, ModelSpec, Session, analyze_spec, verify_plan
+from ._sessionfile import model_spec
 from .plan._explain import explain_table
 from .plan._export import comparison_table, export_text
 from .plan._plan import Plan
@@ -157,6 +159,13 @@ def _search_parser(sub) -> None:
     se = sub.add_parser("search", help="search for the fastest plan that fits (MCTS)")
     _add_model_args(se)
     _add_mesh_args(se, required=False)
+    se.add_argument("--devices", type=int,
+                    help="instead of --mesh: search the mesh too, every factorisation of this many devices into "
+                         "up to --max-axes axes, by successive halving within --budget")
+    se.add_argument("--topology", metavar="SLICESxDEVICES[@GB/s]",
+                    help="with --devices: the devices as slices (or hosts) joined by a slower network, e.g. "
+                         "4x64@6.25 (4 slices of 64, 6.25 GB/s per device between them): one axis crosses it")
+    se.add_argument("--max-axes", type=int, default=4, help="with --devices: the most mesh axes (default 4)")
     se.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
     se.add_argument("--simulations", type=int, help="run exactly this many simulations instead of --budget seconds "
                                                     "(reproducible with --seed)")
@@ -440,7 +449,8 @@ def _search_session(args) -> tuple[Session, list[str]]:
     options given (and notes of the pins that no longer apply), or a new one."""
     if not args.resume:
         if not args.mesh:
-            raise PartexError("give --mesh, e.g. --mesh data=4,model=2 (or --resume a saved session)")
+            raise PartexError("give --mesh, e.g. --mesh data=4,model=2, or --devices N to search the mesh too "
+                              "(or --resume a saved session)")
         args.seed = args.seed or 0
         return _session(args), []
     with _model_output():
@@ -487,18 +497,68 @@ def _run_search(s: Session, args, state_path: str) -> None:
         s.save(state_path)  # nothing lost: the search resumes from here
 
 
+def _mesh_search(args):
+    """``partex search --devices``: the meshes searched with the plan; the best one's session."""
+    if args.mesh or args.resume:
+        raise PartexError("--devices searches the mesh: give it without --mesh and --resume")
+    if args.simulations is not None:
+        raise PartexError("--devices shares --budget seconds between the meshes: give --budget, not --simulations")
+    if args.topology is None and args.devices is None:
+        raise PartexError("--topology needs --devices")
+    with _model_output():
+        ma = analyze_spec(model_spec(args.model, args.preset or "tiny", _overrides(args.config)))
+    hw = _hardware(args)
+    tty = not args.json and sys.stderr.isatty()
+
+    def progress(trials) -> None:
+        if tty:
+            done = [t for t in trials if t.step_time is not None]
+            best = min(done, key=lambda t: t.step_time) if done else None
+            sys.stderr.write(f"\rpartex: {len(trials)} meshes"
+                             + (f", best so far {best.mesh.text()} {best.step_time * 1e3:.3f} ms" if best else "")
+                             + "\033[K")
+            sys.stderr.flush()
+
+    found = mesh_search(ma, args.devices, topology=args.topology, hardware=hw, seconds=args.budget,
+                        max_axes=args.max_axes, seed=args.seed or 0, warm_start=not args.cold,
+                        spec=model_spec(args.model, args.preset or "tiny", _overrides(args.config)),
+                        user_shardings=args.user_shardings or "keep", callback=progress)
+    if tty:
+        sys.stderr.write("\n")
+    return found
+
+
 def cmd_search(args) -> int:
     pins = [_decision_arg("--pin", p) for p in args.pin]
     forbids = [_decision_arg("--forbid", p) for p in args.forbid]
     state_path = args.state or (args.resume if args.resume else _default_state(args.out))
-    s, notes = _search_session(args)
+    meshes = None
+    if args.devices is not None or args.topology is not None:
+        meshes = _mesh_search(args)
+        s = meshes.session
+        if s is None:
+            hw = _hardware(args)
+            raise PartexError(f"no plan fits the {format_bytes(hw.budget)} per-device budget on any of the "
+                              f"{len(meshes.trials)} meshes of {args.devices} devices tried; raise --memory or "
+                              "use more devices")
+        notes = []
+        if not args.json:
+            print(f"meshes of {args.devices} devices"
+                  + (f" ({meshes.topology.text()})" if meshes.topology else "")
+                  + f", {meshes.seconds:.1f} s; chosen: {s.mesh.text()}")
+            print(meshes.table())
+    else:
+        s, notes = _search_session(args)
     for label, axis in pins:
         s.pin(label, axis)
     for label, axis in forbids:
         s.forbid(label, axis)
     for n in notes:
         sys.stderr.write(f"partex: {n}\n")
-    _run_search(s, args, state_path)
+    if meshes is None:
+        _run_search(s, args, state_path)
+    else:
+        s.save(state_path)
     interrupted = s.stop_requested
     best = s.best()
     hw = s.hardware
@@ -525,7 +585,8 @@ def cmd_search(args) -> int:
                           "step_time_s": r.step_time, "mfu": r.mfu, "memory_bytes": r.memory.peak,
                           "fits": r.fits, "search_s": best.seconds, "simulations": st.simulations,
                           "xla_memory_bytes": xla, "memory_ratio": r.memory.peak / xla if xla else None,
-                          "decisions": [d.to_json() for d in plan.decisions]}))
+                          "decisions": [d.to_json() for d in plan.decisions],
+                          **({"mesh": s.mesh.text(), "meshes": meshes.to_json()} if meshes is not None else {})}))
         return 0
     print(f"{'interrupted: ' if interrupted else ''}best plan after {st.simulations} simulations "
           f"({st.seconds:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "

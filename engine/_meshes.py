@@ -1,0 +1,266 @@
+"""The mesh's shape as a decision: the factorisations of a job's devices into named axes,
+searched with the plan.
+
+A job is ``devices`` chips, optionally laid out as ``granules`` slices (or hosts) of ``per``
+chips joined by a slower network (a ``Topology``: TPU multislice over DCN, GPU nodes over
+InfiniBand). A candidate mesh takes one axis across the granules (``data``: its size a
+multiple of theirs, its links the slow ones) and factors what is left inside a granule into
+up to ``max_axes`` axes in all (``fsdp``, ``tensor``, ``seq`` by falling size: the search
+decides what each shards, so only the sizes and which axis crosses the slow network tell
+meshes apart). ``search_meshes`` runs one search per candidate (a ``Session`` each, on one
+analysis) by successive halving: every candidate starts from its hand plans, then rounds of
+MCTS, each giving the better half of the meshes still in twice the time, until one is left or
+the time is spent. Owns ``Topology``, ``candidate_meshes``, ``MeshTrial`` and
+``search_meshes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ._errors import PartexError
+from ._mesh import MeshSpec
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+# the inner axes' names, by falling size (after ``data``, which crosses the slow network)
+INNER = ("fsdp", "tensor", "seq")
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """``granules`` slices or hosts of ``per`` devices; ``dcn_bandwidth``: bytes/s per
+    device over the network between them (None: no slower than inside one)."""
+
+    granules: int
+    per: int
+    dcn_bandwidth: float | None = None
+
+    @property
+    def devices(self) -> int:
+        return self.granules * self.per
+
+    def text(self) -> str:
+        bw = f"@{self.dcn_bandwidth / 1e9:g}" if self.dcn_bandwidth else ""
+        return f"{self.granules}x{self.per}{bw}"
+
+    @classmethod
+    def parse(cls, text: str, devices: int | None = None) -> "Topology":
+        """'4x64@6.25': 4 slices of 64 devices, 6.25 GB/s per device between slices; '256':
+        one slice of 256. ``devices``, where given, must be their product."""
+        m = re.fullmatch(r"\s*(\d+)\s*(?:x\s*(\d+))?\s*(?:@\s*([0-9.eE+]+))?\s*", str(text))
+        if not m:
+            raise PartexError(f"cannot read topology {text!r}: write SLICESxDEVICES[@GB/s], e.g. 4x64@6.25 "
+                              "(4 slices of 64 devices, 6.25 GB/s per device between them), or DEVICES")
+        a, b, bw = int(m.group(1)), m.group(2), m.group(3)
+        granules, per = (a, int(b)) if b is not None else (1, a)
+        if granules < 1 or per < 1:
+            raise PartexError(f"topology {text!r}: slices and devices must be positive")
+        dcn = float(bw) * 1e9 if bw else None
+        if dcn is not None and not (math.isfinite(dcn) and dcn > 0):
+            raise PartexError(f"topology {text!r}: the bandwidth must be a positive number of GB/s")
+        t = cls(granules, per, dcn)
+        if devices is not None and t.devices != devices:
+            raise PartexError(f"topology {text!r} holds {t.devices} devices but --devices is {devices}")
+        return t
+
+
+def _factorings(n: int, parts: int, largest: int | None = None) -> list[tuple[int, ...]]:
+    """The ways to write n as a product of at most ``parts`` factors >= 2, largest first."""
+    if n == 1:
+        return [()]
+    if parts == 0:
+        return []
+    out = []
+    top = n if largest is None else min(n, largest)
+    for f in range(top, 1, -1):
+        if n % f == 0:
+            out += [(f,) + rest for rest in _factorings(n // f, parts - 1, f)]
+    return out
+
+
+def candidate_meshes(devices: int, topology: Topology | None = None, max_axes: int = 4,
+                     link_bandwidth: float | None = None) -> list[MeshSpec]:
+    """The meshes of ``devices`` to try (module docstring). ``link_bandwidth``: bytes/s of the
+    links inside a granule, for the meshes that name per-axis bandwidths (those with a slow
+    axis)."""
+    if devices < 1:
+        raise PartexError(f"--devices must be a positive number, got {devices}")
+    if not 1 <= max_axes <= 1 + len(INNER):
+        raise PartexError(f"--max-axes must be between 1 and {1 + len(INNER)}, got {max_axes}")
+    topo = topology or Topology(1, devices)
+    if topo.devices != devices:
+        raise PartexError(f"topology {topo.text()} holds {topo.devices} devices, not {devices}")
+    out = []
+    slow = topo.granules > 1
+    for k in (d for d in range(1, topo.per + 1) if topo.per % d == 0) if slow else (None,):
+        across = topo.granules * k if k is not None else None
+        inner = topo.per // k if k is not None else devices
+        for sizes in _factorings(inner, max_axes - (1 if slow else 0)):
+            if slow:
+                axes = ("data",) + INNER[:len(sizes)]
+                all_sizes = (across,) + sizes
+                bw = None
+                if topo.dcn_bandwidth is not None and link_bandwidth is not None:
+                    bw = (min(topo.dcn_bandwidth, link_bandwidth),) + (link_bandwidth,) * len(sizes)
+                out.append(MeshSpec.create(axes, all_sizes, bw))
+            else:
+                names = (("data",) + INNER)[-len(sizes):] if len(sizes) > len(INNER) else INNER[:len(sizes)]
+                out.append(MeshSpec.create(names or ("data",), sizes or (1,)))
+    return out
+
+
+@dataclasses.dataclass
+class MeshTrial:
+    """One candidate mesh and what its search found."""
+
+    mesh: MeshSpec
+    warm_step: float | None = None  # the best hand plan that fits: seconds (None: none fits)
+    step_time: float | None = None  # the best plan found that fits
+    mfu: float | None = None
+    memory: float | None = None  # that plan's peak bytes per device
+    simulations: int = 0
+    seconds: float = 0.0  # search seconds spent on it
+    rounds: int = 0  # rounds of the halving it took part in
+    note: str = ""  # why it was not searched (a mesh the model cannot use)
+    session: "Session | None" = dataclasses.field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        return {"mesh": self.mesh.text(), "mesh_json": self.mesh.to_json(), "warm_step_s": self.warm_step,
+                "step_time_s": self.step_time, "mfu": self.mfu, "memory_bytes": self.memory,
+                "simulations": self.simulations, "search_s": self.seconds, "rounds": self.rounds,
+                "note": self.note}
+
+
+def _score(trial: MeshTrial) -> float:
+    return trial.step_time if trial.step_time is not None else math.inf
+
+
+def _record(trial: MeshTrial) -> None:
+    s = trial.session
+    assert s is not None
+    best = s.best()
+    st = s.stats()
+    trial.simulations = st.simulations
+    trial.seconds = st.seconds
+    if best is not None:
+        r = best.report
+        trial.step_time, trial.mfu, trial.memory = r.step_time, r.mfu, r.memory.peak
+
+
+def search_meshes(make: Callable[[MeshSpec], "Session"], meshes: Sequence[MeshSpec], seconds: float, *,
+                  keep: int = 1, callback: Callable[[list[MeshTrial]], None] | None = None
+                  ) -> list[MeshTrial]:
+    """Successive halving over ``meshes`` (module docstring): ``make(mesh)`` builds a
+    session (its hand plans scored), then rounds of MCTS share ``seconds`` until ``keep``
+    meshes are left. Returns every trial, best first (a mesh no plan fits on, or that the
+    model cannot use, last); the survivors keep their sessions, the rest drop them.
+    ``callback(trials)`` after each round."""
+    if not meshes:
+        raise PartexError("no candidate meshes: give --devices a number the model's dimensions divide")
+    trials = [MeshTrial(m) for m in meshes]
+    live = []
+    for t in trials:
+        try:
+            t.session = make(t.mesh)
+        except PartexError as e:  # an axis that divides no dimension of the model
+            t.note = str(e)
+            continue
+        best = t.session.best()
+        t.warm_step = best.report.step_time if best is not None else None
+        _record(t)
+        live.append(t)
+    if callback is not None:
+        callback(trials)
+    rounds = max(1, math.ceil(math.log2(max(len(live), 1)))) if len(live) > keep else 1
+    deadline = time.perf_counter() + seconds
+    for r in range(rounds):
+        left = deadline - time.perf_counter()
+        if left <= 0 or not live:
+            break
+        share = left / (rounds - r) / len(live)
+        for t in live:
+            assert t.session is not None
+            t.session.run(share)
+            t.rounds += 1
+            _record(t)
+        live.sort(key=_score)
+        survivors = live[:max(keep, math.ceil(len(live) / 2))] if r < rounds - 1 else live[:keep]
+        for t in live[len(survivors):]:
+            t.session = None
+        live = survivors
+        if callback is not None:
+            callback(trials)
+    for t in trials:
+        if t not in live:
+            t.session = None
+    return sorted(trials, key=lambda t: (t.note != "", _score(t), t.warm_step if t.warm_step is not None else math.inf))
+
+
+
+
+@dataclasses.dataclass
+class MeshSearch:
+    """The meshes tried (best first) and the session of the best one (None: no plan fits
+    on any)."""
+
+    trials: list[MeshTrial]
+    seconds: float  # wall seconds in all: sessions built and searched
+    topology: Topology | None = None
+
+    @property
+    def best(self) -> MeshTrial | None:
+        t = self.trials[0] if self.trials else None
+        return t if t is not None and t.step_time is not None else None
+
+    @property
+    def session(self) -> "Session | None":
+        return self.best.session if self.best is not None else None
+
+    def table(self) -> str:
+        """The meshes tried, as text: one row each, best first."""
+        from ._mesh import format_bytes
+
+        rows = [f"  {'mesh':<34} {'hand plans':>12} {'searched':>12} {'MFU':>7} {'memory':>11} "
+                f"{'sims':>6} {'rounds':>6}"]
+        for t in self.trials:
+            if t.note:
+                rows.append(f"  {t.mesh.text():<34} not searched: {t.note}")
+                continue
+            warm = f"{t.warm_step * 1e3:.2f} ms" if t.warm_step is not None else "none fits"
+            step = f"{t.step_time * 1e3:.2f} ms" if t.step_time is not None else "none fits"
+            mfu = f"{t.mfu:.1%}" if t.mfu is not None else "-"
+            rows.append(f"  {t.mesh.text():<34} {warm:>12} {step:>12} {mfu:>7} {format_bytes(t.memory):>11} "
+                        f"{t.simulations:>6} {t.rounds:>6}")
+        return "\n".join(rows)
+
+    def to_json(self) -> dict:
+        best = self.best
+        return {"topology": self.topology.text() if self.topology else None, "seconds": self.seconds,
+                "chosen": best.mesh.text() if best else None, "meshes": [t.to_json() for t in self.trials]}
+
+
+def mesh_search(model, devices: int, *, topology: "str | Topology | None" = None, hardware=None,
+                memory=None, seconds: float = 60.0, max_axes: int = 4, seed: int = 0, warm_start: bool = True,
+                spec=None, user_shardings: str = "keep",
+                callback: Callable[[list[MeshTrial]], None] | None = None) -> MeshSearch:
+    """Search the meshes of ``devices`` with the plan (module docstring) for an analysed
+    model (a ModelAnalysis). ``topology``: 'SLICESxDEVICES[@GB/s]' or a Topology."""
+    from ._session import DEFAULT_HARDWARE, Session, as_hardware
+
+    t0 = time.perf_counter()
+    topo = Topology.parse(topology, devices) if isinstance(topology, str) else topology
+    hw = as_hardware(hardware if hardware is not None else DEFAULT_HARDWARE, memory)
+    meshes = candidate_meshes(devices, topo, max_axes, hw.link_bandwidth)
+
+    def make(mesh: MeshSpec) -> "Session":
+        return Session.from_analysis(model, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
+                                     user_shardings=user_shardings)
+
+    trials = search_meshes(make, meshes, seconds, callback=callback)
+    return MeshSearch(trials, time.perf_counter() - t0, topo)

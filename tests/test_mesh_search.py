@@ -1,0 +1,73 @@
+"""The mesh's shape as a decision: candidate factorisations of the devices, searched with the
+plan by successive halving (``Session.search_meshes``, ``partex search --devices``)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import partex
+from partex._errors import PartexError
+from partex._meshes import Topology, candidate_meshes
+from partex.cli import main
+
+
+def test_candidates_are_the_factorisations_of_the_devices():
+    meshes = candidate_meshes(8)
+    assert sorted(m.sizes for m in meshes) == [(2, 2, 2), (4, 2), (8,)]
+    big = candidate_meshes(256, max_axes=4)
+    assert len(big) == 15  # the partitions of 2^8 into at most four factors
+    assert all(math.prod(m.sizes) == 256 and len(m.axes) <= 4 for m in big)
+    assert len({tuple(sorted(m.sizes)) for m in big}) == len(big)  # axis sizes tell them apart
+    assert len(candidate_meshes(256, max_axes=2)) == 5
+
+
+def test_a_topology_puts_one_axis_across_the_slow_network():
+    topo = Topology.parse("4x64@6.25", 256)
+    assert (topo.granules, topo.per, topo.dcn_bandwidth) == (4, 64, 6.25e9)
+    meshes = candidate_meshes(256, topo, 4, link_bandwidth=100e9)
+    for m in meshes:
+        assert m.axes[0] == "data" and m.sizes[0] % 4 == 0 and math.prod(m.sizes) == 256
+        assert m.bandwidth is not None and m.bandwidth[0] == 6.25e9 and set(m.bandwidth[1:]) <= {100e9}
+        assert m.slow_axes() == (("data",) if len(m.axes) > 1 else ())
+    assert {m.sizes[0] for m in meshes} == {4 * k for k in (1, 2, 4, 8, 16, 32, 64)}
+
+
+@pytest.mark.parametrize("text,devices,msg", [
+    ("4x", None, "cannot read topology"), ("4x64@fast", None, "cannot read topology"),
+    ("4x64", 128, "holds 256 devices but --devices is 128"), ("0x8", None, "must be positive"),
+])
+def test_bad_topologies_say_what_to_write(text, devices, msg):
+    with pytest.raises(PartexError, match=msg):
+        Topology.parse(text, devices)
+
+
+def test_search_meshes_keeps_the_best_and_its_session():
+    s = partex.Session.from_spec("transformer", preset="tiny", overrides=["layers=4"], mesh="data=8",
+                                 hardware="tpu-v4", memory="2MiB")
+    found = s.search_meshes(8, topology="2x4@25", seconds=6)
+    trials = found.trials
+    assert len(trials) == 4 and found.best is not None
+    steps = [t.step_time for t in trials if t.step_time is not None]
+    assert steps == sorted(steps) and found.best.step_time == steps[0]
+    assert found.best.session is not None and all(t.session is None for t in trials[1:])
+    assert all(t.warm_step is None or t.step_time <= t.warm_step * (1 + 1e-9) for t in trials if t.step_time)
+    assert found.best.rounds >= max(t.rounds for t in trials)
+    table = found.table()
+    assert found.best.mesh.text() in table.splitlines()[1]
+    s.use_mesh(found.best)
+    assert s.mesh == found.best.mesh and s.best().report.step_time == pytest.approx(found.best.step_time)
+    assert s.best().report.fits
+
+
+def test_cli_search_with_devices(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["search", "transformer", "--devices", "8", "--budget", "3", "--out", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["mesh"] == d["meshes"]["chosen"] and len(d["meshes"]["meshes"]) == 3
+    plan = partex.Plan.load(str(out))
+    assert plan.mesh.text() == d["mesh"]
+    assert main(["search", "transformer", "--devices", "8", "--mesh", "data=8", "--out", str(out)]) == 2
+    assert "--devices searches the mesh" in capsys.readouterr().err
