@@ -8,10 +8,10 @@ Every strategy is built on the roles the program's structure gives its groups
 - ``megatron``: dp + tensor parallelism on the model axis: the Megatron pair groups
   (attention heads, the FFN hidden dim; a plain MLP's hidden layer, a convnet's channels),
   then the vocabulary-like groups (the LM head's vocabulary, the embedding table's rows).
-- ``zero3``: megatron + ZeRO-3 over the data axis: for each parameter leaf, largest first,
-  that has no dim on the data axis yet, the group of its largest dim that is still undecided
-  (and divisible by the data axis) goes on the data axis: parameters, gradients and optimizer
-  state sharded over data, gathered before use (in a transformer: d_model).
+- ``zero3``: megatron + ZeRO-3 over the data axis (the fsdp axis on bigger meshes): for each
+  parameter leaf, largest first, that has no dim on that axis yet, the group of its largest
+  dim that is still undecided (and divisible by the axis) goes on it: parameters, gradients
+  and optimizer state sharded, gathered before use (in a transformer: d_model).
 - ``expert`` (MoE): the expert groups on the data axis ahead of the batch (expert
   parallelism), with the tensor-parallel groups but the experts on the model axis.
 - ``<strategy>+remat``: the strategy with every forward layer stack fully rematerialised
@@ -22,8 +22,11 @@ meet in one tensor), and a decision is kept only where the mesh axis size divide
 group's size.
 
 Axis roles come from the user's mesh, not the model: the axis named "data" (else the first)
-is the data axis, the one named "model" (else the last) the model axis. On a one-axis mesh
-megatron's model decisions fall on that axis too.
+is the data axis, the one named "model" or "tensor" (else the last) the model axis. On a
+one-axis mesh megatron's model decisions fall on that axis too. On meshes of three or four
+axes the hand plans are MaxText's: the batch over every axis but the model axis (data, then
+fsdp, ...), and ZeRO-3 over the axis named "fsdp" (else the largest of those between data and
+model), the parameters replicated over the data axis (pure data parallelism, as over DCN).
 """
 
 from __future__ import annotations
@@ -40,8 +43,24 @@ from ..analysis._constraints import Fixed
 
 def _axes(mesh: MeshSpec) -> tuple[str, str]:
     data = "data" if "data" in mesh.axes else mesh.axes[0]
-    model = "model" if "model" in mesh.axes else mesh.axes[-1]
+    model = next((a for a in ("model", "tensor") if a in mesh.axes), mesh.axes[-1])
     return data, model
+
+
+def _batch_axes(mesh: MeshSpec) -> list[str]:
+    """The axes the batch goes on: the data axis, then every other but the model axis."""
+    data, model = _axes(mesh)
+    return [data] + [a for a in mesh.axes if a not in (data, model)]
+
+
+def _fsdp_axis(mesh: MeshSpec) -> str:
+    """The axis ZeRO-3 shards the parameters over: "fsdp", else the largest axis between the
+    data and model axes, else the data axis."""
+    data, model = _axes(mesh)
+    if "fsdp" in mesh.axes:
+        return "fsdp"
+    inner = [a for a in mesh.axes if a not in (data, model)]
+    return max(inner, key=mesh.axis_size) if inner else data
 
 
 def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> list[Shard]:
@@ -51,8 +70,7 @@ def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> l
 
 
 def _dp(an: Analysis, mesh: MeshSpec) -> list[Shard]:
-    data, _ = _axes(mesh)
-    return _on(an, mesh, an.roles.batch_groups, data)
+    return [d for axis in _batch_axes(mesh) for d in _on(an, mesh, an.roles.batch_groups, axis)]
 
 
 def _tp(an: Analysis, mesh: MeshSpec) -> list[Shard]:
@@ -66,7 +84,7 @@ def _megatron(an: Analysis, mesh: MeshSpec) -> list[Shard]:
 
 
 def _zero3(an: Analysis, mesh: MeshSpec, fixed: Fixed = NO_FIXED) -> list[Shard]:
-    data, _ = _axes(mesh)
+    data = _fsdp_axis(mesh)
     n = mesh.axis_size(data)
     dec = _megatron(an, mesh)
     # the step's own shardings come first (the cost model places them ahead of any plan's):

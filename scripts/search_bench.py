@@ -1,0 +1,75 @@
+"""The five-problem bench: hand plans, the ILP and the MCTS search on T32, T48, MoE, U-Net and
+GNS at full size (TPU v4, overlap on, 10% margin), with the search's simulation count and
+time-to-best.
+
+    python scripts/search_bench.py [--budget 60] [--ilp-time 30] [--only T32,MoE] [--json out.json]
+
+``PARTEX_CHECKOUT=<dir>`` runs another checkout's partex (``scripts/_checkout.py``): run it on
+two checkouts in turn, on an idle machine, to compare the searches' simulation counts.
+Prints a markdown table: the best hand plan, the ILP, MCTS, MCTS / the best of the others,
+MCTS's time-to-best and its simulations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from _checkout import use_checkout_from_env
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+use_checkout_from_env()
+
+import partex  # noqa: E402
+
+PROBLEMS = {  # name -> (model, preset, mesh)
+    "T32": ("transformer", "t32", "data=8,model=4"),
+    "T48": ("transformer", "t48", "data=16,model=8"),
+    "MoE": ("moe", "full", "data=8,model=4"),
+    "U-Net": ("unet", "full", "data=8,model=4"),
+    "GNS": ("gns", "full", "data=8,model=4"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=60.0)
+    ap.add_argument("--ilp-time", type=float, default=30.0)
+    ap.add_argument("--only", help="problems, comma-separated (default: all five)")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    names = args.only.split(",") if args.only else list(PROBLEMS)
+    print("| problem | mesh | best hand plan | ILP | MCTS | MCTS / best other | time-to-best s | simulations |")
+    print("|---|---|---|---|---|---|---|---|")
+    out = []
+    for name in names:
+        model, preset, mesh = PROBLEMS[name]
+        hw = partex.get_hardware("tpu-v4", memory_margin=0.1)
+        t0 = time.perf_counter()
+        s = partex.Session.from_spec(model, preset=preset, mesh=mesh, hardware=hw)
+        setup = time.perf_counter() - t0
+        rows = {r.strategy: r for r in s.bench(args.budget, ilp_time=args.ilp_time, exhaustive=0)}
+        hand = [r for k, r in rows.items() if k not in ("ilp", "mcts", "mcts-no-remat") and r.fits]
+        best_hand = min(hand, key=lambda r: r.step_time_s) if hand else None
+        ilp, mcts = rows["ilp"], rows["mcts"]
+        others = [r.step_time_s for r in (best_hand, ilp) if r is not None and r.fits]
+        ratio = mcts.step_time_s / min(others) if others and mcts.step_time_s else None
+        sims = mcts.simulations
+
+        def ms(r):
+            return f"{r.step_time_s * 1e3:.1f} ms" if r is not None and r.step_time_s is not None and r.fits else "-"
+
+        print(f"| {name} | {mesh} | {best_hand.strategy + ' ' if best_hand else ''}{ms(best_hand)} | {ms(ilp)} | "
+              f"{ms(mcts)} | {ratio:.3f} | {mcts.search_s:.1f} | {sims} |" if ratio is not None else
+              f"| {name} | {mesh} | {ms(best_hand)} | {ms(ilp)} | {ms(mcts)} | - | - | {sims} |", flush=True)
+        out.append({"problem": name, "mesh": mesh, "setup_s": setup,
+                    "rows": [{**r.to_json(), "plan": [s.label(d) for d in r.decisions]} for r in rows.values()]})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
