@@ -14,8 +14,9 @@ A plan is an ordered list of decisions (group, mesh axis). From it follow
   arguments and outputs counted whole (as XLA reports them), donated outputs aliased.
 
 Evaluation is memoised per value signature and per op pattern (ops with the same shapes,
-factors and groups), which do not grow with depth, so scoring a plan costs about the same
-for 2 or 48 layers.
+factors and groups), which do not grow with depth; the overlap schedule runs unrolled layers
+until they repeat and counts the rest, and CSE is worked out once per class of values read
+alike, so scoring a plan costs about the same for 8 or 126 layers.
 
 The modules, each pure over the immutable tables of one (analysis, mesh, hardware):
 
@@ -32,6 +33,7 @@ The modules, each pure over the immutable tables of one (analysis, mesh, hardwar
 - ``_cse``: one reshard of a value per computation;
 - ``_liveness``: live ranges and the per-device peak;
 - ``_recompute``: what recompute decisions change, and its price;
+- ``_periodic``: the periodic stretches of a region's ops (unrolled layers);
 - ``_overlap``: the schedule of collectives under compute;
 - ``_model``: ``CostModel``, the memoising façade, and the only reader of a decision's form.
 

@@ -1,11 +1,14 @@
 """The overlap schedule: collectives run under compute, as XLA's latency-hiding scheduler runs them.
 
-Owns ``Timeline`` (the program as the schedule reads it, built once per program),
-``schedule_of`` (an aggregate's collectives per op, memoised on the aggregate) and
-``overlapped`` (one plan's step time with collectives overlapping compute, and the seconds
-the step waits for each collective). One compute stream runs the ops in program order; one
-link per mesh axis runs the collectives over it (``SimState``). Imports ``_facts`` and the
-program and rule types; reads the tables and the aggregates, changes neither.
+Owns ``Timeline`` (the program as the schedule reads it, built once per program, with its
+periodic stretches: ``_periodic``), ``schedule_of`` (an aggregate's collectives per pattern,
+memoised on the aggregate) and ``overlapped`` (one plan's step time with collectives
+overlapping compute, and the seconds the step waits for each collective). One compute stream
+runs the ops in program order; one link per mesh axis runs the collectives over it
+(``SimState``). Unrolled layers are run until their schedule repeats and then counted
+(``_periodic``, ``_repeat``), so a plan's schedule costs about the same at any depth.
+Imports ``_facts``, ``_periodic`` and the program and rule types; reads the tables and the
+aggregates, changes neither.
 """
 
 from __future__ import annotations
@@ -452,9 +455,10 @@ def _visit(run: _Run, o: int, mult: float) -> None:
             _loop(run, child, mult)
     start, binding = st.tc, None
     op_in = ins[o]
+    counted = run.counted
     for v in op_in:
         r = pending.get(v)
-        if r is None and run.counted:
+        if r is None and counted and v in tl.made_in:
             r = _counted(run, v)
         if r is not None and r[0] > start:
             start, binding = r
@@ -486,7 +490,7 @@ def _visit(run: _Run, o: int, mult: float) -> None:
             ready, prefetched = st.horizon, True
         else:
             r = pending.get(v)
-            if r is None and run.counted:
+            if r is None and counted and v in tl.made_in:
                 r = _counted(run, v)
             ready = st.tc if r is None else max(st.tc, r[0])
         done = issue(ready, dur, axes, (pi, k))
