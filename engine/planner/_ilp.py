@@ -89,6 +89,10 @@ class ILPResult:
         }
 
 
+# the most strategy pairs the groups' pair terms may take (30 pairs of 5 x 5 on two axes)
+PAIR_TERMS = 1500
+
+
 def group_strategies(size: int, axes: Sequence[str], axis_size: dict[str, int]) -> list[Strategy]:
     """Unsharded, each axis, and each ordered pair of axes, where ``size`` divides."""
     out: list[Strategy] = [()]
@@ -158,7 +162,16 @@ class _ILP:
         # its interaction with the two biggest groups' strategies linearised too
         # (beside the groups' own pairs, which they do not displace)
         big = [g.id for g in self.groups if len(self.strategies[g.id]) > 1][:2]
-        self.pairs = pairs[:max_pairs]
+        # at most max_pairs pairs, and at most PAIR_TERMS strategy pairs in all: on meshes of
+        # three or four axes a group has 10 or 17 strategies, and as many pair terms as on two
+        # axes (5 each) would leave HiGHS no plan within its limit
+        self.pairs, terms = [], 0
+        for a, b in pairs[:max_pairs]:
+            n = len(self.strategies[a]) * len(self.strategies[b])
+            if self.pairs and terms + n > PAIR_TERMS:
+                break
+            self.pairs.append((a, b))
+            terms += n
         for u in cm.units:
             self.groups.append(_UnitChoice(-1 - u.id))
             self.strategies[-1 - u.id] = [(), *((k,) for k in u.kinds)]  # save, or one recompute kind
@@ -300,7 +313,8 @@ def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float 
     time_limit: seconds of MILP solving in all (HiGHS' ``time_limit`` per solve, from what is
       left); building the model (cost-model evaluations) is not counted.
     budget: per-device memory budget in bytes; default ``cost_model.hw.budget``.
-    max_pairs: the co-occurring group pairs (by bytes) that get pairwise interaction terms.
+    max_pairs: the co-occurring group pairs (by bytes) that get pairwise interaction terms
+      (fewer where their strategy pairs pass ``PAIR_TERMS``: meshes of more axes).
     memory_rounds: solves per linearisation when the true peak overshoots the budget.
     relinearise: at most this many extra rounds, each linearised around the best plan so far
       and limited to ``trust_region`` groups changing strategy (2: the pair terms make such a
@@ -308,7 +322,7 @@ def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float 
       trust_region + 1 are tried before stopping.
 
     The first MILP is the plain one: linearised around "replicated", minimum step time
-    subject to the memory row. If it finds no plan that fits, a feasibility phase minimises
+    subject to the memory row, in at most half the time. If it finds no plan that fits, a feasibility phase minimises
     the linearised peak memory instead (re-linearised around its own solutions, while the
     true peak drops) until a plan fits; the time rounds then start from that plan.
 
@@ -321,9 +335,13 @@ def solve_ilp(cost_model: CostModel, *, time_limit: float = 30.0, budget: float 
     d = _Rounds(_ILP(cost_model, budget, max_pairs), budget, time_limit, memory_rounds)
     rep0 = d.evaluate({})
     d.consider({}, rep0, rep0.step_time)  # replicated, where it fits
-    d.time_round({}, None)
-    if d.best is None and not d.timed_out:
+    # the first round has half the time: where its solves find no plan in it (a mesh of many
+    # axes gives HiGHS many more binaries), the memory phase has the rest to find one that fits
+    d.time_round({}, None, time_limit / 2)
+    if d.best is None:
+        stopped, d.timed_out = d.timed_out, False
         d.feasibility(rep0.memory.peak, relinearise, trust_region)
+        d.timed_out |= stopped
     # local rounds: re-linearised around the best plan, a trust region on the changes; on a
     # stall, the other region sizes are tried before stopping
     sizes = [trust_region] + [k for k in (1, trust_region + 1) if k != trust_region]
@@ -378,11 +396,13 @@ class _Rounds:
         self.build += time.perf_counter() - t
         return lin
 
-    def run(self, lin: _Linear, margin: float, max_changes, objective: str):
-        """One MILP in the time left: (plan, predicted), or (None, None)."""
+    def run(self, lin: _Linear, margin: float, max_changes, objective: str, cap: float | None = None):
+        """One MILP in the time left (at most ``cap`` seconds): (plan, predicted), or (None, None)."""
         if self.deadline is None:
             self.deadline = time.perf_counter() + self.time_limit
         left = self.deadline - time.perf_counter()
+        if cap is not None:
+            left = min(left, cap)
         if left <= 0:
             self.timed_out = True
             return None, None
@@ -397,12 +417,13 @@ class _Rounds:
         self.timed_out |= status == "time_limit"
         return plan, pred
 
-    def time_round(self, ref, max_changes) -> bool:
-        """Minimise step time around ref; True if the best plan improved."""
+    def time_round(self, ref, max_changes, cap: float | None = None) -> bool:
+        """Minimise step time around ref (each solve at most ``cap`` seconds); True if the
+        best plan improved."""
         lin = self.linearise(ref)
         margin = 0.0
         for _ in range(self.memory_rounds):
-            plan, pred = self.run(lin, margin, max_changes, "time")
+            plan, pred = self.run(lin, margin, max_changes, "time", cap)
             if plan is None:
                 return False
             rep = self.evaluate(plan)
