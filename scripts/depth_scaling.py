@@ -18,7 +18,7 @@ import time
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
-import partex  # noqa: E402
+import partex
 
 
 def main() -> None:

@@ -23,15 +23,7 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 use_checkout_from_env()
 
 import partex  # noqa: E402
-
-PROBLEMS = {  # name -> (model, preset, mesh)
-    "T32": ("transformer", "t32", "data=8,model=4"),
-    "T48": ("transformer", "t48", "data=16,model=8"),
-    "MoE": ("moe", "full", "data=8,model=4"),
-    "U-Net": ("unet", "full", "data=8,model=4"),
-    "GNS": ("gns", "full", "data=8,model=4"),
-}
-
+from overlap_bench import PROBLEMS  # noqa: E402  (the same five problems)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
