@@ -245,22 +245,15 @@ class MeshSearch:
                 "chosen": best.mesh.text() if best else None, "meshes": [t.to_json() for t in self.trials]}
 
 
-def mesh_search(model, devices: int, *, topology: "str | Topology | None" = None, hardware=None,
-                memory=None, seconds: float = 60.0, max_axes: int = 4, seed: int = 0, warm_start: bool = True,
-                spec=None, user_shardings: str = "keep",
+def mesh_search(make: Callable[[MeshSpec], "Session"], devices: int, link_bandwidth: float, *,
+                topology: "str | Topology | None" = None, seconds: float = 60.0, max_axes: int = 4,
                 callback: Callable[[list[MeshTrial]], None] | None = None) -> MeshSearch:
-    """Search the meshes of ``devices`` with the plan (module docstring) for an analysed
-    model (a ModelAnalysis). ``topology``: 'SLICESxDEVICES[@GB/s]' or a Topology."""
-    from ._session import DEFAULT_HARDWARE, Session, as_hardware
-
+    """Search the meshes of ``devices`` with the plan (module docstring): ``make(mesh)`` a
+    session on one (``Session.search_meshes`` and ``partex.search_meshes`` pass the model's);
+    ``link_bandwidth``: bytes/s of the links inside a slice; ``topology``:
+    'SLICESxDEVICES[@GB/s]' or a Topology."""
     t0 = time.perf_counter()
     topo = Topology.parse(topology, devices) if isinstance(topology, str) else topology
-    hw = as_hardware(hardware if hardware is not None else DEFAULT_HARDWARE, memory)
-    meshes = candidate_meshes(devices, topo, max_axes, hw.link_bandwidth)
-
-    def make(mesh: MeshSpec) -> "Session":
-        return Session.from_analysis(model, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
-                                     user_shardings=user_shardings)
-
+    meshes = candidate_meshes(devices, topo, max_axes, link_bandwidth)
     trials = search_meshes(make, meshes, seconds, callback=callback)
     return MeshSearch(trials, time.perf_counter() - t0, topo)

@@ -459,9 +459,9 @@ class Session:
         network) searched with the plan by successive halving within ``seconds``, on this
         session's model, hardware and budget (``partex._meshes``). Returns a ``MeshSearch``:
         the meshes tried, best first; ``use_mesh`` takes one."""
-        return mesh_search(self.model, devices, topology=topology, hardware=self.hardware, seconds=seconds,
-                           max_axes=max_axes, seed=self.seed, warm_start=self.warm_start, spec=self.spec,
-                           user_shardings=self.user_shardings, callback=callback)
+        return search_meshes(self.model, devices, topology=topology, hardware=self.hardware, seconds=seconds,
+                             max_axes=max_axes, seed=self.seed, warm_start=self.warm_start, spec=self.spec,
+                             user_shardings=self.user_shardings, callback=callback)
 
     def use_mesh(self, trial) -> list[str]:
         """Continue on a mesh ``search_meshes`` tried (a ``MeshTrial``): its search as it
@@ -550,6 +550,23 @@ class Session:
         self = cls.__new__(cls)
         self._setup(model, spec, mesh, hw, seed, warm, restored, user_shardings=user)
         return self
+
+
+def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardware = DEFAULT_HARDWARE,
+                  memory: str | float | None = None, seconds: float = 60.0, max_axes: int = 4, seed: int = 0,
+                  warm_start: bool = True, spec: ModelSpec | None = None, user_shardings: str = "keep",
+                  callback=None):
+    """The meshes of ``devices`` searched with the plan for an analysed model (a
+    ModelAnalysis): ``Session.search_meshes`` without a session first (``partex search
+    --devices``). Returns a ``MeshSearch``."""
+    hw = as_hardware(hardware, memory)
+
+    def make(mesh: MeshSpec) -> "Session":
+        return Session.from_analysis(model, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
+                                     user_shardings=user_shardings)
+
+    return mesh_search(make, devices, hw.link_bandwidth, topology=topology, seconds=seconds, max_axes=max_axes,
+                       callback=callback)
 
 
 def verify_specs(plans: Sequence[Plan], spec: ModelSpec, timeout: float) -> list[VerifyReport]:

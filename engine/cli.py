@@ -15,8 +15,7 @@ from ._decisions import STATE_LABELS, STATES
 from ._errors import PartexError
 from ._loader import analyze_model, demo_names, load_model
 from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
-from ._meshes import mesh_search
-from ._session import DEFAULT_MARGIN, ModelSpec, Session, analyze_spec, verify_plan
+from ._session import DEFAULT_MARGIN, ModelSpec, Session, analyze_spec, search_meshes, verify_plan
 from ._sessionfile import model_spec
 from .plan._explain import explain_table
 from .plan._export import comparison_table, export_text
@@ -519,7 +518,7 @@ def _mesh_search(args):
                              + "\033[K")
             sys.stderr.flush()
 
-    found = mesh_search(ma, args.devices, topology=args.topology, hardware=hw, seconds=args.budget,
+    found = search_meshes(ma, args.devices, topology=args.topology, hardware=hw, seconds=args.budget,
                         max_axes=args.max_axes, seed=args.seed or 0, warm_start=not args.cold,
                         spec=model_spec(args.model, args.preset or "tiny", _overrides(args.config)),
                         user_shardings=args.user_shardings or "keep", callback=progress)

@@ -43,24 +43,31 @@ from ..analysis._constraints import Fixed
 
 def _axes(mesh: MeshSpec) -> tuple[str, str]:
     data = "data" if "data" in mesh.axes else mesh.axes[0]
-    model = next((a for a in ("model", "tensor") if a in mesh.axes), mesh.axes[-1])
+    model = next((a for a in ("model", "tensor") if a in mesh.axes and (a == "model" or mesh.axis_size(a) > 1)),
+                 mesh.axes[-1])
     return data, model
 
 
-def _batch_axes(mesh: MeshSpec) -> list[str]:
-    """The axes the batch goes on: the data axis, then every other but the model axis."""
+def _inner(mesh: MeshSpec) -> list[str]:
+    """The axes of size > 1 between the data and model axes, where the mesh has three or more
+    such axes (MaxText's fsdp, seq, ...); none on two (a mesh's size-1 axes take no role)."""
     data, model = _axes(mesh)
-    return [data] + [a for a in mesh.axes if a not in (data, model)]
+    big = [a for a, n in zip(mesh.axes, mesh.sizes) if n > 1]
+    return [a for a in big if a not in (data, model)] if len(big) > 2 else []
+
+
+def _batch_axes(mesh: MeshSpec) -> list[str]:
+    """The axes the batch goes on: the data axis, then the inner ones."""
+    return [_axes(mesh)[0]] + _inner(mesh)
 
 
 def _fsdp_axis(mesh: MeshSpec) -> str:
-    """The axis ZeRO-3 shards the parameters over: "fsdp", else the largest axis between the
-    data and model axes, else the data axis."""
-    data, model = _axes(mesh)
-    if "fsdp" in mesh.axes:
+    """The axis ZeRO-3 shards the parameters over: "fsdp", else the largest inner axis,
+    else the data axis."""
+    inner = _inner(mesh)
+    if "fsdp" in inner:
         return "fsdp"
-    inner = [a for a in mesh.axes if a not in (data, model)]
-    return max(inner, key=mesh.axis_size) if inner else data
+    return max(inner, key=mesh.axis_size) if inner else _axes(mesh)[0]
 
 
 def _on(an: Analysis, mesh: MeshSpec, groups: Iterable[GroupId], axis: str) -> list[Shard]:
