@@ -115,7 +115,7 @@ def candidate_meshes(devices: int, topology: Topology | None = None, max_axes: i
     return out
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class MeshTrial:
     """One candidate mesh and what its search found."""
 
@@ -196,8 +196,9 @@ def search_meshes(make: Callable[[MeshSpec], "Session"], meshes: Sequence[MeshSp
         live = survivors
         if callback is not None:
             callback(trials)
+    kept = {id(t) for t in live}
     for t in trials:
-        if t not in live:
+        if id(t) not in kept:
             t.session = None
     return sorted(trials, key=lambda t: (t.note != "", _score(t), t.warm_step if t.warm_step is not None else math.inf))
 
