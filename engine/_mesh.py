@@ -183,8 +183,11 @@ class MeshSpec:
     def axis_latency(self, axis: str, hw: Hardware) -> float:
         return self.latency[self.index(axis)] if self.latency else hw.link_latency
 
-    def text(self) -> str:
-        return ",".join(f"{a}={s}" for a, s in zip(self.axes, self.sizes))
+    def text(self, links: bool = False) -> str:
+        """'data=4,model=2'; ``links``: each axis's bandwidth as ``parse`` reads it
+        ('data=4@6.25,model=2@90') where the mesh gives them."""
+        bw = [f"@{b / 1e9:g}" for b in self.bandwidth] if links and self.bandwidth else [""] * len(self.axes)
+        return ",".join(f"{a}={s}{w}" for a, s, w in zip(self.axes, self.sizes, bw))
 
     def to_json(self) -> dict:
         d = {"axes": list(self.axes), "sizes": list(self.sizes)}

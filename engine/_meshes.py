@@ -203,8 +203,6 @@ def search_meshes(make: Callable[[MeshSpec], "Session"], meshes: Sequence[MeshSp
     return sorted(trials, key=lambda t: (t.note != "", _score(t), t.warm_step if t.warm_step is not None else math.inf))
 
 
-
-
 @dataclasses.dataclass
 class MeshSearch:
     """The meshes tried (best first) and the session of the best one (None: no plan fits

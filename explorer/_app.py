@@ -13,6 +13,7 @@ from ._charts import KpiView, MemoryView, SearchView
 from ._compare import CompareView
 from ._controls import FileControls, MeshControls, ModelControls, SearchControls
 from ._graph import DecisionView, GraphView
+from ._meshes import MeshesView
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
 from ._teach import CompareChoice, TeachView
@@ -297,6 +298,8 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
             _card("Baselines", BaselinesView(state=state), "hand-written strategies on the same cost model"),
             sizing_mode="stretch_width",
         ),
+        _card("Meshes", MeshesView(state=state),
+              "the mesh's shape as a decision: factorisations of the devices, each searched with the plan"),
         _card("Compare", compare, "two plans side by side: what B changes against A"),
         _card("Plan", PlanView(state=state), "PartitionSpecs and the collectives they imply"),
         _card("Predicted vs XLA", VerifyView(state=state), "the cost model checked against the compiler"),

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import param
 
 from partex import (HARDWARE, GroupInfo, ModelSpec, PartexError, SearchStats, Session, VerifyReport, as_hardware,
-                    demo_models, parse_bytes)
+                    candidate_meshes, demo_models, parse_bytes)
 
 from ._engine import (
     ANALYSES, CUSTOM, MESH_TRIES, Config, PlanSummary, Workspace, demo_presets, fitting_mesh, parse_config,
@@ -32,6 +32,7 @@ from ._engine import (
 from ._format import fmt_bytes, fmt_time
 from ._layout import GraphLayout, graph_layout
 from ._loop import Jobs, PageClock
+from ._meshes import MeshRequest, MeshSearchJob
 from ._runner import SearchSnapshot, make_runner
 
 log = logging.getLogger("partex.explorer")
@@ -50,7 +51,8 @@ DEFAULT_BUDGET = "3MiB"  # the tiny demos': tight enough that sharding matters
 # verification, the search's own failure) has no such place and goes to the banner and toast.
 MODEL_FIELDS = ("overrides", "custom")
 CONFIG_FIELDS = ("mesh", "hardware", "budget", "margin")
-FORM_FIELDS = (*MODEL_FIELDS, *CONFIG_FIELDS, "session")
+MESH_SEARCH_FIELDS = ("devices", "topology", "seconds")  # the Meshes card's form, where the user is
+FORM_FIELDS = (*MODEL_FIELDS, *CONFIG_FIELDS, "session", *MESH_SEARCH_FIELDS)
 
 
 def default_budget(preset: str) -> str:
@@ -130,6 +132,8 @@ class ExplorerState(param.Parameterized):
     verify_result = param.ClassSelector(class_=VerifyReport, default=None, allow_None=True)
     verified_plan = param.String(default="")  # the plan verify_result is of: "search" or a baseline
     sessions = param.List(default=[], doc="Saved sessions in the sessions folder.")
+    mesh_rows = param.List(default=[], doc="MeshRow per mesh the mesh search tried, best first.")
+    mesh_status = param.String(default="", doc="The mesh search's progress or outcome, in words.")
     probe = param.String(default="{}", doc="JSON of the state, for tests and scripts.")
     ping = param.String(default="")
 
@@ -138,6 +142,8 @@ class ExplorerState(param.Parameterized):
         self.session_id = session_id or f"{id(self):x}"
         self.sessions_dir = pathlib.Path(sessions_dir or os.environ.get("PARTEX_SESSIONS_DIR") or "sessions")
         self.runner = None  # a ProcessRunner or ThreadRunner
+        self.meshes: MeshSearchJob | None = None  # the mesh search in flight or last run
+        self._meshes_for = None  # (analysis, hardware) the mesh rows were found for
         self.held: tuple[tuple, tuple] = ((), ())  # pins, forbids set aside: they do not apply on this mesh
         self.jobs = Jobs(self.session_id)
         self.clock = PageClock(self.session_id, lambda: self.running)
@@ -154,7 +160,8 @@ class ExplorerState(param.Parameterized):
         self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text"])
         self.param.watch(self._on_probed, ["ping", "message", "message_level", "field_error", "phase", "busy", "running", "best",
                                            "pins", "forbidden", "uploaded", "verify_status", "sessions",
-                                           "selected_group", "workspace", "baselines", "stats"])
+                                           "selected_group", "workspace", "baselines", "stats",
+                                           "mesh_rows", "mesh_status"])
         self.refresh_sessions()
         self.load()
 
@@ -343,6 +350,14 @@ class ExplorerState(param.Parameterized):
                 self.selected_group = None  # group ids belong to one analysis
             if self.shown_plan not in ("search", "uploaded", *loaded.baselines):
                 self.shown_plan = "search"
+        if self._meshes_for is not None and self._meshes_for != (ws.res, ws.config.hw):
+            # the meshes tried were of another model, hardware or budget
+            if self.meshes is not None:
+                self.meshes.close()
+            self._meshes_for = None
+            with param.parameterized.batch_call_watchers(self):
+                self.mesh_rows, self.mesh_status = [], ""
+                self.busy = [b for b in self.busy if b != "meshes"]
         self._seen_version = -1
         self._warned_budget = False
         self._pausing = False
@@ -604,11 +619,89 @@ class ExplorerState(param.Parameterized):
         self.phase = "loading"
         self._submit("load", lambda: _restore(name, path), self._install)
 
+    # ------------------------------------------------------------------ the mesh as a decision
+    def search_meshes(self, devices, topology: str, seconds, max_axes) -> None:
+        """Search every factorisation of ``devices`` (laid out as ``topology``) with the plan,
+        on the page's model, hardware and budget (the Meshes card): ``Session.search_meshes``
+        in a forked child; its rounds show as they come (``poll``)."""
+        ws = self.workspace
+        if ws is None:
+            self.notify("no model yet: wait for it to load (or press Analyze)", "warning")
+            return
+        try:
+            request = MeshRequest.parse(devices, topology, seconds, max_axes)
+            meshes = candidate_meshes(request.devices, request.topology, request.max_axes)
+        except PartexError as e:
+            self.bad_input(PartexError(str(e).replace("--", ""), field=e.field or "devices"))
+            return
+        self.clear_field_error(*MESH_SEARCH_FIELDS)
+        if self.meshes is not None:
+            self.meshes.close()
+        self.meshes = MeshSearchJob(ws.session, request, name=self.session_id, lock=ws.lock)
+        self._meshes_for = (ws.res, ws.config.hw)
+        with param.parameterized.batch_call_watchers(self):
+            self.mesh_rows = []
+            self.mesh_status = (f"searching the {len(meshes)} meshes of {request.text()} for {request.seconds:g} s: "
+                                "a session on each from its hand plans, then rounds of successive halving")
+        if "meshes" not in self.busy:
+            self.busy = [*self.busy, "meshes"]
+
+    def stop_meshes(self) -> None:
+        """Stop the mesh search: the meshes tried so far stay in the card."""
+        if self.meshes is not None and "meshes" in self.busy:
+            self.meshes.close()
+            self.mesh_status = f"stopped: {len(self.mesh_rows)} meshes tried so far"
+            self.busy = [b for b in self.busy if b != "meshes"]
+
+    def use_mesh(self, text: str | None) -> None:
+        """Continue on a mesh the mesh search tried: the mesh form takes it, and the page's
+        search starts again there (pins kept where they apply)."""
+        if not text:
+            self.notify("no mesh to use yet: search the meshes first", "warning")
+            return
+        self.mesh_text = text
+
+    def _poll_meshes(self) -> None:
+        job = self.meshes
+        if job is None or "meshes" not in self.busy:
+            return
+        p = job.receive()
+        if list(p.rows) != self.mesh_rows:
+            self.mesh_rows = list(p.rows)
+        if not p.done:
+            if p.rows:
+                live = sum(r.live for r in p.rows)
+                rounds = max(r.rounds for r in p.rows)
+                self.mesh_status = (f"searching: {len(p.rows)} meshes, {live} still in after round {rounds}"
+                                    if rounds else f"searching: {len(p.rows)} meshes scored by their hand plans")
+            return
+        self.busy = [b for b in self.busy if b != "meshes"]
+        if p.error:
+            self.mesh_status = f"the mesh search failed: {p.error}"
+            self.notify(self.mesh_status, "danger")
+            return
+        best = next((r for r in p.rows if r.step is not None), None)
+        n = len(p.rows)
+        head = f"{n} mesh{'es' if n != 1 else ''} of {job.request.text()} in {p.seconds:.1f} s"
+        if p.rows and all(r.note for r in p.rows):
+            self.mesh_status = f"{head}: the model can use none of them ({p.rows[0].note})"
+            self.notify(self.mesh_status, "warning")
+            return
+        if best is None:
+            self.mesh_status = (f"{head}: no plan fits the budget of {fmt_bytes(self.config.hw.budget)} per device "
+                                "on any: raise the budget or give more devices")
+            self.notify(self.mesh_status, "warning")
+            return
+        self.mesh_status = (f"{head}: the best is {best.label} at {fmt_time(best.step)} per step; pick a mesh "
+                            "and press Use this mesh to continue on it")
+        self.notify(f"mesh search done: {self.mesh_status}", "success")
+
     # ------------------------------------------------------------------ the page's clock
     def poll(self) -> None:
         """Apply finished jobs and the search's latest snapshot (called every ~200 ms)."""
         with self.clock.timed():
             self._drain()
+            self._poll_meshes()
             r = self.runner
             snap = r.receive() if r is not None else None
             now = time.perf_counter()
@@ -665,9 +758,11 @@ class ExplorerState(param.Parameterized):
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """The tab closed: stop its search."""
+        """The tab closed: stop its searches."""
         if self.runner is not None:
             self.runner.close()
+        if self.meshes is not None:
+            self.meshes.close()
 
 
 def budget_source(budget: float, hardware: str, preset: str) -> str:
@@ -745,6 +840,9 @@ def probe_of(state: ExplorerState) -> dict:
         "field_error": state.field_error,
         "selected": an.groups[state.selected_group].label if an and state.selected_group is not None else None,
         "sessions": list(state.sessions),
+        "meshes": {"status": state.mesh_status, "rows": [
+            {"mesh": r.label, "form": r.mesh, "hand": r.hand, "step": r.step, "note": r.note, "live": r.live}
+            for r in state.mesh_rows]},
         "timings": {k: round(v, 1) for k, v in state.clock.timings.items()},
         "ping": state.ping,
         "server_pid": os.getpid(),
@@ -769,7 +867,7 @@ def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forb
     fitting, tried = None, 0
     if not any(b.report.fits for b in baselines.values()):
         mesh, tried = fitting_mesh(res, config, tries=MESH_TRIES)
-        fitting = mesh.text() if mesh else None
+        fitting = mesh.text(links=True) if mesh else None
     return Loaded(ws, *_details(res), baselines, session, tuple(notes), held=held, fitting_mesh=fitting,
                   tried_devices=tried)
 
@@ -780,7 +878,7 @@ def _restore(name: str, path: pathlib.Path) -> Loaded:
     choice = session.spec
     assert choice is not None  # Session.load without fn= loads MODEL-spec sessions only
     ws = Workspace(choice, session)
-    form = {"mesh_text": session.mesh.text(), "hardware": session.hardware.name,
+    form = {"mesh_text": session.mesh.text(links=True), "hardware": session.hardware.name,
             "budget_text": _budget_text(session.hardware.memory_budget),
             "margin_text": f"{session.hardware.memory_margin:g}", "seed": session.seed}
     if choice.spec in demo_models.MODELS:

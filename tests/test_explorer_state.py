@@ -396,3 +396,42 @@ def test_the_memory_bars_write_host_memory_apart_from_the_device_bar(tmp_path):
         assert "offloaded to host memory" in view.caption.object
     finally:
         st.close()
+
+
+def test_the_mesh_search_runs_beside_the_page_and_its_rows_go_with_the_model(tmp_path):
+    """The Meshes card's search (``Session.search_meshes`` in a forked child): bad input is
+    marked at its field and starts nothing; the rows come best first, are what the engine's
+    search finds for the same request, and stay while the page moves to a mesh picked from
+    them; another model clears them, and a model that can use none of the meshes says so."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        for devices, topology, seconds, field in ((0, "", 5, "devices"), (8, "3x4", 5, "topology"),
+                                                  (8, "2x", 5, "topology"), (8, "", 0, "seconds")):
+            st.search_meshes(devices, topology, seconds, "4")
+            assert set(st.field_error) == {field} and "meshes" not in st.busy and st.meshes is None, st.field_error
+        st.search_meshes(8, "2x4@6.25", 3, "4")
+        assert not st.field_error and "meshes" in st.busy
+        _settle(st, lambda: "meshes" not in st.busy, "the mesh search")
+        rows = st.mesh_rows
+        assert st.message_level == "success" and st.mesh_status.startswith(f"{len(rows)} meshes of 8 devices (2x4@6.25)")
+        want = {m.text() for m in partex.candidate_meshes(8, partex.Topology.parse("2x4@6.25"), 4)}
+        assert {r.label for r in rows} == want and all("@6.25" in r.mesh for r in rows)
+        steps = [r.step for r in rows]
+        assert None not in steps and steps == sorted(steps), rows
+        assert f"the best is {rows[0].label} at " in st.mesh_status
+        picked = rows[-1]
+        st.use_mesh(picked.mesh)
+        _settle(st, lambda: st.phase == "ready" and st.config.mesh.text() == picked.label and not st.busy,
+                "the picked mesh")
+        assert st.config.mesh == partex.MeshSpec.parse(picked.mesh) and st.config.mesh.bandwidth  # links kept
+        assert st.mesh_rows == rows
+        st.model_name = "mlp"
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and st.workspace.choice.spec == "mlp" and not st.busy, "the mlp")
+        assert st.mesh_rows == [] and st.mesh_status == ""
+        st.search_meshes(7, "", 3, "2")
+        _settle(st, lambda: "meshes" not in st.busy, "the mesh search on 7 devices")
+        assert st.message_level == "warning" and "can use none of them" in st.mesh_status, st.mesh_status
+    finally:
+        st.close()

@@ -1,7 +1,8 @@
 """The explorer's views as a user tours them (headless Chromium, 1440x900, the server and
 helpers of tests/test_explorer.py): the graph's titles and its selection kept in step with
 the Decision card, the search chart's axis and titles, the headline's comparison in words,
-and the verify tables that list every row and every unmatched collective. Each view's
+the verify tables that list every row and every unmatched collective, and the Meshes card
+(the mesh searched with the plan, a row picked to continue on). Each view's
 screenshot lands in tests/screenshots/views_*.png.
 
 A few checks of the views' pure helpers run without a browser."""
@@ -18,7 +19,7 @@ from partex.explorer._tables import Table, unmatched_rows
 
 from test_explorer import (  # noqa: F401  (fixtures: pytest finds them by name here)
     SHOTS, _graph_nodes, _load, chromium, click, console_summary, no_browser_errors, run_until, select_group,
-    server, state, tab, verify_in_page, wait_until,
+    server, set_model_value, state, tab, verify_in_page, wait_until,
 )
 
 PRIMITIVES = ("reshape", "broadcast_in_dim", "rev", "iota", "concatenate", "transpose", "dot_general")
@@ -232,3 +233,62 @@ def test_verify_lists_every_collective_and_what_each_side_lacks(tab):
     assert unmatched.count() >= 1
     tab.mouse.move(0, 0)
     tab.screenshot(path=SHOTS / "views_verify_unmatched.png")
+
+
+def test_the_meshes_card_searches_the_meshes_and_continues_on_the_one_picked(tab):
+    """The Meshes card on 8 devices as 2 slices of 4 (6.25 GB/s between them): every mesh
+    tried has the data axis across the slices at that bandwidth, the table lists them best
+    first with the chosen one marked, and Use this mesh puts the picked row's mesh (links
+    included) in the sidebar's form and restarts the search there. A topology that does not
+    hold the devices is marked at its field and starts nothing."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    card = _card(tab, "Meshes")
+    topo = tab.locator("input[placeholder='one slice; or 4x64@6.25']")
+    topo.fill("3x4")
+    topo.press("Enter")
+    click(tab, "Search meshes")
+    wait_until(lambda: "holds 12 devices, not the 8" in str(state(tab)["field_error"].get("topology")),
+               what="the topology's mark")
+    assert "meshes" not in state(tab)["busy"] and not state(tab)["meshes"]["rows"]
+    note = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-field-error-meshes').text")
+    assert "holds 12 devices" in note, note
+    tab.screenshot(path=SHOTS / "views_meshes_bad_topology.png")
+
+    topo.fill("2x4@6.25")
+    topo.press("Enter")
+    tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-seconds').value = 4")
+    click(tab, "Search meshes")
+    s = wait_until(lambda: (lambda s: s["meshes"]["status"].startswith(("6 meshes", "4 meshes", "3 meshes"))
+                            and "meshes" not in s["busy"] and s)(state(tab)), what="the mesh search to end")
+    assert not s["field_error"], s["field_error"]
+    rows = s["meshes"]["rows"]
+    assert len(rows) >= 3
+    for r in rows:
+        axes = dict(a.split("=") for a in r["mesh"].split(","))
+        assert int(axes["data"]) % 2 == 0, r  # one axis across the two slices
+        assert r["form"].startswith(f"data={axes['data']}@6.25"), r
+    steps = [r["step"] for r in rows if r["step"] is not None]
+    assert steps and steps == sorted(steps), rows
+    assert s["meshes"]["status"].split("the best is ")[1].startswith(rows[0]["mesh"] + " at ")
+    table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-meshes').text")
+    assert table.count("<tr>") == len(rows) + 1 and "chosen</span>" in table
+    assert table.index(rows[0]["mesh"]) < table.index(rows[-1]["mesh"])
+    card.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_meshes.png")
+
+    pick = next(r for r in rows[1:] if r["step"] is not None)
+    set_model_value(tab, "partex-mesh-pick", pick["form"])
+    wait_until(lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pick').value") == pick["form"],
+               what="the pick")
+    click(tab, "Use this mesh")
+    s = wait_until(lambda: (lambda s: s["phase"] == "ready" and s["config"]["mesh"] == pick["mesh"]
+                            and "load" not in s["busy"] and s)(state(tab)), what="the picked mesh to load")
+    assert tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh').value") == pick["form"]
+    assert len(s["meshes"]["rows"]) == len(rows)  # the table stays: another row can be picked
+    table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-meshes').text")
+    assert "on the page</span>" in table
+    run_until(tab, lambda s: s["simulations"] >= 20, what="the search on the picked mesh")
+    card.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_meshes_picked.png")

@@ -1,0 +1,302 @@
+"""The mesh's shape as a decision in the page: ``partex.Session.search_meshes`` runs in a
+forked child (as the page's search does, ``_runner``: it shares neither the GIL nor the
+garbage collector with the server's event loop), sends the meshes tried after each round of
+its successive halving down a pipe, and the page shows them in the Meshes card
+(``MeshesView``), where the user continues on one (``ExplorerState.use_mesh``).
+
+The child's sessions stay in the child: a mesh the user picks gets a new search on the page,
+from its hand plans, with the pins kept where they apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+import warnings
+
+import panel as pn
+import param
+
+from partex import MeshTrial, PartexError, Session, Topology
+
+from ._format import esc, fmt_bytes, fmt_pct, fmt_time
+from ._runner import CHILD_NICENESS
+from ._tables import Table
+from ._widgets import bokeh_update, button, html, keyed, select, text_input
+
+log = logging.getLogger("partex.explorer")
+
+DEFAULT_SECONDS = 20  # the form's search time: a few rounds on the tiny demos' meshes
+AXES = ("2", "3", "4")  # the most axes a candidate mesh may have
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshRow:
+    """One mesh tried, as the card shows it."""
+
+    mesh: str  # as the mesh form takes it (each axis's bandwidth where the mesh gives them)
+    label: str  # name=size pairs
+    hand: float | None  # the best hand plan that fits: seconds (None: none fits)
+    step: float | None  # the best plan the search found that fits
+    mfu: float | None
+    memory: float | None
+    simulations: int
+    rounds: int
+    note: str  # why it was not searched
+    live: bool  # still in the halving
+
+    @classmethod
+    def of(cls, t: MeshTrial) -> "MeshRow":
+        return cls(t.mesh.text(links=True), t.mesh.text(), t.warm_step, t.step_time, t.mfu, t.memory, t.simulations,
+                   t.rounds, t.note, t.session is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshRequest:
+    """What the card's form asks for (checked before a child is forked)."""
+
+    devices: int
+    topology: Topology | None
+    seconds: float
+    max_axes: int
+
+    @classmethod
+    def parse(cls, devices, topology: str, seconds, max_axes) -> "MeshRequest":
+        try:
+            n = int(devices)
+        except (TypeError, ValueError):
+            n = 0
+        if n < 1:
+            raise PartexError(f"give a positive whole number of devices, got {devices!r}", field="devices")
+        topo = None
+        if (topology or "").strip():
+            try:
+                topo = Topology.parse(topology)
+            except PartexError as e:
+                raise PartexError(str(e), field="topology") from None
+            if topo.devices != n:
+                raise PartexError(f"{topology.strip()!r} holds {topo.devices} devices, not the {n} asked for: the "
+                                  f"slices times the devices in each must make {n}", field="topology")
+        try:
+            secs = float(seconds)
+        except (TypeError, ValueError):
+            secs = 0.0
+        if not secs > 0:
+            raise PartexError(f"give a positive number of seconds, got {seconds!r}", field="seconds")
+        return cls(n, topo, secs, int(max_axes))
+
+    def text(self) -> str:
+        where = f" ({self.topology.text()})" if self.topology is not None and self.topology.granules > 1 else ""
+        return f"{self.devices} devices{where}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshProgress:
+    """What the child said last: the meshes tried so far, and whether it is done."""
+
+    rows: tuple[MeshRow, ...]
+    done: bool = False
+    seconds: float = 0.0
+    error: str | None = None
+
+
+class MeshSearchJob:
+    """``session.search_meshes(request)`` in a forked child; ``receive`` (from the page's
+    clock) reads its rounds. The page's thread is the only one that talks to it."""
+
+    def __init__(self, session: Session, request: MeshRequest, *, name: str = "", lock: threading.Lock | None = None):
+        self.name = name
+        self.request = request
+        self.progress = MeshProgress(())
+        self._closed = False
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_child_main, name=f"partex-meshes-{name}", daemon=True,
+                                 args=(child, self._conn, session, request))
+        with warnings.catch_warnings():  # as the search's child (``_runner.ProcessRunner``)
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
+            if lock is not None:
+                with lock:  # the session is not changed by another thread while it is copied
+                    self._proc.start()
+            else:
+                self._proc.start()
+        child.close()
+
+    @property
+    def done(self) -> bool:
+        return self.progress.done
+
+    def receive(self) -> MeshProgress:
+        """What the child sent since (never blocks). A child gone without a word is an error."""
+        while not self._closed:
+            try:
+                if not self._conn.poll(0):
+                    break
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                if not self.progress.done:
+                    self.progress = dataclasses.replace(self.progress, done=True,
+                                                        error="the mesh search's process ended unexpectedly")
+                self._finish()
+                break
+            kind = msg[0]
+            if kind == "round":
+                self.progress = MeshProgress(tuple(msg[1]))
+            elif kind == "done":
+                self.progress = MeshProgress(tuple(msg[1]), done=True, seconds=msg[2])
+                self._finish()
+            elif kind == "error":
+                if msg[2]:  # not bad input: the child's own failure, logged whole
+                    log.error("partex: the mesh search failed (session %s):\n%s", self.name, msg[2])
+                self.progress = dataclasses.replace(self.progress, done=True, error=msg[1])
+                self._finish()
+        return self.progress
+
+    def _finish(self) -> None:
+        self._closed = True
+        threading.Thread(target=self._reap, args=(2.0,), name=f"partex-reap-meshes-{self.name}", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the child now (a newer search, another model, the tab closed)."""
+        if self._closed:
+            return
+        self._finish()
+        self._proc.terminate()
+
+    def _reap(self, wait: float) -> None:
+        self._proc.join(wait)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(1.0)
+        self._conn.close()
+
+
+def _child_main(conn, parent_end, session: Session, request: MeshRequest) -> None:
+    parent_end.close()  # its copy of the server's end would hide the server's exit
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.nice(CHILD_NICENESS)
+    gc.freeze()
+    t0 = time.perf_counter()
+    try:
+        found = session.search_meshes(
+            request.devices, topology=request.topology, seconds=request.seconds, max_axes=request.max_axes,
+            callback=lambda trials: conn.send(("round", [MeshRow.of(t) for t in trials])))
+        conn.send(("done", [MeshRow.of(t) for t in found.trials], time.perf_counter() - t0))
+    except PartexError as e:
+        conn.send(("error", str(e), None))
+    except (EOFError, OSError, KeyboardInterrupt):  # the server went away
+        return
+    except Exception as e:  # the process's boundary: one line on the page, the traceback logged
+        conn.send(("error", f"internal error: {type(e).__name__}: {e}", traceback.format_exc()))
+
+
+def rows_table(rows, current: str | None, running: bool) -> list[tuple]:
+    """The card's table rows: best first as the search sorts them; ``current``: the mesh
+    the page is on (name=size pairs), marked; ``running``: whether the halving goes on."""
+    best = next((r.label for r in rows if r.step is not None), None)
+    out = []
+    for r in rows:
+        tags = [t for t, on in (("chosen", r.label == best), ("on the page", r.label == current)) if on]
+        mesh = f"<b>{esc(r.label)}</b>" + "".join(f" <span class='chip'>{t}</span>" for t in tags)
+        if r.mesh != r.label:
+            mesh += f"<div class='small muted'>{esc(r.mesh)} (GB/s per axis)</div>"
+        if r.note:
+            out.append((mesh, "-", "-", "-", "-", "-", f"<span class='muted'>not searched: {esc(r.note)}</span>"))
+            continue
+        if not r.rounds:
+            state = "hand plans scored" if running else "not searched: time was up"
+        elif r.live:
+            state = "searching" if running else f"kept after round {r.rounds}"
+        else:
+            state = f"dropped after round {r.rounds}"
+        step = fmt_time(r.step) if r.step is not None else "<span class='bad'>none fits</span>"
+        out.append((mesh, fmt_time(r.hand) if r.hand is not None else "none fits", step, fmt_pct(r.mfu),
+                    fmt_bytes(r.memory) if r.memory is not None else "-", f"{r.simulations:,}",
+                    f"<span class='muted'>{state}</span>"))
+    return out
+
+
+class MeshesView(pn.viewable.Viewer):
+    """The Meshes card: the form (devices, topology, axes, seconds), the meshes tried, and
+    the pick of one to continue on."""
+
+    state = param.Parameter()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        s = self.state
+        self.devices = keyed(pn.widgets.IntInput)("partex-mesh-devices", name="Devices", start=1, value=8, width=110)
+        self.topology = text_input("partex-mesh-topology", "Topology", placeholder="one slice; or 4x64@6.25",
+                                   width=190, description="SLICESxDEVICES[@GB/s]: slices (or hosts) joined by a "
+                                   "slower network, its bandwidth per device; one axis (data) crosses it")
+        self.axes = select("partex-mesh-axes", "Axes at most", options=list(AXES), value="4", width=100)
+        self.seconds = keyed(pn.widgets.IntInput)("partex-mesh-seconds", name="Seconds", start=1,
+                                                   value=DEFAULT_SECONDS, width=100)
+        self.go = button("partex-mesh-search", "Search meshes", button_type="primary", margin=(27, 10, 5, 10),
+                         description="Every factorisation of the devices into named axes, each searched with the "
+                                     "plan by successive halving, in its own process")
+        self.go.on_click(lambda e: s.search_meshes(self.devices.value, self.topology.value, self.seconds.value,
+                                                   self.axes.value))
+        self.stop = button("partex-mesh-stop", "Stop", margin=(27, 10, 5, 0))
+        self.stop.on_click(lambda e: s.stop_meshes())
+        self.status = html(name="partex-mesh-status", sizing_mode="stretch_width")
+        self.table = Table("partex-meshes", [("mesh", "mesh"), ("hand", "best hand plan"), ("step", "searched"),
+                                             ("mfu", "MFU"), ("memory", "peak memory"), ("sims", "simulations"),
+                                             ("state", "")],
+                           height=320, html_fields=("mesh", "step", "state"),
+                           empty="press Search meshes: the meshes tried appear here, best first")
+        self.pick = select("partex-mesh-pick", "Continue on", options=[], width=320, disabled=True)
+        self.use = button("partex-mesh-use", "Use this mesh", button_type="success", margin=(27, 10, 5, 10),
+                          disabled=True, description="The page's search restarts on that mesh, pins kept")
+        self.use.on_click(lambda e: s.use_mesh(self.pick.value))
+        from ._controls import FieldErrors  # the sidebar's marks, on this card's fields
+
+        self.errors = FieldErrors(s, "meshes", {"devices": self.devices, "topology": self.topology,
+                                                "seconds": self.seconds})
+        self._rows_seen = None  # the rows the pick was last set from: new ones reset it to the best
+        s.param.watch(self._render, ["mesh_rows", "mesh_status", "config", "busy"])
+        s.param.watch(self._devices, ["config"])
+        self._devices()
+        self._render()
+        self._panel = pn.Column(
+            pn.Row(self.devices, self.topology, self.axes, self.seconds, self.go, self.stop,
+                   sizing_mode="stretch_width"),
+            self.errors.note, self.status, self.table.pane,
+            pn.Row(self.pick, self.use, sizing_mode="stretch_width"),
+            sizing_mode="stretch_width")
+
+    def __panel__(self):
+        return self._panel
+
+    def _devices(self, *_):
+        """The form's device count follows the page's mesh until a search has run."""
+        c = self.state.config
+        if c is not None and not self.state.mesh_rows:
+            self.devices.value = c.mesh.size
+
+    @bokeh_update
+    def _render(self, *_):
+        s = self.state
+        running = "meshes" in s.busy
+        self.go.disabled = running
+        self.stop.disabled = not running
+        current = s.config.mesh.text() if s.config is not None else None
+        rows = s.mesh_rows
+        self.table.update(rows_table(rows, current, running))
+        options = {f"{r.label} · {fmt_time(r.step)}": r.mesh for r in rows if r.step is not None}
+        self.pick.options = options
+        if options and (self._rows_seen is not rows or self.pick.value not in options.values()):
+            self.pick.value = next(iter(options.values()))  # new rows: the best first
+        self._rows_seen = rows
+        self.pick.disabled = self.use.disabled = not options
+        self.status.object = f"<div class='muted'>{s.mesh_status}</div>" if s.mesh_status else ""
+
