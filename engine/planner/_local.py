@@ -21,6 +21,7 @@ from .._decisions import Decision, Resolve, Shard
 from ._evaluator import Best, Evaluator
 
 PENALTIES = (0.3, 1.0, 3.0, 10.0, 100.0)  # oscillate: memory penalty weights, in turn
+KICK_EVALS = 400  # a kick's descent gives up after scoring this many plans
 
 
 class LocalSearch:
@@ -48,6 +49,40 @@ class LocalSearch:
         if ev.best is not None and ev.best.decisions != start.decisions:
             self.descend(tuple(ev.best.decisions), lambda d: -ev.score(d), first, forbidden, deadline)
 
+    def kicks(self, current: tuple[Decision, ...], first: int, forbidden: Collection[Decision]
+              ) -> list[tuple[Decision, ...]]:
+        """Plans two changes away that no chain of improving single changes reaches: the axes
+        of two decisions of different groups exchanged (``experts -> data, ffn -> model``
+        becomes ``experts -> model, ffn -> data``; halfway, both on one axis, the plan is
+        worse or does not fit), best scored first. The pins stay."""
+        ev = self.evaluator
+        actions = set(self.actions)
+        out = []
+        for i in range(first, len(current)):
+            for j in range(i + 1, len(current)):
+                a, b = current[i], current[j]
+                if not (isinstance(a, Shard) and isinstance(b, Shard)) or a.axis == b.axis or a.group == b.group:
+                    continue
+                x, y = Shard(a.group, b.axis), Shard(b.group, a.axis)
+                if x not in actions or y not in actions or x in forbidden or y in forbidden or x in current \
+                        or y in current:
+                    continue
+                out.append(current[:i] + (x,) + current[i + 1:j] + (y,) + current[j + 1:])
+        scores = [ev.score(c) for c in out]
+        return [out[k] for k in sorted(range(len(out)), key=lambda k: -scores[k])]
+
+    def kick(self, current: tuple[Decision, ...], k: int, first: int, forbidden: Collection[Decision],
+             deadline: float | None) -> bool:
+        """Iterated local search where the descent is stuck: from the ``k``-th of ``kicks``
+        of ``current`` (a best plan), the descent again, for ``KICK_EVALS`` plans at most;
+        every fitting plan on the way is a candidate. False where there is no ``k``-th."""
+        kicks = self.kicks(current, first, forbidden)
+        if k >= len(kicks):
+            return False
+        ev = self.evaluator
+        self.descend(kicks[k], lambda d: -ev.score(d), first, forbidden, deadline, budget=KICK_EVALS)
+        return True
+
     def oscillate(self, best: Best, first: int, forbidden: Collection[Decision], deadline: float | None) -> None:
         ev = self.evaluator
         t_best = best.step_time
@@ -64,30 +99,46 @@ class LocalSearch:
             current = self.descend(current, penalised(weight), first, forbidden, deadline)
 
     def descend(self, current: tuple[Decision, ...], objective, first: int, forbidden: Collection[Decision],
-                deadline: float | None) -> tuple[Decision, ...]:
+                deadline: float | None, budget: int | None = None) -> tuple[Decision, ...]:
         """First-improvement descent on ``objective`` (lower is better) over ``moves``
-        until no move improves, the step limit, or the deadline; returns where it stopped."""
+        until no move improves, the step limit, the deadline, or ``budget`` plans scored;
+        returns where it stopped.
+
+        A move that did not improve the plan it was tried on is not tried again while the
+        descent goes on (a change elsewhere seldom makes it pay: "don't look bits", as in
+        2-opt); a pass that finds nothing so is repeated with every move, so that the
+        descent still ends at a local optimum of all of them."""
         value = objective(current)
+        scored = 0
+        failed: set = set()
         for _ in range(4 * len(self.actions)):
-            improved = False
-            for cand in self.moves(current, first, forbidden):
-                if deadline is not None and time.perf_counter() > deadline:
+            improved, full = False, not failed
+            for key, cand in self.moves(current, first, forbidden):
+                if key in failed:
+                    continue
+                scored += 1
+                if deadline is not None and time.perf_counter() > deadline or budget is not None and scored > budget:
                     return current
                 v = objective(cand)
                 if v < value - 1e-9 * abs(value):
                     current, value, improved = cand, v, True
                     break
+                failed.add(key)
             if not improved:
-                break
+                if full:
+                    break
+                failed = set()  # nothing but the moves that failed before: try them all once more
         return current
 
     def moves(self, current: tuple[Decision, ...], first: int, forbidden: Collection[Decision]):
-        """The plans one change away, cheapest kinds first: add an action (in prior order),
-        drop an unpinned decision, swap two decisions on one axis (the earlier keeps the axis
-        where their groups conflict), exchange two mesh axes throughout, replace a decision by
-        another action in its place (a layer stack's recompute by another kind too), and
-        insert an action before a decision of its axis. The first ``first`` (the pins) stay."""
-        for cand in self._raw_moves(current, first, forbidden):
+        """(move, plan) for the plans one change away, cheapest kinds first: add an action
+        (in prior order), drop an unpinned decision, swap two decisions on one axis (the
+        earlier keeps the axis where their groups conflict), exchange two mesh axes
+        throughout, replace a decision by another action in its place (a layer stack's
+        recompute by another kind too), and insert an action before a decision of its
+        axis. A move names the change, not the plan (``descend``). The first ``first`` (the
+        pins) stay."""
+        for key, cand in self._raw_moves(current, first, forbidden):
             # a resolution stays only after a decision that shards its group (a drop, a
             # replace or an insert may leave it before one or without one)
             sharded: set[int] = set()
@@ -100,18 +151,19 @@ class LocalSearch:
                 kept.append(d)
             cand = tuple(kept)
             if cand != current and len(cand) >= first:
-                yield cand
+                yield key, cand
 
     def _raw_moves(self, current: tuple[Decision, ...], first: int, forbidden: Collection[Decision]):
         legal = sorted(self.legal(current, forbidden), key=lambda a: -self.prior[a])
         for a in legal:
-            yield current + (self.actions[a],)
+            yield ("add", self.actions[a]), current + (self.actions[a],)
         for i in range(first, len(current)):
-            yield current[:i] + current[i + 1:]
+            yield ("drop", current[i]), current[:i] + current[i + 1:]
         for i in range(first, len(current)):
             for j in range(i + 1, len(current)):
                 if current[i].slot == current[j].slot:
-                    yield current[:i] + (current[j],) + current[i + 1:j] + (current[i],) + current[j + 1:]
+                    yield (("swap", current[i], current[j]),
+                           current[:i] + (current[j],) + current[i + 1:j] + (current[i],) + current[j + 1:])
         # two mesh axes exchanged in every decision (the 4-way axis for tensor parallelism and
         # the 2-way one for the batch, say): a plan no chain of single changes reaches
         axes = self.axes
@@ -122,15 +174,15 @@ class LocalSearch:
                 cand = current[:first] + tuple(Shard(d.group, swap.get(d.axis, d.axis)) if isinstance(d, Shard) else d
                                                for d in current[first:])
                 if cand != current and all(d in actions and d not in forbidden for d in cand[first:]):
-                    yield cand
+                    yield ("exchange", axes[x], axes[y]), cand
         for i in range(first, len(current)):
             # what could stand in place i: legal without the decision there (another kind for
             # its layer stack, another resolution for its conflict)
             rest = current[:i] + current[i + 1:]
             for a in sorted(self.legal(rest, forbidden), key=lambda a: -self.prior[a]):
                 if self.actions[a] != current[i]:
-                    yield current[:i] + (self.actions[a],) + current[i + 1:]
+                    yield ("replace", current[i], self.actions[a]), current[:i] + (self.actions[a],) + current[i + 1:]
         for i in range(first, len(current)):
             for a in legal:
                 if self.actions[a].slot == current[i].slot:
-                    yield current[:i] + (self.actions[a],) + current[i:]
+                    yield ("insert", self.actions[a], current[i]), current[:i] + (self.actions[a],) + current[i:]
