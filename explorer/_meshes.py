@@ -19,7 +19,6 @@ import signal
 import threading
 import time
 import traceback
-import warnings
 
 import panel as pn
 import param
@@ -27,7 +26,7 @@ import param
 from partex import MeshTrial, PartexError, Session, Topology
 
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time
-from ._runner import CHILD_NICENESS
+from ._runner import CHILD_NICENESS, reap, start_forked
 from ._tables import Table
 from ._widgets import bokeh_update, button, html, keyed, select, text_input
 
@@ -120,14 +119,11 @@ class MeshSearchJob:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, name=f"partex-meshes-{name}", daemon=True,
                                  args=(child, self._conn, session, request))
-        with warnings.catch_warnings():  # as the search's child (``_runner.ProcessRunner``)
-            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-            warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
-            if lock is not None:
-                with lock:  # the session is not changed by another thread while it is copied
-                    self._proc.start()
-            else:
-                self._proc.start()
+        if lock is not None:
+            with lock:  # the session is not changed by another thread while it is copied
+                start_forked(self._proc)
+        else:
+            start_forked(self._proc)
         child.close()
 
     @property
@@ -172,11 +168,7 @@ class MeshSearchJob:
         self._proc.terminate()
 
     def _reap(self, wait: float) -> None:
-        self._proc.join(wait)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(1.0)
-        self._conn.close()
+        reap(self._proc, self._conn, wait)
 
 
 def _child_main(conn, parent_end, session: Session, request: MeshRequest) -> None:

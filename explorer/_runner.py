@@ -138,13 +138,7 @@ class ProcessRunner:
         self._proc = ctx.Process(target=_child_main, name=f"partex-search-{session}", daemon=True,
                                  args=(child, self._conn, _Stepper(search_session, workspace, chunk_seconds),
                                        publish_seconds))
-        with warnings.catch_warnings():
-            # JAX warns on every fork once its runtime is up. The child runs the search alone
-            # (the cost model is numpy) and never calls into JAX, whose threads it lacks.
-            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-            # Python 3.12 likewise on a fork of any multi-threaded process (the server's)
-            warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
-            self._proc.start()
+        start_forked(self._proc)
         child.close()
 
     @property
@@ -246,12 +240,27 @@ class ProcessRunner:
         threading.Thread(target=self._reap, args=(wait,), name=f"partex-reap-{self.session}", daemon=True).start()
 
     def _reap(self, wait: float) -> None:
-        self._proc.join(wait)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(1.0)
-        self._conn.close()
+        reap(self._proc, self._conn, wait)
         log.info("partex: search stopped (session %s)", self.session)
+
+
+def start_forked(proc) -> None:
+    """Start a forked child of the server. JAX warns on every fork once its runtime is up:
+    the children run numpy (the cost model) and never call into JAX, whose threads they
+    lack; Python 3.12 likewise on a fork of any multi-threaded process (the server's)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
+        proc.start()
+
+
+def reap(proc, conn, wait: float) -> None:
+    """Wait ``wait`` s for a child to end, then terminate it; close its pipe."""
+    proc.join(wait)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(1.0)
+    conn.close()
 
 
 def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float) -> None:
