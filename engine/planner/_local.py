@@ -21,7 +21,7 @@ from .._decisions import Decision, Resolve, Shard
 from ._evaluator import Best, Evaluator
 
 PENALTIES = (0.3, 1.0, 3.0, 10.0, 100.0)  # oscillate: memory penalty weights, in turn
-KICK_EVALS = 400  # a kick's descent gives up after scoring this many plans
+KICK_EVALS = 200  # a kick's descent gives up after scoring this many plans
 
 
 class LocalSearch:
