@@ -71,6 +71,11 @@ class CostModel:
         self._agg_cache: dict = {}  # (mask, decisions) -> Aggregate; (rc, mask, decisions) -> extra cost
         self._factor_cache: dict = {}  # (mask, decisions) -> the signatures' shard counts
         self._reshard_cache: dict = {}  # (the plan's operand reshards, rc) -> Reshards
+        # (the aggregates', the reshards' and the timeline's ids) -> (those objects, seconds,
+        # exposed): plans that differ only where no collective changes (recompute, a group
+        # without any) share one schedule. The objects are kept in the value so their ids
+        # stay theirs.
+        self._overlap_cache: dict = {}
         self._cse_memo: dict = {}  # (read class, rc, its patterns' reshards) -> its CSE (_cse)
         self._classes: ReadClasses | None = None  # built on the first plan with an operand reshard
         self._edits: dict = {}  # recompute decisions -> Edit
@@ -236,7 +241,15 @@ class CostModel:
         exposed = None
         if overlap and comm > 0:
             # the recomputation's ops run as one block, their collectives in line
-            secs, exposed = overlapped(t, self._timeline(), aggs, common.dup_ops, common.hoisted)
+            tl = self._timeline()
+            okey = (*map(id, aggs), id(common), id(tl))
+            hit = self._overlap_cache.get(okey)
+            if hit is None or (detail and hit[2] is None):
+                secs, exposed = overlapped(t, tl, aggs, common.dup_ops, common.hoisted)
+                # the exposed seconds per collective are read for detail only: kept for that
+                self._overlap_cache[okey] = (aggs, common, tl), secs, exposed if detail else None
+            else:
+                secs, exposed = hit[1], hit[2]
             step = min(step, secs + xc + xm)
         ideal = t.total_flops / (self.mesh.size * self.hw.peak_flops)
         states = self.states_of(decisions)
