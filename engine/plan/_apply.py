@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._errors import PartexError
 from ..analysis._recompute import LoopPlan, shard_map_spans
 from ..tracing._program import EXPLICIT_SHARDING_PARAMS, ClosedJaxpr, Program, scan_counts
+from ._pipeline import pipelined_scan
 
 __all__ = ["constrained_function"]
 
@@ -62,6 +63,7 @@ def constrained_function(
     recompute: Sequence[Any] = (),
     input_specs: Mapping[int, PartitionSpec] | None = None,
     host_state: Collection[int] = (),
+    pipelines: Sequence[Any] = (),
 ) -> Callable:
     """A function equivalent to the traced one, with sharding constraints inserted.
 
@@ -99,11 +101,15 @@ def constrained_function(
     it (its value spec applied to the copy); such a result is copied to host memory where
     it is returned.
 
+    ``pipelines``: ``PipelineRun``s: both loops of each layer stack run as a pipeline over
+    its stage axis (``_pipeline.pipelined_scan``), their bodies as the plan constrains them,
+    on one microbatch.
+
     The result takes and returns the same pytrees as the traced function. It is not jitted:
     wrap it in ``jax.jit(..., in_shardings=..., out_shardings=..., donate_argnums=...)``.
     """
     return _Interpreter(program, mesh, value_specs, operand_specs, user_specs, promote, recompute,
-                        input_specs, host_state).function()
+                        input_specs, host_state, pipelines).function()
 
 
 _LOW = frozenset({np.dtype(jnp.bfloat16), np.dtype(np.float16)})
@@ -149,8 +155,11 @@ class _Interpreter:
     the loops' stacked outputs); split into parts, each would take all of it."""
 
     def __init__(self, program, mesh, value_specs, operand_specs, user_specs=None, promote=False, recompute=(),
-                 input_specs=None, host_state=()):
+                 input_specs=None, host_state=(), pipelines=()):
         self.program = program
+        # pipelined layer loops, by their enter op (``PipelineRun``)
+        self.pipelines = {lb.enter: run for run in pipelines for lb in (run.stack.forward, run.stack.backward)}
+        self._micro: tuple[dict, int] | None = None  # in a pipelined body: (its ops' resizes, microbatches)
         host_state = set(host_state)
         self.host_args = host_state & set(program.inputs)  # copied to the device at their first read
         self.host_outs = [k for k, v in enumerate(program.outputs) if v in host_state]
@@ -459,6 +468,12 @@ class _Interpreter:
                 for v, y in zip(names, ys)}
 
     def bind(self, eqn, op_id, invals) -> list:
+        if self._micro is not None and op_id in self._micro[0]:  # sized for the whole batch: for a microbatch
+            resize, m = self._micro[0][op_id], self._micro[1]
+            params = dict(eqn.params)
+            for k, dims in resize:
+                params[k] = tuple(n // m if d in dims else n for d, n in enumerate(params[k]))
+            eqn = eqn.replace(params=params)
         if op_id is not None:
             invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
         name = eqn.primitive.name
@@ -640,7 +655,7 @@ class _Interpreter:
             stacked, xs_leaves_b = self.loop_saved[bwd.forward]
             xs = [x for x in xs if x is not None] + list(stacked) + [x for _, x in xs_leaves_b]
 
-        def f(c, x):
+        def f(c, x, consts=consts):
             if bwd is not None and bwd.ops:
                 it = iter(x[:n_xs - len(fed)])
                 full = [None if k in fed else next(it) for k in range(n_xs)]
@@ -663,10 +678,14 @@ class _Interpreter:
         kw = {}
         if "_split_transpose" in p:
             kw["_split_transpose"] = p["_split_transpose"]
-        carry_out, ys = jax.lax.scan(
-            f, carry, xs, length=int(p["length"]), reverse=bool(p["reverse"]),
-            unroll=p.get("unroll", 1), **kw,
-        )
+        pipe = self.pipelines.get(enter_id)
+        if pipe is not None:
+            carry_out, ys = self._pipelined(eqn, enter_id, pipe, f, consts, carry, xs)
+        else:
+            carry_out, ys = jax.lax.scan(
+                f, carry, xs, length=int(p["length"]), reverse=bool(p["reverse"]),
+                unroll=p.get("unroll", 1), **kw,
+            )
         if fwd is not None:  # the dropped outputs are None: the backward loop makes them anew
             n_ys = len(eqn.outvars) - ncarry
             made = iter(ys[:len(ys) - len(fwd.stacked)])
@@ -674,6 +693,26 @@ class _Interpreter:
             ys = [None if j in fwd.dropped else next(made) for j in range(n_ys)]
         outs = [*carry_out, *ys]
         return [None if o is None else self.constrain_var(v, o) for v, o in zip(eqn.outvars, outs)]
+
+    def _pipelined(self, eqn, enter_id, pipe, f, consts, carry, xs) -> tuple[list, list]:
+        """The layer loop ``eqn`` run as ``pipe`` says (``_pipeline.pipelined_scan``), its
+        body ``f`` with the consts it is given (a microbatch of those with the batch)."""
+        lb = pipe.stack.forward if pipe.stack.forward.enter == enter_id else pipe.stack.backward
+        const_batch = [lb.consts.get(self.var_ids.get(id(v), -1)) if not isinstance(v, jcore.Literal) else None
+                       for v in eqn.invars[:len(consts)]]
+        def body(cs, c, x):
+            outer, self._micro = self._micro, (lb.resize, pipe.microbatches)
+            try:
+                return f(c, x, consts=cs)
+            finally:
+                self._micro = outer
+
+        carry_out, ys = pipelined_scan(
+            body, consts, carry, xs, length=int(eqn.params["length"]),
+            reverse=bool(eqn.params["reverse"]), stages=pipe.stages, microbatches=pipe.microbatches, axis=pipe.axis,
+            const_batch=const_batch, carry_batch=lb.carry, xs_batch=lb.xs, ys_batch=lb.ys,
+            constrain=lambda x, spec: self._constrain(x, spec, f"a pipeline stage's value of op {enter_id}"))
+        return carry_out, ys
 
     def while_(self, eqn, enter_id, invals) -> list:
         p = eqn.params

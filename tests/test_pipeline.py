@@ -1,0 +1,138 @@
+"""Pipelined layer loops: the transform (``plan._pipeline.pipelined_scan``), which stacks may
+be pipelined (``analysis._pipeline``), and the pipelined step's numerics against the step."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import partex
+from partex.analysis._pipeline import SUM, PipelineStack, pipeline_stacks
+from partex.plan._apply import constrained_function
+from partex.plan._numerics import compare_outputs
+from partex.plan._pipeline import PipelineRun, pipelined_scan
+
+L, B, D = 8, 16, 32
+
+
+def _mesh(stages: int):
+    return jax.make_mesh((stages, 8 // stages), ("stage", "data"), axis_types=(AxisType.Auto,) * 2)
+
+
+def _layer(cs, c, x):
+    """A layer that reads a per-row const (a mask), makes a residual, a sum over the rows (a
+    weight gradient's form) and a value of its weight alone."""
+    (mask,), (h,), (w,) = cs, c, x
+    out = jnp.tanh(h @ w) * mask[:, None]
+    return [out], [out, jnp.einsum("bd,be->de", h, out), w.T * 2.0]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 8), (4, 2)])
+def test_a_pipelined_loop_computes_what_the_loop_computes(reverse, stages, microbatches):
+    k = jax.random.split(jax.random.key(0), 3)
+    w = jax.random.normal(k[0], (L, D, D)) / np.sqrt(D)
+    x0 = jax.random.normal(k[1], (B, D))
+    mask = jax.random.normal(k[2], (B,))
+    want_c, want_y = jax.lax.scan(lambda c, x: _layer([mask], c, x), [x0], [w], reverse=reverse)
+
+    def piped(w, x0, mask):
+        return pipelined_scan(_layer, [mask], [x0], [w], length=L, reverse=reverse, stages=stages,
+                              microbatches=microbatches, axis="stage", const_batch=[0], carry_batch=[0],
+                              xs_batch=[None], ys_batch=[0, SUM, None])
+
+    mesh = _mesh(stages)
+    with jax.set_mesh(mesh):
+        args = (jax.device_put(w, NamedSharding(mesh, P("stage"))), jax.device_put(x0, NamedSharding(mesh, P("data"))),
+                jax.device_put(mask, NamedSharding(mesh, P("data"))))
+        got_c, got_y = jax.jit(piped)(*args)
+        hlo = jax.jit(piped).lower(*args).compile().as_text()
+    np.testing.assert_allclose(got_c[0], want_c[0], rtol=1e-5, atol=1e-5)
+    for g, w_ in zip(got_y, want_y):
+        np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-5)
+    # the activations move from stage to stage as collective-permutes over the stage axis
+    pairs = re.findall(r"collective-permute(?:-start)?\(.*?source_target_pairs=\{([^}]*(?:\}[^}]*)*?)\}\}", hlo)
+    assert pairs, "no collective-permute in the pipelined loop"
+    # stage s's devices send to stage s+1's (s-1 in a reverse loop): device d -> d +- 8/stages
+    step = 8 // stages
+    first = [tuple(map(int, p.split(","))) for p in re.findall(r"\{(\d+,\d+)", pairs[0])]
+    assert {(b - a) % 8 for a, b in first} == {(step if not reverse else -step) % 8}
+
+
+def test_layers_that_do_not_divide_into_stages_are_refused():
+    with pytest.raises(ValueError, match="do not split into 3 stages"):
+        pipelined_scan(_layer, [jnp.ones(B)], [jnp.ones((B, D))], [jnp.ones((L, D, D))], length=L, reverse=False,
+                       stages=3, microbatches=2, axis="stage", const_batch=[0], carry_batch=[0], xs_batch=[None],
+                       ys_batch=[0, SUM, None])
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    return {name: partex.Session.from_spec(name, preset="tiny", overrides=["layers=4"], mesh="data=4,model=2")
+            for name in ("transformer-scan", "llama")}
+
+
+def test_scanned_stacks_may_be_pipelined_and_their_loops_say_where_the_batch_is(sessions):
+    for s in sessions.values():
+        an = s.analysis
+        (stack,) = pipeline_stacks(an, an.units, an.roles.batch_groups).values()
+        assert isinstance(stack, PipelineStack) and stack.layers == 4 and stack.batch == 8
+        fwd, bwd = stack.forward, stack.backward
+        assert fwd.carry == (0,) and bwd.carry == (0,)  # the activation, its cotangent: [batch, seq, d_model]
+        # the forward loop's weights have no batch; its residuals do; the backward loop makes
+        # the weights' gradients, each a sum over the batch
+        assert all(b is None for b in fwd.xs) and any(b == 0 for b in fwd.ys)
+        assert set(bwd.ys) == {SUM}
+        # a broadcast sized for the whole batch is resized per microbatch
+        assert any(k == "shape" for r in fwd.resize.values() for k, _ in r)
+
+
+def test_unrolled_stacks_are_not_offered_as_pipelines():
+    s = partex.Session.from_spec("transformer", preset="tiny", mesh="data=4,model=2")
+    assert pipeline_stacks(s.analysis, s.analysis.units, s.analysis.roles.batch_groups) == {}
+
+
+def _stack_norm_step():
+    """A scanned stack whose layers normalise over the batch (batch-norm statistics): its rows
+    are not independent, so microbatches would change what it computes."""
+    def layer(h, w):
+        h = h @ w
+        h = (h - h.mean(axis=0)) / (h.std(axis=0) + 1e-3)
+        return h, None
+
+    def loss(ws, x):
+        h, _ = jax.lax.scan(layer, x, ws)
+        return jnp.mean(h ** 2)
+
+    def step(ws, x):
+        g = jax.grad(loss)(ws, x)
+        return ws - 0.1 * g
+
+    return step, (jnp.ones((4, 16, 16)), jnp.ones((8, 16)))
+
+
+def test_a_stack_that_mixes_the_rows_of_its_batch_is_not_pipelined():
+    fn, args = _stack_norm_step()
+    an = partex.analyze(fn, *args).analysis
+    (why,) = pipeline_stacks(an, an.units, an.roles.batch_groups).values()
+    assert isinstance(why, str) and "sum over the batch" in why
+
+
+@pytest.mark.parametrize("name,stages,microbatches", [("transformer-scan", 2, 4), ("transformer-scan", 4, 8),
+                                                      ("llama", 4, 4), ("llama", 2, 8)])
+def test_a_pipelined_step_computes_what_the_step_computes(sessions, name, stages, microbatches):
+    s = sessions[name]
+    an, program = s.analysis, s.program
+    (stack,) = pipeline_stacks(an, an.units, an.roles.batch_groups).values()
+    fn = constrained_function(program, _mesh(stages), {}, pipelines=[PipelineRun(stack, "stage", stages, microbatches)])
+    model = s.model.model
+    want = jax.jit(model.fn)(*model.args)
+    with jax.set_mesh(_mesh(stages)):
+        got = jax.jit(fn)(*model.args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
+    r = compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))
+    assert r["ok"], r
