@@ -42,6 +42,8 @@ class ModelAnalysis:
     program: Any  # Program
     analysis: Any  # Analysis
     trace_seconds: float
+    pipeline: Any = None  # the Pipeline its step runs (``_pipelines.pipelined``), None: the step as written
+    base: Any = None  # with a pipeline: the ModelAnalysis of the step as written
 
 
 def analyze_loaded(model: LoadedModel) -> ModelAnalysis:

@@ -30,6 +30,7 @@ from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._meshes import mesh_search
+from ._pipelines import Pipeline, pipelined
 from ._results import BenchRow, SearchStats, VerifyReport
 from ._sessionfile import ModelSpec, model_spec, read_session, session_json, session_parts, write_session
 from .analysis._analysis import Group
@@ -107,6 +108,15 @@ def as_hardware(hardware: str | Hardware | None, memory: str | float | None = No
     return hw
 
 
+def _pipelined(model: ModelAnalysis, pipeline: str | Pipeline | None, mesh: MeshSpec) -> ModelAnalysis:
+    """``model`` with ``pipeline`` applied (``_pipelines.pipelined``); as it is for None."""
+    if pipeline is None or pipeline == "":
+        return model
+    if model.pipeline is not None:
+        model = model.base
+    return pipelined(model, pipeline if isinstance(pipeline, Pipeline) else Pipeline.parse(pipeline), mesh)
+
+
 def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
     return analyze_model(spec.spec, spec.preset, list(spec.overrides))
 
@@ -131,33 +141,40 @@ class Session:
 
     def __init__(self, fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware = DEFAULT_HARDWARE,
                  memory: str | float | None = None, seed: int = 0, axis_names=None, warm_start: bool = True,
-                 name: str | None = None, user_shardings: str = "keep"):
+                 name: str | None = None, user_shardings: str = "keep", pipeline: str | Pipeline | None = None):
         if not callable(fn):
             raise PartexError(f"Session needs a callable training step, got {type(fn).__name__}")
         if not isinstance(args, (tuple, list)):
             raise PartexError("Session(fn, args, ...): args must be a tuple of fn's example arguments")
         model = LoadedModel(name or getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names, "custom", None)
         analysed = analyze_loaded(model)
-        self._setup(analysed, None, as_mesh(mesh, analysed), as_hardware(hardware, memory), seed, warm_start,
-                    user_shardings=user_shardings)
+        spec_mesh = as_mesh(mesh, analysed)
+        self._setup(_pipelined(analysed, pipeline, spec_mesh), None, spec_mesh, as_hardware(hardware, memory), seed,
+                    warm_start, user_shardings=user_shardings)
 
     @classmethod
     def from_spec(cls, spec: str, *, preset: str = "tiny", overrides: Sequence[str] | Mapping | None = None,
                   mesh, hardware: str | Hardware = DEFAULT_HARDWARE, memory: str | float | None = None,
-                  seed: int = 0, warm_start: bool = True, user_shardings: str = "keep") -> "Session":
+                  seed: int = 0, warm_start: bool = True, user_shardings: str = "keep",
+                  pipeline: str | Pipeline | None = None) -> "Session":
         """A session on a MODEL spec: a demo name (``transformer``) or ``module:attr`` /
         ``path/file.py:attr`` naming a callable that returns ``(fn, example_args)``."""
         ms = model_spec(spec, preset, overrides)
         return cls.from_analysis(analyze_spec(ms), mesh=mesh, hardware=hardware, memory=memory, seed=seed,
-                                 warm_start=warm_start, spec=ms, user_shardings=user_shardings)
+                                 warm_start=warm_start, spec=ms, user_shardings=user_shardings, pipeline=pipeline)
 
     @classmethod
     def from_analysis(cls, model, *, mesh, hardware: str | Hardware = DEFAULT_HARDWARE,
                       memory: str | float | None = None, seed: int = 0, warm_start: bool = True,
-                      spec: ModelSpec | None = None, user_shardings: str = "keep") -> "Session":
-        """A session on an already analysed model (a ModelAnalysis, e.g. from ``partex.analyze``)."""
+                      spec: ModelSpec | None = None, user_shardings: str = "keep",
+                      pipeline: str | Pipeline | None = None) -> "Session":
+        """A session on an already analysed model (a ModelAnalysis, e.g. from ``partex.analyze``);
+        ``pipeline`` (``Pipeline`` or ``STACK:AXIS:MICROBATCHES``): one of its layer stacks
+        run as a pipeline over a mesh axis (``partex.Pipeline``)."""
         self = cls.__new__(cls)
-        self._setup(model, spec, as_mesh(mesh, model), as_hardware(hardware, memory), seed, warm_start,
+        spec_mesh = as_mesh(mesh, model)
+        model = _pipelined(model, pipeline, spec_mesh)
+        self._setup(model, spec, spec_mesh, as_hardware(hardware, memory), seed, warm_start,
                     user_shardings=user_shardings)
         return self
 
@@ -192,6 +209,11 @@ class Session:
     @property
     def program(self):
         return self.model.program
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The layer stack the session's step runs as a pipeline (None: the step as written)."""
+        return self.model.pipeline
 
     @property
     def signature(self) -> dict:
@@ -431,7 +453,10 @@ class Session:
         if (new_mesh, hw, new_seed) == (self.mesh, self.hardware, self.seed):
             return []
         pins, forbidden = self.pins, self.forbidden
-        self._setup(self.model, self.spec, new_mesh, hw, new_seed, self.warm_start,
+        model = self.model
+        if model.pipeline is not None and new_mesh != self.mesh:  # the stages follow the mesh's axis
+            model = pipelined(model.base, model.pipeline, new_mesh)
+        self._setup(model, self.spec, new_mesh, hw, new_seed, self.warm_start,
                     user_shardings=self.user_shardings)
         return self.apply_pins(pins, forbidden)
 

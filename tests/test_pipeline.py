@@ -14,7 +14,7 @@ import partex
 from partex.analysis._pipeline import SUM, PipelineStack, pipeline_stacks
 from partex.plan._apply import constrained_function
 from partex.plan._numerics import compare_outputs
-from partex.plan._pipeline import PipelineRun, pipelined_scan
+from partex.plan._pipeline import PipelineRun, pipelined_scan, unskew
 
 L, B, D = 8, 16, 32
 
@@ -52,7 +52,10 @@ def test_a_pipelined_loop_computes_what_the_loop_computes(reverse, stages, micro
         got_c, got_y = jax.jit(piped)(*args)
         hlo = jax.jit(piped).lower(*args).compile().as_text()
     np.testing.assert_allclose(got_c[0], want_c[0], rtol=1e-5, atol=1e-5)
-    for g, w_ in zip(got_y, want_y):
+    # the per-row result (a residual) comes back in the stages' skewed row order
+    assert not np.allclose(got_y[0], want_y[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(unskew(got_y[0], 0, stages, microbatches), want_y[0], rtol=1e-5, atol=1e-5)
+    for g, w_ in zip(got_y[1:], want_y[1:]):
         np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-5)
     # the activations move from stage to stage as collective-permutes over the stage axis
     pairs = re.findall(r"collective-permute(?:-start)?\(.*?source_target_pairs=\{([^}]*(?:\}[^}]*)*?)\}\}", hlo)
@@ -136,3 +139,69 @@ def test_a_pipelined_step_computes_what_the_step_computes(sessions, name, stages
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
     r = compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))
     assert r["ok"], r
+
+
+# ---------------------------------------------------------------- the pipelined step as a session
+
+def test_a_session_on_a_pipelined_step_plans_verifies_and_applies_it(tmp_path):
+    """transformer-scan with its stack over two stages in four microbatches: the session's
+    step is the pipelined one (a tick loop, the stages' values on the stage axis); a plan of
+    it records the pipeline and applies to the user's step, with its numerics."""
+    s = partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"],
+                                 mesh="stage=2,data=2,model=2", pipeline="stack0:stage:4")
+    assert s.pipeline == partex.Pipeline("stack0", "stage", 4)
+    # the stage dim of every per-stage value is the step's own sharding: fixed on the stage axis
+    assert {d.axis for d in s.cost_model.fixed.decisions} == {"stage"}
+    plan = s.plan(strategy="zero3")
+    assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe"}
+    again = partex.Plan.loads(plan.dumps())
+    assert again.pipeline == plan.pipeline
+    model = s.model.base.model
+    want = jax.jit(model.fn)(*model.args)
+    got = again.apply(model.fn)(*model.args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
+    assert compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))["ok"]
+
+
+def test_pipeline_errors_say_what_to_change():
+    def session(text, mesh="stage=2,data=4"):
+        return partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"], mesh=mesh,
+                                        pipeline=text)
+    for text, says in [("stack0:stage", "STACK:AXIS:MICROBATCHES"), ("stack0:stage:x", "whole number"),
+                       ("stack9:stage:4", "no layer stack 'stack9'"), ("stack0:pipe:4", "has no axis 'pipe'"),
+                       ("stack0:stage:3", "does not split into 3 microbatches"),
+                       ("stack0:stage:4:1f1b", "unknown schedule")]:
+        with pytest.raises(partex.PartexError, match=re.escape(says)):
+            session(text)
+    with pytest.raises(partex.PartexError, match="4 layers do not split into 8 stages"):
+        session("stack0:stage:4", mesh="stage=8")
+    with pytest.raises(partex.PartexError, match="unrolled"):
+        partex.Session.from_spec("transformer", preset="tiny", mesh="stage=2,data=4", pipeline="stack0:stage:4")
+
+
+PIPELINED = [
+    pytest.param("transformer-scan", "stage=2,data=2,model=2", 4, "zero3", marks=pytest.mark.xfail(
+        strict=True, reason="all-gathers predicted 0.74 of XLA's: XLA gathers some of the stages' ZeRO-3 "
+                            "weights and per-row buffers twice as often as partex counts")),
+    pytest.param("transformer-scan", "stage=4,data=2", 8, "dp", marks=pytest.mark.xfail(
+        strict=True, reason="peak memory predicted 1.48x XLA's (on the safe side, beyond the 35% bound)")),
+    ("llama", "stage=4,data=2", 4, "zero3"),
+    ("llama", "stage=2,data=2,model=2", 8, "megatron"),
+]
+
+
+@pytest.mark.parametrize("model,mesh,microbatches,strategy", PIPELINED)
+def test_pipelined_plans_match_xla_and_the_step(tmp_path, model, mesh, microbatches, strategy):
+    """Compiled on 8 simulated devices (verify, in a fresh process, from the plan file):
+    memory, collective bytes (the stages' collective-permutes among them) and FLOPs within the
+    bounds hand plans are held to. (Their numerics: the tests above, in this process.)"""
+    from _accuracy import check_report
+    from partex.plan._verify import verify_many
+
+    s = partex.Session.from_spec(model, preset="tiny", overrides=["layers=4"], mesh=mesh,
+                                 pipeline=f"stack0:stage:{microbatches}")
+    path = tmp_path / "plan.json"
+    s.plan(strategy=strategy).save(path)
+    (row,) = verify_many(model, [str(path)], overrides=["layers=4"], timeout=900)
+    assert [p for p in check_report(row) if "numerics" not in p] == []
+    assert row.collectives["collective-permute"].xla_bytes > 0

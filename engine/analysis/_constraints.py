@@ -69,6 +69,9 @@ class Fixed:
     by_group: dict = dataclasses.field(default_factory=dict)  # group -> the UserSharding that fixed it
     notes: tuple[str, ...] = ()  # user shardings that disagree on one group (the first wins)
     replicated: dict = dataclasses.field(default_factory=dict)  # value -> dims it holds whole
+    # mesh axes no plan's decision may take: a pipeline's stage axis, which the stage dims
+    # of the pipelined step hold (``partex.Pipeline``)
+    reserved: frozenset[str] = frozenset()
 
 
 NONE = Fixed()

@@ -57,6 +57,9 @@ class LoopBatch:
     # body ops whose params size a batch dim (a broadcast's shape, a reshape's sizes): the
     # param and its entries that a microbatch divides
     resize: dict[int, tuple[tuple[str, tuple[int, ...]], ...]] = dataclasses.field(default_factory=dict)
+    # per stacked operand: already in the stages' skewed row order (``pipelined_scan``): the
+    # forward loop's per-row results that the backward loop reads
+    skewed: tuple[bool, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +98,36 @@ def _stack(an, u: Unit, batch_groups) -> PipelineStack | str:
             loops.append(lb)
         if all(isinstance(x, LoopBatch) for x in loops):
             fwd, bwd = loops
+            assert isinstance(fwd, LoopBatch) and isinstance(bwd, LoopBatch) and fwd.carry[0] is not None
+            why = _rows_stay(program, fwd, bwd)
+            if isinstance(why, str):
+                return why
             op = program.ops[f_enter]
             carry = program.values[op.outputs[0]]
-            assert isinstance(fwd, LoopBatch) and isinstance(bwd, LoopBatch) and fwd.carry[0] is not None
-            return PipelineStack(u.id, u.layers, carry.shape[fwd.carry[0]], g, fwd, bwd)
+            return PipelineStack(u.id, u.layers, carry.shape[fwd.carry[0]], g, fwd,
+                                 dataclasses.replace(bwd, skewed=why))
         reason = next(x for x in loops if isinstance(x, str))
         if g == batch_groups[-1]:
             return reason
     return "the step has no batch dimension"
+
+
+def _rows_stay(program: Program, fwd: LoopBatch, bwd: LoopBatch) -> tuple[bool, ...] | str:
+    """Which of the backward loop's stacked operands are the forward loop's per-row results
+    (held in the stages' skewed row order between the loops), or why the rows would be seen
+    out of order: such a result read elsewhere, or a per-row result of the backward loop."""
+    f_exit = program.ops[next(r.exit for r in program.regions if r.enter == fwd.enter)]
+    ncarry = len(fwd.carry)
+    per_row = {v for v, b in zip(f_exit.outputs[ncarry:], fwd.ys) if isinstance(b, int)}
+    b_op = program.ops[bwd.enter]
+    for op in program.ops:
+        if op.id != bwd.enter and per_row.intersection(op.inputs):
+            return (f"{program.ops[fwd.enter].source}: a per-row result of the layer loop is read by "
+                    f"{op.primitive} at {op.source}, not only by the backward loop")
+    if any(isinstance(b, int) for b in bwd.ys):
+        return f"{b_op.source}: the backward loop stacks a per-row result"
+    nb = len(bwd.carry)
+    return tuple(v in per_row for v in b_op.inputs[nb:])
 
 
 def _dim_in(an, vid: int, g: int) -> Batch:

@@ -94,7 +94,7 @@ class DecisionSpace:
                 continue
             sizes = {s for nd in g.named_dims for s in analysis.named_dims[nd].sizes}
             for a, n in zip(mesh.axes, mesh.sizes):
-                if n > 1 and any(s % n == 0 for s in sizes) and a not in g.manual:
+                if n > 1 and any(s % n == 0 for s in sizes) and a not in g.manual and a not in fixed.reserved:
                     actions.append(Shard(g.id, a))
         for u in self.units:  # one recompute kind per layer stack of the forward pass
             actions += [Recompute(u.id, k) for k in u.kinds]

@@ -40,16 +40,20 @@ class CostModel:
     """Scores plans for one analysed program on one mesh and hardware."""
 
     def __init__(self, analysis: Analysis, mesh: MeshSpec, hardware: Hardware,
-                 donate: Iterable[int] | None = None, lowering: str = "tpu", user_shardings: str = "keep"):
+                 donate: Iterable[int] | None = None, lowering: str = "tpu", user_shardings: str = "keep",
+                 reserve: Iterable[str] = ()):
         """lowering: "tpu" (TPU and GPU: real reduce-scatters) or "cpu" (XLA:CPU lowers a
         reduce-scatter to an all-reduce of the whole partial result and a local slice, which
         takes a second full-size buffer; used to compare with XLA on simulated devices).
         user_shardings: "keep" (the step's own sharding constraints are fixed decisions ahead
-        of every plan's, as XLA honours them; see _constraints) or "replace"."""
+        of every plan's, as XLA honours them; see _constraints) or "replace".
+        reserve: mesh axes no decision may take (``Fixed.reserved``: a pipeline's stages')."""
         if lowering not in ("tpu", "cpu"):
             raise ValueError(f"lowering must be 'tpu' or 'cpu', got {lowering!r}")
         self.user_shardings = check_mode(user_shardings)
         self.fixed = analysis.fixed(mesh, user_shardings)
+        if reserve:
+            self.fixed = dataclasses.replace(self.fixed, reserved=frozenset(reserve))
         self.lowering = lowering
         self.donate = tuple(donate or ())  # the inputs whose buffers the step's outputs may reuse
         self.analysis = analysis

@@ -181,7 +181,7 @@ class _Interpreter:
         self.eqn_of: dict[int, Any] = {}  # forward ops a recompute binds again
         # XLA:CPU expands optimisation barriers early and runs CSE after: there the saved
         # values a recomputation reads are made distinct from the forward's (_distinct)
-        self.distinct = mesh.devices.flat[0].platform == "cpu"
+        self.distinct = isinstance(mesh, jax.sharding.Mesh) and mesh.devices.flat[0].platform == "cpu"
         self.by_vid: dict[int, Any] = {}  # the values a recompute reads, as made
         self.override: dict[int, Any] = {}  # recomputed values, by value
         self.on_host: dict[int, Any] = {}  # offloaded values' host copies, by value
@@ -710,7 +710,7 @@ class _Interpreter:
         carry_out, ys = pipelined_scan(
             body, consts, carry, xs, length=int(eqn.params["length"]),
             reverse=bool(eqn.params["reverse"]), stages=pipe.stages, microbatches=pipe.microbatches, axis=pipe.axis,
-            const_batch=const_batch, carry_batch=lb.carry, xs_batch=lb.xs, ys_batch=lb.ys,
+            const_batch=const_batch, carry_batch=lb.carry, xs_batch=lb.xs, ys_batch=lb.ys, xs_skewed=lb.skewed or None,
             constrain=lambda x, spec: self._constrain(x, spec, f"a pipeline stage's value of op {enter_id}"))
         return carry_out, ys
 

@@ -74,6 +74,9 @@ class Plan:
     # ``memory:host`` decisions): passed and returned in pinned host memory
     host_inputs: tuple[str, ...] = ()
     host_outputs: tuple[str, ...] = ()
+    # a layer stack run as a pipeline (``partex.Pipeline.to_json``): the step the decisions,
+    # specs and signature are of is the pipelined one, which apply makes again
+    pipeline: dict | None = None
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
@@ -93,6 +96,7 @@ class Plan:
             "predicted": self.predicted,
             "user_shardings": {"mode": self.user_shardings, "fixed": list(self.fixed)},
             "host_memory": {"inputs": list(self.host_inputs), "outputs": list(self.host_outputs)},
+            **({"pipeline": self.pipeline} if self.pipeline is not None else {}),
         }
 
     def dumps(self) -> str:
@@ -175,9 +179,16 @@ class Plan:
                                     for k, v in paths.items()):
             raise PartexError(f"{where}: host_memory must list the input and output paths kept in host memory "
                               "({\"inputs\": [...], \"outputs\": [...]}), each a path of the plan's inputs/outputs")
+        pipe = d.get("pipeline")
+        if pipe is not None:
+            if not isinstance(pipe, dict) or not {"stack", "axis", "microbatches"} <= set(pipe) \
+                    or not isinstance(pipe["microbatches"], int) or pipe["axis"] not in mesh.axes:
+                raise PartexError(f"{where}: pipeline must be {{\"stack\": str, \"axis\": a mesh axis, "
+                                  "\"microbatches\": int, \"schedule\": str}")
         return cls(mesh, hw, tuple(decisions), dict(d["inputs"]), dict(d["outputs"]), sig,
                    tuple(donate), d.get("predicted") or {}, d.get("model") or {}, d.get("strategy"),
-                   us.get("mode", "keep"), tuple(us.get("fixed") or ()), tuple(paths["inputs"]), tuple(paths["outputs"]))
+                   us.get("mode", "keep"), tuple(us.get("fixed") or ()), tuple(paths["inputs"]), tuple(paths["outputs"]),
+                   pipe)
 
     # ------------------------------------------------------------------ apply
     def apply(self, fn: Callable, mesh=None, axis_names=None, constrain: bool = True) -> "PlannedFunction":

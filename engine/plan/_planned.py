@@ -60,9 +60,19 @@ def bind(plan: Plan, fn: Callable, args: Sequence[Any], axis_names=None) -> Boun
     """Trace ``fn(*args)``, check that ``plan`` is for it (input signature, divisible specs,
     input and output specs that its decisions give) and find its decisions in the analysis."""
     program = trace(fn, args)
+    an = None
+    if plan.pipeline is not None:  # the step as the plan runs it: its stack pipelined
+        from .._loader import LoadedModel, ModelAnalysis
+        from .._pipelines import Pipeline, pipelined
+
+        written = ModelAnalysis(LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names), program,
+                                analyze(program, axis_names_by_value(program, axis_names)), 0.0)
+        piped = pipelined(written, Pipeline.from_json(plan.pipeline), plan.mesh)
+        program, an = piped.program, piped.analysis
     check_signature(plan, program)
     check_divisible(plan, program)
-    an = analyze(program, axis_names_by_value(program, axis_names))
+    if an is None:
+        an = analyze(program, axis_names_by_value(program, axis_names))
     decisions = tuple(resolve_decisions(plan, an))
     cm = CostModel(an, plan.mesh, plan.hardware, donate=plan.donate, user_shardings=plan.user_shardings)
     check_consistent(plan, program, cm, decisions)

@@ -47,4 +47,5 @@ def make_plan(model_analysis, mesh: MeshSpec, hardware: Hardware, decisions, *, 
         fixed=fixed_json(cm),
         host_inputs=tuple(p for v, p in zip(program.inputs, program.input_paths) if v in host),
         host_outputs=tuple(p for v, p in zip(program.outputs, program.output_paths) if v in host),
+        pipeline=model_analysis.pipeline.to_json() if getattr(model_analysis, "pipeline", None) is not None else None,
     )

@@ -150,7 +150,7 @@ class _ILP:
         self.budget = budget
         an = cm.analysis
         groups = sorted(an.decision_groups, key=lambda g: (-g.bytes, g.id))
-        axes = tuple(cm.mesh.axes)
+        axes = tuple(a for a in cm.mesh.axes if a not in cm.fixed.reserved)
         self.strategies = {g.id: group_strategies(g.size, axes, cm.axis_size) for g in groups}
         self.groups: list[Group | _UnitChoice] = list(groups)  # and the layer stacks' choices, below
         ids = set(self.strategies)

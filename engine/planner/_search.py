@@ -54,7 +54,9 @@ def search_inputs(model, mesh: MeshSpec, hardware: Hardware, *, donate=None,
     hardware: its cost model (donating ``donate``, default: what the step's outputs can
     reuse) and its decision space (less what the step's own shardings fix)."""
     donate = tuple(default_donate(model.program) if donate is None else donate)
-    cm = CostModel(model.analysis, mesh, hardware, donate=donate, user_shardings=user_shardings)
+    # a pipelined step's stage axis is the stages' alone
+    reserve = (model.pipeline.axis,) if getattr(model, "pipeline", None) is not None else ()
+    cm = CostModel(model.analysis, mesh, hardware, donate=donate, user_shardings=user_shardings, reserve=reserve)
     return cm, DecisionSpace(model.analysis, mesh, cm.fixed)
 
 

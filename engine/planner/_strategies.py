@@ -147,6 +147,11 @@ def strategy_decisions(name: str, an: Analysis, mesh: MeshSpec, fixed: Fixed = N
     """The hand strategy ``name``'s decisions; ``fixed``: what the step's own shardings fix
     on ``mesh`` (``_constraints.Fixed``)."""
     base = name[:-len(REMAT)] if name.endswith(REMAT) else name
+    if fixed.reserved:  # the hand plans on the axes a decision may take
+        keep = [i for i, a in enumerate(mesh.axes) if a not in fixed.reserved]
+        mesh = MeshSpec(tuple(mesh.axes[i] for i in keep), tuple(mesh.sizes[i] for i in keep),
+                        None if mesh.bandwidth is None else tuple(mesh.bandwidth[i] for i in keep),
+                        None if mesh.latency is None else tuple(mesh.latency[i] for i in keep))
     if base not in STRATEGIES:
         raise PartexError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}, each optionally "
                           f"with {REMAT} (every layer stack fully rematerialised)")
