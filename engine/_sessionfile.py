@@ -1,7 +1,7 @@
 """The session file: one JSON document (format ``partex-session``, documented in the README).
 
 It holds the model (its MODEL spec, or only its name and signature for a function given in
-Python), the mesh, the hardware, the pins and forbids, and the whole search (tree,
+Python; a pipelined layer stack, ``partex.Pipeline``), the mesh, the hardware, the pins and forbids, and the whole search (tree,
 evaluations, best plan, statistics, RNG). It names no other file and holds no pickle: loading
 it executes nothing from it, and a tampered or foreign file gets one clear line.
 ``Session.save`` / ``Session.load`` read and write it through this module.
@@ -79,6 +79,7 @@ def session_json(s: Session) -> dict:
         "seed": s.seed,
         "warm_start": s.warm_start,
         "user_shardings": s.user_shardings,
+        **({"pipeline": s.pipeline.to_json()} if s.pipeline is not None else {}),
         "pins": named(s.pins),
         "forbidden": named(s.forbidden),
         "search": s._search.state(s._pins),
@@ -159,6 +160,9 @@ def session_parts(d: Any, *, where: str, fn, args, axis_names, analyses: Callabl
                           "load it with Session.load(path, fn=..., args=...)")
     else:
         model = analyses(spec)
+    if d.get("pipeline") is not None:  # the step it searched: its stack pipelined
+        from ._pipelines import Pipeline, pipelined
+        model = pipelined(model, Pipeline.from_json(d["pipeline"], where), mesh)
     sig = d.get("signature")
     if not isinstance(sig, dict) or sig.get("inputs") != signature_of(model.program)["inputs"]:
         raise PartexError(f"{where} was saved for another model (its inputs' shapes differ from "

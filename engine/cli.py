@@ -51,6 +51,9 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--margin", type=float, default=None,
                    help="share of the budget a plan keeps free by the cost model's count "
                         "(default 0.1: the memory model is an estimate, the budget a promise)")
+    p.add_argument("--pipeline", metavar="STACK:AXIS:MICROBATCHES",
+                   help="run a scanned layer stack as a pipeline over a mesh axis (its stages), e.g. "
+                        "stack0:stage:8 (fill and drain: GPipe); `partex analyze` lists the stacks")
     p.add_argument("--user-shardings", choices=("keep", "replace"), default=None,
                    help="the step's own sharding constraints: keep them as fixed decisions (default), or "
                         "replace them with the plan's")
@@ -113,7 +116,8 @@ def _session(args):
         return Session.from_spec(args.model, preset=args.preset or "tiny", overrides=_overrides(args.config),
                                  mesh=args.mesh, hardware=_hardware(args), seed=getattr(args, "seed", 0),
                                  warm_start=not getattr(args, "cold", False),
-                                 user_shardings=getattr(args, "user_shardings", None) or "keep")
+                                 user_shardings=getattr(args, "user_shardings", None) or "keep",
+                                 pipeline=getattr(args, "pipeline", None))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -463,6 +467,10 @@ def _search_session(args) -> tuple[Session, list[str]]:
     if args.user_shardings and args.user_shardings != s.user_shardings:
         raise PartexError(f"{args.resume} was searched with --user-shardings {s.user_shardings}: "
                           "start a new search to change it")
+    was = s.pipeline.text() if s.pipeline is not None else None
+    if args.pipeline and args.pipeline != was:
+        raise PartexError(f"{args.resume} was searched {'with --pipeline ' + was if was else 'without --pipeline'}: "
+                          "start a new search to change it")
     before = (s.mesh, s.hardware, s.seed)
     notes = s.reconfigure(mesh=args.mesh, hardware=_hardware(args, base=s.hardware), seed=args.seed)
     if (s.mesh, s.hardware, s.seed) != before:
@@ -500,6 +508,9 @@ def _mesh_search(args):
     """``partex search --devices``: the meshes searched with the plan; the best one's session."""
     if args.mesh or args.resume:
         raise PartexError("--devices searches the mesh: give it without --mesh and --resume")
+    if args.pipeline:
+        raise PartexError("--devices searches the mesh, and a pipeline names one of its axes: give --mesh with "
+                          "--pipeline")
     if args.simulations is not None:
         raise PartexError("--devices shares --budget seconds between the meshes: give --budget, not --simulations")
     if args.topology is None and args.devices is None:

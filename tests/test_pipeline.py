@@ -205,3 +205,25 @@ def test_pipelined_plans_match_xla_and_the_step(tmp_path, model, mesh, microbatc
     (row,) = verify_many(model, [str(path)], overrides=["layers=4"], timeout=900)
     assert [p for p in check_report(row) if "numerics" not in p] == []
     assert row.collectives["collective-permute"].xla_bytes > 0
+
+
+def test_the_cli_searches_a_pipelined_step_and_resumes_it(tmp_path, capsys):
+    from partex.cli import main
+
+    out = tmp_path / "plan.json"
+    argv = ["search", "transformer-scan", "--config", "layers=4", "--mesh", "stage=2,data=4", "--pipeline",
+            "stack0:stage:4", "--simulations", "3", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    plan = partex.Plan.load(out)
+    assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe"}
+    session = tmp_path / "plan.session.json"
+    s = partex.Session.load(session)
+    assert s.pipeline == partex.Pipeline("stack0", "stage", 4)
+    capsys.readouterr()
+    # a resumed search keeps its pipeline; another one is a new search
+    assert main(["search", "transformer-scan", "--config", "layers=4", "--resume", str(session), "--pipeline",
+                 "stack0:stage:2", "--simulations", "1", "--out", str(out)]) == 2
+    assert "searched with --pipeline stack0:stage:4" in capsys.readouterr().err
+    assert main(["search", "transformer-scan", "--config", "layers=4", "--mesh", "stage=2,data=4", "--pipeline",
+                 "stack0:stage:3", "--simulations", "1", "--out", str(out)]) == 2
+    assert "a batch of 8 does not split into 3 microbatches" in capsys.readouterr().err
