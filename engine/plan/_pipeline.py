@@ -56,12 +56,6 @@ def _pick(x, dim: int, k):
     return lax.dynamic_index_in_dim(x, k, dim + 1, keepdims=False)
 
 
-def _put(buf, dim: int, k, y, valid):
-    """``buf`` with microbatch ``k`` set to ``y`` where ``valid`` (else left as it was)."""
-    old = lax.dynamic_index_in_dim(buf, k, dim + 1, keepdims=False)
-    return lax.dynamic_update_index_in_dim(buf, jnp.where(valid, y, old), k, dim + 1)
-
-
 def pipelined_scan(body: Callable, consts: Sequence, carry: Sequence, xs: Sequence, *, length: int,
                    reverse: bool, stages: int, microbatches: int, axis: str,
                    const_batch: Sequence[Batch], carry_batch: Sequence[Batch], xs_batch: Sequence[Batch],
@@ -122,14 +116,16 @@ def pipelined_scan(body: Callable, consts: Sequence, carry: Sequence, xs: Sequen
     def micro(u):  # the microbatch the first stage takes at tick u (the last stage at u + S - 1)
         return M - 1 - u if reverse else u
 
-    def stage(cs, c, x_stage, j, m):
-        """One stage's layers, in order, on its microbatch ``m`` (slot ``j`` of the skewed
-        operands; the consts, small and whole on every stage, indexed by ``m`` itself)."""
+    def stage(cs, c, x_stage, m):
+        """One stage's layers, in order, on its microbatch ``m`` (the consts, small and whole
+        on every stage, indexed by ``m`` itself; the stacked operands come sliced)."""
         cs = [c_ if b is None else _pick(c_, b, m) for c_, b in zip(cs, const_batch)]
-        x_stage = [x_ if b is None else _pick(x_, b + 1, j) for x_, b in zip(x_stage, xs_batch)]
         return lax.scan(lambda c_, x_: body(cs, c_, x_), c, x_stage, length=lps, reverse=reverse)
 
-    run = jax.vmap(stage, in_axes=(None, 0, 0, None, 0), spmd_axis_name=axis)
+    run = jax.vmap(stage, in_axes=(None, 0, 0, 0), spmd_axis_name=axis)
+
+    def sliced(j):  # every stage's slot j of the stacked operands ([S, L/S, ...] each: a dynamic slice)
+        return [x_ if b is None else _pick(x_, b + 2, j) for x_, b in zip(xs_st, xs_batch)]
 
     def _per_stage(v, y):  # a per-stage flag broadcast against a per-stage value
         return v.reshape(S, *[1] * (y.ndim - 1))
@@ -137,13 +133,16 @@ def pipelined_scan(body: Callable, consts: Sequence, carry: Sequence, xs: Sequen
     # one tick's results, to learn the shapes of the buffers
     act0 = [on_stage(jnp.broadcast_to(_pick(c, b, 0)[None], (S, *_pick(c, b, 0).shape)))
             for c, b in zip(carry_in, cb)]
-    _, ys_shape = jax.eval_shape(run, consts, act0, xs_st, jnp.int32(0), jnp.zeros((S,), jnp.int32))
+    _, ys_shape = jax.eval_shape(run, consts, act0, sliced(0), jnp.zeros((S,), jnp.int32))
     ys_buf = [on_stage(jnp.zeros((*y.shape[:3 + b], M, *y.shape[3 + b:]) if isinstance(b, int) else y.shape,
                                  y.dtype)) for y, b in zip(ys_shape, ys_batch)]
     out_buf = [on_stage(jnp.zeros((S, *c.shape), c.dtype)) for c in carry_in]
 
-    def put(buf, dim: int, k, y, valid):  # each stage's ``_put`` at one slot ``k`` (a scalar)
-        return jax.vmap(lambda b_, y_, v_: _put(b_, dim, k, y_, v_), spmd_axis_name=axis)(buf, y, valid)
+    def put(buf, dim: int, k, y, valid):
+        """``buf`` ([S, ...]) with slot ``k`` (a scalar) of its dim ``dim + 1`` (the microbatch
+        dim of each stage's ``[..., dim]`` rows) set to ``y`` on the stages ``valid`` says."""
+        old = lax.dynamic_index_in_dim(buf, k, dim + 2, keepdims=False)
+        return lax.dynamic_update_index_in_dim(buf, jnp.where(_per_stage(valid, y), y, old), k, dim + 2)
 
     def tick(state, t):
         act, ys_b, out_b = state
@@ -153,7 +152,7 @@ def pipelined_scan(body: Callable, consts: Sequence, carry: Sequence, xs: Sequen
         enter = jnp.clip(micro(t), 0, M - 1)
         act = [jnp.where(_per_stage(stage_id == first, a), _pick(c, b, enter)[None].astype(a.dtype), a)
                for a, c, b in zip(act, carry_in, cb)]
-        new, ys = run(consts, act, xs_st, j, jnp.clip(m, 0, M - 1))
+        new, ys = run(consts, act, sliced(j), jnp.clip(m, 0, M - 1))
         new = [on_stage(a) for a in new]
         ys_b = [put(buf, b + 1, j, y, valid) if isinstance(b, int) else
                 buf + jnp.where(_per_stage(valid, y), y, jnp.zeros_like(y)) if b == SUM else
