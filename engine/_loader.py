@@ -44,6 +44,7 @@ class ModelAnalysis:
     trace_seconds: float
     pipeline: Any = None  # the Pipeline its step runs (``_pipelines.pipelined``), None: the step as written
     base: Any = None  # with a pipeline: the ModelAnalysis of the step as written
+    work_flops: float | None = None  # with a pipeline: the FLOPs of the step as written (its MFU's work)
 
 
 def analyze_loaded(model: LoadedModel) -> ModelAnalysis:

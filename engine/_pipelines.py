@@ -22,8 +22,9 @@ import jax
 
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded
-from ._mesh import MeshSpec
+from ._mesh import MeshSpec, get_hardware
 from .analysis._pipeline import PipelineStack, pipeline_stacks
+from .cost import CostModel
 from .plan._apply import constrained_function
 from .plan._pipeline import PipelineRun
 from .tracing._program import Program, dynamic_args
@@ -116,7 +117,9 @@ def pipelined(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Model
     m = model.model
     loaded = LoadedModel(m.name, step, m.args, m.axis_names, m.preset, m.config)
     out = analyze_loaded(loaded)
-    return dataclasses.replace(out, pipeline=pipeline, base=model)
+    # the pipelined step computes in its bubble too: its MFU counts the step's own work
+    work = CostModel(model.analysis, MeshSpec(("one",), (1,)), get_hardware("cpu")).tables.total_flops
+    return dataclasses.replace(out, pipeline=pipeline, base=model, work_flops=work)
 
 
 def pipelined_step(program: Program, run: PipelineRun, mesh):

@@ -126,10 +126,6 @@ class MeshSearchJob:
             start_forked(self._proc)
         child.close()
 
-    @property
-    def done(self) -> bool:
-        return self.progress.done
-
     def receive(self) -> MeshProgress:
         """What the child sent since (never blocks). A child gone without a word is an error."""
         while not self._closed:

@@ -156,6 +156,11 @@ def test_a_session_on_a_pipelined_step_plans_verifies_and_applies_it(tmp_path):
     # the scatters a per-stage index makes (which XLA partitions by gathering the buffer)
     prims = {op.primitive for op in s.program.ops}
     assert "dynamic_update_slice" in prims and "scatter" not in prims
+    # its MFU counts the step's own FLOPs: the pipelined step computes more (in its bubble)
+    report = s.evaluate(s.strategy("zero3"))
+    work = s.model.work_flops
+    assert s.cost_model.tables.total_flops > 1.2 * work
+    assert report.ideal_time == pytest.approx(work / (8 * s.hardware.peak_flops))
     plan = s.plan(strategy="zero3")
     assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe"}
     again = partex.Plan.loads(plan.dumps())

@@ -41,13 +41,15 @@ class CostModel:
 
     def __init__(self, analysis: Analysis, mesh: MeshSpec, hardware: Hardware,
                  donate: Iterable[int] | None = None, lowering: str = "tpu", user_shardings: str = "keep",
-                 reserve: Iterable[str] = ()):
+                 reserve: Iterable[str] = (), work_flops: float | None = None):
         """lowering: "tpu" (TPU and GPU: real reduce-scatters) or "cpu" (XLA:CPU lowers a
         reduce-scatter to an all-reduce of the whole partial result and a local slice, which
         takes a second full-size buffer; used to compare with XLA on simulated devices).
         user_shardings: "keep" (the step's own sharding constraints are fixed decisions ahead
         of every plan's, as XLA honours them; see _constraints) or "replace".
-        reserve: mesh axes no decision may take (``Fixed.reserved``: a pipeline's stages')."""
+        reserve: mesh axes no decision may take (``Fixed.reserved``: a pipeline's stages').
+        work_flops: the step's useful FLOPs, where the program computes more (a pipelined step
+        computes in its bubble too): the ideal and the MFU count these (default: the program's)."""
         if lowering not in ("tpu", "cpu"):
             raise ValueError(f"lowering must be 'tpu' or 'cpu', got {lowering!r}")
         self.user_shardings = check_mode(user_shardings)
@@ -62,6 +64,7 @@ class CostModel:
         self.program = analysis.program
         self.units = analysis.units
         self.tables = t = build_tables(analysis, mesh, hardware, donate, lowering, self.fixed)
+        self.work_flops = t.total_flops if work_flops is None else float(work_flops)
         self.axis_size = t.axis_size
         self.sigs = t.sigs
         self.patterns = t.patterns
@@ -255,7 +258,7 @@ class CostModel:
             else:
                 secs, exposed = hit[1], hit[2]
             step = min(step, secs + xc + xm)
-        ideal = t.total_flops / (self.mesh.size * self.hw.peak_flops)
+        ideal = self.work_flops / (self.mesh.size * self.hw.peak_flops)
         states = self.states_of(decisions)
         state_moves = self._moved(states) if states else None
         # XLA:CPU keeps every array in device memory whatever its memory space: there state

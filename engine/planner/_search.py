@@ -55,8 +55,9 @@ def search_inputs(model, mesh: MeshSpec, hardware: Hardware, *, donate=None,
     reuse) and its decision space (less what the step's own shardings fix)."""
     donate = tuple(default_donate(model.program) if donate is None else donate)
     # a pipelined step's stage axis is the stages' alone
-    reserve = (model.pipeline.axis,) if getattr(model, "pipeline", None) is not None else ()
-    cm = CostModel(model.analysis, mesh, hardware, donate=donate, user_shardings=user_shardings, reserve=reserve)
+    piped = getattr(model, "pipeline", None) is not None
+    cm = CostModel(model.analysis, mesh, hardware, donate=donate, user_shardings=user_shardings,
+                   reserve=(model.pipeline.axis,) if piped else (), work_flops=model.work_flops if piped else None)
     return cm, DecisionSpace(model.analysis, mesh, cm.fixed)
 
 
@@ -142,8 +143,7 @@ class Search:
         # the local search's turn: after the first simulation (from the best hand plan where
         # the search starts warm), then every polish_every simulations, or sooner where
         # rollouts are long (a model of many groups: a simulation scores a hundred plans or more)
-        turn = (self.simulations % self.polish_every in (0, 1) if self.simulations <= self.polish_every else
-                self.simulations % self.polish_every == 0)
+        turn = self.simulations == 1 or self.simulations % self.polish_every == 0
         if best is None:
             return
         if best.decisions != self._polished:
