@@ -28,7 +28,7 @@ from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, 
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._results import CollectiveCompared, Compared, Numerics, RootAction, SearchStats, VerifyReport, WorkCompared
 from ._meshes import MeshSearch, MeshTrial, Topology, candidate_meshes
-from ._pipelines import Pipeline
+from .plan._pipelined import Pipeline
 from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh, search_meshes
 from .analysis._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
 from .analysis._recompute import Unit

@@ -42,7 +42,7 @@ class ModelAnalysis:
     program: Any  # Program
     analysis: Any  # Analysis
     trace_seconds: float
-    pipeline: Any = None  # the Pipeline its step runs (``_pipelines.pipelined``), None: the step as written
+    pipeline: Any = None  # the Pipeline its step runs (``plan._pipelined.pipelined``), None: the step as written
     base: Any = None  # with a pipeline: the ModelAnalysis of the step as written
     work_flops: float | None = None  # with a pipeline: the FLOPs of the step as written (its MFU's work)
 

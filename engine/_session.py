@@ -30,7 +30,7 @@ from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._meshes import mesh_search
-from ._pipelines import Pipeline, pipelined
+from .plan._pipelined import Pipeline, pipelined
 from ._results import BenchRow, SearchStats, VerifyReport
 from ._sessionfile import ModelSpec, model_spec, read_session, session_json, session_parts, write_session
 from .analysis._analysis import Group
@@ -109,7 +109,7 @@ def as_hardware(hardware: str | Hardware | None, memory: str | float | None = No
 
 
 def _pipelined(model: ModelAnalysis, pipeline: str | Pipeline | None, mesh: MeshSpec) -> ModelAnalysis:
-    """``model`` with ``pipeline`` applied (``_pipelines.pipelined``); as it is for None."""
+    """``model`` with ``pipeline`` applied (``plan._pipelined.pipelined``); as it is for None."""
     if pipeline is None or pipeline == "":
         return model
     if model.pipeline is not None:

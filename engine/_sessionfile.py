@@ -21,6 +21,7 @@ from . import demo_models
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded
 from ._mesh import Hardware, MeshSpec
+from .plan._pipelined import Pipeline, pipelined
 from .plan._plan import _hardware_from_json
 from .plan._specs import signature_of
 from .planner._search import Restored, Search
@@ -161,7 +162,6 @@ def session_parts(d: Any, *, where: str, fn, args, axis_names, analyses: Callabl
     else:
         model = analyses(spec)
     if d.get("pipeline") is not None:  # the step it searched: its stack pipelined
-        from ._pipelines import Pipeline, pipelined
         model = pipelined(model, Pipeline.from_json(d["pipeline"], where), mesh)
     sig = d.get("signature")
     if not isinstance(sig, dict) or sig.get("inputs") != signature_of(model.program)["inputs"]:

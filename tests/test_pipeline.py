@@ -190,9 +190,11 @@ def test_pipeline_errors_say_what_to_change():
 
 # each with what stands between it and the bounds hand plans are held to (predicted / XLA)
 PIPELINED = [
-    ("transformer-scan", "stage=2,data=2,model=2", 4, "zero3", "collective-permute bytes 0.625"),
+    ("transformer-scan", "stage=2,data=2,model=2", 4, "zero3",
+     "collective-permute bytes 0.625: XLA's reshards of constraints on three axes (the stages' own are exact)"),
     ("transformer-scan", "stage=4,data=2", 8, "dp", "peak memory 1.48 (on the safe side)"),
-    ("llama", "stage=4,data=2", 4, "zero3", "all-gather bytes 3.85 (gathers of the stages' weights)"),
+    ("llama", "stage=4,data=2", 4, "zero3",
+     "all-gather bytes 3.85: XLA gathers a stage's weights once, out of the tick loop; partex per tick"),
     ("llama", "stage=2,data=2,model=2", 8, "megatron", "peak memory 1.39 (on the safe side)"),
 ]
 

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._decisions import Decision
 from .._errors import PartexError
-from .._loader import axis_names_by_value
+from .._loader import LoadedModel, ModelAnalysis, axis_names_by_value
 from ..analysis._analysis import Analysis, analyze
 from ..analysis._constraints import plan_spec
 from ..analysis._recompute import plan_unit
@@ -28,6 +28,7 @@ from ..analysis._space import from_plan
 from ..cost import CostModel
 from ..tracing._program import Program, dynamic_args, is_array_leaf, trace
 from ._apply import constrained_function
+from ._pipelined import Pipeline, pipelined
 from ._specs import SpecJSON, check_divisible, check_signature, norm_spec, spec_to_json
 
 if TYPE_CHECKING:  # a plan is the file this binds; _plan imports this module when a plan is applied
@@ -62,9 +63,6 @@ def bind(plan: Plan, fn: Callable, args: Sequence[Any], axis_names=None) -> Boun
     program = trace(fn, args)
     an = None
     if plan.pipeline is not None:  # the step as the plan runs it: its stack pipelined
-        from .._loader import LoadedModel, ModelAnalysis
-        from .._pipelines import Pipeline, pipelined
-
         written = ModelAnalysis(LoadedModel(getattr(fn, "__name__", "fn"), fn, tuple(args), axis_names), program,
                                 analyze(program, axis_names_by_value(program, axis_names)), 0.0)
         piped = pipelined(written, Pipeline.from_json(plan.pipeline), plan.mesh)

@@ -20,14 +20,14 @@ from typing import Any
 
 import jax
 
-from ._errors import PartexError
-from ._loader import LoadedModel, ModelAnalysis, analyze_loaded
-from ._mesh import MeshSpec, get_hardware
-from .analysis._pipeline import PipelineStack, pipeline_stacks
-from .cost import CostModel
-from .plan._apply import constrained_function
-from .plan._pipeline import PipelineRun
-from .tracing._program import Program, dynamic_args
+from .._errors import PartexError
+from .._loader import LoadedModel, ModelAnalysis, analyze_loaded
+from .._mesh import MeshSpec, get_hardware
+from ..analysis._pipeline import PipelineStack, pipeline_stacks
+from ..cost import CostModel
+from ..tracing._program import Program, dynamic_args
+from ._apply import constrained_function
+from ._pipeline import PipelineRun
 
 SCHEDULES = ("gpipe",)
 
