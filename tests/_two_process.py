@@ -1,7 +1,8 @@
 """One process of a two-process JAX job (tests/test_cluster.py starts two): 4 CPU devices
 each, gloo collectives, the coordinator on a loopback port. It applies a plan file to the
-tiny demo transformer and trains a few steps from the demo's seed, printing one JSON line:
-the losses, the mesh's device layout (process of each device) and what a host value gave.
+tiny demo transformer (or the spec's "model": [name, overrides]) and trains a few steps
+from the demo's seed, printing one JSON line: the losses, the mesh's device layout (process
+of each device) and what a host value gave.
 
     python tests/_two_process.py '{"process_id": 0, "port": 12345, "plan": "plan.json", "steps": 3}'
 """
@@ -12,6 +13,15 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+
+def local_rows(sharding, shape) -> slice:
+    """The rows of a leading-dim-sharded array this process's devices hold (one block: the
+    mesh keeps a process's devices together)."""
+    rows = [i[0] if i else slice(None) for i in sharding.addressable_devices_indices_map(shape).values()]
+    start = min(r.start or 0 for r in rows)
+    stop = max(shape[0] if r.stop is None else r.stop for r in rows)
+    return slice(start, stop)
 
 
 def main(spec: dict) -> dict:
@@ -27,7 +37,8 @@ def main(spec: dict) -> dict:
     import demo_models
     import partex
 
-    model = demo_models.build("transformer", "tiny")
+    name, overrides = spec.get("model", ("transformer", {}))
+    model = demo_models.build(name, "tiny", overrides)
     plan = partex.Plan.load(spec["plan"])
     out = {"process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
            "local_devices": jax.local_device_count()}
@@ -37,13 +48,12 @@ def main(spec: dict) -> dict:
     out["grid"] = mesh.devices.shape
     step = plan.apply(model.fn, mesh=mesh)
     params, opt_state, batch = plan.shard_inputs(model.args, mesh)
-    # a batch each process loads for itself: its own rows (batch split over data, which
-    # crosses the hosts in process order), made global by JAX
+    # a batch each process loads for itself: the rows its devices hold, made global by JAX
     shardings = plan.shardings(model.args, mesh)[2]
-    n, me = jax.process_count(), jax.process_index()
-    local = jax.tree_util.tree_map(lambda x: np.asarray(x)[me * len(x) // n:(me + 1) * len(x) // n], model.args[2])
-    loaded = jax.tree_util.tree_map(lambda sh, x, full: jax.make_array_from_process_local_data(sh, x, full.shape),
-                                    shardings, local, model.args[2])
+    loaded = jax.tree_util.tree_map(
+        lambda sh, full: jax.make_array_from_process_local_data(sh, np.asarray(full)[local_rows(sh, full.shape)],
+                                                                full.shape),
+        shardings, model.args[2])
     out["local_batch_equal"] = all(
         np.array_equal(a.data, b.data) and a.index == b.index
         for x, y in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(batch))

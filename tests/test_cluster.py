@@ -34,7 +34,7 @@ def free_port() -> int:
 
 
 def run_job(tmp_path, plans: list[str], steps: int = STEPS, timeout: float = JOB_TIMEOUT_S,
-            devices: tuple[int, ...] = (4, 4)) -> list[dict]:
+            devices: tuple[int, ...] = (4, 4), model: tuple[str, dict] = ("transformer", {})) -> list[dict]:
     """Start one worker per plan file (process i applies plans[i] on devices[i] CPU
     devices); wait for both, bounded: when one fails the other gets 60 s to finish, then
     both are killed. Output goes to files (a full pipe would block a worker)."""
@@ -43,7 +43,7 @@ def run_job(tmp_path, plans: list[str], steps: int = STEPS, timeout: float = JOB
     for i, plan in enumerate(plans):
         env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices[i]), "JAX_PLATFORMS": "cpu"}
         log = open(tmp_path / f"process{i}.log", "w+")
-        spec = {"process_id": i, "port": port, "plan": plan, "steps": steps}
+        spec = {"process_id": i, "port": port, "plan": plan, "steps": steps, "model": model}
         procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)], stdout=log,
                                       stderr=subprocess.STDOUT, env=env, text=True))
         logs.append(log)
@@ -87,10 +87,11 @@ def plans(tmp_path_factory):
     return {"searched": str(d / "searched.json"), "dp": str(d / "dp.json")}
 
 
-def losses_here(plan: partex.Plan | None, steps: int = STEPS) -> list[float]:
+def losses_here(plan: partex.Plan | None, steps: int = STEPS, model: tuple[str, dict] = ("transformer", {})
+                ) -> list[float]:
     """The same training steps in this process: under the plan on its 8 devices, or
     unsharded (plan None) on one."""
-    model = demo_models.build("transformer", "tiny")
+    model = demo_models.build(model[0], "tiny", model[1])
     step = plan.apply(model.fn) if plan else jax.jit(model.fn)
     params, opt_state, batch = plan.shard_inputs(model.args) if plan else model.args
     out = []
@@ -124,6 +125,31 @@ def test_two_processes_train_as_one_job_with_the_losses_of_one_process(tmp_path,
     assert job[0]["ok"]["losses"] == job[1]["ok"]["losses"]
     assert len(set(job[0]["ok"]["losses"])) == STEPS  # training moves the loss
     print(f"two-process job: {wall:.1f} s for {STEPS} steps (start, trace, compile, run)")
+
+
+def test_a_pipeline_whose_stages_cross_the_processes_trains_as_one_job(tmp_path):
+    """transformer-scan's stack in two stages, the stage axis across the two processes (the
+    slow link): the activations cross it by collective permute each tick; three steps give
+    the losses of the same plan in one process and of the unsharded step."""
+    model = ("transformer-scan", {"layers": 4})
+    s = partex.Session.from_spec(model[0], preset="tiny", overrides=["layers=4"], mesh="stage=2@25,data=2@400,model=2@400",
+                                 pipeline="stack0:stage:4")
+    plan = s.plan(strategy="megatron")
+    assert plan.pipeline is not None
+    plan.save(tmp_path / "pipelined.json")
+    job = run_job(tmp_path, [str(tmp_path / "pipelined.json")] * 2, model=model)
+    one_process = losses_here(plan, model=model)
+    unsharded = losses_here(None, model=model)
+    for r in job:
+        assert r["returncode"] == 0, r
+        ok = r["ok"]
+        assert ok["axes"] == ["stage", "data", "model"]
+        assert [set(row) for row in ok["layout"]] == [{0}, {1}], ok["layout"]  # one stage per process
+        assert ok["local_batch_equal"]
+        for got, one, ref in zip(ok["losses"], one_process, unsharded):
+            assert abs(got - one) <= NUMERICS_RTOL * abs(one), (ok["losses"], one_process)
+            assert abs(got - ref) <= NUMERICS_RTOL * abs(ref), (ok["losses"], unsharded)
+    assert job[0]["ok"]["losses"] == job[1]["ok"]["losses"] and len(set(job[0]["ok"]["losses"])) == STEPS
 
 
 def test_processes_that_apply_different_plans_stop_with_one_clear_error(tmp_path, plans):
