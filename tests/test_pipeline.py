@@ -162,7 +162,8 @@ def test_a_session_on_a_pipelined_step_plans_verifies_and_applies_it(tmp_path):
     assert s.cost_model.tables.total_flops > 1.2 * work
     assert report.ideal_time == pytest.approx(work / (8 * s.hardware.peak_flops))
     plan = s.plan(strategy="zero3")
-    assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe"}
+    assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe",
+                             "recompute": None}
     again = partex.Plan.loads(plan.dumps())
     assert again.pipeline == plan.pipeline
     model = s.model.base.model
@@ -179,13 +180,42 @@ def test_pipeline_errors_say_what_to_change():
     for text, says in [("stack0:stage", "STACK:AXIS:MICROBATCHES"), ("stack0:stage:x", "whole number"),
                        ("stack9:stage:4", "no layer stack 'stack9'"), ("stack0:pipe:4", "has no axis 'pipe'"),
                        ("stack0:stage:3", "does not split into 3 microbatches"),
-                       ("stack0:stage:4:1f1b", "unknown schedule")]:
+                       ("stack0:stage:4:1f1b", "unknown schedule"),
+                       ("stack0:stage:4:offload", "a stage recomputes dots or full"),
+                       ("stack0:stage:4:full:gpipe", "a schedule (gpipe) then a recompute kind")]:
         with pytest.raises(partex.PartexError, match=re.escape(says)):
             session(text)
     with pytest.raises(partex.PartexError, match="4 layers do not split into 8 stages"):
         session("stack0:stage:4", mesh="stage=8")
     with pytest.raises(partex.PartexError, match="unrolled"):
         partex.Session.from_spec("transformer", preset="tiny", mesh="stage=2,data=4", pipeline="stack0:stage:4")
+
+
+@pytest.mark.parametrize("name,mesh,pipeline", [("transformer-scan", "stage=2,data=2,model=2", "stack0:stage:4:full"),
+                                                ("llama", "stage=4,data=2", "stack0:stage:8:dots")])
+def test_a_stage_recomputes_its_layers_in_the_backward_ticks(name, mesh, pipeline):
+    """Recompute taken with the pipeline: the forward ticks keep only what the recomputation
+    reads, the backward ticks bind the layers' forward ops again behind a barrier; less
+    memory for the in-flight microbatches, the user's numerics."""
+    s = partex.Session.from_spec(name, preset="tiny", overrides=["layers=4"], mesh=mesh, pipeline=pipeline)
+    kind = pipeline.rsplit(":", 1)[1]
+    assert s.pipeline is not None and s.pipeline.recompute == kind and s.pipeline.text() == pipeline
+    saving = partex.Session.from_spec(name, preset="tiny", overrides=["layers=4"], mesh=mesh,
+                                      pipeline=pipeline.rsplit(":", 1)[0])
+    ticks = [r for r in s.program.regions if r.kind == "scan" and r.parent == 0]
+    barriers = [op for op in s.program.ops if op.primitive == "optimization_barrier"]
+    assert len(ticks) == 2 and barriers and all(op.id > ticks[1].enter for op in barriers)
+    strategy = "megatron" if "model" in mesh else "dp"
+    less, more = (x.evaluate(x.strategy(strategy)).memory for x in (s, saving))
+    assert less.breakdown["activations"] < 0.6 * more.breakdown["activations"], (less, more)
+    plan = s.plan(strategy=strategy)
+    assert plan.pipeline is not None and plan.pipeline["recompute"] == kind
+    model = s.model.base.model
+    want = jax.jit(model.fn)(*model.args)
+    got = partex.Plan.loads(plan.dumps()).apply(model.fn)(*model.args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
+    r = compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))
+    assert r["ok"], r
 
 
 # each with what stands between it and the bounds hand plans are held to (predicted / XLA)
@@ -242,7 +272,8 @@ def test_the_cli_searches_a_pipelined_step_and_resumes_it(tmp_path, capsys):
             "stack0:stage:4", "--simulations", "3", "--out", str(out), "--json"]
     assert main(argv) == 0
     plan = partex.Plan.load(out)
-    assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe"}
+    assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe",
+                             "recompute": None}
     session = tmp_path / "plan.session.json"
     s = partex.Session.load(session)
     assert s.pipeline == partex.Pipeline("stack0", "stage", 4)

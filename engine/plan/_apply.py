@@ -55,7 +55,7 @@ _REMAT = {"checkpoint", "remat2"}
 
 def constrained_function(
     program: Program,
-    mesh: jax.sharding.Mesh,
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
     value_specs: Mapping[int, PartitionSpec],
     operand_specs: Mapping[tuple[int, int], PartitionSpec] = {},
     user_specs: Mapping[int, PartitionSpec | None] | None = None,

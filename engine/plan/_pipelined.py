@@ -24,45 +24,60 @@ from .._errors import PartexError
 from .._loader import LoadedModel, ModelAnalysis, analyze_loaded
 from .._mesh import MeshSpec, get_hardware
 from ..analysis._pipeline import PipelineStack, pipeline_stacks
+from ..analysis._recompute import plan_unit
 from ..cost import CostModel
-from ..tracing._program import Program, dynamic_args
+from ..tracing._program import TOP_REGION, Program, dynamic_args
 from ._apply import constrained_function
 from ._pipeline import PipelineRun
 
 SCHEDULES = ("gpipe",)
+# what a stage recomputes in its backward ticks (``analysis._recompute``'s loop kinds that
+# keep everything on the device): the stack's own recompute decision, taken with the pipeline
+RECOMPUTE = ("dots", "full")
 
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
     """Layer stack ``stack`` (its label, ``stack0``) pipelined over mesh axis ``axis``, in
-    ``microbatches`` microbatches, on ``schedule`` (``gpipe``: fill and drain)."""
+    ``microbatches`` microbatches, on ``schedule`` (``gpipe``: fill and drain); each stage
+    recomputing its layers' residuals in the backward ticks as ``recompute`` says (``dots``:
+    keeping the weight matmuls' outputs, ``full``: keeping each layer's input; None: saving
+    them all for the in-flight microbatches)."""
 
     stack: str
     axis: str
     microbatches: int
     schedule: str = "gpipe"
+    recompute: str | None = None
 
     def text(self) -> str:
-        """``stack0:stage:8`` (``:schedule`` when not gpipe): what ``parse`` reads."""
-        tail = f":{self.schedule}" if self.schedule != "gpipe" else ""
+        """``stack0:stage:8`` (``:schedule`` when not gpipe, ``:kind`` when recomputing):
+        what ``parse`` reads."""
+        tail = (f":{self.schedule}" if self.schedule != "gpipe" else "") + (f":{self.recompute}" if self.recompute else "")
         return f"{self.stack}:{self.axis}:{self.microbatches}{tail}"
-
-    def describe(self, stages: int) -> str:
-        return (f"{self.stack} pipelined over {self.axis} ({stages} stages), {self.microbatches} microbatches, "
-                f"{self.schedule}: bubble {bubble(stages, self.microbatches):.0%}")
 
     @classmethod
     def parse(cls, text: str) -> "Pipeline":
-        """``STACK:AXIS:MICROBATCHES[:SCHEDULE]`` (e.g. ``stack0:stage:8``)."""
+        """``STACK:AXIS:MICROBATCHES[:SCHEDULE][:RECOMPUTE]`` (e.g. ``stack0:stage:8``,
+        ``stack0:stage:8:full``)."""
         parts = str(text).split(":")
-        if len(parts) not in (3, 4) or not all(parts):
-            raise PartexError(f"pipeline {text!r}: expected STACK:AXIS:MICROBATCHES[:SCHEDULE], "
-                              "e.g. stack0:stage:8")
+        if not 3 <= len(parts) <= 5 or not all(parts):
+            raise PartexError(f"pipeline {text!r}: expected STACK:AXIS:MICROBATCHES[:SCHEDULE][:RECOMPUTE], "
+                              "e.g. stack0:stage:8 or stack0:stage:8:full")
         try:
             m = int(parts[2])
         except ValueError:
             raise PartexError(f"pipeline {text!r}: microbatches must be a whole number, got {parts[2]!r}") from None
-        return cls(parts[0], parts[1], m, parts[3] if len(parts) == 4 else "gpipe")
+        schedule, recompute = "gpipe", None
+        for p in parts[3:]:
+            if p in RECOMPUTE and recompute is None:
+                recompute = p
+            elif p not in RECOMPUTE and schedule == "gpipe" and recompute is None:
+                schedule = p
+            else:
+                raise PartexError(f"pipeline {text!r}: after MICROBATCHES come a schedule ({', '.join(SCHEDULES)}) "
+                                  f"then a recompute kind ({', '.join(RECOMPUTE)}), each at most once")
+        return cls(parts[0], parts[1], m, schedule, recompute)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,10 +85,12 @@ class Pipeline:
     @classmethod
     def from_json(cls, d: Any, where: str = "plan") -> "Pipeline":
         try:
-            return cls(str(d["stack"]), str(d["axis"]), int(d["microbatches"]), str(d.get("schedule", "gpipe")))
-        except (TypeError, KeyError, ValueError):
+            rc = d.get("recompute")
+            return cls(str(d["stack"]), str(d["axis"]), int(d["microbatches"]), str(d.get("schedule", "gpipe")),
+                       None if rc is None else str(rc))
+        except (TypeError, KeyError, ValueError, AttributeError):
             raise PartexError(f"{where}: 'pipeline' must be {{\"stack\": str, \"axis\": str, "
-                              "\"microbatches\": int, \"schedule\": str}") from None
+                              "\"microbatches\": int, \"schedule\": str, \"recompute\": str or null}") from None
 
 
 def bubble(stages: int, microbatches: int) -> float:
@@ -86,7 +103,10 @@ def stack_of(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Pipeli
     an = model.analysis
     if pipeline.schedule not in SCHEDULES:
         raise PartexError(f"pipeline {pipeline.text()}: unknown schedule {pipeline.schedule!r}; known: "
-                          f"{', '.join(SCHEDULES)}")
+                          f"{', '.join(SCHEDULES)} (a stage recomputes {' or '.join(RECOMPUTE)})")
+    if pipeline.recompute is not None and pipeline.recompute not in RECOMPUTE:
+        raise PartexError(f"pipeline {pipeline.text()}: unknown recompute kind {pipeline.recompute!r}; a stage "
+                          f"recomputes {' or '.join(RECOMPUTE)}")
     unit = an.unit_by_label(pipeline.stack)
     stacks = pipeline_stacks(an, an.units, an.roles.batch_groups)
     if unit is None:
@@ -112,9 +132,12 @@ def pipelined(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Model
     """The step with ``pipeline`` applied, traced and analysed (module docstring); its
     ``pipeline`` field set, its ``base`` the model as it was."""
     stack = stack_of(model, pipeline, mesh)
-    run = PipelineRun(stack, pipeline.axis, mesh.sizes[mesh.index(pipeline.axis)], pipeline.microbatches)
-    step = pipelined_step(model.program, run, abstract_mesh(mesh))
     m = model.model
+    program = model.program
+    if pipeline.recompute is not None:  # the stack's loops recomputing (as apply does), then pipelined
+        program, stack = _recomputed(model, pipeline, mesh)
+    run = PipelineRun(stack, pipeline.axis, mesh.sizes[mesh.index(pipeline.axis)], pipeline.microbatches)
+    step = pipelined_step(program, run, abstract_mesh(mesh))
     loaded = LoadedModel(m.name, step, m.args, m.axis_names, m.preset, m.config)
     out = analyze_loaded(loaded)
     # the pipelined step computes in its bubble too: its MFU counts the step's own work
@@ -122,11 +145,43 @@ def pipelined(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Model
     return dataclasses.replace(out, pipeline=pipeline, base=model, work_flops=work)
 
 
+def _recomputed(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> tuple[Program, PipelineStack]:
+    """The step with ``pipeline``'s stack recomputed as it says (apply's ``LoopPlan``: the
+    forward loop stacks only what the recomputation reads, the backward loop recomputes the
+    rest), traced, and that stack in it. The rewritten step's loops are its top-level scans
+    in the same order as the step's."""
+    an = model.analysis
+    unit = an.unit_by_label(pipeline.stack)
+    plans = plan_unit(model.program, unit, str(pipeline.recompute))
+    m = model.model
+    step = rewritten_step(model.program, constrained_function(model.program, abstract_mesh(mesh), {},
+                                                              recompute=plans), "recomputed_step")
+    inner = analyze_loaded(LoadedModel(m.name, step, m.args, m.axis_names, m.preset, m.config))
+
+    def scans(p: Program) -> list[int]:
+        return sorted(r.enter for r in p.regions if r.kind == "scan" and r.parent == TOP_REGION and r.enter >= 0)
+
+    assert unit is not None and unit.loop is not None
+    before, after = scans(model.program), scans(inner.program)
+    assert len(before) == len(after), (before, after)
+    f, b = (after[before.index(e)] for e in unit.loop)
+    stack = pipeline_stacks(inner.analysis, (dataclasses.replace(unit, loop=(f, b)),),
+                            inner.analysis.roles.batch_groups)[unit.id]
+    if isinstance(stack, str):
+        raise PartexError(f"pipeline {pipeline.text()}: with its layers recomputed, {stack}")
+    return inner.program, stack
+
+
 def pipelined_step(program: Program, run: PipelineRun, mesh):
     """The traced step as a function of the user's arguments (static leaves too) with its
     stack's loops pipelined as ``run`` says, on ``mesh`` (a Mesh or an AbstractMesh with the
     plan's axes): apply's interpreter with no constraint but the stages'."""
-    inner = constrained_function(program, mesh, {}, pipelines=[run])
+    return rewritten_step(program, constrained_function(program, mesh, {}, pipelines=[run]), "pipelined_step")
+
+
+def rewritten_step(program: Program, inner, name: str = "rewritten_step"):
+    """``inner`` (apply's interpreter of ``program``, on its dynamic leaves) as a function of
+    the user's arguments, static leaves too, with the step's argument names."""
 
     def step(*args):
         return program.full_outputs(inner(*dynamic_args(args)))
@@ -134,7 +189,7 @@ def pipelined_step(program: Program, run: PipelineRun, mesh):
     names = program.arg_names or tuple(f"arg{i}" for i in range(len(program.in_tree.children())))
     step.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                             for n in names])  # type: ignore[attr-defined]
-    step.__name__ = "pipelined_step"
+    step.__name__ = name
     return step
 
 
