@@ -51,10 +51,11 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--margin", type=float, default=None,
                    help="share of the budget a plan keeps free by the cost model's count "
                         "(default 0.1: the memory model is an estimate, the budget a promise)")
-    p.add_argument("--pipeline", metavar="STACK:AXIS:MICROBATCHES[:RECOMPUTE]",
+    p.add_argument("--pipeline", metavar="STACK:AXIS:MICROBATCHES[:SCHEDULE][:RECOMPUTE]",
                    help="run a scanned layer stack as a pipeline over a mesh axis (its stages), e.g. "
-                        "stack0:stage:8 (fill and drain: GPipe), stack0:stage:8:full (each stage "
-                        "recomputing its layers: full or dots); `partex analyze` lists the stacks")
+                        "stack0:stage:8 (fill and drain: GPipe), stack0:stage:8:circular2 (the circular "
+                        "schedule, 2 rounds), stack0:stage:8:full (each stage recomputing its layers: full "
+                        "or dots); `partex analyze` lists the stacks")
     p.add_argument("--user-shardings", choices=("keep", "replace"), default=None,
                    help="the step's own sharding constraints: keep them as fixed decisions (default), or "
                         "replace them with the plan's")

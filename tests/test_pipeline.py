@@ -32,8 +32,8 @@ def _layer(cs, c, x):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 8), (4, 2)])
-def test_a_pipelined_loop_computes_what_the_loop_computes(reverse, stages, microbatches):
+@pytest.mark.parametrize("stages,microbatches,repeats", [(2, 4, 1), (4, 8, 1), (4, 2, 1), (2, 4, 2), (4, 4, 2)])
+def test_a_pipelined_loop_computes_what_the_loop_computes(reverse, stages, microbatches, repeats):
     k = jax.random.split(jax.random.key(0), 3)
     w = jax.random.normal(k[0], (L, D, D)) / np.sqrt(D)
     x0 = jax.random.normal(k[1], (B, D))
@@ -43,7 +43,7 @@ def test_a_pipelined_loop_computes_what_the_loop_computes(reverse, stages, micro
     def piped(w, x0, mask):
         return pipelined_scan(_layer, [mask], [x0], [w], length=L, reverse=reverse, stages=stages,
                               microbatches=microbatches, axis="stage", const_batch=[0], carry_batch=[0],
-                              xs_batch=[None], ys_batch=[0, SUM, None])
+                              xs_batch=[None], ys_batch=[0, SUM, None], repeats=repeats)
 
     mesh = _mesh(stages)
     with jax.set_mesh(mesh):
@@ -52,9 +52,13 @@ def test_a_pipelined_loop_computes_what_the_loop_computes(reverse, stages, micro
         got_c, got_y = jax.jit(piped)(*args)
         hlo = jax.jit(piped).lower(*args).compile().as_text()
     np.testing.assert_allclose(got_c[0], want_c[0], rtol=1e-5, atol=1e-5)
-    # the per-row result (a residual) comes back in the stages' skewed row order
-    assert not np.allclose(got_y[0], want_y[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(unskew(got_y[0], 0, stages, microbatches), want_y[0], rtol=1e-5, atol=1e-5)
+    # the per-row result (a residual) comes back in the stages' skewed row order (circular: in
+    # the stages' own layout, [S, L/(RS), B/M, RM, ...])
+    if repeats == 1:
+        assert not np.allclose(got_y[0], want_y[0], rtol=1e-5, atol=1e-5)
+    else:
+        assert got_y[0].shape == (stages, L // (stages * repeats), B // microbatches, repeats * microbatches, D)
+    np.testing.assert_allclose(unskew(got_y[0], 0, stages, microbatches, repeats), want_y[0], rtol=1e-5, atol=1e-5)
     for g, w_ in zip(got_y[1:], want_y[1:]):
         np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-5)
     # the activations move from stage to stage as collective-permutes over the stage axis
@@ -125,13 +129,15 @@ def test_a_stack_that_mixes_the_rows_of_its_batch_is_not_pipelined():
     assert isinstance(why, str) and "sum over the batch" in why
 
 
-@pytest.mark.parametrize("name,stages,microbatches", [("transformer-scan", 2, 4), ("transformer-scan", 4, 8),
-                                                      ("llama", 4, 4), ("llama", 2, 8)])
-def test_a_pipelined_step_computes_what_the_step_computes(sessions, name, stages, microbatches):
+@pytest.mark.parametrize("name,stages,microbatches,repeats", [
+    ("transformer-scan", 2, 4, 1), ("transformer-scan", 4, 8, 1), ("llama", 4, 4, 1), ("llama", 2, 8, 1),
+    ("transformer-scan", 2, 4, 2), ("llama", 2, 8, 2)])
+def test_a_pipelined_step_computes_what_the_step_computes(sessions, name, stages, microbatches, repeats):
     s = sessions[name]
     an, program = s.analysis, s.program
     (stack,) = pipeline_stacks(an, an.units, an.roles.batch_groups).values()
-    fn = constrained_function(program, _mesh(stages), {}, pipelines=[PipelineRun(stack, "stage", stages, microbatches)])
+    run = PipelineRun(stack, "stage", stages, microbatches, repeats)
+    fn = constrained_function(program, _mesh(stages), {}, pipelines=[run])
     model = s.model.model
     want = jax.jit(model.fn)(*model.args)
     with jax.set_mesh(_mesh(stages)):
@@ -163,7 +169,7 @@ def test_a_session_on_a_pipelined_step_plans_verifies_and_applies_it(tmp_path):
     assert report.ideal_time == pytest.approx(work / (8 * s.hardware.peak_flops))
     plan = s.plan(strategy="zero3")
     assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe",
-                             "recompute": None}
+                             "recompute": None, "repeats": 1}
     again = partex.Plan.loads(plan.dumps())
     assert again.pipeline == plan.pipeline
     model = s.model.base.model
@@ -182,7 +188,10 @@ def test_pipeline_errors_say_what_to_change():
                        ("stack0:stage:3", "does not split into 3 microbatches"),
                        ("stack0:stage:4:1f1b", "unknown schedule"),
                        ("stack0:stage:4:offload", "a stage recomputes dots or full"),
-                       ("stack0:stage:4:full:gpipe", "a schedule (gpipe) then a recompute kind")]:
+                       ("stack0:stage:4:full:gpipe", "a schedule (gpipe or circular<R>) then a recompute kind"),
+                       ("stack0:stage:4:circular", "e.g. circular2"),
+                       ("stack0:stage:4:circular4", "4 layers do not split into 2 stages (the size of stage) of 4 blocks"),
+                       ("stack0:stage:1:circular2", "at least as many microbatches as stages (2)")]:
         with pytest.raises(partex.PartexError, match=re.escape(says)):
             session(text)
     with pytest.raises(partex.PartexError, match="4 layers do not split into 8 stages"):
@@ -191,16 +200,18 @@ def test_pipeline_errors_say_what_to_change():
         partex.Session.from_spec("transformer", preset="tiny", mesh="stage=2,data=4", pipeline="stack0:stage:4")
 
 
-@pytest.mark.parametrize("name,mesh,pipeline", [("transformer-scan", "stage=2,data=2,model=2", "stack0:stage:4:full"),
-                                                ("llama", "stage=4,data=2", "stack0:stage:8:dots")])
-def test_a_stage_recomputes_its_layers_in_the_backward_ticks(name, mesh, pipeline):
+@pytest.mark.parametrize("name,layers,mesh,pipeline", [
+    ("transformer-scan", 4, "stage=2,data=2,model=2", "stack0:stage:4:full"),
+    ("llama", 4, "stage=4,data=2", "stack0:stage:8:dots"),
+    ("llama", 8, "stage=4,data=2", "stack0:stage:4:circular2:full")])
+def test_a_stage_recomputes_its_layers_in_the_backward_ticks(name, layers, mesh, pipeline):
     """Recompute taken with the pipeline: the forward ticks keep only what the recomputation
     reads, the backward ticks bind the layers' forward ops again behind a barrier; less
-    memory for the in-flight microbatches, the user's numerics."""
-    s = partex.Session.from_spec(name, preset="tiny", overrides=["layers=4"], mesh=mesh, pipeline=pipeline)
+    memory for the in-flight microbatches, the user's numerics (on either schedule)."""
+    s = partex.Session.from_spec(name, preset="tiny", overrides=[f"layers={layers}"], mesh=mesh, pipeline=pipeline)
     kind = pipeline.rsplit(":", 1)[1]
     assert s.pipeline is not None and s.pipeline.recompute == kind and s.pipeline.text() == pipeline
-    saving = partex.Session.from_spec(name, preset="tiny", overrides=["layers=4"], mesh=mesh,
+    saving = partex.Session.from_spec(name, preset="tiny", overrides=[f"layers={layers}"], mesh=mesh,
                                       pipeline=pipeline.rsplit(":", 1)[0])
     ticks = [r for r in s.program.regions if r.kind == "scan" and r.parent == 0]
     barriers = [op for op in s.program.ops if op.primitive == "optimization_barrier"]
@@ -273,7 +284,7 @@ def test_the_cli_searches_a_pipelined_step_and_resumes_it(tmp_path, capsys):
     assert main(argv) == 0
     plan = partex.Plan.load(out)
     assert plan.pipeline == {"stack": "stack0", "axis": "stage", "microbatches": 4, "schedule": "gpipe",
-                             "recompute": None}
+                             "recompute": None, "repeats": 1}
     session = tmp_path / "plan.session.json"
     s = partex.Session.load(session)
     assert s.pipeline == partex.Pipeline("stack0", "stage", 4)

@@ -711,7 +711,8 @@ class _Interpreter:
             body, consts, carry, xs, length=int(eqn.params["length"]),
             reverse=bool(eqn.params["reverse"]), stages=pipe.stages, microbatches=pipe.microbatches, axis=pipe.axis,
             const_batch=const_batch, carry_batch=lb.carry, xs_batch=lb.xs, ys_batch=lb.ys, xs_skewed=lb.skewed or None,
-            constrain=lambda x, spec: self._constrain(x, spec, f"a pipeline stage's value of op {enter_id}"))
+            constrain=lambda x, spec: self._constrain(x, spec, f"a pipeline stage's value of op {enter_id}"),
+            repeats=pipe.repeats)
         return carry_out, ys
 
     def while_(self, eqn, enter_id, invals) -> list:

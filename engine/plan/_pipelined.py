@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import Any
 
 import jax
@@ -30,7 +31,7 @@ from ..tracing._program import TOP_REGION, Program, dynamic_args
 from ._apply import constrained_function
 from ._pipeline import PipelineRun
 
-SCHEDULES = ("gpipe",)
+SCHEDULES = ("gpipe", "circular")
 # what a stage recomputes in its backward ticks (``analysis._recompute``'s loop kinds that
 # keep everything on the device): the stack's own recompute decision, taken with the pipeline
 RECOMPUTE = ("dots", "full")
@@ -39,7 +40,9 @@ RECOMPUTE = ("dots", "full")
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
     """Layer stack ``stack`` (its label, ``stack0``) pipelined over mesh axis ``axis``, in
-    ``microbatches`` microbatches, on ``schedule`` (``gpipe``: fill and drain); each stage
+    ``microbatches`` microbatches, on ``schedule`` (``gpipe``: fill and drain; ``circular``:
+    each stage holding ``repeats`` blocks of layers S apart, every microbatch passing the
+    stages ``repeats`` times, which divides the bubble by about that); each stage
     recomputing its layers' residuals in the backward ticks as ``recompute`` says (``dots``:
     keeping the weight matmuls' outputs, ``full``: keeping each layer's input; None: saving
     them all for the in-flight microbatches)."""
@@ -49,17 +52,22 @@ class Pipeline:
     microbatches: int
     schedule: str = "gpipe"
     recompute: str | None = None
+    repeats: int = 1
 
     def text(self) -> str:
-        """``stack0:stage:8`` (``:schedule`` when not gpipe, ``:kind`` when recomputing):
-        what ``parse`` reads."""
-        tail = (f":{self.schedule}" if self.schedule != "gpipe" else "") + (f":{self.recompute}" if self.recompute else "")
+        """``stack0:stage:8`` (``:circular<R>`` on the circular schedule, ``:kind`` when
+        recomputing): what ``parse`` reads."""
+        tail = (f":{self.schedule}" + (str(self.repeats) if self.schedule == "circular" else "")
+                if self.schedule != "gpipe" else "") + (f":{self.recompute}" if self.recompute else "")
         return f"{self.stack}:{self.axis}:{self.microbatches}{tail}"
+
+    def bubble(self, stages: int) -> float:
+        return bubble(stages, self.microbatches, self.repeats)
 
     @classmethod
     def parse(cls, text: str) -> "Pipeline":
         """``STACK:AXIS:MICROBATCHES[:SCHEDULE][:RECOMPUTE]`` (e.g. ``stack0:stage:8``,
-        ``stack0:stage:8:full``)."""
+        ``stack0:stage:8:circular2:full``; SCHEDULE ``gpipe`` or ``circular<R>``)."""
         parts = str(text).split(":")
         if not 3 <= len(parts) <= 5 or not all(parts):
             raise PartexError(f"pipeline {text!r}: expected STACK:AXIS:MICROBATCHES[:SCHEDULE][:RECOMPUTE], "
@@ -75,9 +83,15 @@ class Pipeline:
             elif p not in RECOMPUTE and schedule == "gpipe" and recompute is None:
                 schedule = p
             else:
-                raise PartexError(f"pipeline {text!r}: after MICROBATCHES come a schedule ({', '.join(SCHEDULES)}) "
+                raise PartexError(f"pipeline {text!r}: after MICROBATCHES come a schedule (gpipe or circular<R>) "
                                   f"then a recompute kind ({', '.join(RECOMPUTE)}), each at most once")
-        return cls(parts[0], parts[1], m, schedule, recompute)
+        repeats = 1
+        circular = re.fullmatch(r"circular(\d+)", schedule)
+        if circular:
+            schedule, repeats = "circular", int(circular.group(1))
+        elif schedule == "circular":
+            raise PartexError(f"pipeline {text!r}: say how many times the microbatches pass the stages, e.g. circular2")
+        return cls(parts[0], parts[1], m, schedule, recompute, repeats)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -87,15 +101,16 @@ class Pipeline:
         try:
             rc = d.get("recompute")
             return cls(str(d["stack"]), str(d["axis"]), int(d["microbatches"]), str(d.get("schedule", "gpipe")),
-                       None if rc is None else str(rc))
+                       None if rc is None else str(rc), int(d.get("repeats", 1)))
         except (TypeError, KeyError, ValueError, AttributeError):
             raise PartexError(f"{where}: 'pipeline' must be {{\"stack\": str, \"axis\": str, "
-                              "\"microbatches\": int, \"schedule\": str, \"recompute\": str or null}") from None
+                              "\"microbatches\": int, \"schedule\": str, \"recompute\": str or null, \"repeats\": int}") from None
 
 
-def bubble(stages: int, microbatches: int) -> float:
-    """The share of a fill-and-drain pipeline's ticks a stage idles: (S-1) / (M+S-1)."""
-    return (stages - 1) / (microbatches + stages - 1)
+def bubble(stages: int, microbatches: int, repeats: int = 1) -> float:
+    """The share of a pipeline's ticks a stage idles: (S-1) / (RM+S-1) (R = 1: GPipe's fill
+    and drain)."""
+    return (stages - 1) / (repeats * microbatches + stages - 1)
 
 
 def stack_of(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> PipelineStack:
@@ -103,7 +118,7 @@ def stack_of(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Pipeli
     an = model.analysis
     if pipeline.schedule not in SCHEDULES:
         raise PartexError(f"pipeline {pipeline.text()}: unknown schedule {pipeline.schedule!r}; known: "
-                          f"{', '.join(SCHEDULES)} (a stage recomputes {' or '.join(RECOMPUTE)})")
+                          f"gpipe, circular<R> (a stage recomputes {' or '.join(RECOMPUTE)})")
     if pipeline.recompute is not None and pipeline.recompute not in RECOMPUTE:
         raise PartexError(f"pipeline {pipeline.text()}: unknown recompute kind {pipeline.recompute!r}; a stage "
                           f"recomputes {' or '.join(RECOMPUTE)}")
@@ -119,12 +134,18 @@ def stack_of(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Pipeli
     if pipeline.axis not in mesh.axes:
         raise PartexError(f"pipeline {pipeline.text()}: the mesh ({mesh.text()}) has no axis {pipeline.axis!r}")
     stages = mesh.sizes[mesh.index(pipeline.axis)]
-    if stages < 2 or stack.layers % stages:
+    r = pipeline.repeats
+    if r < 1 or (r > 1) != (pipeline.schedule == "circular"):
+        raise PartexError(f"pipeline {pipeline.text()}: {r} repeats: the circular schedule takes 2 or more, gpipe 1")
+    if stages < 2 or stack.layers % (stages * r):
         raise PartexError(f"pipeline {pipeline.text()}: {stack.layers} layers do not split into {stages} stages "
-                          f"(the size of {pipeline.axis})")
+                          f"(the size of {pipeline.axis})" + (f" of {r} blocks each" if r > 1 else ""))
     m = pipeline.microbatches
     if m < 1 or stack.batch % m:
         raise PartexError(f"pipeline {pipeline.text()}: a batch of {stack.batch} does not split into {m} microbatches")
+    if r > 1 and m < stages:
+        raise PartexError(f"pipeline {pipeline.text()}: the circular schedule needs at least as many microbatches "
+                          f"as stages ({stages})")
     return stack
 
 
@@ -136,7 +157,8 @@ def pipelined(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Model
     program = model.program
     if pipeline.recompute is not None:  # the stack's loops recomputing (as apply does), then pipelined
         program, stack = _recomputed(model, pipeline, mesh)
-    run = PipelineRun(stack, pipeline.axis, mesh.sizes[mesh.index(pipeline.axis)], pipeline.microbatches)
+    run = PipelineRun(stack, pipeline.axis, mesh.sizes[mesh.index(pipeline.axis)], pipeline.microbatches,
+                      pipeline.repeats)
     step = pipelined_step(program, run, abstract_mesh(mesh))
     loaded = LoadedModel(m.name, step, m.args, m.axis_names, m.preset, m.config)
     out = analyze_loaded(loaded)
