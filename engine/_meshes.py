@@ -7,10 +7,15 @@ InfiniBand). A candidate mesh takes one axis across the granules (``data``: its 
 multiple of theirs, its links the slow ones) and factors what is left inside a granule into
 up to ``max_axes`` axes in all (``fsdp``, ``tensor``, ``seq`` by falling size: the search
 decides what each shards, so only the sizes and which axis crosses the slow network tell
-meshes apart). ``search_meshes`` runs one search per candidate (a ``Session`` each, on one
-analysis) by successive halving: every candidate starts from its hand plans, then rounds of
-MCTS, each giving the better half of the meshes still in twice the time, until one is left or
-the time is spent. Owns ``Topology``, ``candidate_meshes``, ``MeshTrial`` and
+meshes apart). A layer stack under ``scan`` may also be pipelined (``partex.Pipeline``): over
+the slow axis, its size the slices (``stage``: each slice a stage, the activations crossing
+the slow network once a tick), or within one slice over a ``stage`` axis of 2 or 4 devices;
+``candidate_pipelines`` gives those meshes with the pipelines to try on each (microbatches
+2S and 4S where the batch divides, each stage saving or recomputing its layers).
+``search_meshes`` runs one search per candidate (a ``Session`` each) by successive halving:
+every candidate starts from its hand plans, then rounds of MCTS, each giving the better half
+of the candidates still in twice the time, until one is left or the time is spent. Owns
+``Topology``, ``candidate_meshes``, ``candidate_pipelines``, ``MeshTrial`` and
 ``search_meshes``.
 """
 
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ._errors import PartexError
 from ._mesh import MeshSpec
+from .plan._pipelined import Pipeline
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -115,11 +121,48 @@ def candidate_meshes(devices: int, topology: Topology | None = None, max_axes: i
     return out
 
 
+# a stage axis within one slice: this many devices (where the layers divide)
+STAGES_WITHIN = (2, 4)
+
+
+def candidate_pipelines(stacks: Sequence[tuple[str, int, int]], devices: int, topology: Topology | None = None,
+                        max_axes: int = 4, link_bandwidth: float | None = None, within: bool = False
+                        ) -> list[tuple[MeshSpec, Pipeline]]:
+    """The pipelined candidates (module docstring): per stack ``(label, layers, batch)`` that
+    may be pipelined, the meshes with a ``stage`` axis over the slices (a topology of more
+    than one) or, ``within``, of 2 or 4 devices inside one, the rest factored as
+    ``candidate_meshes`` factors a slice; on each, microbatches 2S and 4S (S where neither
+    divides the batch), each with the stage saving its layers' residuals or recomputing them
+    (``full``)."""
+    topo = topology or Topology(1, devices)
+    out: list[tuple[MeshSpec, Pipeline]] = []
+    stage_options = []
+    if topo.granules > 1:
+        bw = min(topo.dcn_bandwidth, link_bandwidth) if topo.dcn_bandwidth and link_bandwidth else None
+        stage_options.append((topo.granules, topo.per, bw))
+    if within or topo.granules == 1:
+        stage_options += [(s, devices // s, None) for s in STAGES_WITHIN if topo.per % s == 0 and s < topo.per]
+    for label, layers, batch in stacks:
+        for stages, rest, bw in stage_options:
+            if layers % stages:
+                continue
+            ms = [m for m in (2 * stages, 4 * stages) if batch % m == 0] or ([stages] if batch % stages == 0 else [])
+            for sizes in _factorings(rest, max_axes - 1):
+                axes = ("stage",) + INNER[:len(sizes)]
+                bws = None
+                if link_bandwidth is not None and topo.granules > 1:
+                    bws = (bw or link_bandwidth,) + (link_bandwidth,) * len(sizes)
+                mesh = MeshSpec.create(axes, (stages,) + sizes, bws)
+                out += [(mesh, Pipeline(label, "stage", m, recompute=rc)) for m in ms for rc in (None, "full")]
+    return out
+
+
 @dataclasses.dataclass(eq=False)
 class MeshTrial:
-    """One candidate mesh and what its search found."""
+    """One candidate mesh (and the pipeline its step runs, if any) and what its search found."""
 
     mesh: MeshSpec
+    pipeline: Pipeline | None = None
     warm_step: float | None = None  # the best hand plan that fits: seconds (None: none fits)
     step_time: float | None = None  # the best plan found that fits
     mfu: float | None = None
@@ -130,8 +173,20 @@ class MeshTrial:
     note: str = ""  # why it was not searched (a mesh the model cannot use)
     session: "Session | None" = dataclasses.field(default=None, repr=False)
 
+    @property
+    def bubble(self) -> float | None:
+        """The pipeline's bubble: the share of its ticks a stage idles (None: not pipelined)."""
+        p = self.pipeline
+        return p.bubble(self.mesh.sizes[self.mesh.index(p.axis)]) if p is not None else None
+
+    def text(self) -> str:
+        """The mesh, and the pipeline where there is one."""
+        return self.mesh.text() + (f" | {self.pipeline.text()}" if self.pipeline is not None else "")
+
     def to_json(self) -> dict:
-        return {"mesh": self.mesh.text(), "mesh_json": self.mesh.to_json(), "warm_step_s": self.warm_step,
+        return {"mesh": self.mesh.text(), "mesh_json": self.mesh.to_json(),
+                "pipeline": self.pipeline.to_json() if self.pipeline is not None else None,
+                "bubble": self.bubble, "warm_step_s": self.warm_step,
                 "step_time_s": self.step_time, "mfu": self.mfu, "memory_bytes": self.memory,
                 "simulations": self.simulations, "search_s": self.seconds, "rounds": self.rounds,
                 "note": self.note}
@@ -153,21 +208,23 @@ def _record(trial: MeshTrial) -> None:
         trial.step_time, trial.mfu, trial.memory = r.step_time, r.mfu, r.memory.peak
 
 
-def search_meshes(make: Callable[[MeshSpec], "Session"], meshes: Sequence[MeshSpec], seconds: float, *,
+def search_meshes(make: Callable[[MeshSpec, Pipeline | None], "Session"],
+                  meshes: Sequence[MeshSpec | tuple[MeshSpec, Pipeline | None]], seconds: float, *,
                   keep: int = 1, callback: Callable[[list[MeshTrial]], None] | None = None
                   ) -> list[MeshTrial]:
-    """Successive halving over ``meshes`` (module docstring): ``make(mesh)`` builds a
-    session (its hand plans scored), then rounds of MCTS share ``seconds`` until ``keep``
-    meshes are left. Returns every trial, best first (a mesh no plan fits on, or that the
-    model cannot use, last); the survivors keep their sessions, the rest drop them.
-    ``callback(trials)`` after each round."""
+    """Successive halving over ``meshes`` (module docstring; a mesh, or a mesh and the
+    pipeline its step runs): ``make(mesh, pipeline)`` builds a session (its hand plans
+    scored), then rounds of MCTS share ``seconds`` until ``keep`` candidates are left.
+    Returns every trial, best first (one no plan fits on, or that the model cannot use,
+    last); the survivors keep their sessions, the rest drop them. ``callback(trials)`` after
+    each round."""
     if not meshes:
         raise PartexError("no candidate meshes: give --devices a number the model's dimensions divide")
-    trials = [MeshTrial(m) for m in meshes]
+    trials = [MeshTrial(*m) if isinstance(m, tuple) else MeshTrial(m) for m in meshes]
     live = []
     for t in trials:
         try:
-            t.session = make(t.mesh)
+            t.session = make(t.mesh, t.pipeline)
         except PartexError as e:  # an axis that divides no dimension of the model
             t.note = str(e)
             continue
@@ -225,34 +282,48 @@ class MeshSearch:
         """The meshes tried, as text: one row each, best first."""
         from ._mesh import format_bytes
 
-        rows = [f"  {'mesh':<34} {'hand plans':>12} {'searched':>12} {'MFU':>7} {'memory':>11} "
+        piped = any(t.pipeline is not None for t in self.trials)
+        pw = max([len(t.pipeline.text()) for t in self.trials if t.pipeline is not None] + [8])
+        head = f" {'pipeline':<{pw}} {'bubble':>6}" if piped else ""
+        rows = [f"  {'mesh':<34}{head} {'hand plans':>12} {'searched':>12} {'MFU':>7} {'memory':>11} "
                 f"{'sims':>6} {'rounds':>6}"]
         for t in self.trials:
+            pipe = ""
+            if piped:
+                b = t.bubble
+                pipe = f" {t.pipeline.text() if t.pipeline else '-':<{pw}} {f'{b:.0%}' if b is not None else '-':>6}"
             if t.note:
-                rows.append(f"  {t.mesh.text():<34} not searched: {t.note}")
+                rows.append(f"  {t.mesh.text():<34}{pipe} not searched: {t.note}")
                 continue
             warm = f"{t.warm_step * 1e3:.2f} ms" if t.warm_step is not None else "none fits"
             step = f"{t.step_time * 1e3:.2f} ms" if t.step_time is not None else "none fits"
             mfu = f"{t.mfu:.1%}" if t.mfu is not None else "-"
-            rows.append(f"  {t.mesh.text():<34} {warm:>12} {step:>12} {mfu:>7} {format_bytes(t.memory):>11} "
+            rows.append(f"  {t.mesh.text():<34}{pipe} {warm:>12} {step:>12} {mfu:>7} {format_bytes(t.memory):>11} "
                         f"{t.simulations:>6} {t.rounds:>6}")
         return "\n".join(rows)
 
     def to_json(self) -> dict:
         best = self.best
         return {"topology": self.topology.text() if self.topology else None, "seconds": self.seconds,
-                "chosen": best.mesh.text() if best else None, "meshes": [t.to_json() for t in self.trials]}
+                "chosen": best.mesh.text() if best else None,
+                "chosen_pipeline": best.pipeline.text() if best and best.pipeline else None,
+                "meshes": [t.to_json() for t in self.trials]}
 
 
-def mesh_search(make: Callable[[MeshSpec], "Session"], devices: int, link_bandwidth: float, *,
+def mesh_search(make: Callable[[MeshSpec, Pipeline | None], "Session"], devices: int, link_bandwidth: float, *,
                 topology: "str | Topology | None" = None, seconds: float = 60.0, max_axes: int = 4,
-                callback: Callable[[list[MeshTrial]], None] | None = None) -> MeshSearch:
-    """Search the meshes of ``devices`` with the plan (module docstring): ``make(mesh)`` a
-    session on one (``Session.search_meshes`` and ``partex.search_meshes`` pass the model's);
-    ``link_bandwidth``: bytes/s of the links inside a slice; ``topology``:
-    'SLICESxDEVICES[@GB/s]' or a Topology."""
+                callback: Callable[[list[MeshTrial]], None] | None = None,
+                stacks: Sequence[tuple[str, int, int]] = (), pipelines: bool | None = None) -> MeshSearch:
+    """Search the meshes of ``devices`` with the plan (module docstring): ``make(mesh,
+    pipeline)`` a session on one (``Session.search_meshes`` and ``partex.search_meshes`` pass
+    the model's); ``link_bandwidth``: bytes/s of the links inside a slice; ``topology``:
+    'SLICESxDEVICES[@GB/s]' or a Topology. ``stacks``: the model's stacks that may be
+    pipelined, ``(label, layers, batch)``; ``pipelines``: None tries them over the slow axis
+    of a topology of several slices, True within a slice too, False never."""
     t0 = time.perf_counter()
     topo = Topology.parse(topology, devices) if isinstance(topology, str) else topology
-    meshes = candidate_meshes(devices, topo, max_axes, link_bandwidth)
+    meshes: list = list(candidate_meshes(devices, topo, max_axes, link_bandwidth))
+    if pipelines is not False and stacks and (pipelines or (topo is not None and topo.granules > 1)):
+        meshes += candidate_pipelines(stacks, devices, topo, max_axes, link_bandwidth, within=bool(pipelines))
     trials = search_meshes(make, meshes, seconds, callback=callback)
     return MeshSearch(trials, time.perf_counter() - t0, topo)

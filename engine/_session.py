@@ -30,7 +30,8 @@ from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._meshes import mesh_search
-from .plan._pipelined import Pipeline, pipelined
+from .analysis._pipeline import pipeline_stacks
+from .plan._pipelined import Pipeline, pipelined, trace_mesh
 from ._results import BenchRow, SearchStats, VerifyReport
 from ._sessionfile import ModelSpec, model_spec, read_session, session_json, session_parts, write_session
 from .analysis._analysis import Group
@@ -60,6 +61,7 @@ class Candidate:
 
 
 STEP_MESH = "step"  # mesh= the mesh the step's own shardings name
+KEEP: Any = object()  # reconfigure(pipeline=KEEP): the session's pipeline as it is
 
 
 def as_mesh(mesh: str | MeshSpec | Mapping[str, int], model=None) -> MeshSpec:
@@ -229,6 +231,14 @@ class Session:
     def units(self):
         """The layer stacks of the forward pass a recompute decision can cover."""
         return self.analysis.units
+
+    def pipeline_stacks(self) -> dict:
+        """Per layer stack of the step as written (its label: ``stack0``), a
+        ``PipelineStack`` (its layers, batch and loops) where it may run as a pipeline, else
+        the one-line reason it may not."""
+        base = self.model.base if self.model.pipeline is not None else self.model
+        an = base.analysis
+        return {an.units[u].label: st for u, st in pipeline_stacks(an, an.units, an.roles.batch_groups).items()}
 
     @property
     def conflicts(self):
@@ -440,22 +450,26 @@ class Session:
 
     # ------------------------------------------------------------------ configuration
     def reconfigure(self, *, mesh=None, hardware: str | Hardware | None = None,
-                    memory: str | float | None = None, seed: int | None = None) -> list[str]:
-        """Another mesh, hardware or budget: a new cost model and a new search (statistics
-        from the old cost model would mislead it), keeping the pins and forbids that still
-        apply. Returns a note per pin or forbid dropped (its axis left the mesh, or no
-        longer divides its dimension)."""
+                    memory: str | float | None = None, seed: int | None = None,
+                    pipeline: Any = KEEP) -> list[str]:
+        """Another mesh, hardware or budget (or ``pipeline``: another, or None for the step
+        as written): a new cost model and a new search (statistics from the old cost model
+        would mislead it), keeping the pins and forbids that still apply. Returns a note per
+        pin or forbid dropped (its axis left the mesh, or no longer divides its dimension)."""
         new_mesh = self.mesh if mesh is None else as_mesh(mesh, self.model)
         hw = self.hardware if hardware is None else as_hardware(hardware)
         if memory is not None:
             hw = as_hardware(hw, memory)
         new_seed = self.seed if seed is None else int(seed)
-        if (new_mesh, hw, new_seed) == (self.mesh, self.hardware, self.seed):
+        new_pipe = self.pipeline if pipeline is KEEP else (Pipeline.parse(pipeline) if isinstance(pipeline, str) else pipeline)
+        if (new_mesh, hw, new_seed, new_pipe) == (self.mesh, self.hardware, self.seed, self.pipeline):
             return []
         pins, forbidden = self.pins, self.forbidden
         model = self.model
-        if model.pipeline is not None and new_mesh != self.mesh:  # the stages follow the mesh's axis
-            model = pipelined(model.base, model.pipeline, new_mesh)
+        base = model.base if model.pipeline is not None else model
+        if new_pipe != model.pipeline or (new_pipe is not None and new_mesh != self.mesh):
+            # the stages follow the mesh's axis
+            model = pipelined(base, new_pipe, new_mesh) if new_pipe is not None else base
         self._setup(model, self.spec, new_mesh, hw, new_seed, self.warm_start,
                     user_shardings=self.user_shardings)
         return self.apply_pins(pins, forbidden)
@@ -478,24 +492,29 @@ class Session:
         return notes
 
     def search_meshes(self, devices: int, *, topology=None, seconds: float = 60.0, max_axes: int = 4,
-                      callback=None):
+                      callback=None, pipelines: bool | None = None):
         """The mesh as a decision: every factorisation of ``devices`` into up to
         ``max_axes`` axes (``topology``: 'SLICESxDEVICES[@GB/s]', one axis across the slow
         network) searched with the plan by successive halving within ``seconds``, on this
-        session's model, hardware and budget (``partex._meshes``). Returns a ``MeshSearch``:
-        the meshes tried, best first; ``use_mesh`` takes one."""
-        return search_meshes(self.model, devices, topology=topology, hardware=self.hardware, seconds=seconds,
+        session's model (as written: a pipeline is one of the candidates), hardware and
+        budget (``partex._meshes``). ``pipelines``: None tries the model's scanned stacks as
+        pipelines over the slices of a topology of several, True within a slice too, False
+        never. Returns a ``MeshSearch``: the candidates tried, best first; ``use_mesh``
+        takes one."""
+        base = self.model.base if self.model.pipeline is not None else self.model
+        return search_meshes(base, devices, topology=topology, hardware=self.hardware, seconds=seconds,
                              max_axes=max_axes, seed=self.seed, warm_start=self.warm_start, spec=self.spec,
-                             user_shardings=self.user_shardings, callback=callback)
+                             user_shardings=self.user_shardings, callback=callback, pipelines=pipelines)
 
     def use_mesh(self, trial) -> list[str]:
-        """Continue on a mesh ``search_meshes`` tried (a ``MeshTrial``): its search as it
-        stands where the halving kept it, else a new one on that mesh; pins kept where they
-        apply (the notes say which did not)."""
+        """Continue on a candidate ``search_meshes`` tried (a ``MeshTrial``: a mesh and the
+        pipeline, if any): its search as it stands where the halving kept it, else a new one
+        on that mesh; pins kept where they apply (the notes say which did not)."""
         if trial.session is None:
-            return self.reconfigure(mesh=trial.mesh)
+            return self.reconfigure(mesh=trial.mesh, pipeline=trial.pipeline)
         pins, forbidden = self.pins, self.forbidden
         other = trial.session
+        self.model = other.model
         self.mesh, self.hardware = other.mesh, other.hardware
         self._cost_model, self._space, self._search = other._cost_model, other._space, other._search
         self._pins, self._baselines = other._pins, other._baselines
@@ -580,18 +599,29 @@ class Session:
 def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardware = DEFAULT_HARDWARE,
                   memory: str | float | None = None, seconds: float = 60.0, max_axes: int = 4, seed: int = 0,
                   warm_start: bool = True, spec: ModelSpec | None = None, user_shardings: str = "keep",
-                  callback=None):
+                  callback=None, pipelines: bool | None = None):
     """The meshes of ``devices`` searched with the plan for an analysed model (a
     ModelAnalysis): ``Session.search_meshes`` without a session first (``partex search
     --devices``). Returns a ``MeshSearch``."""
     hw = as_hardware(hardware, memory)
+    traced: dict = {}  # one pipelined step per pipeline and stage count (``trace_mesh``): the meshes share it
 
-    def make(mesh: MeshSpec) -> "Session":
-        return Session.from_analysis(model, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
+    def make(mesh: MeshSpec, pipeline: Pipeline | None) -> "Session":
+        m = model
+        if pipeline is not None:
+            key = (pipeline, trace_mesh(model.program, pipeline, mesh))
+            if key not in traced:
+                traced[key] = pipelined(model, pipeline, mesh)
+            m = traced[key]
+        return Session.from_analysis(m, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
                                      user_shardings=user_shardings)
 
+    an = model.analysis
+    stacks = [(an.units[u].label, st.layers, st.batch)
+              for u, st in pipeline_stacks(an, an.units, an.roles.batch_groups).items() if not isinstance(st, str)]
+
     return mesh_search(make, devices, hw.link_bandwidth, topology=topology, seconds=seconds, max_axes=max_axes,
-                       callback=callback)
+                       callback=callback, stacks=stacks, pipelines=pipelines)
 
 
 def verify_specs(plans: Sequence[Plan], spec: ModelSpec, timeout: float) -> list[VerifyReport]:

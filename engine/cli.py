@@ -171,6 +171,9 @@ def _search_parser(sub) -> None:
                     help="with --devices: the devices as slices (or hosts) joined by a slower network, e.g. "
                          "4x64@6.25 (4 slices of 64, 6.25 GB/s per device between them): one axis crosses it")
     se.add_argument("--max-axes", type=int, default=4, help="with --devices: the most mesh axes (default 4)")
+    se.add_argument("--pipelines", choices=("auto", "on", "off"), default="auto",
+                    help="with --devices: also try the scanned layer stacks as pipelines: over the slices of a "
+                         "--topology of several (auto, the default), within a slice too (on), or never (off)")
     se.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
     se.add_argument("--simulations", type=int, help="run exactly this many simulations instead of --budget seconds "
                                                     "(reproducible with --seed)")
@@ -527,14 +530,15 @@ def _mesh_search(args):
             done = [t for t in trials if t.step_time is not None]
             best = min(done, key=lambda t: t.step_time) if done else None
             sys.stderr.write(f"\rpartex: {len(trials)} meshes"
-                             + (f", best so far {best.mesh.text()} {best.step_time * 1e3:.3f} ms" if best else "")
+                             + (f", best so far {best.text()} {best.step_time * 1e3:.3f} ms" if best else "")
                              + "\033[K")
             sys.stderr.flush()
 
     found = search_meshes(ma, args.devices, topology=args.topology, hardware=hw, seconds=args.budget,
                         max_axes=args.max_axes, seed=args.seed or 0, warm_start=not args.cold,
                         spec=model_spec(args.model, args.preset or "tiny", _overrides(args.config)),
-                        user_shardings=args.user_shardings or "keep", callback=progress)
+                        user_shardings=args.user_shardings or "keep", callback=progress,
+                        pipelines={"auto": None, "on": True, "off": False}[args.pipelines])
     if tty:
         sys.stderr.write("\n")
     return found
@@ -557,7 +561,8 @@ def cmd_search(args) -> int:
         if not args.json:
             print(f"meshes of {args.devices} devices"
                   + (f" ({meshes.topology.text()})" if meshes.topology else "")
-                  + f", {meshes.seconds:.1f} s; chosen: {s.mesh.text()}")
+                  + f", {meshes.seconds:.1f} s; chosen: {s.mesh.text()}"
+                  + (f", pipeline {s.pipeline.text()}" if s.pipeline is not None else ""))
             print(meshes.table())
     else:
         s, notes = _search_session(args)
@@ -611,6 +616,11 @@ def cmd_search(args) -> int:
     return 0
 
 
+def _bubble(s: Session) -> float | None:
+    p = s.pipeline
+    return p.bubble(s.mesh.sizes[s.mesh.index(p.axis)]) if p is not None else None
+
+
 def cmd_bench(args) -> int:
     if args.exhaustive < 0 or args.exhaustive_limit < 0 or not args.exhaustive_time > 0:
         raise PartexError("--exhaustive and --exhaustive-limit must be >= 0 (0 skips the exhaustive row) and "
@@ -631,11 +641,16 @@ def cmd_bench(args) -> int:
                 s.plan(list(r.decisions), strategy=r.strategy).save(os.path.join(args.out_dir, f"{r.strategy}.json"))
     hw = s.hardware
     if args.json:
+        # a pipelined step's plans are its pipeline and their decisions: the label says both
+        piped = [f"pipeline:{s.pipeline.text()}"] if s.pipeline is not None else []
         print(json.dumps({"model": s.model.model.name, "preset": s.model.model.preset, "mesh": s.mesh.text(),
-                          "hardware": hw.name, "budget_bytes": hw.budget,
-                          "rows": [{**r.to_json(), "plan": [s.label(d) for d in r.decisions]} for r in rows]}))
+                          "pipeline": s.pipeline.to_json() if s.pipeline is not None else None,
+                          "bubble": _bubble(s), "hardware": hw.name, "budget_bytes": hw.budget,
+                          "rows": [{**r.to_json(), "plan": piped + [s.label(d) for d in r.decisions]}
+                                   for r in rows]}))
         return 0
-    print(f"{s.title} on {s.mesh.text()}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
+    piped = f", pipeline {s.pipeline.text()} (bubble {_bubble(s):.0%})" if s.pipeline is not None else ""
+    print(f"{s.title} on {s.mesh.text()}{piped}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""
     hosted = any(r.host_bytes for r in rows)  # a column for host memory where a plan keeps values there
     host_col = f" {'host':>11}" if hosted else ""

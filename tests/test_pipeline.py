@@ -1,6 +1,7 @@
 """Pipelined layer loops: the transform (``plan._pipeline.pipelined_scan``), which stacks may
 be pipelined (``analysis._pipeline``), and the pipelined step's numerics against the step."""
 
+import json
 import re
 
 import jax
@@ -11,6 +12,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import partex
+from partex._meshes import Topology, candidate_pipelines
 from partex.analysis._pipeline import SUM, PipelineStack, pipeline_stacks
 from partex.plan._apply import constrained_function
 from partex.plan._numerics import compare_outputs
@@ -296,3 +298,56 @@ def test_the_cli_searches_a_pipelined_step_and_resumes_it(tmp_path, capsys):
     assert main(["search", "transformer-scan", "--config", "layers=4", "--mesh", "stage=2,data=4", "--pipeline",
                  "stack0:stage:3", "--simulations", "1", "--out", str(out)]) == 2
     assert "a batch of 8 does not split into 3 microbatches" in capsys.readouterr().err
+    # bench's rows name the pipeline in their plans' labels
+    assert main(["bench", "transformer-scan", "--config", "layers=4", "--mesh", "stage=2,data=4", "--pipeline",
+                 "stack0:stage:4:circular2", "--simulations", "2", "--ilp-time", "2", "--exhaustive", "0",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["pipeline"]["repeats"] == 2 and d["bubble"] == pytest.approx(1 / 9)
+    planned = [r for r in d["rows"] if r["step_time_s"] is not None]
+    assert planned and all(r["plan"][0] == "pipeline:stack0:stage:4:circular2" for r in planned)
+
+
+# ---------------------------------------------------------------- pipelines as mesh candidates
+
+def test_the_mesh_search_tries_pipelines_over_the_slices(capsys):
+    """On slices joined by a slow network, the candidates include the scanned stack pipelined
+    over them (a stage per slice: microbatches 2S and 4S, saving or recomputing); each is a
+    session on its pipelined step, in the same halving; ``use_mesh`` continues on one, and
+    its plan runs the user's step with the user's numerics."""
+    topo = Topology.parse("2x4@25", 8)
+    got = candidate_pipelines([("stack0", 4, 16)], 8, topo, 3, link_bandwidth=100e9)
+    assert {(m.text(), p.text()) for m, p in got} == {
+        (mesh, f"stack0:stage:{m}{rc}") for mesh in ("stage=2,fsdp=4", "stage=2,fsdp=2,tensor=2")
+        for m in (4, 8) for rc in ("", ":full")}
+    assert all(m.bandwidth == (25e9,) + (100e9,) * (len(m.axes) - 1) for m, _ in got)
+    assert candidate_pipelines([("stack0", 3, 16)], 8, topo) == []  # 3 layers do not split into 2 stages
+    within = candidate_pipelines([("stack0", 4, 16)], 8, Topology(1, 8), 2)
+    assert {m.text() for m, _ in within} == {"stage=2,fsdp=4", "stage=4,fsdp=2"}
+
+    s = partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"], mesh="data=8")
+    found = s.search_meshes(8, topology=topo, seconds=4, max_axes=3)
+    piped = [t for t in found.trials if t.pipeline is not None]
+    assert len(piped) == len(got) and len(found.trials) == len(got) + 4
+    assert all(t.bubble == pytest.approx(1 / (t.pipeline.microbatches + 1)) for t in piped)
+    assert all(t.note == "" and t.step_time is not None for t in piped)
+    lines = found.table().splitlines()
+    assert "pipeline" in lines[0] and "bubble" in lines[0]
+    assert any("stack0:stage:8:full" in ln and "11%" in ln for ln in lines)
+    js = found.to_json()
+    assert {m["pipeline"]["microbatches"] for m in js["meshes"] if m["pipeline"]} == {4, 8}
+    # on one slice, only when asked
+    assert all(t.pipeline is None for t in s.search_meshes(8, seconds=1, max_axes=1).trials)
+    pick = min(piped, key=lambda t: t.step_time)
+    s.use_mesh(pick)
+    assert s.pipeline == pick.pipeline and s.mesh == pick.mesh
+    plan = s.plan(strategy="zero3")
+    assert plan.pipeline == pick.pipeline.to_json()
+    model = s.model.base.model
+    want = jax.jit(model.fn)(*model.args)
+    got_out = plan.apply(model.fn)(*model.args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
+    assert compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got_out))["ok"]
+    # back to the step as written
+    s.reconfigure(mesh="data=8", pipeline=None)
+    assert s.pipeline is None and s.model.pipeline is None

@@ -186,7 +186,7 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused, hosted, cpu) 
            tuple(nbytes[i] for i in op.inputs), tuple(nbytes[o] for o in op.outputs), pairs,
            tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),  # halos, minors
            facts.grouped is not None and facts.grouped(op.params),  # grouped
-           tuple(not fused[i] for i in op.inputs), tuple(not fused[o] for o in op.outputs),  # operand/result_hbm
+           *_hbm(op, fused),  # operand/result_hbm
            _manual(facts, op, nbytes),
            facts.hbm_bytes(op.params) if facts.hbm_bytes is not None else 0.0,
            _host_bytes(op, hosted, nbytes))
@@ -205,6 +205,21 @@ def _cpu_wire(v) -> float:
     name = str(v.dtype)
     bits = _CPU_WIRE_BITS.get(name, 16 if name.startswith("float8") else 0)
     return bits / 8 / _element_bytes(v) if bits else 1.0
+
+
+def _hbm(op, fused) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Which operands the op reads from memory and which results it writes (a value fused
+    into its consumer neither). A dynamic slice reads its slice, not the whole operand (its
+    result's bytes: counted once, as it writes them); a dynamic-update-slice updates its
+    buffer in place (a loop's carried buffer), reading and writing the update's bytes
+    (counted once, as it reads them): neither touches the whole buffer."""
+    ins = [not fused[i] for i in op.inputs]
+    outs = [not fused[o] for o in op.outputs]
+    if op.primitive == "dynamic_slice" and ins:
+        ins[0] = False
+    elif op.primitive == "dynamic_update_slice" and ins:
+        ins[0] = outs[0] = False
+    return tuple(ins), tuple(outs)
 
 
 def _element_bytes(v) -> float:

@@ -159,7 +159,7 @@ def pipelined(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Model
         program, stack = _recomputed(model, pipeline, mesh)
     run = PipelineRun(stack, pipeline.axis, mesh.sizes[mesh.index(pipeline.axis)], pipeline.microbatches,
                       pipeline.repeats)
-    step = pipelined_step(program, run, abstract_mesh(mesh))
+    step = pipelined_step(program, run, abstract_mesh(trace_mesh(model.program, pipeline, mesh)))
     loaded = LoadedModel(m.name, step, m.args, m.axis_names, m.preset, m.config)
     out = analyze_loaded(loaded)
     # the pipelined step computes in its bubble too: its MFU counts the step's own work
@@ -176,7 +176,8 @@ def _recomputed(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> tup
     unit = an.unit_by_label(pipeline.stack)
     plans = plan_unit(model.program, unit, str(pipeline.recompute))
     m = model.model
-    step = rewritten_step(model.program, constrained_function(model.program, abstract_mesh(mesh), {},
+    step = rewritten_step(model.program, constrained_function(model.program,
+                                                              abstract_mesh(trace_mesh(model.program, pipeline, mesh)), {},
                                                               recompute=plans), "recomputed_step")
     inner = analyze_loaded(LoadedModel(m.name, step, m.args, m.axis_names, m.preset, m.config))
 
@@ -213,6 +214,21 @@ def rewritten_step(program: Program, inner, name: str = "rewritten_step"):
                                             for n in names])  # type: ignore[attr-defined]
     step.__name__ = name
     return step
+
+
+def trace_mesh(program: Program, pipeline: Pipeline, mesh: MeshSpec) -> MeshSpec:
+    """The mesh a pipelined step is traced on: where the step names no mesh of its own (no
+    sharding of its own, no explicit mesh, no shard_map), the stage axis and one axis for
+    the rest of the devices, so that one trace serves every mesh with those stages (the mesh
+    search's); else ``mesh`` itself, whose axes the step's own shardings name. The plan
+    applies the pipeline on its own mesh (``bind``)."""
+    if program.user_shardings or program.explicit_mesh is not None or \
+            any(op.primitive == "shard_map_enter" for op in program.ops):
+        return mesh
+    stages = mesh.sizes[mesh.index(pipeline.axis)]
+    rest = mesh.size // stages
+    return MeshSpec.create((pipeline.axis, "_rest"), (stages, rest)) if rest > 1 else \
+        MeshSpec.create((pipeline.axis,), (stages,))
 
 
 def abstract_mesh(mesh: MeshSpec):
