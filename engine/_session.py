@@ -30,7 +30,7 @@ from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._meshes import mesh_search
-from .analysis._pipeline import pipeline_stacks
+from .analysis._pipeline import pipeline_stacks, pipeline_units
 from .plan._pipelined import Pipeline, pipelined, trace_mesh
 from ._results import BenchRow, SearchStats, VerifyReport
 from ._sessionfile import ModelSpec, model_spec, read_session, session_json, session_parts, write_session
@@ -238,7 +238,9 @@ class Session:
         the one-line reason it may not."""
         base = self.model.base if self.model.pipeline is not None else self.model
         an = base.analysis
-        return {an.units[u].label: st for u, st in pipeline_stacks(an, an.units, an.roles.batch_groups).items()}
+        units = pipeline_units(an)
+        labels = {u.id: u.label for u in units}
+        return {labels[u]: st for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items()}
 
     @property
     def conflicts(self):
@@ -617,8 +619,10 @@ def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardwar
                                      user_shardings=user_shardings)
 
     an = model.analysis
-    stacks = [(an.units[u].label, st.layers, st.batch)
-              for u, st in pipeline_stacks(an, an.units, an.roles.batch_groups).items() if not isinstance(st, str)]
+    units = pipeline_units(an)
+    labels = {u.id: u.label for u in units}
+    stacks = [(labels[u], st.layers, st.batch)
+              for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items() if not isinstance(st, str)]
 
     return mesh_search(make, devices, hw.link_bandwidth, topology=topology, seconds=seconds, max_axes=max_axes,
                        callback=callback, stacks=stacks, pipelines=pipelines)

@@ -11,7 +11,7 @@ import param
 from partex import HARDWARE, demo_models
 
 from ._engine import CUSTOM
-from ._format import esc
+from ._format import esc, fmt_bytes
 from ._widgets import bind, button, html, keyed, select, text_input
 
 
@@ -40,6 +40,26 @@ class FieldErrors:
                             "#fecaca;border-radius:6px;padding:4px 8px;font-size:12.5px;line-height:1.3'>"
                             f"✕ {esc(self.labels.get(label, label))}: {esc(text)}</div>" if text else "")
         self.note.visible = bool(text)
+
+
+def pipeline_words(ws, best) -> str:
+    """The sidebar's words on the pipeline: the one in effect (its stages, microbatches,
+    schedule, bubble, recompute and the best plan's memory per device: one stage's), or
+    which stacks the model may pipeline."""
+    c, session = ws.config, ws.session
+    p = c.pipeline
+    if p is None:
+        stacks = session.pipeline_stacks()
+        ok = [f"{k} ({st.layers} layers, batch {st.batch})" for k, st in stacks.items() if not isinstance(st, str)]
+        text = ("may be pipelined: " + ", ".join(ok)) if ok else "no layer stack under scan to pipeline"
+        return f"<div class='hint'>{esc(text)}</div>"
+    stages = c.mesh.sizes[c.mesh.index(p.axis)]
+    parts = [f"{p.stack} over {p.axis}: {stages} stages", f"{p.microbatches} microbatches",
+             f"{p.schedule}" + (f" ×{p.repeats}" if p.repeats > 1 else ""), f"bubble {c.bubble():.0%}",
+             f"recompute {p.recompute}" if p.recompute else "saving residuals"]
+    if best is not None:
+        parts.append(f"each stage's devices hold {fmt_bytes(best.report.memory.peak)}")
+    return f"<div class='hint' style='color:#1e3a8a'>{esc(', '.join(parts))}</div>"
 
 
 def _section(title: str, *objects, **kw) -> pn.Column:
@@ -168,14 +188,28 @@ class MeshControls(pn.viewable.Viewer):
                                  description="Share of the budget a plan keeps free by the cost model's count")
         bind(self.budget, s, "budget_text")
         bind(self.margin, s, "margin_text")
+        self.pipeline = text_input("partex-pipeline", "Pipeline", placeholder="none; e.g. stack0:stage:8",
+                                   sizing_mode="stretch_width",
+                                   description="A layer stack under scan run as a pipeline: STACK:AXIS:MICROBATCHES"
+                                               "[:circular<R>][:full|dots] (the stages: the axis's devices)")
+        bind(self.pipeline, s, "pipeline_text")
+        self.pipe_info = html(name="partex-pipeline-info", margin=(0, 10))
         # a bad input's message under the field it came from, the field outlined in red
         self.errors = FieldErrors(s, "mesh", {"mesh": self.mesh, "hardware": self.hardware, "budget": self.budget,
-                                              "margin": self.margin})
+                                              "margin": self.margin, "pipeline": self.pipeline})
+        s.param.watch(self._pipe_info, ["workspace", "best"])
+        self._pipe_info()
         self._panel = _section(
             "Mesh & hardware", self.mesh, pn.Row(self.hardware, self.budget, sizing_mode="stretch_width"),
-            self.margin, self.errors.note,
+            self.margin, self.pipeline, self.pipe_info, self.errors.note,
             html("<div class='hint'>Press Enter to apply: the search restarts on the new mesh, pins kept.</div>",
                  margin=(0, 10)))
+
+    def _pipe_info(self, *_):
+        """The pipeline in effect (stages, microbatches, schedule, bubble, what each stage
+        holds), or the stacks the model could pipeline."""
+        ws, best = self.state.workspace, self.state.best
+        self.pipe_info.object = pipeline_words(ws, best) if ws is not None else ""
 
     def __panel__(self):
         return self._panel

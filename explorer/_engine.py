@@ -14,8 +14,8 @@ import threading
 from typing import Any, Callable, Sequence
 
 from partex import (
-    HARDWARE, CostReport, Decision, Hardware, Memory, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Plan,
-    Recompute, Session, analyze_model, as_hardware, as_mesh, demo_models,
+    HARDWARE, CostReport, Decision, Hardware, Memory, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Pipeline,
+    Plan, Recompute, Session, analyze_model, as_hardware, as_mesh, demo_models,
 )
 
 CUSTOM = "custom"  # the model picker's entry for a user's own module:attr
@@ -105,14 +105,22 @@ ANALYSES = _AnalysisCache()
 class Config:
     mesh: MeshSpec
     hw: Hardware
+    pipeline: Pipeline | None = None  # a layer stack run as a pipeline over a mesh axis
 
     def to_json(self) -> dict:
         return {"mesh": self.mesh.text(), "hardware": self.hw.name, "budget": self.hw.budget,
-                "margin": self.hw.memory_margin}
+                "margin": self.hw.memory_margin, "pipeline": self.pipeline.text() if self.pipeline else None}
+
+    def bubble(self) -> float | None:
+        p = self.pipeline
+        return p.bubble(self.mesh.sizes[self.mesh.index(p.axis)]) if p is not None and p.axis in self.mesh.axes \
+            else None
 
 
-def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: str = "") -> Config:
-    """The mesh / hardware / budget / margin form -> Config; PartexError with a one-line message."""
+def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: str = "",
+                 pipeline_text: str = "") -> Config:
+    """The mesh / hardware / budget / margin / pipeline form -> Config; PartexError with a
+    one-line message (the pipeline's stack and sizes are checked when the model is)."""
     if hardware not in HARDWARE:
         raise PartexError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}", field="hardware")
     margin = None
@@ -125,7 +133,11 @@ def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: s
     mesh = _at("mesh", as_mesh, mesh_text)
     budget = (budget_text or "").strip() or None
     hw = _at("budget", as_hardware, hardware, budget) if budget else as_hardware(hardware)
-    return Config(mesh, _at("margin", as_hardware, hw, None, margin) if margin is not None else hw)
+    pipe = _at("pipeline", Pipeline.parse, pipeline_text.strip()) if (pipeline_text or "").strip() else None
+    if pipe is not None and pipe.axis not in mesh.axes:
+        raise PartexError(f"pipeline {pipe.text()}: the mesh ({mesh.text()}) has no axis {pipe.axis!r}: add one "
+                          f"(e.g. {pipe.axis}=2) or name an axis it has", field="pipeline")
+    return Config(mesh, _at("margin", as_hardware, hw, None, margin) if margin is not None else hw, pipe)
 
 
 MESH_TRIES = 6  # the larger meshes scored when no baseline fits (the load waits on them)
@@ -197,7 +209,7 @@ class Workspace:
 
     def __init__(self, choice: ModelSpec, session: Session):
         self.choice, self.session = choice, session
-        self.config = Config(session.mesh, session.hardware)
+        self.config = Config(session.mesh, session.hardware, session.pipeline)
         self.lock = threading.Lock()
 
     @property
@@ -207,6 +219,12 @@ class Workspace:
     @property
     def res(self) -> ModelAnalysis:
         return self.session.model
+
+    @property
+    def base(self) -> ModelAnalysis:
+        """The model as written (a pipelined session's step is another program)."""
+        m = self.session.model
+        return m.base if m.pipeline is not None else m
 
     def summarize(self, name: str, decisions: Sequence[Decision], pinned=(), plan: Plan | None = None,
                   simulation: int | None = None, report: CostReport | None = None) -> PlanSummary:

@@ -50,11 +50,22 @@ class MeshRow:
     rounds: int
     note: str  # why it was not searched
     live: bool  # still in the halving
+    pipeline: str = ""  # the pipeline its step runs (``Pipeline.text``), "" for the step as written
+    bubble: float | None = None
 
     @classmethod
     def of(cls, t: MeshTrial) -> "MeshRow":
         return cls(t.mesh.text(links=True), t.mesh.text(), t.warm_step, t.step_time, t.mfu, t.memory, t.simulations,
-                   t.rounds, t.note, t.session is not None)
+                   t.rounds, t.note, t.session is not None, t.pipeline.text() if t.pipeline else "", t.bubble)
+
+    @property
+    def key(self) -> str:
+        """What the page's forms take (``ExplorerState.use_mesh``): the mesh, and the pipeline."""
+        return self.mesh + (f" | {self.pipeline}" if self.pipeline else "")
+
+    @property
+    def name(self) -> str:
+        return self.label + (f" | {self.pipeline}" if self.pipeline else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,11 +201,14 @@ def _child_main(conn, parent_end, session: Session, request: MeshRequest) -> Non
 def rows_table(rows, current: str | None, running: bool) -> list[tuple]:
     """The card's table rows: best first as the search sorts them; ``current``: the mesh
     the page is on (name=size pairs), marked; ``running``: whether the halving goes on."""
-    best = next((r.label for r in rows if r.step is not None), None)
+    best = next((r.name for r in rows if r.step is not None), None)
     out = []
     for r in rows:
-        tags = [t for t, on in (("chosen", r.label == best), ("on the page", r.label == current)) if on]
+        tags = [t for t, on in (("chosen", r.name == best), ("on the page", r.name == current)) if on]
         mesh = f"<b>{esc(r.label)}</b>" + "".join(f" <span class='chip'>{t}</span>" for t in tags)
+        if r.pipeline:
+            mesh += (f"<div class='small'>pipeline {esc(r.pipeline)}"
+                     + (f", bubble {r.bubble:.0%}" if r.bubble is not None else "") + "</div>")
         if r.mesh != r.label:
             mesh += f"<div class='small muted'>{esc(r.mesh)} (GB/s per axis)</div>"
         if r.note:
@@ -277,10 +291,11 @@ class MeshesView(pn.viewable.Viewer):
         running = "meshes" in s.busy
         self.go.disabled = running
         self.stop.disabled = not running
-        current = s.config.mesh.text() if s.config is not None else None
+        c = s.config
+        current = c.mesh.text() + (f" | {c.pipeline.text()}" if c.pipeline else "") if c is not None else None
         rows = s.mesh_rows
         self.table.update(rows_table(rows, current, running))
-        options = {f"{r.label} · {fmt_time(r.step)}": r.mesh for r in rows if r.step is not None}
+        options = {f"{r.name} · {fmt_time(r.step)}": r.key for r in rows if r.step is not None}
         self.pick.options = options
         if options and (self._rows_seen is not rows or self.pick.value not in options.values()):
             self.pick.value = next(iter(options.values()))  # new rows: the best first

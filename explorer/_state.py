@@ -50,7 +50,7 @@ DEFAULT_BUDGET = "3MiB"  # the tiny demos': tight enough that sharding matters
 # the toast covering the page; a message tied to no field (a broken upload, a failed
 # verification, the search's own failure) has no such place and goes to the banner and toast.
 MODEL_FIELDS = ("overrides", "custom")
-CONFIG_FIELDS = ("mesh", "hardware", "budget", "margin")
+CONFIG_FIELDS = ("mesh", "hardware", "budget", "margin", "pipeline")
 MESH_SEARCH_FIELDS = ("devices", "topology", "seconds")  # the Meshes card's form, where the user is
 FORM_FIELDS = (*MODEL_FIELDS, *CONFIG_FIELDS, "session", *MESH_SEARCH_FIELDS)
 
@@ -103,6 +103,7 @@ class ExplorerState(param.Parameterized):
     hardware = param.Selector(default=DEFAULT_HARDWARE, objects=list(HARDWARE))
     budget_text = param.String(default=DEFAULT_BUDGET, doc="Per-device memory budget; empty: the chip's HBM.")
     margin_text = param.String(default="0.1", doc="Share of the budget plans keep free (the cost model's count).")
+    pipeline_text = param.String(default="", doc="A layer stack run as a pipeline, STACK:AXIS:MICROBATCHES; empty: none.")
     seed = param.Integer(default=0, bounds=(0, None), doc="Seed of the search's RNG.")
     step_size = param.Integer(default=50, bounds=(1, 100_000), doc="Simulations per Step click.")
     session_name = param.String(default="my-session", doc="Name to save the session under.")
@@ -157,7 +158,7 @@ class ExplorerState(param.Parameterized):
         self._pausing = False  # paused: the message's count waits for the search's last snapshot
         self.param.watch(self._on_model_name, ["model_name"])
         self.param.watch(self._on_choice_form, ["model_name", "preset"])
-        self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text"])
+        self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text", "pipeline_text"])
         self.param.watch(self._on_probed, ["ping", "message", "message_level", "field_error", "phase", "busy", "running", "best",
                                            "pins", "forbidden", "uploaded", "verify_status", "sessions",
                                            "selected_group", "workspace", "baselines", "stats",
@@ -291,7 +292,7 @@ class ExplorerState(param.Parameterized):
         """Analyse the model in the forms on the mesh in the forms (Analyze button)."""
         try:
             choice = self.model_choice()
-            config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
+            config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text, self.pipeline_text)
         except PartexError as e:
             self.bad_input(e)
             return
@@ -307,7 +308,7 @@ class ExplorerState(param.Parameterized):
     def apply_config(self) -> None:
         """The mesh / hardware / budget form changed: a new search on the same model."""
         try:
-            config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
+            config = parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text, self.pipeline_text)
         except PartexError as e:
             self.bad_input(e)  # the old mesh stays in effect
             return
@@ -315,7 +316,9 @@ class ExplorerState(param.Parameterized):
         if ws is not None and config != self.config:
             # the job first: a page that sees the mark gone sees the new search being built
             pins, forbidden, seed = self._with_held()
-            self._submit("load", lambda: _build(ws.choice, config, seed, ws.res, pins, forbidden), self._install)
+            if self.config is not None and config.pipeline != self.config.pipeline:
+                pins, forbidden = (), ()  # another pipeline is another step: its groups are others
+            self._submit("load", lambda: _build(ws.choice, config, seed, ws.base, pins, forbidden), self._install)
         self.clear_field_error(*CONFIG_FIELDS)  # the form reads well: a new search (whose failure may set it again)
         if ws is None:
             self.load()
@@ -350,7 +353,7 @@ class ExplorerState(param.Parameterized):
                 self.selected_group = None  # group ids belong to one analysis
             if self.shown_plan not in ("search", "uploaded", *loaded.baselines):
                 self.shown_plan = "search"
-        if self._meshes_for is not None and self._meshes_for != (ws.res, ws.config.hw):
+        if self._meshes_for is not None and self._meshes_for != (ws.base, ws.config.hw):
             # the meshes tried were of another model, hardware or budget
             if self.meshes is not None:
                 self.meshes.close()
@@ -363,7 +366,7 @@ class ExplorerState(param.Parameterized):
         self._pausing = False
         self.clear_field_error("session")
         try:  # the forms read well; a bad value typed while this loaded keeps its mark
-            parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text)
+            parse_config(self.mesh_text, self.hardware, self.budget_text, self.margin_text, self.pipeline_text)
             self.clear_field_error(*CONFIG_FIELDS)
         except PartexError:
             pass
@@ -447,7 +450,8 @@ class ExplorerState(param.Parameterized):
             return self.load()
         pins, forbidden, seed = self._with_held()
         self.pause()
-        self._submit("load", lambda: _build(ws.choice, ws.config, seed, ws.res, pins, forbidden), self._install)
+        self._submit("load", lambda: _build(ws.choice, ws.config, seed, ws.res, pins, forbidden, same_step=True),
+                     self._install)
 
     def _decide(self, how: str, group: int | None, axis: str | None) -> None:
         r = self._need_runner()
@@ -638,7 +642,7 @@ class ExplorerState(param.Parameterized):
         if self.meshes is not None:
             self.meshes.close()
         self.meshes = MeshSearchJob(ws.session, request, name=self.session_id, lock=ws.lock)
-        self._meshes_for = (ws.res, ws.config.hw)
+        self._meshes_for = (ws.base, ws.config.hw)
         with param.parameterized.batch_call_watchers(self):
             self.mesh_rows = []
             self.mesh_status = (f"searching the {len(meshes)} meshes of {request.text()} for {request.seconds:g} s: "
@@ -654,12 +658,15 @@ class ExplorerState(param.Parameterized):
             self.busy = [b for b in self.busy if b != "meshes"]
 
     def use_mesh(self, text: str | None) -> None:
-        """Continue on a mesh the mesh search tried: the mesh form takes it, and the page's
-        search starts again there (pins kept where they apply)."""
+        """Continue on a candidate the mesh search tried (``MESH`` or ``MESH | PIPELINE``):
+        the mesh and pipeline forms take it, and the page's search starts again there (pins
+        kept where they apply: on the same step)."""
         if not text:
             self.notify("no mesh to use yet: search the meshes first", "warning")
             return
-        self.mesh_text = text
+        mesh, _, pipe = text.partition("|")
+        self._set_forms({"mesh_text": mesh.strip(), "pipeline_text": pipe.strip()})
+        self.apply_config()
 
     def _poll_meshes(self) -> None:
         job = self.meshes
@@ -790,8 +797,10 @@ def loaded_message(loaded: Loaded) -> tuple[str, str]:
     ws = loaded.workspace
     an, c = ws.an, ws.config
     budget = budget_words(c.hw.budget, c.hw.name, ws.choice.preset)
+    piped = (f", {c.pipeline.stack} pipelined over {c.pipeline.axis} ({c.pipeline.text()}, bubble {c.bubble():.0%})"
+             if c.pipeline is not None else "")
     text = (f"{loaded.origin + ': ' if loaded.origin else ''}{ws.choice.title}: {len(an.decision_groups)} "
-            f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()} ({c.hw.name}, {budget})")
+            f"decision groups, {len(an.conflicts)} conflict(s) on {c.mesh.text()}{piped} ({c.hw.name}, {budget})")
     static = an.static_inputs()
     if static:  # closed over when traced: no part of any plan
         text += (f"; static argument{'s' if len(static) > 1 else ''} left out of the plan: "
@@ -802,7 +811,7 @@ def loaded_message(loaded: Loaded) -> tuple[str, str]:
         grow = (f"on {loaded.fitting_mesh} one does: try that mesh" if loaded.fitting_mesh else
                 f"no mesh up to {loaded.tried_devices} devices with these axes fits one either")
         source = budget_source(c.hw.budget, c.hw.name, ws.choice.preset)
-        text = (f"{ws.choice.title} on {c.mesh.text()}: no baseline fits the budget of {fmt_bytes(c.hw.budget)} "
+        text = (f"{ws.choice.title} on {c.mesh.text()}{piped}: no baseline fits the budget of {fmt_bytes(c.hw.budget)} "
                 f"per device ({source + '; ' if source else ''}the smallest, {smallest.name}, needs "
                 f"{fmt_bytes(smallest.report.memory.peak)}); {grow}; the search may find no plan here: raise "
                 "the budget or grow the mesh")
@@ -841,7 +850,8 @@ def probe_of(state: ExplorerState) -> dict:
         "selected": an.groups[state.selected_group].label if an and state.selected_group is not None else None,
         "sessions": list(state.sessions),
         "meshes": {"status": state.mesh_status, "rows": [
-            {"mesh": r.label, "form": r.mesh, "hand": r.hand, "step": r.step, "note": r.note, "live": r.live}
+            {"mesh": r.label, "form": r.mesh, "pipeline": r.pipeline or None, "bubble": r.bubble, "hand": r.hand,
+             "step": r.step, "note": r.note, "live": r.live}
             for r in state.mesh_rows]},
         "timings": {k: round(v, 1) for k, v in state.clock.timings.items()},
         "ping": state.ping,
@@ -853,10 +863,20 @@ def probe_of(state: ExplorerState) -> dict:
 
 # --------------------------------------------------------------------------- jobs' bodies
 
-def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forbidden=()) -> Loaded:
+def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forbidden=(),
+           same_step: bool = False) -> Loaded:
+    """The page's session on ``config``. ``res``: the analysis (the model as written, or the
+    pipelined step itself where ``same_step``: a new search on the same step)."""
     if res is None:
         res = ANALYSES.get(choice)
-    session = Session.from_analysis(res, mesh=config.mesh, hardware=config.hw, seed=seed, spec=choice)
+    pipeline = None if same_step else config.pipeline
+    try:
+        session = Session.from_analysis(res, mesh=config.mesh, hardware=config.hw, seed=seed, spec=choice,
+                                        pipeline=pipeline)
+    except PartexError as e:  # a pipeline the model cannot run: said at the pipeline field
+        if pipeline is None or not str(e).startswith("pipeline "):
+            raise
+        raise PartexError(str(e), field="pipeline") from None
     notes = session.apply_pins(pins, forbidden)
     held = (tuple(p for p in pins if p not in session.pins), tuple(f for f in forbidden if f not in session.forbidden))
     # a pin that does not apply on this mesh is set aside, not lost: it comes back with a
@@ -868,7 +888,7 @@ def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forb
     if not any(b.report.fits for b in baselines.values()):
         mesh, tried = fitting_mesh(res, config, tries=MESH_TRIES)
         fitting = mesh.text(links=True) if mesh else None
-    return Loaded(ws, *_details(res), baselines, session, tuple(notes), held=held, fitting_mesh=fitting,
+    return Loaded(ws, *_details(session.model), baselines, session, tuple(notes), held=held, fitting_mesh=fitting,
                   tried_devices=tried)
 
 
@@ -880,7 +900,8 @@ def _restore(name: str, path: pathlib.Path) -> Loaded:
     ws = Workspace(choice, session)
     form = {"mesh_text": session.mesh.text(links=True), "hardware": session.hardware.name,
             "budget_text": _budget_text(session.hardware.memory_budget),
-            "margin_text": f"{session.hardware.memory_margin:g}", "seed": session.seed}
+            "margin_text": f"{session.hardware.memory_margin:g}", "seed": session.seed,
+            "pipeline_text": session.pipeline.text() if session.pipeline is not None else ""}
     if choice.spec in demo_models.MODELS:
         form.update(model_name=choice.spec, preset=choice.preset, overrides=",".join(choice.overrides))
     else:

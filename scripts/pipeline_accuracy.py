@@ -2,11 +2,13 @@
 
     JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/pipeline_accuracy.py [--json out.json]
 
-The tiny transformer-scan and llama demos (4 layers), their layer stack pipelined over a
-``stage`` axis (``partex.Pipeline``), a hand plan on the other axes: compiled on 8 simulated
-CPU devices in a fresh process (``verify``, compile-only), each figure as predicted / XLA:
-peak memory, the collective bytes of each kind (the stages' collective-permutes among them)
-and the per-device FLOPs. The same cases as ``tests/test_pipeline.py``.
+The tiny transformer-scan and llama demos (4 layers; 8 where the circular schedule needs
+them), their layer stack pipelined over a ``stage`` axis (``partex.Pipeline``: GPipe or the
+circular schedule, saving or recomputing), a hand plan on the other axes: compiled on 8
+simulated CPU devices in a fresh process (``verify``, compile-only), each figure as
+predicted / XLA: peak memory, the collective bytes of each kind (the stages'
+collective-permutes among them) and the per-device FLOPs. The first four are the cases of
+``tests/test_pipeline.py``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ use_checkout_from_env()
 
 import partex  # noqa: E402
 
-CASES = [("transformer-scan", "stage=2,data=2,model=2", 4, "zero3"),
-         ("transformer-scan", "stage=4,data=2", 8, "dp"),
-         ("llama", "stage=4,data=2", 4, "zero3"),
-         ("llama", "stage=2,data=2,model=2", 8, "megatron")]
+# (model, layers, mesh, pipeline, plan)
+CASES = [("transformer-scan", 4, "stage=2,data=2,model=2", "stack0:stage:4", "zero3"),
+         ("transformer-scan", 4, "stage=4,data=2", "stack0:stage:8", "dp"),
+         ("llama", 4, "stage=4,data=2", "stack0:stage:4", "zero3"),
+         ("llama", 4, "stage=2,data=2,model=2", "stack0:stage:8", "megatron"),
+         ("transformer-scan", 4, "stage=2,data=2,model=2", "stack0:stage:4:circular2", "zero3"),
+         ("transformer-scan", 4, "stage=2,data=4", "stack0:stage:8:full", "dp"),
+         ("llama", 8, "stage=4,data=2", "stack0:stage:4:circular2:full", "zero3"),
+         ("llama", 8, "stage=4,data=2", "stack0:stage:8:dots", "dp")]
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -38,16 +45,15 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
     rows = []
-    print("| model | mesh | microbatches | plan | memory | " + " | ".join(KINDS) + " | FLOPs |")
-    print("|---|---|---|---|---|" + "---|" * len(KINDS) + "---|")
-    for model, mesh, m, strategy in CASES:
-        s = partex.Session.from_spec(model, preset="tiny", overrides=["layers=4"], mesh=mesh,
-                                     pipeline=f"stack0:stage:{m}")
+    print("| model | layers | mesh | pipeline | plan | memory | " + " | ".join(KINDS) + " | FLOPs |")
+    print("|---|---|---|---|---|---|" + "---|" * len(KINDS) + "---|")
+    for model, layers, mesh, pipe, strategy in CASES:
+        s = partex.Session.from_spec(model, preset="tiny", overrides=[f"layers={layers}"], mesh=mesh, pipeline=pipe)
         (r,) = s.verify_all([s.plan(strategy=strategy)])  # compile-only, in a fresh process
         coll = {k: r.collectives[k].ratio for k in KINDS}
-        print(f"| {model} | {mesh} | {m} | {strategy} | {_ratio(r.memory.ratio)} | "
+        print(f"| {model} | {layers} | {mesh} | {pipe} | {strategy} | {_ratio(r.memory.ratio)} | "
               + " | ".join(_ratio(coll[k]) for k in KINDS) + f" | {_ratio(r.flops.ratio)} |", flush=True)
-        rows.append({"model": model, "mesh": mesh, "microbatches": m, "plan": strategy,
+        rows.append({"model": model, "layers": layers, "mesh": mesh, "pipeline": pipe, "plan": strategy,
                      "memory": r.memory.ratio, "collectives": coll, "flops": r.flops.ratio,
                      "arguments": r.arguments.ratio})
     if args.json:

@@ -2,7 +2,10 @@
 GNS at full size (TPU v4, overlap on, 10% margin), with the search's simulation count and
 time-to-best.
 
-    python scripts/search_bench.py [--budget 60] [--ilp-time 30] [--only T32,MoE] [--json out.json]
+    python scripts/search_bench.py [--budget 60] [--ilp-time 30] [--only T32,MoE] [--pipelined] [--json out.json]
+
+``--pipelined`` adds the scanned T32 and T48 with their layer stack pipelined over a ``stage``
+axis (the pipeline's decisions in the space: the search plans the pipelined step).
 
 ``PARTEX_CHECKOUT=<dir>`` runs another checkout's partex (``scripts/_checkout.py``): run it on
 two checkouts in turn, on an idle machine, to compare the searches' simulation counts.
@@ -25,22 +28,27 @@ use_checkout_from_env()
 import partex  # noqa: E402
 from overlap_bench import PROBLEMS  # noqa: E402  (the same five problems)
 
+# name -> (model, preset, mesh, pipeline): the same chips as the unpipelined T32 and T48
+PIPELINED = {"T32 pipelined": ("transformer-scan", "t32", "stage=2,data=4,model=4", "stack0:stage:8"),
+             "T48 pipelined": ("transformer-scan", "t48", "stage=4,data=4,model=8", "stack0:stage:16")}
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=60.0)
     ap.add_argument("--ilp-time", type=float, default=30.0)
     ap.add_argument("--only", help="problems, comma-separated (default: all five)")
+    ap.add_argument("--pipelined", action="store_true", help="add the pipelined T32 and T48")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else list(PROBLEMS)
+    names = args.only.split(",") if args.only else list(PROBLEMS) + (list(PIPELINED) if args.pipelined else [])
     print("| problem | mesh | best hand plan | ILP | MCTS | MCTS / best other | time-to-best s | simulations |")
     print("|---|---|---|---|---|---|---|---|")
     out = []
     for name in names:
-        model, preset, mesh = PROBLEMS[name]
+        model, preset, mesh, pipeline = PIPELINED[name] if name in PIPELINED else (*PROBLEMS[name], None)
         hw = partex.get_hardware("tpu-v4", memory_margin=0.1)
         t0 = time.perf_counter()
-        s = partex.Session.from_spec(model, preset=preset, mesh=mesh, hardware=hw)
+        s = partex.Session.from_spec(model, preset=preset, mesh=mesh, hardware=hw, pipeline=pipeline)
         setup = time.perf_counter() - t0
         rows = {r.strategy: r for r in s.bench(args.budget, ilp_time=args.ilp_time, exhaustive=0)}
         hand = [r for k, r in rows.items() if k not in ("ilp", "mcts", "mcts-no-remat") and r.fits]
@@ -56,7 +64,7 @@ def main() -> None:
         print(f"| {name} | {mesh} | {best_hand.strategy + ' ' if best_hand else ''}{ms(best_hand)} | {ms(ilp)} | "
               f"{ms(mcts)} | {ratio:.3f} | {mcts.search_s:.1f} | {sims} |" if ratio is not None else
               f"| {name} | {mesh} | {ms(best_hand)} | {ms(ilp)} | {ms(mcts)} | - | - | {sims} |", flush=True)
-        out.append({"problem": name, "mesh": mesh, "setup_s": setup,
+        out.append({"problem": name, "mesh": mesh, "pipeline": pipeline, "setup_s": setup,
                     "rows": [{**r.to_json(), "plan": [s.label(d) for d in r.decisions]} for r in rows.values()]})
     if args.json:
         with open(args.json, "w") as f:

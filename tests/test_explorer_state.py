@@ -3,6 +3,7 @@ folder, and a failure in the search process reaches the server's log with its tr
 
 from __future__ import annotations
 
+import json
 import re
 
 import logging
@@ -433,5 +434,53 @@ def test_the_mesh_search_runs_beside_the_page_and_its_rows_go_with_the_model(tmp
         st.search_meshes(7, "", 3, "2")
         _settle(st, lambda: "meshes" not in st.busy, "the mesh search on 7 devices")
         assert st.message_level == "warning" and "can use none of them" in st.mesh_status, st.mesh_status
+    finally:
+        st.close()
+
+
+def test_a_pipeline_typed_or_picked_from_the_meshes_runs_the_pipelined_step(tmp_path):
+    """The Pipeline field: an axis the mesh lacks or a stack the model has not is marked at
+    the field; a good one loads the pipelined step (the sidebar says its stages, microbatches,
+    bubble and what each stage holds); the Meshes card's pipelined candidates carry their
+    pipeline, and picking one sets both forms; an empty field is the step as written."""
+    from partex.explorer._controls import pipeline_words
+
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and not st.busy, "the model to load")
+        st.model_name, st.preset, st.overrides = "transformer-scan", "tiny", "layers=4"
+        st.budget_text = "16MiB"
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and st.workspace.choice.spec == "transformer-scan" and not st.busy,
+                "transformer-scan")
+        assert "may be pipelined: stack0 (4 layers, batch 8)" in pipeline_words(st.workspace, st.best)
+        st.pipeline_text = "stack0:stage:4"
+        assert "has no axis 'stage'" in st.field_error["pipeline"], st.field_error
+        st.mesh_text = "stage=2,data=2,model=2"
+        _settle(st, lambda: st.config.pipeline is not None and not st.busy, "the pipelined step")
+        assert st.field_error == {} and st.config.pipeline == partex.Pipeline("stack0", "stage", 4)
+        assert "stack0 pipelined over stage (stack0:stage:4, bubble 20%)" in st.message
+        assert st.workspace.session.pipeline == st.config.pipeline
+        _settle(st, lambda: st.best is not None, "a plan of the pipelined step")
+        words = pipeline_words(st.workspace, st.best)
+        assert "stack0 over stage: 2 stages, 4 microbatches, gpipe, bubble 20%, saving residuals" in words
+        assert "each stage&#x27;s devices hold" in words
+        st.pipeline_text = "stack9:stage:4"
+        _settle(st, lambda: not st.busy and "pipeline" in st.field_error, "the refused pipeline")
+        assert "no layer stack 'stack9'" in st.field_error["pipeline"] and st.config.pipeline.stack == "stack0"
+
+        st.search_meshes(8, "2x4@25", 3, "2")
+        _settle(st, lambda: "meshes" not in st.busy, "the mesh search")
+        piped = [r for r in st.mesh_rows if r.pipeline]
+        assert piped and all(r.mesh.startswith("stage=2@25") and r.bubble for r in piped)
+        pick = piped[-1]
+        st.use_mesh(pick.key)
+        _settle(st, lambda: st.config.pipeline is not None and st.config.pipeline.text() == pick.pipeline
+                and st.config.mesh.text() == pick.label and not st.busy, "the picked pipeline")
+        assert st.pipeline_text == pick.pipeline and st.mesh_rows  # the rows stay: the same model
+        assert json.loads(st.probe)["config"]["pipeline"] == pick.pipeline
+        st.pipeline_text = ""
+        _settle(st, lambda: st.config.pipeline is None and not st.busy, "the step as written")
+        assert st.workspace.session.pipeline is None
     finally:
         st.close()

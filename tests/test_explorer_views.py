@@ -18,7 +18,8 @@ from partex.explorer._layout import short
 from partex.explorer._tables import Table, unmatched_rows
 
 from test_explorer import (  # noqa: F401  (fixtures: pytest finds them by name here)
-    SHOTS, _graph_nodes, _load, chromium, click, console_summary, no_browser_errors, run_until, select_group,
+    SHOTS, _graph_nodes, _load, analyze_on, chromium, click, console_summary, no_browser_errors, run_until,
+    select_group,
     server, set_model_value, state, tab, verify_in_page, wait_until,
 )
 
@@ -298,3 +299,55 @@ def test_the_meshes_card_searches_the_meshes_and_continues_on_the_one_picked(tab
     tab.screenshot(path=SHOTS / "views_meshes_picked.png")
     _card(tab, "Named dimensions")
     tab.screenshot(path=SHOTS / "views_meshes_picked_graph.png")
+
+
+def test_a_pipeline_in_the_sidebar_and_among_the_meshes(tab):
+    """The scanned transformer with its stack pipelined over a stage axis: the Pipeline field
+    takes stack0:stage:4 and the sidebar says the stages, microbatches, schedule, bubble and
+    what each stage's devices hold; on 2 slices the Meshes card lists pipelined candidates
+    with their pipeline and bubble, and Use this mesh puts the mesh and the pipeline in the
+    forms."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    analyze_on(tab, "transformer-scan", "tpu-v4", "16MiB", "layers=4")
+    assert "may be pipelined: stack0 (4 layers, batch 8)" in tab.evaluate(
+        "Bokeh.documents[0].get_model_by_name('partex-pipeline-info').text")
+    mesh = tab.locator("input[placeholder='data=4,model=2']")
+    mesh.fill("stage=2,data=2,model=2")
+    mesh.press("Enter")
+    box = tab.locator("input[placeholder='none; e.g. stack0:stage:8']")
+    box.fill("stack0:stage:4")
+    box.press("Enter")
+    wait_until(lambda: (lambda s: s["phase"] == "ready" and s["config"]["pipeline"] == "stack0:stage:4"
+                        and "load" not in s["busy"])(state(tab)), what="the pipelined step")
+    run_until(tab, lambda s: s["best"] is not None and s["simulations"] >= 10, what="a plan of the pipelined step")
+    info = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-pipeline-info').text")
+    assert "2 stages, 4 microbatches, gpipe, bubble 20%" in info and "devices hold" in info, info
+    tab.locator(".side-title", has_text="Mesh & hardware").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_pipeline_sidebar.png")
+
+    card = _card(tab, "Meshes")
+    topo = tab.locator("input[placeholder='one slice; or 4x64@6.25']")
+    topo.fill("2x4@25")
+    topo.press("Enter")
+    tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-seconds').value = 3")
+    click(tab, "Search meshes")
+    s = wait_until(lambda: (lambda s: s["meshes"]["rows"] and "meshes" not in s["busy"] and s)(state(tab)),
+                   what="the mesh search to end")
+    piped = [r for r in s["meshes"]["rows"] if r["pipeline"]]
+    assert piped and all(r["form"].startswith("stage=2@25") and r["bubble"] for r in piped), s["meshes"]["rows"]
+    table = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-meshes').text")
+    assert f"pipeline {piped[0]['pipeline']}, bubble" in table
+    card.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_meshes_pipelines.png")
+    pick = piped[-1]
+    key = f"{pick['form']} | {pick['pipeline']}"
+    set_model_value(tab, "partex-mesh-pick", key)
+    wait_until(lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pick').value") == key,
+               what="the pick")
+    click(tab, "Use this mesh")
+    wait_until(lambda: (lambda s: s["phase"] == "ready" and s["config"]["pipeline"] == pick["pipeline"]
+                        and s["config"]["mesh"] == pick["mesh"] and "load" not in s["busy"])(state(tab)),
+               what="the picked pipeline to load")
+    assert tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-pipeline').value") == pick["pipeline"]

@@ -220,7 +220,9 @@ def test_a_stage_recomputes_its_layers_in_the_backward_ticks(name, layers, mesh,
     assert len(ticks) == 2 and barriers and all(op.id > ticks[1].enter for op in barriers)
     strategy = "megatron" if "model" in mesh else "dp"
     less, more = (x.evaluate(x.strategy(strategy)).memory for x in (s, saving))
-    assert less.breakdown["activations"] < 0.6 * more.breakdown["activations"], (less, more)
+    # (``dots`` keeps the weight matmuls' outputs: it saves less than ``full``)
+    assert less.breakdown["activations"] < (0.6 if kind == "full" else 0.8) * more.breakdown["activations"], \
+        (less, more)
     plan = s.plan(strategy=strategy)
     assert plan.pipeline is not None and plan.pipeline["recompute"] == kind
     model = s.model.base.model
@@ -231,14 +233,33 @@ def test_a_stage_recomputes_its_layers_in_the_backward_ticks(name, layers, mesh,
     assert r["ok"], r
 
 
-# each with what stands between it and the bounds hand plans are held to (predicted / XLA)
+def test_a_stack_the_step_checkpoints_itself_is_pipelined_as_it_is():
+    """Llama with ``remat="full"`` (its layers under the step's own ``jax.checkpoint``): no
+    recompute decision is left on its stack, yet it may be pipelined (the checkpointed body
+    re-traced per microbatch), with the user's numerics; a recompute kind on it is refused."""
+    over = ["layers=4", "remat=full"]
+    s = partex.Session.from_spec("llama", preset="tiny", overrides=over, mesh="stage=2,data=4",
+                                 pipeline="stack0:stage:4")
+    assert s.model.base.analysis.units == () and "stack0" in s.pipeline_stacks()
+    model = s.model.base.model
+    want = jax.jit(model.fn)(*model.args)
+    got = s.plan(strategy="dp").apply(model.fn)(*model.args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
+    assert compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))["ok"]
+    with pytest.raises(partex.PartexError, match="recomputes stack0's layers already: drop :full"):
+        partex.Session.from_spec("llama", preset="tiny", overrides=over, mesh="stage=2,data=4",
+                                 pipeline="stack0:stage:4:full")
+
+
+# each with what stands between it and the bounds hand plans are held to (predicted / XLA), if anything
 PIPELINED = [
     ("transformer-scan", "stage=2,data=2,model=2", 4, "zero3",
      "collective-permute bytes 0.625: XLA's reshards of constraints on three axes (the stages' own are exact)"),
-    ("transformer-scan", "stage=4,data=2", 8, "dp", "peak memory 1.48 (on the safe side)"),
+    ("transformer-scan", "stage=4,data=2", 8, "dp", None),
     ("llama", "stage=4,data=2", 4, "zero3",
-     "all-gather bytes 3.85: XLA gathers a stage's weights once, out of the tick loop; partex per tick"),
-    ("llama", "stage=2,data=2,model=2", 8, "megatron", "peak memory 1.39 (on the safe side)"),
+     "all-gather bytes 3.85: one layer a stage, XLA gathers its weights once, out of the tick loop; partex "
+     "per tick (two layers a stage, or the circular schedule, are predicted within 3%)"),
+    ("llama", "stage=2,data=2,model=2", 8, "megatron", None),
 ]
 
 
@@ -248,13 +269,18 @@ def pipelined_rows(tmp_path_factory):
     from the plan files; compile-only: their numerics are the tests above, in this process)."""
     from partex.plan._verify import verify_many
 
-    rows = {}
+    paths: dict = {}
     for model, mesh, microbatches, strategy, _ in PIPELINED:
         s = partex.Session.from_spec(model, preset="tiny", overrides=["layers=4"], mesh=mesh,
                                      pipeline=f"stack0:stage:{microbatches}")
         path = tmp_path_factory.mktemp("pipelined") / "plan.json"
         s.plan(strategy=strategy).save(path)
-        (rows[(model, mesh)],) = verify_many(model, [str(path)], overrides=["layers=4"], timeout=900)
+        paths.setdefault(model, []).append((mesh, str(path)))
+    rows = {}
+    for model, items in paths.items():  # one process per model
+        for (mesh, _), row in zip(items, verify_many(model, [p for _, p in items], overrides=["layers=4"],
+                                                     timeout=900)):
+            rows[(model, mesh)] = row
     return rows
 
 
@@ -270,7 +296,8 @@ def test_pipelined_plans_compile_with_the_arguments_flops_and_permutes_predicted
 
 
 @pytest.mark.parametrize("model,mesh,why", [
-    pytest.param(m, mesh, why, marks=pytest.mark.xfail(strict=True, reason=why)) for m, mesh, _, _, why in PIPELINED])
+    pytest.param(m, mesh, why, marks=pytest.mark.xfail(strict=True, reason=why) if why else ())
+    for m, mesh, _, _, why in PIPELINED])
 def test_pipelined_plans_are_predicted_within_the_bounds_of_hand_plans(pipelined_rows, model, mesh, why):
     from _accuracy import check_report
 

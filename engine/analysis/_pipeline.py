@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..tracing._program import Program
-from ._recompute import Unit
+from ._recompute import Unit, _scan_pairs, _where, backward_span, value_readers
 from ._rules import FactorKind
 
 Batch = int | None
@@ -72,6 +72,26 @@ class PipelineStack:
     group: int  # the batch's decision group
     forward: LoopBatch
     backward: LoopBatch
+
+
+def pipeline_units(an) -> tuple[Unit, ...]:
+    """The scan layer stacks a pipeline may name: the recompute units under ``scan`` and the
+    scans whose layers the step's own ``jax.checkpoint`` rematerialises already (no
+    recompute decision left: ``kinds`` empty), labelled after the units."""
+    units = list(an.units)
+    program: Program = an.program
+    span = backward_span(program)
+    if span is None:
+        return tuple(u for u in units if u.loop is not None)
+    have = {u.loop for u in units if u.loop is not None}
+    b, until = span
+    for fwd, bwd in _scan_pairs(program, b, value_readers(program)):
+        if (fwd.enter, bwd.enter) in have:
+            continue
+        k = len(units)
+        units.append(Unit(k, None, f"stack{k}", b, until, ((fwd.enter, fwd.exit + 1),), _where(program, fwd.enter),
+                          (fwd.enter, bwd.enter), program.ops[fwd.enter].params["length"], ()))
+    return tuple(u for u in units if u.loop is not None)
 
 
 def pipeline_stacks(an, units: tuple[Unit, ...], batch_groups: tuple[int, ...]) -> dict[int, PipelineStack | str]:

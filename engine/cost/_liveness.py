@@ -317,13 +317,45 @@ _IN_PLACE = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "
 def _in_place(p, readers: np.ndarray) -> list[tuple[int, int, int]]:
     """(op, operand, result) pairs of a scatter or dynamic-update-slice whose first operand
     only it reads, an intermediate: XLA updates that buffer in place (the zeros a one-hot
-    gradient is scattered into are the gradient's buffer). ``readers``: per value, the ops
+    gradient is scattered into are the gradient's buffer). A buffer whose other readers
+    only slice it before the update (a loop's buffer read and written at one slot a trip)
+    is updated in place too: the slices are read first. ``readers``: per value, the ops
     reading it."""
     outer = set(p.inputs) | set(p.outputs)
-    return [(op.id, op.inputs[0], op.outputs[0]) for op in p.ops
-            if op.primitive in _IN_PLACE and op.inputs and readers[op.inputs[0]] == 1
-            and op.inputs[0] not in outer and p.values[op.inputs[0]].producer != NO_PRODUCER
-            and op.outputs[0] not in outer]
+    cands = [op for op in p.ops if op.primitive in _IN_PLACE and op.inputs and op.inputs[0] not in outer
+             and p.values[op.inputs[0]].producer != NO_PRODUCER and op.outputs[0] not in outer]
+    shared = {op.inputs[0] for op in cands if readers[op.inputs[0]] > 1}
+    others: dict[int, list] = {v: [] for v in shared}
+    if shared:
+        for op in p.ops:
+            for v in set(op.inputs) & shared:
+                others[v].append(op)
+
+    def first_read_by(op) -> bool:
+        v = op.inputs[0]
+        # (a loop's exit op reads the body's carried state after the body's outputs: the
+        # link that keeps the state live through the loop, not a read of its own)
+        return readers[v] == 1 or all(o.id == op.id or (o.primitive in _SLICES and o.id < op.id
+                                                         and o.inputs[0] == v and v not in o.inputs[1:])
+                                      or (o.primitive in ("scan_exit", "while_exit") and v not in _outs_of(o))
+                                      for o in others[v])
+
+    pairs = [(op.id, op.inputs[0], op.outputs[0]) for op in cands if first_read_by(op)]
+    # a loop body's constraint on a value only it reads (the state a body updates and
+    # places again: a pipeline tick's buffers): the same buffer
+    pairs += [(op.id, op.inputs[0], op.outputs[0]) for op in p.ops
+              if op.primitive == "sharding_constraint" and op.region != 0 and readers[op.inputs[0]] == 1
+              and op.outputs[0] not in outer]
+    return pairs
+
+
+_SLICES = frozenset({"dynamic_slice", "slice"})
+
+
+def _outs_of(exit_op) -> list:
+    """A loop exit's operands that are the body's outputs (after them: the carried state)."""
+    n = exit_op.params["num_carry"] if exit_op.primitive == "scan_exit" else len(exit_op.outputs)
+    return exit_op.inputs[:len(exit_op.inputs) - n] if exit_op.primitive == "scan_exit" else exit_op.inputs[:n]
 
 
 _BOUNDARY = frozenset({"shard_map_enter", "shard_map_exit"})

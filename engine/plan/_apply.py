@@ -621,7 +621,9 @@ class _Interpreter:
         def body(*xs):
             return self.eval(inner, inner_consts, list(xs), constrain_invars=False)
 
-        closed = jax.make_jaxpr(body)(*[_sds(v.aval, self.promote) for v in inner.invars])
+        # the operands' own shapes: in a pipelined body, a microbatch's (the ops inside
+        # resized as the body's are)
+        closed = jax.make_jaxpr(body)(*[_sds(v.aval, self.promote, np.shape(x)) for v, x in zip(inner.invars, invals)])
         new_jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
         params: dict[str, Any] = dict(eqn.params, jaxpr=new_jaxpr)
         prevent_cse = params.get("prevent_cse")
@@ -802,9 +804,10 @@ def _called_jaxpr(eqn):
     return None
 
 
-def _sds(aval, promote: bool = False):
+def _sds(aval, promote: bool = False, shape=None):
     dtype = np.float32 if promote and is_low(aval.dtype) else aval.dtype
-    return jax.ShapeDtypeStruct(aval.shape, dtype, weak_type=getattr(aval, "weak_type", False))
+    return jax.ShapeDtypeStruct(aval.shape if shape is None else tuple(shape), dtype,
+                                weak_type=getattr(aval, "weak_type", False))
 
 
 class _eqn_context:

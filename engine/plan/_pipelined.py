@@ -24,7 +24,7 @@ import jax
 from .._errors import PartexError
 from .._loader import LoadedModel, ModelAnalysis, analyze_loaded
 from .._mesh import MeshSpec, get_hardware
-from ..analysis._pipeline import PipelineStack, pipeline_stacks
+from ..analysis._pipeline import PipelineStack, pipeline_stacks, pipeline_units
 from ..analysis._recompute import plan_unit
 from ..cost import CostModel
 from ..tracing._program import TOP_REGION, Program, dynamic_args
@@ -122,12 +122,16 @@ def stack_of(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> Pipeli
     if pipeline.recompute is not None and pipeline.recompute not in RECOMPUTE:
         raise PartexError(f"pipeline {pipeline.text()}: unknown recompute kind {pipeline.recompute!r}; a stage "
                           f"recomputes {' or '.join(RECOMPUTE)}")
-    unit = an.unit_by_label(pipeline.stack)
-    stacks = pipeline_stacks(an, an.units, an.roles.batch_groups)
+    scan_units = {u.label: u for u in pipeline_units(an)}
+    unit = scan_units.get(pipeline.stack) or an.unit_by_label(pipeline.stack)
+    stacks = pipeline_stacks(an, tuple(scan_units.values()), an.roles.batch_groups)
     if unit is None:
-        scans = ", ".join(an.units[u].label for u in stacks) or "none (its layers are not under a scan)"
+        scans = ", ".join(scan_units) or "none (its layers are not under a scan)"
         raise PartexError(f"pipeline {pipeline.text()}: the step has no layer stack {pipeline.stack!r}; "
                           f"stacks that may be pipelined: {scans}")
+    if pipeline.recompute is not None and not unit.kinds:
+        raise PartexError(f"pipeline {pipeline.text()}: the step's own jax.checkpoint recomputes {unit.label}'s "
+                          f"layers already: drop :{pipeline.recompute}")
     stack = stacks.get(unit.id, f"{unit.label} is unrolled: only a scan over stacked layers is pipelined")
     if isinstance(stack, str):
         raise PartexError(f"pipeline {pipeline.text()}: {stack}")
