@@ -174,6 +174,12 @@ def test_a_session_on_a_pipelined_step_plans_verifies_and_applies_it(tmp_path):
                              "recompute": None, "repeats": 1}
     again = partex.Plan.loads(plan.dumps())
     assert again.pipeline == plan.pipeline
+    # the exports say what the specs alone do not carry: the pipeline, which plan.apply makes
+    from partex.plan._export import export_text
+    spec = json.loads(export_text(again, "specs", as_json=True))
+    assert spec["pipeline"]["microbatches"] == 4 and "use plan.apply(step)" in spec["pipeline"]["note"]
+    assert "Not carried: the pipeline. The plan runs layer stack stack0 as a pipeline over mesh axis stage" in \
+        export_text(again, "specs")
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
     got = again.apply(model.fn)(*model.args)

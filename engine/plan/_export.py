@@ -292,7 +292,22 @@ def specs_json(plan: Plan) -> dict:
     if plan.host_inputs or plan.host_outputs:
         out["host_memory"] = {"inputs": list(plan.host_inputs), "outputs": list(plan.host_outputs),
                               "note": HOST_NOTE}
+    if plan.pipeline is not None:
+        out["pipeline"] = {**plan.pipeline, "note": pipeline_note(plan)}
     return out
+
+
+def pipeline_note(plan: Plan) -> str:
+    """What a pipelined plan needs beyond PartitionSpecs, in words."""
+    p = plan.pipeline or {}
+    sched = "circular, %d rounds" % p.get("repeats", 1) if p.get("schedule") == "circular" else "GPipe"
+    return (f"the plan runs layer stack {p.get('stack')} as a pipeline over mesh axis {p.get('axis')} "
+            f"({p.get('microbatches')} microbatches, {sched}"
+            + (f", each stage recomputing ({p['recompute']})" if p.get("recompute") else "") + "): its specs are "
+            "those of the pipelined step, whose loops run the stages, rotate the activations over that axis and "
+            "split the batch into microbatches. With these specs alone jax.jit runs the step as written (no "
+            "pipeline: the stacked weights' layer dim sharded over the axis, gathered as the layers need them); "
+            "to run the pipeline, use plan.apply(step), which makes it of the step, model code unchanged")
 
 
 # what a plan's memory decisions need beyond PartitionSpecs
@@ -321,6 +336,8 @@ def _header(plan: Plan, what: str, comparison: Mapping[str, Any] | None) -> list
     lines = [f"{what} of partex's plan for {name} ({plan.strategy or 'searched'}) on mesh "
              f"{plan.mesh.text()}" + (f", slow (cross-host) axes: {', '.join(plan.mesh.slow_axes())}"
                                      if plan.mesh.slow_axes() else "") + "."]
+    if plan.pipeline is not None:
+        lines += ["", "Not carried: the pipeline. " + pipeline_note(plan)[0].upper() + pipeline_note(plan)[1:] + "."]
     if comparison:
         lines += ["", "What this export alone costs, measured by partex with XLA "
                   f"({comparison['devices']} devices, {comparison['platform']}):"] + comparison_table(comparison)
@@ -539,7 +556,9 @@ def export_text(plan: Plan, fmt: str, model=None, comparison: Mapping[str, Any] 
                               "(the module:attr or file.py:attr the plan was made from)")
         rules = flax_rules(plan, model)
         if as_json:
-            return json.dumps({**rules.to_json(), "mesh": plan.mesh.to_json(), "comparison": comparison}, indent=1)
+            piped = {"pipeline": {**plan.pipeline, "note": pipeline_note(plan)}} if plan.pipeline else {}
+            return json.dumps({**rules.to_json(), "mesh": plan.mesh.to_json(), **piped, "comparison": comparison},
+                              indent=1)
         return rules_python(plan, rules, comparison)
     if fmt == "explicit":
         if model is None:
