@@ -285,7 +285,7 @@ def pipelined_rows(tmp_path_factory):
     rows = {}
     for model, items in paths.items():  # one process per model
         for (mesh, _), row in zip(items, verify_many(model, [p for _, p in items], overrides=["layers=4"],
-                                                     timeout=900)):
+                                                     timeout=900, explain=True)):
             rows[(model, mesh)] = row
     return rows
 
@@ -299,6 +299,10 @@ def test_pipelined_plans_compile_with_the_arguments_flops_and_permutes_predicted
     assert abs(row.flops.ratio - 1) <= 0.10, row.flops
     permute = row.collectives["collective-permute"]
     assert permute.xla_bytes > 0 and 0.5 <= permute.ratio <= 2.0, permute
+    # --explain: XLA's permutes of the stages' rotation are the pipeline decision's
+    rotation = [r for r in row.explain["collectives"] if r["kind"] == "collective-permute" and r["matched"]
+                and r.get("cause") == "layers"]
+    assert rotation and all(r["decision"].startswith("layers->stage: the pipeline stack0:stage:") for r in rotation)
 
 
 @pytest.mark.parametrize("model,mesh,why", [

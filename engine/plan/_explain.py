@@ -234,6 +234,13 @@ def explain(text: str, cm, report, plan, arg_names=()) -> dict:
     for d in plan.decisions:
         by_group[d.group].append(f"{d.group}->{d.axis}")
     decisions = {g: ", ".join(v) for g, v in by_group.items()}
+    pipe = plan.pipeline
+    if pipe is not None:  # the stage dims are the pipeline's (fixed on its axis): its stages' values, its rotation
+        named = ":".join(str(x) for x in (pipe["stack"], pipe["axis"], pipe["microbatches"]))
+        for d in cm.fixed.decisions:
+            if d.axis == pipe["axis"]:
+                label = cm.analysis.groups[d.group].label
+                decisions[label] = f"{label}->{d.axis}: the pipeline {named}"
     xla = xla_collectives(text, arg_names)
     pred = predicted_collectives(cm, report, decisions)
     by_line: dict[tuple[str, tuple[str, int]], list[int]] = collections.defaultdict(list)
