@@ -130,7 +130,7 @@ def candidate_pipelines(stacks: Sequence[tuple[str, int, int]], devices: int, to
                         ) -> list[tuple[MeshSpec, Pipeline]]:
     """The pipelined candidates (module docstring): per stack ``(label, layers, batch)`` that
     may be pipelined, the meshes with a ``stage`` axis over the slices (a topology of more
-    than one) or, ``within``, of 2 or 4 devices inside one, the rest factored as
+    than one) or, ``within`` on one slice, of 2 or 4 of its devices, the rest factored as
     ``candidate_meshes`` factors a slice; on each, microbatches 2S and 4S (S where neither
     divides the batch), each with the stage saving its layers' residuals or recomputing them
     (``full``)."""
@@ -140,7 +140,7 @@ def candidate_pipelines(stacks: Sequence[tuple[str, int, int]], devices: int, to
     if topo.granules > 1:
         bw = min(topo.dcn_bandwidth, link_bandwidth) if topo.dcn_bandwidth and link_bandwidth else None
         stage_options.append((topo.granules, topo.per, bw))
-    if within or topo.granules == 1:
+    if within and topo.granules == 1:  # (over several slices, the stages take the slow axis)
         stage_options += [(s, devices // s, None) for s in STAGES_WITHIN if topo.per % s == 0 and s < topo.per]
     for label, layers, batch in stacks:
         for stages, rest, bw in stage_options:

@@ -359,7 +359,8 @@ def test_the_mesh_search_tries_pipelines_over_the_slices(capsys):
         for m in (4, 8) for rc in ("", ":full")}
     assert all(m.bandwidth == (25e9,) + (100e9,) * (len(m.axes) - 1) for m, _ in got)
     assert candidate_pipelines([("stack0", 3, 16)], 8, topo) == []  # 3 layers do not split into 2 stages
-    within = candidate_pipelines([("stack0", 4, 16)], 8, Topology(1, 8), 2)
+    assert candidate_pipelines([("stack0", 4, 16)], 8, Topology(1, 8), 2) == []  # on one slice: when asked
+    within = candidate_pipelines([("stack0", 4, 16)], 8, Topology(1, 8), 2, within=True)
     assert {m.text() for m, _ in within} == {"stage=2,fsdp=4", "stage=4,fsdp=2"}
 
     s = partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"], mesh="data=8")
