@@ -119,6 +119,14 @@ def _pipelined(model: ModelAnalysis, pipeline: str | Pipeline | None, mesh: Mesh
     return pipelined(model, pipeline if isinstance(pipeline, Pipeline) else Pipeline.parse(pipeline), mesh)
 
 
+def _stacks(model: ModelAnalysis) -> dict:
+    """Per scan stack of ``model`` (its label), a ``PipelineStack`` or why it cannot be pipelined."""
+    an = model.analysis
+    units = pipeline_units(an)
+    labels = {u.id: u.label for u in units}
+    return {labels[u]: st for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items()}
+
+
 def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
     return analyze_model(spec.spec, spec.preset, list(spec.overrides))
 
@@ -236,11 +244,7 @@ class Session:
         """Per layer stack of the step as written (its label: ``stack0``), a
         ``PipelineStack`` (its layers, batch and loops) where it may run as a pipeline, else
         the one-line reason it may not."""
-        base = self.model.base if self.model.pipeline is not None else self.model
-        an = base.analysis
-        units = pipeline_units(an)
-        labels = {u.id: u.label for u in units}
-        return {labels[u]: st for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items()}
+        return _stacks(self.model.base if self.model.pipeline is not None else self.model)
 
     @property
     def conflicts(self):
@@ -618,11 +622,7 @@ def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardwar
         return Session.from_analysis(m, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
                                      user_shardings=user_shardings)
 
-    an = model.analysis
-    units = pipeline_units(an)
-    labels = {u.id: u.label for u in units}
-    stacks = [(labels[u], st.layers, st.batch)
-              for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items() if not isinstance(st, str)]
+    stacks = [(label, st.layers, st.batch) for label, st in _stacks(model).items() if not isinstance(st, str)]
 
     return mesh_search(make, devices, hw.link_bandwidth, topology=topology, seconds=seconds, max_axes=max_axes,
                        callback=callback, stacks=stacks, pipelines=pipelines)

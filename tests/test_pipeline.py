@@ -21,6 +21,12 @@ from partex.plan._pipeline import PipelineRun, pipelined_scan, unskew
 L, B, D = 8, 16, 32
 
 
+def _compare(want, got) -> dict:
+    """verify's comparison of two steps' outputs, leaf by leaf (``compare_outputs``)."""
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
+    return compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))
+
+
 def _mesh(stages: int):
     return jax.make_mesh((stages, 8 // stages), ("stage", "data"), axis_types=(AxisType.Auto,) * 2)
 
@@ -144,8 +150,7 @@ def test_a_pipelined_step_computes_what_the_step_computes(sessions, name, stages
     want = jax.jit(model.fn)(*model.args)
     with jax.set_mesh(_mesh(stages)):
         got = jax.jit(fn)(*model.args)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
-    r = compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))
+    r = _compare(want, got)
     assert r["ok"], r
 
 
@@ -183,8 +188,7 @@ def test_a_session_on_a_pipelined_step_plans_verifies_and_applies_it(tmp_path):
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
     got = again.apply(model.fn)(*model.args)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
-    assert compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))["ok"]
+    assert _compare(want, got)["ok"]
 
 
 def test_pipeline_errors_say_what_to_change():
@@ -234,8 +238,7 @@ def test_a_stage_recomputes_its_layers_in_the_backward_ticks(name, layers, mesh,
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
     got = partex.Plan.loads(plan.dumps()).apply(model.fn)(*model.args)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
-    r = compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))
+    r = _compare(want, got)
     assert r["ok"], r
 
 
@@ -250,8 +253,7 @@ def test_a_stack_the_step_checkpoints_itself_is_pipelined_as_it_is():
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
     got = s.plan(strategy="dp").apply(model.fn)(*model.args)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
-    assert compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got))["ok"]
+    assert _compare(want, got)["ok"]
     with pytest.raises(partex.PartexError, match="recomputes stack0's layers already: drop :full"):
         partex.Session.from_spec("llama", preset="tiny", overrides=over, mesh="stage=2,data=4",
                                  pipeline="stack0:stage:4:full")
@@ -384,8 +386,7 @@ def test_the_mesh_search_tries_pipelines_over_the_slices(capsys):
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
     got_out = plan.apply(model.fn)(*model.args)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
-    assert compare_outputs(paths, jax.tree.leaves(want), jax.tree.leaves(got_out))["ok"]
+    assert _compare(want, got_out)["ok"]
     # back to the step as written
     s.reconfigure(mesh="data=8", pipeline=None)
     assert s.pipeline is None and s.model.pipeline is None
