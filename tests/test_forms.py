@@ -287,6 +287,18 @@ def test_gradient_accumulation_under_scan_trains_sharded():
     _searched_fits(mod)
 
 
+def test_weights_cast_inside_the_accumulation_loop_are_gathered_once():
+    """Mixed precision under gradient accumulation: the loop body casts each weight to bf16,
+    a value made in the loop from the parameters alone; XLA hoists the cast and the cast's
+    ZeRO gather out of the loop, and the prediction charges the gather once per step (2.00x
+    XLA's bytes when a value the body made was charged per microbatch)."""
+    mod = load("grad_accum_scan")
+    s = lc.session(mod.make(compute_dtype=jnp.bfloat16), mesh=mod.MESH)
+    out = _runs(s, None, strategy="zero3")
+    gathered = out.collectives["all-gather"]
+    assert gathered.xla_bytes > 0 and gathered.ratio == pytest.approx(1.0), gathered
+
+
 def test_a_misplaced_shard_is_caught_beside_a_typed_key_in_the_state():
     """The state carries a key<fry> key beside the parameters: its bits (RMS ~1e9 as numbers)
     do not set the scale the parameters' errors are judged at, so a parameter with its two

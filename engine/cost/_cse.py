@@ -5,10 +5,10 @@ collectives), the same value gathered to the same sharding for several readers (
 in the forward and the backward pass) is one collective, and a reader that wants a finer
 sharding than one already gathered slices it locally; the resharded copies are buffers of
 their own, live from their first reader to their last. A reshard inside a loop body of a
-value made outside the loop (a weight a gradient-accumulation loop reads in every
-microbatch) is loop-invariant: XLA's while-loop invariant code motion hoists it out of the
-loop, so it runs once per trip of the region the value is made in, and its copy lives
-through the whole loop. A reshard only a ``shard_map`` region's boundary reads is the region's
+value the loop does not change -- made outside the loop (a weight a gradient-accumulation
+loop reads in every microbatch), or in it from such values alone (``invariant_homes``) -- is
+loop-invariant: XLA's while-loop invariant code motion hoists it out of the loop, so it runs
+once per trip of the region the value is made in, and its copy lives through the whole loop. A reshard only a ``shard_map`` region's boundary reads is the region's
 own array of the value (the liveness counts it), not another buffer.
 
 What CSE finds for a value depends only on the reads of it: which patterns read it at
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from ._facts import having
+from ..tracing._program import TOP_REGION as TOP, Program
 from ._kinds import CollectiveKind
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class ReadClasses:
 def read_classes(t: "Tables") -> ReadClasses:
     p = t.program
     ops = p.ops
+    homes = invariant_homes(p)
     rank = np.empty(len(t.patterns), dtype=np.int64)
     order = [pi for _, pis in t.mask_groups for pi in pis]
     rank[order] = np.arange(len(order))
@@ -92,7 +94,7 @@ def read_classes(t: "Tables") -> ReadClasses:
             if (r, n) != prev:
                 g, prev = g + 1, (r, n)
             op = ops[op_id]
-            where, once, (a, b), loops = _invariant(t, op, v)
+            where, once, (a, b), loops = _invariant(t, op, int(homes[v]))
             rows.append(((pi, i, g, where, op.trip, once, loops, op.primitive in aliasing), (op_id, a, b)))
         shape = tuple(x for x, _ in rows)
         shapes.setdefault(shape, []).append((v, [y for _, y in rows]))
@@ -252,15 +254,42 @@ def _merge(parts: list) -> tuple:
     return (sum(r[0] for r in parts), counts, *(np.concatenate([r[i] for r in parts]) for i in range(2, 7)), hoist)
 
 
-def _invariant(t: "Tables", op, v) -> tuple[int, int, tuple[int, int], tuple[int, ...]]:
-    """Where XLA computes a reshard of value ``v`` read by ``op``: (region, its trips, the
-    enter and exit ops of the loops it is hoisted out of, those loops innermost first).
-    Out of each enclosing loop whose body does not make ``v``; the op's own region and trip
-    where none."""
-    p = t.program
+def invariant_homes(p: Program) -> np.ndarray:
+    """Per value, the region whose every trip computes it alike: XLA's while-loop invariant
+    code motion hoists out of a loop the ops whose operands the loop does not change, so a
+    value is made where its producer runs unless all its operands are made outside that
+    loop (an op of no operands, an iota or a constant, anywhere). A loop's own body inputs
+    change every trip, except in a ``scan`` of length 1: XLA removes that loop, and its
+    body reads the operands themselves (one layer per pipeline stage: the stage's weights
+    are the tick loop's invariants). Branches and ``shard_map`` regions keep what they make;
+    a loop's results are made where it runs."""
     regions = p.regions
-    producer = p.values[v].producer
-    home = p.ops[producer].region if producer >= 0 else 0
+    depth = np.zeros(len(regions), dtype=np.int64)
+    for r in regions[1:]:
+        depth[r.id] = depth[r.parent] + 1
+    loops = ("scan", "while")
+    homes = np.zeros(len(p.values), dtype=np.int64)
+    for op in p.ops:
+        kind = regions[op.region].kind
+        if op.primitive == "scan_enter" and op.params.get("length") == 1:
+            for i, v in zip(op.inputs, op.outputs):
+                homes[v] = homes[i]
+            continue
+        if op.primitive.endswith(("_enter", "_exit")) or kind not in loops:
+            home = op.region
+        else:
+            home = max((int(homes[v]) for v in op.inputs), key=lambda r: depth[r], default=TOP)
+        for v in op.outputs:
+            homes[v] = home
+    return homes
+
+
+def _invariant(t: "Tables", op, home: int) -> tuple[int, int, tuple[int, int], tuple[int, ...]]:
+    """Where XLA computes a reshard of a value read by ``op`` and made, invariantly, in region
+    ``home`` (``invariant_homes``): (region, its trips, the enter and exit ops of the loops it
+    is hoisted out of, those loops innermost first). Out of each enclosing loop up to
+    ``home``; the op's own region and trip where none."""
+    regions = t.program.regions
     r, loops = op.region, []
     while r != home and regions[r].kind in ("scan", "while") and regions[r].enter >= 0:
         loops.append(r)

@@ -2,7 +2,9 @@
 and a ``jax.lax.scan`` over the microbatches sums each one's loss and gradients (the carry),
 before one optax Adam update with their mean, as large-batch training loops (MaxText's
 ``gradient_accumulation_steps``, optax's ``MultiSteps`` done in one step) write it. Two
-residual MLP layers; the mesh data=4,model=2.
+residual MLP layers; the mesh data=4,model=2. ``compute_dtype`` casts the weights inside the
+loss (mixed precision: the loop body makes each microbatch's copy from the parameters, which XLA
+hoists out of the loop, as it does the copy's gathers).
 
     partex analyze scripts/forms/grad_accum_scan.py:make
 """
@@ -17,9 +19,10 @@ MESH = "data=4,model=2"
 SIZES = {"tiny": dict(microbatches=2, batch=8, seq=8, d_model=32, d_ff=64)}
 
 
-def make(layers: int = 2, size: str = "tiny"):
+def make(layers: int = 2, size: str = "tiny", compute_dtype=None):
     """(train_step, (params, opt_state, batch)); the batch's leaves are
-    ``[microbatches, batch, seq, d_model]``."""
+    ``[microbatches, batch, seq, d_model]``; ``compute_dtype``: the dtype the layers compute
+    in (None: the parameters' own)."""
     c = SIZES[size]
     d, f, n = c["d_model"], c["d_ff"], c["microbatches"]
     optimizer = optax.adam(1e-3)
@@ -34,7 +37,9 @@ def make(layers: int = 2, size: str = "tiny"):
     def loss_fn(params, micro):
         h = micro["x"]
         for layer in params["layers"]:
-            h = h + jax.nn.gelu(h @ layer["w_in"] + layer["b_in"]) @ layer["w_out"]
+            if compute_dtype is not None:
+                layer = jax.tree.map(lambda w: w.astype(compute_dtype), layer)
+            h = h + (jax.nn.gelu(h @ layer["w_in"] + layer["b_in"]) @ layer["w_out"]).astype(h.dtype)
         return jnp.mean((h - micro["y"]) ** 2)
 
     grad_fn = jax.value_and_grad(loss_fn)
