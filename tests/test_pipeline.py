@@ -262,7 +262,8 @@ def test_a_stack_the_step_checkpoints_itself_is_pipelined_as_it_is():
 # each with what stands between it and the bounds hand plans are held to (predicted / XLA), if anything
 PIPELINED = [
     ("transformer-scan", "stage=2,data=2,model=2", 4, "zero3",
-     "collective-permute bytes 0.625: XLA's reshards of constraints on three axes (the stages' own are exact)"),
+     "collective-permute bytes 0.625: XLA moves the embedding table's vocabulary from model to stage and "
+     "swaps stage with model or data on two gradients (the stages' own permutes are exact)"),
     ("transformer-scan", "stage=4,data=2", 8, "dp", None),
     ("llama", "stage=4,data=2", 4, "zero3", None),  # one layer a stage: its gathers hoisted out of the tick loop
     ("llama", "stage=2,data=2,model=2", 8, "megatron", None),
