@@ -27,7 +27,7 @@ from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._results import CollectiveCompared, Compared, Numerics, RootAction, SearchStats, VerifyReport, WorkCompared
-from ._meshes import MeshSearch, MeshTrial, Topology, candidate_meshes
+from ._meshes import MeshSearch, MeshTrial, ProgramSearch, Topology, candidate_meshes
 from .plan._pipelined import Pipeline
 from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh, search_meshes
 from .analysis._analysis import Analysis, Conflict, Group, GroupInfo, NamedDim
@@ -141,7 +141,7 @@ def export_table(verified: VerifyReport) -> str:
 __all__ = [
     # the public API
     "Session", "Plan", "PlannedFunction", "PlanDecision", "analyze", "search", "verify", "PartexError",
-    "search_meshes", "candidate_meshes", "MeshSearch", "MeshTrial", "Topology", "Pipeline",
+    "search_meshes", "candidate_meshes", "MeshSearch", "MeshTrial", "ProgramSearch", "Topology", "Pipeline",
     "calibrate_numerics", "Calibration",
     "export", "flax_rules", "export_table", "EXPORT_FORMATS", "RulesExport",
     "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",

@@ -14,9 +14,14 @@ the slow network once a tick), or within one slice over a ``stage`` axis of 2 or
 2S and 4S where the batch divides, each stage saving or recomputing its layers).
 ``search_meshes`` runs one search per candidate (a ``Session`` each) by successive halving:
 every candidate starts from its hand plans, then rounds of MCTS, each giving the better half
-of the candidates still in twice the time, until one is left or the time is spent. Owns
-``Topology``, ``candidate_meshes``, ``candidate_pipelines``, ``MeshTrial`` and
-``search_meshes``.
+of the candidates still in twice the time, until one is left or the time is spent.
+
+On one mesh the pipeline is a decision of the search itself (``ProgramSearch``): the step as
+written and each of its pipelines over an axis of the mesh (``pipelines_over``) are the
+children of one root, each with its own tree, and UCT at the root decides which tree the next
+simulations go to, incrementally, as one session's search. Owns ``Topology``,
+``candidate_meshes``, ``candidate_pipelines``, ``pipelines_over``, ``MeshTrial``,
+``search_meshes`` and ``ProgramSearch``.
 """
 
 from __future__ import annotations
@@ -146,7 +151,7 @@ def candidate_pipelines(stacks: Sequence[tuple[str, int, int]], devices: int, to
         for stages, rest, bw in stage_options:
             if layers % stages:
                 continue
-            ms = [m for m in (2 * stages, 4 * stages) if batch % m == 0] or ([stages] if batch % stages == 0 else [])
+            ms = _microbatches(stages, batch)
             for sizes in _factorings(rest, max_axes - 1):
                 axes = ("stage",) + INNER[:len(sizes)]
                 bws = None
@@ -155,6 +160,22 @@ def candidate_pipelines(stacks: Sequence[tuple[str, int, int]], devices: int, to
                 mesh = MeshSpec.create(axes, (stages,) + sizes, bws)
                 out += [(mesh, Pipeline(label, "stage", m, recompute=rc)) for m in ms for rc in (None, "full")]
     return out
+
+
+def _microbatches(stages: int, batch: int) -> list[int]:
+    """The microbatch counts to try on ``stages`` stages: 2S and 4S where they divide the
+    batch (a bubble of about 1/3 and 1/5), else S where it does, else none."""
+    return [m for m in (2 * stages, 4 * stages) if batch % m == 0] or ([stages] if batch % stages == 0 else [])
+
+
+def pipelines_over(mesh: MeshSpec, stacks: Sequence[tuple[str, int, int]]) -> list[Pipeline]:
+    """The pipelines of ``stacks`` ``(label, layers, batch)`` on a given mesh: each stack
+    over each axis whose size divides its layers (that axis then holds the stages alone), in
+    the microbatches ``candidate_pipelines`` tries, each stage saving or recomputing."""
+    return [Pipeline(label, axis, m, recompute=rc)
+            for label, layers, batch in stacks
+            for axis, stages in zip(mesh.axes, mesh.sizes) if stages > 1 and layers % stages == 0
+            for m in _microbatches(stages, batch) for rc in (None, "full")]
 
 
 @dataclasses.dataclass(eq=False)
@@ -169,7 +190,7 @@ class MeshTrial:
     memory: float | None = None  # that plan's peak bytes per device
     simulations: int = 0
     seconds: float = 0.0  # search seconds spent on it
-    rounds: int = 0  # rounds of the halving it took part in
+    rounds: int = 0  # rounds of the halving it took part in (a ProgramSearch: visits of its tree)
     note: str = ""  # why it was not searched (a mesh the model cannot use)
     session: "Session | None" = dataclasses.field(default=None, repr=False)
 
@@ -218,20 +239,7 @@ def search_meshes(make: Callable[[MeshSpec, Pipeline | None], "Session"],
     Returns every trial, best first (one no plan fits on, or that the model cannot use,
     last); the survivors keep their sessions, the rest drop them. ``callback(trials)`` after
     each round."""
-    if not meshes:
-        raise PartexError("no candidate meshes: give --devices a number the model's dimensions divide")
-    trials = [MeshTrial(*m) if isinstance(m, tuple) else MeshTrial(m) for m in meshes]
-    live = []
-    for t in trials:
-        try:
-            t.session = make(t.mesh, t.pipeline)
-        except PartexError as e:  # an axis that divides no dimension of the model
-            t.note = str(e)
-            continue
-        best = t.session.best()
-        t.warm_step = best.report.step_time if best is not None else None
-        _record(t)
-        live.append(t)
+    trials, live = _trials(make, meshes)
     if callback is not None:
         callback(trials)
     rounds = max(1, math.ceil(math.log2(max(len(live), 1)))) if len(live) > keep else 1
@@ -257,17 +265,131 @@ def search_meshes(make: Callable[[MeshSpec, Pipeline | None], "Session"],
     for t in trials:
         if id(t) not in kept:
             t.session = None
+    return _ranked(trials)
+
+
+def _trials(make: Callable[[MeshSpec, Pipeline | None], "Session"],
+            candidates: Sequence[MeshSpec | tuple[MeshSpec, Pipeline | None]]
+            ) -> tuple[list[MeshTrial], list[MeshTrial]]:
+    """Every candidate as a trial, its session built and its hand plans scored (one the
+    model cannot use keeps the reason and no session): (all of them, the searchable ones)."""
+    if not candidates:
+        raise PartexError("no candidate meshes: give --devices a number the model's dimensions divide")
+    trials = [MeshTrial(*m) if isinstance(m, tuple) else MeshTrial(m) for m in candidates]
+    live = []
+    for t in trials:
+        try:
+            t.session = make(t.mesh, t.pipeline)
+        except PartexError as e:  # an axis that divides no dimension of the model
+            t.note = str(e)
+            continue
+        best = t.session.best()
+        t.warm_step = best.report.step_time if best is not None else None
+        _record(t)
+        live.append(t)
+    return trials, live
+
+
+def _ranked(trials: list[MeshTrial]) -> list[MeshTrial]:
+    """Best first; those no plan fits on, then those the model cannot use, last."""
     return sorted(trials, key=lambda t: (t.note != "", _score(t), t.warm_step if t.warm_step is not None else math.inf))
+
+
+# UCT at the root of the search over programs: the exploration constant (UCB1's sqrt 2, on
+# rewards in [0, 1]), and the simulations one visit of a program's tree runs (a few, so that
+# the root's bookkeeping stays small beside them)
+ROOT_C = math.sqrt(2.0)
+ROOT_CHUNK = 8
+
+
+class ProgramSearch:
+    """The pipeline as the search's first decision, on one mesh: the root's children are the
+    programs -- the step as written, and each pipeline of its scanned stacks over an axis of
+    the mesh (``pipelines_over``) -- each with its own tree (a ``Session``: the decisions
+    within that program, its hand plans scored first). UCT at the root picks the tree the
+    next ``chunk`` simulations go to: a program's reward is the best step time any program
+    found over its own best (1 for the leader; 0 where no plan fits yet), explored by
+    ``c * sqrt(ln N / n)`` (N visits in all, n its own; every program visited once first),
+    so a program that cannot pay is left after a few looks and one that can takes the
+    simulations. Incremental like one session: ``step(n)``, ``run(seconds)``, again to
+    resume; ``result()``: the programs tried, best first, and the time to the best."""
+
+    def __init__(self, make: Callable[[MeshSpec, Pipeline | None], "Session"],
+                 candidates: Sequence[tuple[MeshSpec, Pipeline | None]], *, c: float = ROOT_C,
+                 chunk: int = ROOT_CHUNK):
+        if chunk < 1:
+            raise PartexError(f"a visit runs at least one simulation, got chunk={chunk}")
+        t0 = time.perf_counter()
+        self.trials, self._live = _trials(make, candidates)
+        self.setup_s = time.perf_counter() - t0  # seconds building the programs' sessions
+        self.c, self.chunk = float(c), int(chunk)
+        self.visits = [0] * len(self._live)
+        self.seconds = 0.0  # search seconds, all the trees'
+        self._best = min((_score(t) for t in self._live), default=math.inf)
+        # search seconds when the best step time so far was found (0: a hand plan, before any)
+        self.best_at: float | None = 0.0 if self._best < math.inf else None
+
+    def _pick(self) -> int:
+        total = sum(self.visits) + 1
+        top = self._best
+
+        def ucb(k: int) -> float:
+            n = self.visits[k]
+            if n == 0:
+                return math.inf
+            score = _score(self._live[k])
+            return (top / score if score < math.inf else 0.0) + self.c * math.sqrt(math.log(total) / n)
+
+        return max(range(len(self._live)), key=ucb)
+
+    def _visit(self, k: int, n: int) -> None:
+        t = self._live[k]
+        assert t.session is not None
+        before = t.session.stats().seconds
+        t.session.step(n)
+        self.visits[k] += 1
+        t.rounds = self.visits[k]
+        _record(t)
+        if _score(t) < self._best:
+            best = t.session.best()
+            assert best is not None
+            self._best = _score(t)
+            self.best_at = self.seconds + max(0.0, best.seconds - before)
+        self.seconds += t.session.stats().seconds - before
+
+    def step(self, n: int) -> "ProgramSearch":
+        """Run ``n`` simulations in all, ``chunk`` at a time in the tree UCT picks."""
+        left = int(n)
+        while left > 0 and self._live:
+            m = min(self.chunk, left)
+            self._visit(self._pick(), m)
+            left -= m
+        return self
+
+    def run(self, seconds: float, callback: Callable[[list[MeshTrial]], None] | None = None) -> "ProgramSearch":
+        """Simulations for about ``seconds`` (the visit in hand is finished); ``callback(trials)``
+        after each visit."""
+        deadline = time.perf_counter() + float(seconds)
+        while self._live and time.perf_counter() < deadline:
+            self._visit(self._pick(), self.chunk)
+            if callback is not None:
+                callback(self.trials)
+        return self
+
+    def result(self) -> "MeshSearch":
+        """The programs tried, best first (every session kept: each can go on)."""
+        return MeshSearch(_ranked(self.trials), self.setup_s + self.seconds, best_at=self.best_at)
 
 
 @dataclasses.dataclass
 class MeshSearch:
-    """The meshes tried (best first) and the session of the best one (None: no plan fits
-    on any)."""
+    """The meshes (or one mesh's programs: ``ProgramSearch``) tried, best first, and the
+    session of the best one (None: no plan fits on any)."""
 
     trials: list[MeshTrial]
     seconds: float  # wall seconds in all: sessions built and searched
     topology: Topology | None = None
+    best_at: float | None = None  # a ProgramSearch's search seconds to its best plan (time-to-best)
 
     @property
     def best(self) -> MeshTrial | None:
@@ -305,6 +427,7 @@ class MeshSearch:
     def to_json(self) -> dict:
         best = self.best
         return {"topology": self.topology.text() if self.topology else None, "seconds": self.seconds,
+                "best_at_s": self.best_at,
                 "chosen": best.mesh.text() if best else None,
                 "chosen_pipeline": best.pipeline.text() if best and best.pipeline else None,
                 "meshes": [t.to_json() for t in self.trials]}

@@ -29,7 +29,7 @@ from ._bench import bench
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._meshes import mesh_search
+from ._meshes import ProgramSearch, mesh_search, pipelines_over
 from .analysis._pipeline import pipeline_stacks, pipeline_units
 from .plan._pipelined import Pipeline, pipelined, trace_mesh
 from ._results import BenchRow, SearchStats, VerifyReport
@@ -125,6 +125,11 @@ def _stacks(model: ModelAnalysis) -> dict:
     units = pipeline_units(an)
     labels = {u.id: u.label for u in units}
     return {labels[u]: st for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items()}
+
+
+def _stack_sizes(model: ModelAnalysis) -> list[tuple[str, int, int]]:
+    """``(label, layers, batch)`` of each scanned stack of ``model`` that may be pipelined."""
+    return [(label, st.layers, st.batch) for label, st in _stacks(model).items() if not isinstance(st, str)]
 
 
 def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
@@ -512,6 +517,38 @@ class Session:
                              max_axes=max_axes, seed=self.seed, warm_start=self.warm_start, spec=self.spec,
                              user_shardings=self.user_shardings, callback=callback, pipelines=pipelines)
 
+    def search_pipelines(self, seconds: float | None = 60.0, *, simulations: int | None = None,
+                         callback=None) -> ProgramSearch:
+        """The pipeline as a decision on this session's mesh: the step as written and every
+        pipeline of its scanned stacks over an axis of the mesh (``partex._meshes.pipelines_over``:
+        microbatches 2S and 4S, each stage saving or recomputing), one search tree each below
+        one root, UCT there giving the simulations to the programs that pay
+        (``ProgramSearch``); this session's own search is its program's tree, and the others
+        keep its pins where they apply. Runs
+        ``simulations`` simulations if given (reproducible), else ``seconds``; returns the
+        ``ProgramSearch`` (``step``/``run`` go on; ``result()``: the programs best first;
+        ``use_mesh`` continues on one)."""
+        base = self.model.base if self.model.pipeline is not None else self.model
+        hw = self.hardware
+
+        def make(mesh: MeshSpec, pipeline: Pipeline | None) -> "Session":
+            if pipeline == self.pipeline:
+                return self
+            other = Session.from_analysis(base, mesh=mesh, hardware=hw, seed=self.seed, warm_start=self.warm_start,
+                                          spec=self.spec, user_shardings=self.user_shardings, pipeline=pipeline)
+            other.apply_pins(self.pins, self.forbidden)  # each program's tree keeps the pins that apply to it
+            return other
+
+        programs = [None, *pipelines_over(self.mesh, _stack_sizes(base))]
+        if self.pipeline is not None and self.pipeline not in programs:
+            programs.append(self.pipeline)
+        found = ProgramSearch(make, [(self.mesh, p) for p in programs])
+        if simulations is not None:
+            found.step(simulations)
+        elif seconds:
+            found.run(seconds, callback=callback)
+        return found
+
     def use_mesh(self, trial) -> list[str]:
         """Continue on a candidate ``search_meshes`` tried (a ``MeshTrial``: a mesh and the
         pipeline, if any): its search as it stands where the halving kept it, else a new one
@@ -622,10 +659,8 @@ def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardwar
         return Session.from_analysis(m, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
                                      user_shardings=user_shardings)
 
-    stacks = [(label, st.layers, st.batch) for label, st in _stacks(model).items() if not isinstance(st, str)]
-
     return mesh_search(make, devices, hw.link_bandwidth, topology=topology, seconds=seconds, max_axes=max_axes,
-                       callback=callback, stacks=stacks, pipelines=pipelines)
+                       callback=callback, stacks=_stack_sizes(model), pipelines=pipelines)
 
 
 def verify_specs(plans: Sequence[Plan], spec: ModelSpec, timeout: float) -> list[VerifyReport]:

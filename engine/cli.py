@@ -173,7 +173,9 @@ def _search_parser(sub) -> None:
     se.add_argument("--max-axes", type=int, default=4, help="with --devices: the most mesh axes (default 4)")
     se.add_argument("--pipelines", choices=("auto", "on", "off"), default="auto",
                     help="with --devices: also try the scanned layer stacks as pipelines: over the slices of a "
-                         "--topology of several (auto, the default), within a slice too (on), or never (off)")
+                         "--topology of several (auto, the default), within a slice too (on), or never (off); "
+                         "with --mesh, on: the pipeline is one of the search's decisions (the step as written "
+                         "and each stack pipelined over each axis of the mesh, one search tree each)")
     se.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
     se.add_argument("--simulations", type=int, help="run exactly this many simulations instead of --budget seconds "
                                                     "(reproducible with --seed)")
@@ -544,12 +546,56 @@ def _mesh_search(args):
     return found
 
 
+def _pipeline_search(args, pins, forbids):
+    """``partex search --mesh M --pipelines on``: the pipeline among the decisions on M
+    (``Session.search_pipelines``); the best program's session and the search."""
+    if args.resume:
+        raise PartexError("--pipelines on starts a search of the pipelines: give it without --resume (a saved "
+                          "session is one program: --resume it alone)")
+    if args.pipeline:
+        raise PartexError("--pipelines on searches the pipeline: give it without --pipeline (or --pipeline alone "
+                          "to search that one)")
+    args.seed = args.seed or 0
+    s = _session(args)
+    for label, axis in pins:  # pins name the step's own groups: every program keeps them where they apply
+        s.pin(label, axis)
+    for label, axis in forbids:
+        s.forbid(label, axis)
+    tty = not args.json and sys.stderr.isatty()
+
+    def progress(trials) -> None:
+        if tty:
+            done = [t for t in trials if t.step_time is not None]
+            best = min(done, key=lambda t: t.step_time) if done else None
+            sys.stderr.write(f"\rpartex: {len(trials)} programs"
+                             + (f", best so far {best.pipeline.text() if best.pipeline else 'as written'} "
+                                f"{best.step_time * 1e3:.3f} ms" if best else "") + "\033[K")
+            sys.stderr.flush()
+
+    with _stop_on_signals(s):
+        found = s.search_pipelines(args.budget, simulations=args.simulations, callback=progress)
+    if tty:
+        sys.stderr.write("\n")
+    result = found.result()
+    if result.best is not None and result.best.session is not s:
+        s.use_mesh(result.best)
+    return s, result
+
+
 def cmd_search(args) -> int:
     pins = [_decision_arg("--pin", p) for p in args.pin]
     forbids = [_decision_arg("--forbid", p) for p in args.forbid]
     state_path = args.state or (args.resume if args.resume else _default_state(args.out))
     meshes = None
-    if args.devices is not None or args.topology is not None:
+    if args.mesh and args.pipelines == "on" and args.devices is None and args.topology is None:
+        s, meshes = _pipeline_search(args, pins, forbids)
+        pins = forbids = []
+        notes = []
+        if not args.json:
+            print(f"pipelines on {s.mesh.text()}, {meshes.seconds:.1f} s; chosen: "
+                  + (s.pipeline.text() if s.pipeline is not None else "none (the step as written)"))
+            print(meshes.table())
+    elif args.devices is not None or args.topology is not None:
         meshes = _mesh_search(args)
         s = meshes.session
         if s is None:

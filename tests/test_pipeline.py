@@ -389,3 +389,69 @@ def test_the_mesh_search_tries_pipelines_over_the_slices(capsys):
     # back to the step as written
     s.reconfigure(mesh="data=8", pipeline=None)
     assert s.pipeline is None and s.model.pipeline is None
+
+
+# ---------------------------------------------------------------- the pipeline among the search's decisions
+
+def test_the_pipeline_is_a_decision_of_the_search_on_a_mesh():
+    """``search_pipelines``: the step as written and each pipeline of its stack over an axis
+    of the mesh whose size divides the layers (``pipelines_over``) are the root's children,
+    one tree each; UCT spends the simulations on the program that pays (under a budget the
+    step as written fits only with its slow plans, a stage recomputing over `model`), the
+    session's own tree is its program's, and the search resumes; ``use_mesh`` continues on the
+    chosen program, whose plan records its pipeline."""
+    from partex._meshes import pipelines_over
+
+    mesh = partex.MeshSpec.create(("data", "model"), (4, 2))
+    assert [p.text() for p in pipelines_over(mesh, [("stack0", 2, 16)])] == [
+        "stack0:model:4", "stack0:model:4:full", "stack0:model:8", "stack0:model:8:full"]
+    assert [p.text() for p in pipelines_over(mesh, [("stack0", 4, 16)])][:2] == ["stack0:data:8", "stack0:data:8:full"]
+    assert pipelines_over(mesh, [("stack0", 3, 16)]) == []  # 3 layers split over neither axis
+
+    s = partex.Session.from_spec("transformer-scan", preset="tiny", mesh="data=4,model=2", memory="2.5MiB")
+    found = s.search_pipelines(simulations=240)
+    r = found.result()
+    assert {t.pipeline.text() if t.pipeline else None for t in r.trials} == {None, "stack0:model:4", "stack0:model:4:full",
+                                                                         "stack0:model:8", "stack0:model:8:full"}
+    assert sum(t.simulations for t in r.trials) == 240
+    assert next(t for t in r.trials if t.pipeline is None).session is s  # this session's tree is its program's
+    best = r.best
+    assert best is not None and best.pipeline is not None and best.pipeline.recompute == "full"
+    assert best.step_time == min(t.step_time for t in r.trials if t.step_time is not None)
+    assert best.simulations == max(t.simulations for t in r.trials)  # UCT gave the leader the most
+    assert found.best_at is not None and 0 <= found.best_at <= found.seconds
+    assert r.to_json()["chosen_pipeline"] == best.pipeline.text()
+    found.step(16)
+    assert sum(t.simulations for t in found.result().trials) == 256
+    s.use_mesh(best)
+    assert s.pipeline == best.pipeline and s.best().report.step_time == best.step_time
+    assert s.best_plan().pipeline == best.pipeline.to_json()
+
+
+def test_a_step_without_scanned_stacks_searches_as_one_program():
+    """Where nothing may be pipelined (the unrolled transformer), the root has one child, this
+    session's own tree, and the search finds what the session alone finds with as many
+    simulations."""
+    s = partex.Session.from_spec("transformer", preset="tiny", mesh="data=4,model=2", memory="2MiB")
+    found = s.search_pipelines(simulations=60)
+    assert [t.session for t in found.result().trials] == [s]
+    alone = partex.Session.from_spec("transformer", preset="tiny", mesh="data=4,model=2", memory="2MiB").step(60)
+    assert s.best().decisions == alone.best().decisions
+
+
+def test_the_cli_searches_the_pipeline_on_a_mesh(tmp_path, capsys):
+    from partex.cli import main
+
+    out = tmp_path / "plan.json"
+    argv = ["search", "transformer-scan", "--mesh", "data=4,model=2", "--memory", "2.5MiB", "--pipelines", "on",
+            "--simulations", "240", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    chosen = d["meshes"]["chosen_pipeline"]
+    assert chosen is not None and len(d["meshes"]["meshes"]) == 5
+    assert partex.Plan.load(out).pipeline == partex.Pipeline.parse(chosen).to_json()
+    assert partex.Session.load(tmp_path / "plan.session.json").pipeline == partex.Pipeline.parse(chosen)
+    for extra, why in ((["--pipeline", "stack0:model:4"], "give it without --pipeline"),
+                       (["--resume", str(tmp_path / "plan.session.json")], "give it without --resume")):
+        assert main(argv[:-1] + extra) == 2
+        assert why in capsys.readouterr().err
