@@ -259,6 +259,27 @@ def test_a_stack_the_step_checkpoints_itself_is_pipelined_as_it_is():
                                  pipeline="stack0:stage:4:full")
 
 
+@pytest.mark.parametrize("mesh,pipeline,extra", [("stage=4,data=2", "stack0:stage:8", []),
+                                                  ("stage=2,data=4", "stack0:stage:4:circular2", ["remat=full"])])
+def test_a_stack_with_custom_partitioned_kernels_is_pipelined(mesh, pipeline, extra):
+    """Llama with its flash kernels (``custom_partitioning`` around Pallas): each stage binds
+    the kernels again at the rows it runs, every stage's microbatch merged into the kernel's
+    batch (the pipelined program holds them at S x B/M rows), and the pipelined plan runs with
+    the step's numerics, the step's own checkpoint and the circular schedule too."""
+    over = ["layers=4", "attention=flash", "seq=128", *extra]
+    base = partex.Session.from_spec("llama", preset="tiny", overrides=over, mesh="data=8")
+    assert not isinstance(base.pipeline_stacks()["stack0"], str)
+    s = partex.Session.from_spec("llama", preset="tiny", overrides=over, mesh=mesh, pipeline=pipeline)
+    p = s.program
+    kernels = [op for op in p.ops if op.primitive == "custom_partitioning"]
+    stages, microbatches = s.mesh.axis_size("stage"), s.pipeline.microbatches
+    assert kernels and all(p.values[op.inputs[0]].shape[0] == stages * 8 // microbatches for op in kernels)
+    model = s.model.base.model
+    want = jax.jit(model.fn)(*model.args)
+    got = s.plan(strategy="zero3").apply(model.fn)(*model.args)
+    assert _compare(want, got)["ok"]
+
+
 # each with what stands between it and the bounds hand plans are held to (predicted / XLA), if anything
 PIPELINED = [
     ("transformer-scan", "stage=2,data=2,model=2", 4, "zero3",

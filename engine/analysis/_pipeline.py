@@ -32,6 +32,9 @@ from ._rules import FactorKind
 
 Batch = int | None
 SUM = "sum"  # a loop result without the batch that sums over its rows (a weight's gradient)
+# a ``resize`` entry of a ``custom_partitioning`` op: not a param but the batch dim of each of
+# its operands, then results (apply binds it again at a microbatch's rows: ``plan._micro``)
+ROWS = "rows"
 # ops linear in an operand that holds a sum over the batch (the others' operands are free of it)
 _LINEAR = {"convert_element_type", "reshape", "transpose", "neg", "copy", "copy_p", "squeeze", "expand_dims",
            "broadcast_in_dim", "reduce_sum", "slice", "add", "add_any", "sub", "mul", "div", "dot_general",
@@ -239,6 +242,11 @@ def _resized(an, op, g: int) -> tuple[tuple[str, tuple[int, ...]], ...] | str:
         return tuple(d for v in vids for d in range(len(an.program.values[v].shape)) if an.group_of(v, d) == g)
 
     name, p = op.primitive, op.params
+    if name == "custom_partitioning":  # bound again at the rows a stage runs (``plan._micro``)
+        per = [dims((v,)) for v in (*op.inputs, *op.outputs)]
+        if any(len(d) != 1 for d in per):
+            return f"custom_partitioning at {op.source}: not every operand and result holds the batch once"
+        return ((ROWS, tuple(d[0] for d in per)),)
     if name in ("broadcast_in_dim", "reshape"):
         out = dims(op.outputs[:1])
         return ((("shape" if name == "broadcast_in_dim" else "new_sizes"), out),) if out else ()
@@ -257,7 +265,7 @@ def _resized(an, op, g: int) -> tuple[tuple[str, tuple[int, ...]], ...] | str:
         return (("slice_sizes", ins),)
     if name == "split" and p["axis"] in ins:
         return f"split at {op.source} cuts the batch"
-    if name in ("gather", "scatter", "scatter-add", "scatter_add", "pallas_call", "custom_partitioning", "shard_map",
+    if name in ("gather", "scatter", "scatter-add", "scatter_add", "pallas_call", "shard_map",
                 "iota", "rng_bit_generator", "while", "cond"):
         return f"{name} at {op.source} reads the batch (not run per microbatch yet)"
     return ()

@@ -33,8 +33,10 @@ from jax._src.pjit import with_sharding_constraint as _with_sharding_constraint
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._errors import PartexError
+from ..analysis._pipeline import ROWS
 from ..analysis._recompute import LoopPlan, shard_map_spans
 from ..tracing._program import EXPLICIT_SHARDING_PARAMS, ClosedJaxpr, Program, scan_counts
+from ._micro import bind_rows
 from ._pipeline import pipelined_scan
 
 __all__ = ["constrained_function"]
@@ -470,6 +472,10 @@ class _Interpreter:
     def bind(self, eqn, op_id, invals) -> list:
         if self._micro is not None and op_id in self._micro[0]:  # sized for the whole batch: for a microbatch
             resize, m = self._micro[0][op_id], self._micro[1]
+            if resize[0][0] == ROWS:  # a custom_partitioning op: its function traced again for the rows
+                invals = [self.constrain_operand(op_id, i, x) for i, x in enumerate(invals)]
+                out = bind_rows(eqn.params, invals, resize[0][1], self.program.ops[op_id].source)
+                return [self.constrain_operand(op_id, -1 - j, x) for j, x in enumerate(out)]
             params = dict(eqn.params)
             for k, dims in resize:
                 params[k] = tuple(n // m if d in dims else n for d, n in enumerate(params[k]))
