@@ -328,6 +328,14 @@ class ProgramSearch:
         self._best = min((_score(t) for t in self._live), default=math.inf)
         # search seconds when the best step time so far was found (0: a hand plan, before any)
         self.best_at: float | None = 0.0 if self._best < math.inf else None
+        self._stop = False
+
+    def request_stop(self) -> None:
+        """Ask a running ``step``/``run`` to return after the simulation in hand (signal-safe)."""
+        self._stop = True
+        for t in self._live:
+            if t.session is not None:
+                t.session.request_stop()
 
     def _pick(self) -> int:
         total = sum(self.visits) + 1
@@ -359,8 +367,8 @@ class ProgramSearch:
 
     def step(self, n: int) -> "ProgramSearch":
         """Run ``n`` simulations in all, ``chunk`` at a time in the tree UCT picks."""
-        left = int(n)
-        while left > 0 and self._live:
+        left, self._stop = int(n), False
+        while left > 0 and self._live and not self._stop:
             m = min(self.chunk, left)
             self._visit(self._pick(), m)
             left -= m
@@ -369,8 +377,8 @@ class ProgramSearch:
     def run(self, seconds: float, callback: Callable[[list[MeshTrial]], None] | None = None) -> "ProgramSearch":
         """Simulations for about ``seconds`` (the visit in hand is finished); ``callback(trials)``
         after each visit."""
-        deadline = time.perf_counter() + float(seconds)
-        while self._live and time.perf_counter() < deadline:
+        deadline, self._stop = time.perf_counter() + float(seconds), False
+        while self._live and time.perf_counter() < deadline and not self._stop:
             self._visit(self._pick(), self.chunk)
             if callback is not None:
                 callback(self.trials)

@@ -525,7 +525,8 @@ class Session:
         one root, UCT there giving the simulations to the programs that pay
         (``ProgramSearch``); this session's own search is its program's tree, and the others
         keep its pins where they apply. Runs
-        ``simulations`` simulations if given (reproducible), else ``seconds``; returns the
+        ``simulations`` simulations if given (reproducible), else ``seconds`` (None: none, the
+        programs built and their hand plans scored); returns the
         ``ProgramSearch`` (``step``/``run`` go on; ``result()``: the programs best first;
         ``use_mesh`` continues on one)."""
         base = self.model.base if self.model.pipeline is not None else self.model

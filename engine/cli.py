@@ -572,8 +572,12 @@ def _pipeline_search(args, pins, forbids):
                                 f"{best.step_time * 1e3:.3f} ms" if best else "") + "\033[K")
             sys.stderr.flush()
 
-    with _stop_on_signals(s):
-        found = s.search_pipelines(args.budget, simulations=args.simulations, callback=progress)
+    found = s.search_pipelines(None)  # the programs built, their hand plans scored
+    with _stop_on_signals(found):
+        if args.simulations is not None:
+            found.step(args.simulations)
+        else:
+            found.run(args.budget, callback=progress)
     if tty:
         sys.stderr.write("\n")
     result = found.result()

@@ -444,6 +444,8 @@ def test_the_pipeline_is_a_decision_of_the_search_on_a_mesh():
     assert r.to_json()["chosen_pipeline"] == best.pipeline.text()
     found.step(16)
     assert sum(t.simulations for t in found.result().trials) == 256
+    found.run(600, callback=lambda trials: found.request_stop())  # Ctrl-C: back after the visit in hand
+    assert sum(t.simulations for t in found.result().trials) == 256 + found.chunk
     s.use_mesh(best)
     assert s.pipeline == best.pipeline and s.best().report.step_time == best.step_time
     assert s.best_plan().pipeline == best.pipeline.to_json()
