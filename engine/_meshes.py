@@ -30,7 +30,7 @@ import dataclasses
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from ._errors import PartexError
 from ._mesh import MeshSpec
@@ -130,11 +130,28 @@ def candidate_meshes(devices: int, topology: Topology | None = None, max_axes: i
 STAGES_WITHIN = (2, 4)
 
 
-def candidate_pipelines(stacks: Sequence[tuple[str, int, int]], devices: int, topology: Topology | None = None,
+class StackShape(NamedTuple):
+    """A scanned stack that may be pipelined, as the candidates need it."""
+
+    label: str
+    layers: int
+    batch: int
+    recomputes: bool = True  # a stage may recompute its layers (False: the step's own checkpoint does)
+
+
+def _shapes(stacks) -> list[StackShape]:
+    return [s if isinstance(s, StackShape) else StackShape(*s) for s in stacks]
+
+
+def _recomputes(st: StackShape) -> tuple[str | None, ...]:
+    return (None, "full") if st.recomputes else (None,)
+
+
+def candidate_pipelines(stacks: Sequence[StackShape | tuple[str, int, int]], devices: int, topology: Topology | None = None,
                         max_axes: int = 4, link_bandwidth: float | None = None, within: bool = False
                         ) -> list[tuple[MeshSpec, Pipeline]]:
-    """The pipelined candidates (module docstring): per stack ``(label, layers, batch)`` that
-    may be pipelined, the meshes with a ``stage`` axis over the slices (a topology of more
+    """The pipelined candidates (module docstring): per stack that may be pipelined (a
+    ``StackShape``, or ``(label, layers, batch)``), the meshes with a ``stage`` axis over the slices (a topology of more
     than one) or, ``within`` on one slice, of 2 or 4 of its devices, the rest factored as
     ``candidate_meshes`` factors a slice; on each, microbatches 2S and 4S (S where neither
     divides the batch), each with the stage saving its layers' residuals or recomputing them
@@ -147,18 +164,18 @@ def candidate_pipelines(stacks: Sequence[tuple[str, int, int]], devices: int, to
         stage_options.append((topo.granules, topo.per, bw))
     if within and topo.granules == 1:  # (over several slices, the stages take the slow axis)
         stage_options += [(s, devices // s, None) for s in STAGES_WITHIN if topo.per % s == 0 and s < topo.per]
-    for label, layers, batch in stacks:
+    for st in _shapes(stacks):
         for stages, rest, bw in stage_options:
-            if layers % stages:
+            if st.layers % stages:
                 continue
-            ms = _microbatches(stages, batch)
+            ms = _microbatches(stages, st.batch)
             for sizes in _factorings(rest, max_axes - 1):
                 axes = ("stage",) + INNER[:len(sizes)]
                 bws = None
                 if link_bandwidth is not None and topo.granules > 1:
                     bws = (bw or link_bandwidth,) + (link_bandwidth,) * len(sizes)
                 mesh = MeshSpec.create(axes, (stages,) + sizes, bws)
-                out += [(mesh, Pipeline(label, "stage", m, recompute=rc)) for m in ms for rc in (None, "full")]
+                out += [(mesh, Pipeline(st.label, "stage", m, recompute=rc)) for m in ms for rc in _recomputes(st)]
     return out
 
 
@@ -168,14 +185,14 @@ def _microbatches(stages: int, batch: int) -> list[int]:
     return [m for m in (2 * stages, 4 * stages) if batch % m == 0] or ([stages] if batch % stages == 0 else [])
 
 
-def pipelines_over(mesh: MeshSpec, stacks: Sequence[tuple[str, int, int]]) -> list[Pipeline]:
-    """The pipelines of ``stacks`` ``(label, layers, batch)`` on a given mesh: each stack
-    over each axis whose size divides its layers (that axis then holds the stages alone), in
-    the microbatches ``candidate_pipelines`` tries, each stage saving or recomputing."""
-    return [Pipeline(label, axis, m, recompute=rc)
-            for label, layers, batch in stacks
-            for axis, stages in zip(mesh.axes, mesh.sizes) if stages > 1 and layers % stages == 0
-            for m in _microbatches(stages, batch) for rc in (None, "full")]
+def pipelines_over(mesh: MeshSpec, stacks: Sequence[StackShape | tuple[str, int, int]]) -> list[Pipeline]:
+    """The pipelines of ``stacks`` on a given mesh: each stack over each axis whose size
+    divides its layers (that axis then holds the stages alone), in the microbatches
+    ``candidate_pipelines`` tries, each stage saving or recomputing (where it may)."""
+    return [Pipeline(st.label, axis, m, recompute=rc)
+            for st in _shapes(stacks)
+            for axis, stages in zip(mesh.axes, mesh.sizes) if stages > 1 and st.layers % stages == 0
+            for m in _microbatches(stages, st.batch) for rc in _recomputes(st)]
 
 
 @dataclasses.dataclass(eq=False)
@@ -444,12 +461,12 @@ class MeshSearch:
 def mesh_search(make: Callable[[MeshSpec, Pipeline | None], "Session"], devices: int, link_bandwidth: float, *,
                 topology: "str | Topology | None" = None, seconds: float = 60.0, max_axes: int = 4,
                 callback: Callable[[list[MeshTrial]], None] | None = None,
-                stacks: Sequence[tuple[str, int, int]] = (), pipelines: bool | None = None) -> MeshSearch:
+                stacks: Sequence[StackShape | tuple[str, int, int]] = (), pipelines: bool | None = None) -> MeshSearch:
     """Search the meshes of ``devices`` with the plan (module docstring): ``make(mesh,
     pipeline)`` a session on one (``Session.search_meshes`` and ``partex.search_meshes`` pass
     the model's); ``link_bandwidth``: bytes/s of the links inside a slice; ``topology``:
     'SLICESxDEVICES[@GB/s]' or a Topology. ``stacks``: the model's stacks that may be
-    pipelined, ``(label, layers, batch)``; ``pipelines``: None tries them over the slow axis
+    pipelined (``StackShape``s); ``pipelines``: None tries them over the slow axis
     of a topology of several slices, True within a slice too, False never."""
     t0 = time.perf_counter()
     topo = Topology.parse(topology, devices) if isinstance(topology, str) else topology

@@ -29,7 +29,7 @@ from ._bench import bench
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model
 from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._meshes import ProgramSearch, mesh_search, pipelines_over
+from ._meshes import ProgramSearch, StackShape, mesh_search, pipelines_over
 from .analysis._pipeline import pipeline_stacks, pipeline_units
 from .plan._pipelined import Pipeline, pipelined, trace_mesh
 from ._results import BenchRow, SearchStats, VerifyReport
@@ -127,9 +127,14 @@ def _stacks(model: ModelAnalysis) -> dict:
     return {labels[u]: st for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items()}
 
 
-def _stack_sizes(model: ModelAnalysis) -> list[tuple[str, int, int]]:
-    """``(label, layers, batch)`` of each scanned stack of ``model`` that may be pipelined."""
-    return [(label, st.layers, st.batch) for label, st in _stacks(model).items() if not isinstance(st, str)]
+def _stack_sizes(model: ModelAnalysis) -> list[StackShape]:
+    """Each scanned stack of ``model`` that may be pipelined (a stage may recompute it unless
+    the step's own checkpoint does already)."""
+    an = model.analysis
+    units = pipeline_units(an)
+    stacks = pipeline_stacks(an, units, an.roles.batch_groups)
+    return [StackShape(u.label, st.layers, st.batch, bool(u.kinds)) for u in units
+            if not isinstance(st := stacks.get(u.id, ""), str)]
 
 
 def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
