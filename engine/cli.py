@@ -511,6 +511,19 @@ def _run_search(s: Session, args, state_path: str) -> None:
         s.save(state_path)  # nothing lost: the search resumes from here
 
 
+def _trials_progress(enabled: bool, what: str, name):
+    """A progress line (on a terminal) for a search over candidates (``MeshTrial``s): how
+    many ``what``, and the best so far by ``name(trial)``."""
+    def progress(trials) -> None:
+        if enabled:
+            done = [t for t in trials if t.step_time is not None]
+            best = min(done, key=lambda t: t.step_time) if done else None
+            sys.stderr.write(f"\rpartex: {len(trials)} {what}"
+                             + (f", best so far {name(best)} {best.step_time * 1e3:.3f} ms" if best else "") + "\033[K")
+            sys.stderr.flush()
+    return progress
+
+
 def _mesh_search(args):
     """``partex search --devices``: the meshes searched with the plan; the best one's session."""
     if args.mesh or args.resume:
@@ -526,16 +539,7 @@ def _mesh_search(args):
         ma = analyze_spec(model_spec(args.model, args.preset or "tiny", _overrides(args.config)))
     hw = _hardware(args)
     tty = not args.json and sys.stderr.isatty()
-
-    def progress(trials) -> None:
-        if tty:
-            done = [t for t in trials if t.step_time is not None]
-            best = min(done, key=lambda t: t.step_time) if done else None
-            sys.stderr.write(f"\rpartex: {len(trials)} meshes"
-                             + (f", best so far {best.text()} {best.step_time * 1e3:.3f} ms" if best else "")
-                             + "\033[K")
-            sys.stderr.flush()
-
+    progress = _trials_progress(tty, "meshes", lambda t: t.text())
     found = search_meshes(ma, args.devices, topology=args.topology, hardware=hw, seconds=args.budget,
                         max_axes=args.max_axes, seed=args.seed or 0, warm_start=not args.cold,
                         spec=model_spec(args.model, args.preset or "tiny", _overrides(args.config)),
@@ -562,16 +566,7 @@ def _pipeline_search(args, pins, forbids):
     for label, axis in forbids:
         s.forbid(label, axis)
     tty = not args.json and sys.stderr.isatty()
-
-    def progress(trials) -> None:
-        if tty:
-            done = [t for t in trials if t.step_time is not None]
-            best = min(done, key=lambda t: t.step_time) if done else None
-            sys.stderr.write(f"\rpartex: {len(trials)} programs"
-                             + (f", best so far {best.pipeline.text() if best.pipeline else 'as written'} "
-                                f"{best.step_time * 1e3:.3f} ms" if best else "") + "\033[K")
-            sys.stderr.flush()
-
+    progress = _trials_progress(tty, "programs", lambda t: t.pipeline.text() if t.pipeline else "as written")
     found = s.search_pipelines(None)  # the programs built, their hand plans scored
     with _stop_on_signals(found):
         if args.simulations is not None:
