@@ -529,7 +529,7 @@ class Session:
         microbatches 2S and 4S, each stage saving or recomputing), one search tree each below
         one root, UCT there giving the simulations to the programs that pay
         (``ProgramSearch``); this session's own search is its program's tree, and the others
-        keep its pins where they apply. Runs
+        keep its pins (a program where one cannot hold is not tried: its row says why). Runs
         ``simulations`` simulations if given (reproducible), else ``seconds`` (None: none, the
         programs built and their hand plans scored); returns the
         ``ProgramSearch`` (``step``/``run`` go on; ``result()``: the programs best first;
@@ -542,7 +542,9 @@ class Session:
                 return self
             other = Session.from_analysis(base, mesh=mesh, hardware=hw, seed=self.seed, warm_start=self.warm_start,
                                           spec=self.spec, user_shardings=self.user_shardings, pipeline=pipeline)
-            other.apply_pins(self.pins, self.forbidden)  # each program's tree keeps the pins that apply to it
+            notes = other.apply_pins(self._portable(self.pins, other), self._portable(self.forbidden, other))
+            if notes:  # a program the user's pins rule out (a pin on the axis its stages take) is not tried
+                raise PartexError(f"pipeline {pipeline.text() if pipeline else 'none'}: {notes[0]}")
             return other
 
         programs = [None, *pipelines_over(self.mesh, _stack_sizes(base))]
@@ -555,14 +557,24 @@ class Session:
             found.run(seconds, callback=callback)
         return found
 
+    def _portable(self, decisions: Sequence[Decision], other: "Session") -> list:
+        """This session's decisions as ``other`` takes them: as they are on the same program
+        (another mesh), else by what they decide about and their slot (``ffn``, ``model``):
+        another program of the model (a pipelined step) numbers its groups its own way."""
+        if other.program is self.program:
+            return list(decisions)
+        return [(self.analysis.subject_label(d), d.slot) for d in decisions]
+
     def use_mesh(self, trial) -> list[str]:
         """Continue on a candidate ``search_meshes`` tried (a ``MeshTrial``: a mesh and the
         pipeline, if any): its search as it stands where the halving kept it, else a new one
         on that mesh; pins kept where they apply (the notes say which did not)."""
         if trial.session is None:
             return self.reconfigure(mesh=trial.mesh, pipeline=trial.pipeline)
-        pins, forbidden = self.pins, self.forbidden
         other = trial.session
+        if other is self:
+            return []
+        pins, forbidden = self._portable(self.pins, other), self._portable(self.forbidden, other)
         self.model = other.model
         self.mesh, self.hardware = other.mesh, other.hardware
         self._cost_model, self._space, self._search = other._cost_model, other._space, other._search

@@ -451,6 +451,23 @@ def test_the_pipeline_is_a_decision_of_the_search_on_a_mesh():
     assert s.best_plan().pipeline == best.pipeline.to_json()
 
 
+def test_the_pipelines_searched_keep_the_pins_and_skip_those_they_rule_out():
+    """A pin (``ffn`` on `model`) carries into every pipelined program by what it decides
+    (each program numbers its groups its own way); a pipeline whose stages take the pinned
+    axis is not tried, its row saying why; ``use_mesh`` onto a pipelined program keeps it."""
+    s = partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"], mesh="data=4,model=2")
+    s.pin("ffn", "model")
+    found = s.search_pipelines(simulations=48)
+    rows = {t.pipeline.text() if t.pipeline else None: t for t in found.result().trials}
+    over_model = [t for p, t in rows.items() if p and ":model:" in p]
+    over_data = [t for p, t in rows.items() if p and ":data:" in p]
+    assert over_model and all(t.session is None and "holds the pipeline's stages alone" in t.note for t in over_model)
+    assert over_data and all(t.session is not None and [t.session.label(d) for d in t.session.pins] == ["ffn->model"]
+                             for t in over_data)
+    s.use_mesh(over_data[0])
+    assert s.pipeline == over_data[0].pipeline and [s.label(d) for d in s.pins] == ["ffn->model"]
+
+
 def test_a_step_without_scanned_stacks_searches_as_one_program():
     """Where nothing may be pipelined (the unrolled transformer), the root has one child, this
     session's own tree, and the search finds what the session alone finds with as many

@@ -248,6 +248,9 @@ class DecisionSpace:
         if d.axis in g.manual:
             raise PartexError(f"dimension {g.label!r} lies inside shard_map regions manual over {d.axis!r}: "
                               f"only the axes they leave to the partitioner can shard it")
+        if d.axis in self.fixed.reserved:
+            raise PartexError(f"mesh axis {d.axis!r} holds the pipeline's stages alone: no dimension may be sharded "
+                              "over it")
         if d not in self.actions:
             raise PartexError(f"mesh axis {d.axis!r} (size {self.mesh.axis_size(d.axis)}) does not divide "
                               f"dimension {g.label!r} (size {g.size})")
