@@ -533,7 +533,8 @@ class Session:
         ``simulations`` simulations if given (reproducible), else ``seconds`` (None: none, the
         programs built and their hand plans scored); returns the
         ``ProgramSearch`` (``step``/``run`` go on; ``result()``: the programs best first;
-        ``use_mesh`` continues on one)."""
+        ``use_mesh`` continues on one, this session then holding that program's tree: go on
+        with the session from there, as after ``search_meshes``)."""
         base = self.model.base if self.model.pipeline is not None else self.model
         hw = self.hardware
 
