@@ -119,22 +119,24 @@ def _pipelined(model: ModelAnalysis, pipeline: str | Pipeline | None, mesh: Mesh
     return pipelined(model, pipeline if isinstance(pipeline, Pipeline) else Pipeline.parse(pipeline), mesh)
 
 
-def _stacks(model: ModelAnalysis) -> dict:
-    """Per scan stack of ``model`` (its label), a ``PipelineStack`` or why it cannot be pipelined."""
+def _scan_stacks(model: ModelAnalysis) -> list:
+    """Per scan stack of ``model``: (its unit, a ``PipelineStack`` or why it cannot be pipelined)."""
     an = model.analysis
     units = pipeline_units(an)
-    labels = {u.id: u.label for u in units}
-    return {labels[u]: st for u, st in pipeline_stacks(an, units, an.roles.batch_groups).items()}
+    stacks = pipeline_stacks(an, units, an.roles.batch_groups)
+    return [(u, stacks[u.id]) for u in units if u.id in stacks]
+
+
+def _stacks(model: ModelAnalysis) -> dict:
+    """Per scan stack of ``model`` (its label), a ``PipelineStack`` or why it cannot be pipelined."""
+    return {u.label: st for u, st in _scan_stacks(model)}
 
 
 def _stack_sizes(model: ModelAnalysis) -> list[StackShape]:
     """Each scanned stack of ``model`` that may be pipelined (a stage may recompute it unless
     the step's own checkpoint does already)."""
-    an = model.analysis
-    units = pipeline_units(an)
-    stacks = pipeline_stacks(an, units, an.roles.batch_groups)
-    return [StackShape(u.label, st.layers, st.batch, bool(u.kinds)) for u in units
-            if not isinstance(st := stacks.get(u.id, ""), str)]
+    return [StackShape(u.label, st.layers, st.batch, bool(u.kinds)) for u, st in _scan_stacks(model)
+            if not isinstance(st, str)]
 
 
 def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
