@@ -150,6 +150,11 @@ class CostFacts:
     # its FLOPs as XLA:CPU runs it where that differs from TPU and GPU (``ragged_dot``,
     # lowered densely there): what verify compares with on simulated devices
     cpu_flops: FlopsRule | None = None
+    # a lookup in shards: "gather" (an embedding's rows looked up where they are held,
+    # masked, the partial results summed) or "scatter" (updates applied where their rows are
+    # held); XLA's partitioner moves a block of it onto the mesh's first axis when the op
+    # leaves that axis out (patterns.unused_first_axis)
+    lookup: str = ""
 
 
 DEFAULT = CostFacts()
@@ -209,6 +214,8 @@ define(["split"], shift=_split_shift)
 define(["iota"], local=lambda op, values: True)
 define(["broadcast_in_dim"], local=_scalar_broadcast)
 define(["pad"], blocked_dims=_interior_padded)
+define(["gather"], lookup="gather")
+define([n for n in factor_rules if n.startswith("scatter")], lookup="scatter")
 
 
 # Collectives inside shard_map bodies: per-device code, so the bytes are the buffers' own.

@@ -5,7 +5,7 @@ are one ``Pattern`` (``PatternKey`` names what makes two ops one). Evaluation is
 per pattern, and the patterns do not grow with depth: scoring a plan costs about the same
 for 2 or 48 layers. ``pattern_cost`` is one execution of a pattern under the decisions on
 its groups: the sharding of each factor (with the corrections XLA's partitioner forces:
-``scatter_major``, ``whole_mesh_partials``, ``unaligned_minors``), compute time, the
+``scatter_major``, ``whole_mesh_partials``, ``unaligned_minors``, ``unused_first_axis``), compute time, the
 collectives (reshards of operands and results, halos, reductions of partial sums) and the
 transient buffers. Imports ``_facts``, ``_shardings``, ``_reshard`` and the analysis and
 rule types.
@@ -22,7 +22,7 @@ import numpy as np
 from ..analysis._analysis import NO_DIM
 from ..analysis._rules import FactorKind
 from ._facts import Shift, facts_of, having
-from ._reshard import AG, AR, RS, Coll, Need, coll_time, halo, reshard, shifted_views
+from ._reshard import AG, AR, PERMUTE, RS, Coll, Need, coll_time, halo, reshard, shifted_views
 from ._kinds import CollectiveKind
 from ._shardings import assign, prod, shards, view
 
@@ -59,6 +59,7 @@ class PatternKey(NamedTuple):
     manual: tuple  # a collective the user wrote in a shard_map body: ((kind, axes, bytes),), else ()
     kernel_bytes: float  # a kernel's HBM bytes by its own estimate (0: none)
     host_bytes: tuple[tuple[int, float], ...]  # (result, bytes) the op copies between host and device memory
+    lookup: str  # a gather or scatter looking up sharded rows ("gather" | "scatter"), else ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class Pattern:
     # host's, unsharded (a ``device_put`` across memory spaces): a host transfer of its
     # share per device
     host_bytes: tuple[tuple[int, float], ...]
+    lookup: str  # "gather" | "scatter": a lookup XLA may move onto the first axis (unused_first_axis)
     weight: float  # executions per step: sum of trips
     ops: tuple[int, ...]
     doubled: dict  # group -> the tensors holding two of its dims (frozensets)
@@ -189,7 +191,7 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused, hosted, cpu) 
            *_hbm(op, fused),  # operand/result_hbm
            _manual(facts, op, nbytes),
            facts.hbm_bytes(op.params) if facts.hbm_bytes is not None else 0.0,
-           _host_bytes(op, hosted, nbytes))
+           _host_bytes(op, hosted, nbytes), facts.lookup)
     return key, flops, halo_flops
 
 
@@ -311,7 +313,7 @@ def _pattern(key: PatternKey, halo_flops, weight: float, ops: tuple[int, ...], s
         key.factors, key.operands, key.results, key.operand_bytes, key.result_bytes, key.flops, key.free,
         key.slot_tensors, key.cheap, key.shift, key.operand_wire, key.result_wire, key.gather_partials,
         key.halos, key.grouped, dict(key.minors), key.operand_hbm, key.result_hbm, halo_flops, key.manual,
-        key.kernel_bytes, key.host_bytes, weight, ops,
+        key.kernel_bytes, key.host_bytes, key.lookup, weight, ops,
         {g: frozenset(ts) for g, ts in doubled.items()})
 
 
@@ -343,6 +345,8 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
     local_bytes = _results(t, pat, dec, fax, out_view, spec, colls, views, transient, local_bytes)
     if pat.gather_partials:
         _argmax_index(t, pat, dec, fax, in_view, spec, colls)
+    if pat.lookup:
+        unused_first_axis(t, pat, dec, fax, spec, colls)
     flops = pat.flops / shard
     if pat.kernel_bytes:
         local_bytes = max(local_bytes, pat.kernel_bytes / shard)
@@ -535,3 +539,44 @@ def scatter_major(pat: Pattern, dec, fax, spec: SpecFn) -> None:
             want = tuple(vspec[d])
             if any(a in partial for a in want) and tuple(fax[k]) != want[:len(fax[k])]:
                 fax[k] = []
+
+
+def unused_first_axis(t: "Tables", pat: Pattern, dec, fax, spec: SpecFn, colls: list) -> None:
+    """A lookup in shards that leaves the mesh's first axis (of more than one device) out:
+    a gather whose indexed operand dims and whose indices are both sharded (an embedding's
+    masked lookup, its batch sharded), or a scatter whose indexed dims and whose updates'
+    scatter dims are (its gradient). XLA's SPMD partitioner (jax 0.12) then computes the
+    lookup with its indexed dims on the first axis instead, moving the smaller of two sets
+    of blocks there with a collective-permute: a gather's operand block (a scatter's
+    result, at its value's sharding), or its indices' and result's blocks (a scatter's
+    indices' and updates'). An axis left out of the op other than the
+    first costs nothing: so on every placement over three axes (tests/test_cost_plan.py);
+    over four, XLA also moves 2 of 46 placements whose looked-up dims take the first axis
+    and the third or fourth, which this does not model."""
+    axis_size = t.axis_size
+    first = next((a for a in t.axes if axis_size[a] > 1), None)
+    if first is None or any(first in axes for axes in fax) or len(pat.operands) != (2 if pat.lookup == "gather" else 3):
+        return
+    table, index = pat.operands[0][1], pat.operands[1][1]
+    if any(k >= 0 and k in table for k in index):
+        return  # a batched lookup (take_along_axis): XLA splits it along the batch first, moving nothing
+    def block(side: str, i: int, nbytes: float, fmap) -> float:
+        return nbytes / shards(axis_size, view(fax, fmap, pat.minors, side, i))
+
+    indices = block("in", 1, pat.operand_bytes[1], index)
+    if pat.lookup == "gather":
+        rows = [k for k, (kind, _, _) in enumerate(pat.factors) if kind == REDUCTION]
+        batch = [k for k in index if k >= 0]
+        held = block("in", 0, pat.operand_bytes[0], table)
+        looked_up = indices + block("out", 0, pat.result_bytes[0], pat.results[0][1])
+    else:
+        updates = pat.operands[2][1]
+        rows = [k for k in table if k >= 0 and k not in updates and k not in index]
+        batch = [k for k, (kind, _, _) in enumerate(pat.factors) if kind == REDUCTION]
+        held = pat.result_bytes[0] / shards(axis_size, spec(pat.results[0][0], dec))
+        looked_up = indices + block("in", 2, pat.operand_bytes[2], updates)
+    axes = tuple(a for k in rows for a in fax[k])
+    if not axes or not any(fax[k] for k in batch):
+        return
+    g = next((pat.factors[k][2] for k in rows if fax[k]), NO_DIM)
+    colls.append(Need(PERMUTE, (first, *axes), min(held, looked_up), g))
