@@ -34,6 +34,8 @@ log = logging.getLogger("partex.explorer")
 
 DEFAULT_SECONDS = 20  # the form's search time: a few rounds on the tiny demos' meshes
 AXES = ("2", "3", "4")  # the most axes a candidate mesh may have
+# which pipelined candidates the search adds (``Session.search_meshes(pipelines=...)``)
+PIPELINES = {"over the slices": None, "within a slice too": True, "never": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +78,10 @@ class MeshRequest:
     topology: Topology | None
     seconds: float
     max_axes: int
+    pipelines: bool | None = None  # None: a stage per slice where there are several; True: within a slice too
 
     @classmethod
-    def parse(cls, devices, topology: str, seconds, max_axes) -> "MeshRequest":
+    def parse(cls, devices, topology: str, seconds, max_axes, pipelines: str = "over the slices") -> "MeshRequest":
         try:
             n = int(devices)
         except (TypeError, ValueError):
@@ -100,7 +103,10 @@ class MeshRequest:
             secs = 0.0
         if not secs > 0:
             raise PartexError(f"give a positive number of seconds, got {seconds!r}", field="seconds")
-        return cls(n, topo, secs, int(max_axes))
+        if pipelines not in PIPELINES:
+            raise PartexError(f"pipelines: one of {', '.join(map(repr, PIPELINES))}, got {pipelines!r}",
+                              field="pipelines")
+        return cls(n, topo, secs, int(max_axes), PIPELINES[pipelines])
 
     def text(self) -> str:
         where = f" ({self.topology.text()})" if self.topology is not None and self.topology.granules > 1 else ""
@@ -188,7 +194,7 @@ def _child_main(conn, parent_end, session: Session, request: MeshRequest) -> Non
     try:
         found = session.search_meshes(
             request.devices, topology=request.topology, seconds=request.seconds, max_axes=request.max_axes,
-            callback=lambda trials: conn.send(("round", [MeshRow.of(t) for t in trials])))
+            pipelines=request.pipelines, callback=lambda trials: conn.send(("round", [MeshRow.of(t) for t in trials])))
         conn.send(("done", [MeshRow.of(t) for t in found.trials], time.perf_counter() - t0))
     except PartexError as e:
         conn.send(("error", str(e), None))
@@ -228,7 +234,7 @@ def rows_table(rows, current: str | None, running: bool) -> list[tuple]:
 
 
 class MeshesView(pn.viewable.Viewer):
-    """The Meshes card: the form (devices, topology, axes, seconds), the meshes tried, and
+    """The Meshes card: the form (devices, topology, axes, pipelines, seconds), the meshes tried, and
     the pick of one to continue on."""
 
     state = param.Parameter()
@@ -246,8 +252,12 @@ class MeshesView(pn.viewable.Viewer):
         self.go = button("partex-mesh-search", "Search meshes", button_type="primary", margin=(27, 10, 5, 10),
                          description="Every factorisation of the devices into named axes, each searched with the "
                                      "plan by successive halving, in its own process")
+        self.pipelines = select("partex-mesh-pipelines", "Pipelines", options=list(PIPELINES),
+                                value="over the slices", width=150,
+                                description="Candidates that run a scanned layer stack as a pipeline: a stage per "
+                                            "slice, also stages within a slice, or none")
         self.go.on_click(lambda e: s.search_meshes(self.devices.value, self.topology.value, self.seconds.value,
-                                                   self.axes.value))
+                                                   self.axes.value, self.pipelines.value))
         self.stop = button("partex-mesh-stop", "Stop", margin=(27, 10, 5, 0))
         self.stop.on_click(lambda e: s.stop_meshes())
         self.status = html(name="partex-mesh-status", sizing_mode="stretch_width")
@@ -263,14 +273,14 @@ class MeshesView(pn.viewable.Viewer):
         from ._controls import FieldErrors  # the sidebar's marks, on this card's fields
 
         self.errors = FieldErrors(s, "meshes", {"devices": self.devices, "topology": self.topology,
-                                                "seconds": self.seconds})
+                                                "pipelines": self.pipelines, "seconds": self.seconds})
         self._rows_seen = None  # the rows the pick was last set from: new ones reset it to the best
         s.param.watch(self._render, ["mesh_rows", "mesh_status", "config", "busy"])
         s.param.watch(self._devices, ["config"])
         self._devices()
         self._render()
         self._panel = pn.Column(
-            pn.Row(self.devices, self.topology, self.axes, self.seconds, self.go, self.stop,
+            pn.Row(self.devices, self.topology, self.axes, self.pipelines, self.seconds, self.go, self.stop,
                    sizing_mode="stretch_width"),
             self.errors.note, self.status, self.table.pane,
             pn.Row(self.pick, self.use, sizing_mode="stretch_width"),

@@ -51,7 +51,7 @@ DEFAULT_BUDGET = "3MiB"  # the tiny demos': tight enough that sharding matters
 # verification, the search's own failure) has no such place and goes to the banner and toast.
 MODEL_FIELDS = ("overrides", "custom")
 CONFIG_FIELDS = ("mesh", "hardware", "budget", "margin", "pipeline")
-MESH_SEARCH_FIELDS = ("devices", "topology", "seconds")  # the Meshes card's form, where the user is
+MESH_SEARCH_FIELDS = ("devices", "topology", "pipelines", "seconds")  # the Meshes card's form, where the user is
 FORM_FIELDS = (*MODEL_FIELDS, *CONFIG_FIELDS, "session", *MESH_SEARCH_FIELDS)
 
 
@@ -624,16 +624,17 @@ class ExplorerState(param.Parameterized):
         self._submit("load", lambda: _restore(name, path), self._install)
 
     # ------------------------------------------------------------------ the mesh as a decision
-    def search_meshes(self, devices, topology: str, seconds, max_axes) -> None:
+    def search_meshes(self, devices, topology: str, seconds, max_axes, pipelines: str = "over the slices") -> None:
         """Search every factorisation of ``devices`` (laid out as ``topology``) with the plan,
         on the page's model, hardware and budget (the Meshes card): ``Session.search_meshes``
-        in a forked child; its rounds show as they come (``poll``)."""
+        in a forked child, with the pipelined candidates ``pipelines`` names
+        (``_meshes.PIPELINES``); its rounds show as they come (``poll``)."""
         ws = self.workspace
         if ws is None:
             self.notify("no model yet: wait for it to load (or press Analyze)", "warning")
             return
         try:
-            request = MeshRequest.parse(devices, topology, seconds, max_axes)
+            request = MeshRequest.parse(devices, topology, seconds, max_axes, pipelines)
             meshes = candidate_meshes(request.devices, request.topology, request.max_axes)
         except PartexError as e:
             self.bad_input(PartexError(str(e).replace("--", ""), field=e.field or "devices"))

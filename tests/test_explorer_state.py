@@ -442,7 +442,8 @@ def test_a_pipeline_typed_or_picked_from_the_meshes_runs_the_pipelined_step(tmp_
     """The Pipeline field: an axis the mesh lacks or a stack the model has not is marked at
     the field; a good one loads the pipelined step (the sidebar says its stages, microbatches,
     bubble and what each stage holds); the Meshes card's pipelined candidates carry their
-    pipeline, and picking one sets both forms; an empty field is the step as written."""
+    pipeline, and picking one sets both forms; an empty field is the step as written. The
+    card's Pipelines choice leaves them out, or adds stages within one slice."""
     from partex.explorer._controls import pipeline_words
 
     st = ExplorerState(sessions_dir=tmp_path)
@@ -482,5 +483,16 @@ def test_a_pipeline_typed_or_picked_from_the_meshes_runs_the_pipelined_step(tmp_
         st.pipeline_text = ""
         _settle(st, lambda: st.config.pipeline is None and not st.busy, "the step as written")
         assert st.workspace.session.pipeline is None
+
+        # the card's Pipelines choice: none at all, or stages within one slice too
+        st.search_meshes(8, "2x4@25", 3, "2", "sideways")
+        assert set(st.field_error) == {"pipelines"} and "meshes" not in st.busy, st.field_error
+        st.search_meshes(8, "2x4@25", 3, "2", "never")
+        _settle(st, lambda: "meshes" not in st.busy, "the mesh search without pipelines")
+        assert st.mesh_rows and not any(r.pipeline for r in st.mesh_rows), st.mesh_rows
+        st.search_meshes(8, "", 3, "2", "within a slice too")
+        _settle(st, lambda: "meshes" not in st.busy, "the mesh search with stages within the slice")
+        inside = [r for r in st.mesh_rows if r.pipeline]
+        assert inside and all(r.mesh.startswith("stage=") and "@" not in r.mesh for r in inside), st.mesh_rows
     finally:
         st.close()

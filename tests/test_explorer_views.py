@@ -327,6 +327,8 @@ def test_a_pipeline_in_the_sidebar_and_among_the_meshes(tab):
     tab.screenshot(path=SHOTS / "views_pipeline_sidebar.png")
 
     card = _card(tab, "Meshes")
+    # the default: a stage per slice where there are several slices
+    assert tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pipelines').value") == "over the slices"
     topo = tab.locator("input[placeholder='one slice; or 4x64@6.25']")
     topo.fill("2x4@25")
     topo.press("Enter")
