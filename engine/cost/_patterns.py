@@ -549,10 +549,10 @@ def unused_first_axis(t: "Tables", pat: Pattern, dec, fax, spec: SpecFn, colls: 
     lookup with its indexed dims on the first axis instead, moving the smaller of two sets
     of blocks there with a collective-permute: a gather's operand block (a scatter's
     result, at its value's sharding), or its indices' and result's blocks (a scatter's
-    indices' and updates'). An axis left out of the op other than the
-    first costs nothing: so on every placement over three axes (tests/test_cost_plan.py);
-    over four, XLA also moves 2 of 46 placements whose looked-up dims take the first axis
-    and the third or fourth, which this does not model."""
+    indices' and updates'). An axis left out of the op other than the first costs nothing:
+    so on every placement over three axes (tests/test_cost_plan.py); over four, XLA also
+    moves 2 of 46 placements whose looked-up dims take the first axis and the third or
+    fourth, which this does not model."""
     axis_size = t.axis_size
     first = next((a for a in t.axes if axis_size[a] > 1), None)
     if first is None or any(first in axes for axes in fax) or len(pat.operands) != (2 if pat.lookup == "gather" else 3):
@@ -560,6 +560,7 @@ def unused_first_axis(t: "Tables", pat: Pattern, dec, fax, spec: SpecFn, colls: 
     table, index = pat.operands[0][1], pat.operands[1][1]
     if any(k >= 0 and k in table for k in index):
         return  # a batched lookup (take_along_axis): XLA splits it along the batch first, moving nothing
+
     def block(side: str, i: int, nbytes: float, fmap) -> float:
         return nbytes / shards(axis_size, view(fax, fmap, pat.minors, side, i))
 
