@@ -36,6 +36,7 @@ DEFAULT_SECONDS = 20  # the form's search time: a few rounds on the tiny demos' 
 AXES = ("2", "3", "4")  # the most axes a candidate mesh may have
 # which pipelined candidates the search adds (``Session.search_meshes(pipelines=...)``)
 PIPELINES = {"over the slices": None, "within a slice too": True, "never": False}
+DEFAULT_PIPELINES = "over the slices"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +82,7 @@ class MeshRequest:
     pipelines: bool | None = None  # None: a stage per slice where there are several; True: within a slice too
 
     @classmethod
-    def parse(cls, devices, topology: str, seconds, max_axes, pipelines: str = "over the slices") -> "MeshRequest":
+    def parse(cls, devices, topology: str, seconds, max_axes, pipelines: str = DEFAULT_PIPELINES) -> "MeshRequest":
         try:
             n = int(devices)
         except (TypeError, ValueError):
@@ -253,7 +254,7 @@ class MeshesView(pn.viewable.Viewer):
                          description="Every factorisation of the devices into named axes, each searched with the "
                                      "plan by successive halving, in its own process")
         self.pipelines = select("partex-mesh-pipelines", "Pipelines", options=list(PIPELINES),
-                                value="over the slices", width=150,
+                                value=DEFAULT_PIPELINES, width=150,
                                 description="Candidates that run a scanned layer stack as a pipeline: a stage per "
                                             "slice, also stages within a slice, or none")
         self.go.on_click(lambda e: s.search_meshes(self.devices.value, self.topology.value, self.seconds.value,

@@ -32,7 +32,7 @@ from ._engine import (
 from ._format import fmt_bytes, fmt_time
 from ._layout import GraphLayout, graph_layout
 from ._loop import Jobs, PageClock
-from ._meshes import MeshRequest, MeshSearchJob
+from ._meshes import DEFAULT_PIPELINES, MeshRequest, MeshSearchJob
 from ._runner import SearchSnapshot, make_runner
 
 log = logging.getLogger("partex.explorer")
@@ -624,7 +624,7 @@ class ExplorerState(param.Parameterized):
         self._submit("load", lambda: _restore(name, path), self._install)
 
     # ------------------------------------------------------------------ the mesh as a decision
-    def search_meshes(self, devices, topology: str, seconds, max_axes, pipelines: str = "over the slices") -> None:
+    def search_meshes(self, devices, topology: str, seconds, max_axes, pipelines: str = DEFAULT_PIPELINES) -> None:
         """Search every factorisation of ``devices`` (laid out as ``topology``) with the plan,
         on the page's model, hardware and budget (the Meshes card): ``Session.search_meshes``
         in a forked child, with the pipelined candidates ``pipelines`` names

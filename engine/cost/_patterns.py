@@ -5,9 +5,9 @@ are one ``Pattern`` (``PatternKey`` names what makes two ops one). Evaluation is
 per pattern, and the patterns do not grow with depth: scoring a plan costs about the same
 for 2 or 48 layers. ``pattern_cost`` is one execution of a pattern under the decisions on
 its groups: the sharding of each factor (with the corrections XLA's partitioner forces:
-``scatter_major``, ``whole_mesh_partials``, ``unaligned_minors``, ``unused_first_axis``), compute time, the
-collectives (reshards of operands and results, halos, reductions of partial sums) and the
-transient buffers. Imports ``_facts``, ``_shardings``, ``_reshard`` and the analysis and
+``scatter_major``, ``whole_mesh_partials``, ``unaligned_minors``, ``unused_first_axis``),
+compute time, the collectives (reshards of operands and results, halos, reductions of
+partial sums) and the transient buffers. Imports ``_facts``, ``_shardings``, ``_reshard`` and the analysis and
 rule types.
 """
 
