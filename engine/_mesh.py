@@ -6,9 +6,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import os
 import re
+from typing import Any
 
 from ._errors import PartexError
+from ._profile import Profile
 
 GiB = 1024**3
 
@@ -34,6 +37,82 @@ class Hardware:
     # bytes of host memory per device (its share of its host's RAM): what the values a plan
     # keeps in host memory may take, less the same margin
     host_memory_bytes: float = 100e9
+    # measured tables (``partex calibrate``): where given, the cost model prices matmuls,
+    # memory-bound kernels, host copies and collectives from them rather than from the
+    # figures above, and lowers the step as the profile's platform does (``lowering``)
+    profile: Profile | None = None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, **overrides) -> "Hardware":
+        """The hardware a profile file describes (``partex calibrate --out PATH``)."""
+        return cls.from_profile(Profile.load(path), **overrides)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **overrides) -> "Hardware":
+        """Hardware priced by ``profile``: its device memory is what the profile says a
+        program may take; its peak (MFU's denominator) the datasheet's where the profile
+        knows it, else the best matmul rate measured; bandwidths the best measured; links
+        the collectives measured, or the datasheet's, or 450 GB/s for a GPU."""
+        from ._profile import DATASHEETS
+
+        sheet = DATASHEETS.get(profile.device, {})
+        link = profile.collective_bandwidth() or sheet.get("link_bandwidth") or (
+            450e9 if profile.platform == "gpu" else 100e9 if profile.platform == "tpu" else 10e9)
+        host = profile.host_bandwidth or (50e9 if profile.platform == "cpu" else 16e9)
+        hw = cls(
+            name=f"{profile.device} (profile)",
+            peak_flops=profile.peak_flops or sheet.get("peak_flops") or profile.peak_gemm_rate,
+            hbm_bytes=profile.memory_bytes or profile.hbm_bytes or sheet.get("hbm_bytes") or 16 * GiB,
+            hbm_bandwidth=profile.peak_bandwidth, link_bandwidth=float(link),
+            link_latency=10e-6 if profile.platform == "gpu" else 5e-6 if profile.platform == "tpu" else 20e-6,
+            overlap=profile.platform != "cpu", host_bandwidth=float(host), profile=profile)
+        hw.validate()
+        return hw.replace(**overrides) if overrides else hw
+
+    @property
+    def lowering(self) -> str:
+        """How XLA compiles a step here, as the cost model follows it (``CostModel``): the
+        profile's platform; "tpu" for the presets (their figures, not their compiler)."""
+        return self.profile.platform if self.profile is not None else "tpu"
+
+    def priced_by(self) -> str:
+        """What prices a plan on this hardware, in words (every report says it)."""
+        if self.profile is not None:
+            return self.profile.describe()
+        return (f"{self.name} datasheet: {self.peak_flops / 1e12:g} TFLOP/s, {self.hbm_bandwidth / 1e12:g} TB/s, "
+                f"links {self.link_bandwidth / 1e9:g} GB/s")
+
+    def host_seconds(self, nbytes: float, to_host: bool = True) -> float:
+        """Seconds to copy ``nbytes`` between this device and its host's memory."""
+        if self.profile is not None:
+            t = self.profile.host_time(nbytes, to_host)
+            if t is not None:
+                return t
+        return nbytes / self.host_bandwidth if nbytes else 0.0
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "profile"}
+        if self.profile is not None:
+            d["profile"] = self.profile.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "plan hardware") -> "Hardware":
+        if not isinstance(d, dict):
+            raise PartexError(f"{where} must be an object of figures")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - fields
+        if unknown:
+            raise PartexError(f"{where} has unknown field(s) {sorted(unknown)}")
+        d = dict(d)
+        if d.get("profile") is not None:
+            d["profile"] = Profile.from_json(d["profile"], where=f"{where} profile")
+        try:
+            hw = cls(**d)
+        except TypeError as e:
+            raise PartexError(f"{where} is incomplete: {e}") from None
+        hw.validate()
+        return hw
 
     @property
     def budget(self) -> float:
@@ -74,6 +153,10 @@ class Hardware:
             raise PartexError(f"memory margin must be a fraction in [0, 1), e.g. 0.1, got {self.memory_margin!r}")
         if not isinstance(self.overlap, bool):
             raise PartexError(f"hardware {self.name}: overlap must be true or false, got {self.overlap!r}")
+        if self.profile is not None and not isinstance(self.profile, Profile):
+            raise PartexError(f"hardware {self.name}: profile must be a partex Profile (Hardware.load(path) reads one)")
+        if self.profile is not None and not isinstance(self.profile, Profile):
+            raise PartexError(f"hardware {self.name}: profile must be a partex Profile (Hardware.load(path) reads one)")
 
 
 def _positive(what: str, x) -> None:
@@ -113,9 +196,18 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
+def is_profile_path(name: str) -> bool:
+    """Whether a --hardware value names a profile file rather than a preset."""
+    return name not in HARDWARE and (name.endswith(".json") or os.sep in name or os.path.isfile(name))
+
+
 def get_hardware(name: str, **overrides) -> Hardware:
+    """A preset by name, or the hardware a profile file describes (a path: ``*.json``)."""
+    if is_profile_path(name):
+        return Hardware.load(name, **{k: v for k, v in overrides.items() if v is not None})
     if name not in HARDWARE:
-        raise PartexError(f"unknown hardware preset {name!r}; valid presets: {', '.join(HARDWARE)}")
+        raise PartexError(f"unknown hardware preset {name!r}; valid presets: {', '.join(HARDWARE)}, "
+                          "or a profile file from `partex calibrate --out FILE.json`")
     hw = HARDWARE[name]
     overrides = {k: v for k, v in overrides.items() if v is not None}
     return hw.replace(**overrides) if overrides else hw

@@ -76,7 +76,7 @@ def session_json(s: Session) -> dict:
         "model": s.spec.to_json() if s.spec else {"spec": None, "name": m.name},
         "signature": signature_of(s.program),
         "mesh": s.mesh.to_json(),
-        "hardware": dataclasses.asdict(s.hardware),
+        "hardware": s.hardware.to_json(),
         "seed": s.seed,
         "warm_start": s.warm_start,
         "user_shardings": s.user_shardings,

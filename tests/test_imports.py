@@ -99,7 +99,7 @@ except ImportError:
     assert r.stdout.rstrip().endswith("apply needs JAX"), r.stdout
 
 
-BOTTOM = {"_errors", "_decisions", "_mesh", "_results"}  # import nothing of partex but each other
+BOTTOM = {"_errors", "_decisions", "_profile", "_mesh", "_results"}  # import nothing of partex but each other
 LAYERS = {  # each stage of the pipeline and what it may import (its package docstring says so)
     "tracing": BOTTOM,
     "analysis": BOTTOM | {"tracing"},

@@ -115,6 +115,9 @@ class CostFacts:
     # XLA's partitioner, left to shard a grouped conv's 1-wide output features itself,
     # emits invalid HLO or wrong values (jax 0.12; the property tests found it)
     write_at_view: bool = False
+    # a matmul or a conv: its kernel is priced by its shape (a profile's matmul table), its
+    # factors by role (``_patterns.Contraction``)
+    contraction: bool = False
     # concatenate / split: the cut dim and the pieces along it (XLA moves whole pieces)
     shift: Callable[..., Shift] | None = None
     # any device can make the result locally at any sharding (an iota, a broadcast scalar):
@@ -204,9 +207,9 @@ define(["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "
 
 define(PSEUDO_OPS | _MOVES, flops=no_flops)
 define(_REDUCTIONS, flops=reduction_flops)
-define(["dot_general"], flops=dot_flops)
+define(["dot_general"], flops=dot_flops, contraction=True)
 define(["logistic"], flops=logistic_flops)
-define(["conv_general_dilated"], flops=_conv_flops, halo_ratios=conv_halo_ratios, write_at_view=True,
+define(["conv_general_dilated"], flops=_conv_flops, halo_ratios=conv_halo_ratios, write_at_view=True, contraction=True,
        grouped=lambda params: params["batch_group_count"] > 1)
 
 define(["concatenate"], shift=_concatenate_shift)

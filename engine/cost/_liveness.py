@@ -63,22 +63,24 @@ class Liveness:
     host: np.ndarray | None = None
 
 
-def fused_values(program, lowering: str = "tpu") -> np.ndarray:
+def fused_values(program, lowering: str = "tpu", ignore: frozenset[tuple[int, int]] = frozenset()) -> np.ndarray:
     """Per value: XLA fuses it away. A value made by an elementwise op and read only by
     one elementwise op or reduction is made and read inside one fusion: never in memory,
     neither written by its maker nor read by its reader. Under ``lowering="cpu"`` also what
     is computed from random bits elementwise and read only inside fusions
-    (``cpu_random_bits``)."""
-    out = _fused(program)
+    (``cpu_random_bits``). ``ignore``: (op, value) reads left out (a residual's stacking,
+    which a recompute decision drops: ``_recompute.variant_reads``)."""
+    out = _fused(program, ignore)
     if lowering == "cpu":
         out |= cpu_random_bits(program)[0]
         out[alias_roots(program)[list(program.outputs)]] = False
     else:
-        out |= _recomputed_at_reads(program, out)
+        out |= _recomputed_at_reads(program, out, widening=lowering != "gpu", ignore=ignore)
     return out
 
 
-def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4) -> np.ndarray:
+def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4, widening: bool = True,
+                         ignore: frozenset[tuple[int, int]] = frozenset()) -> np.ndarray:
     """TPU and GPU: per value, made by an elementwise op, read by several readers each
     inside a fusion, and larger than what it is computed from: XLA computes it in each
     reader's fusion (a cheap producer is duplicated into its consumers; an expensive one,
@@ -90,7 +92,9 @@ def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4) -> np.ndarra
     the optimizer reads after the backward pass (a gradient cast up for the update: computed
     from the reduced gradient, which the plan holds sharded, not from the unreduced one).
     XLA:CPU neither duplicates such producers nor rematerialises: not under
-    ``lowering="cpu"``."""
+    ``lowering="cpu"``. XLA GPU keeps a float32 upcast of a matmul's narrower result that
+    several kernels read (the gradient of attention probabilities, cast up for the softmax's
+    backward) rather than casting again in each (``widening=False``, ``_kept_upcast``)."""
     p = program
     fusible, readers, aliasing = having("fusible"), having("fusion_reader"), having("aliases")
     root = alias_roots(p)
@@ -102,27 +106,120 @@ def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4) -> np.ndarra
         if op.primitive in aliasing:
             continue
         for v in op.inputs:
+            if (op.id, v) in ignore:
+                continue
             read[root[v]] = True
             read_in_fusion[root[v]] &= op.primitive in readers and op.id <= after
     outputs = set(root[list(p.outputs)].tolist())
     nbytes = [v.nbytes for v in p.values]
     out = np.zeros(len(p.values), dtype=bool)
-    # per value computed in fusions: the kept buffers it is computed from
+    # per value computed in fusions: the kept buffers it is computed from. Values a fusion
+    # makes in place (an iota, a broadcast scalar: a causal mask's) and scalars are no
+    # buffers it reads: they neither count toward ``most`` nor cost bytes
+    free = made_in_place(p)
     sources: dict[int, frozenset[int]] = {}
     for op in p.ops:
         if op.primitive not in fusible or not op.outputs:
             continue
         src: set[int] = set()
         for i in op.inputs:
-            src |= sources.get(i, {i})
+            src |= sources.get(i, set() if free[i] else {i})
         if len(src) > most:
             continue
         cost = sum(nbytes[i] for i in src)
+        if not widening and _kept_upcast(p, op, fused):
+            src = {op.outputs[0]}  # a kept upcast: its readers read it
+            cost = nbytes[op.outputs[0]]
         for o in op.outputs:
             if fused[o] or (read[o] and read_in_fusion[o] and o not in outputs and cost < nbytes[o]):
                 out[o] = not fused[o]
                 sources[o] = frozenset(src)
     return out
+
+
+def _kept_upcast(p, op, fused: np.ndarray) -> bool:
+    """A cast to a wider type of a matmul's result, read by several kernels (not fused into
+    one reader): XLA GPU writes it out once."""
+    if op.primitive != "convert_element_type" or fused[op.outputs[0]]:
+        return False
+    src = p.values[op.inputs[0]]
+    return (src.producer != NO_PRODUCER and p.ops[src.producer].primitive == "dot_general"
+            and p.values[op.outputs[0]].dtype.itemsize > src.dtype.itemsize)
+
+
+def made_in_place(program) -> np.ndarray:
+    """Per value: a fusion makes it where it reads it, from no buffer (an iota, a broadcast
+    scalar, a scalar): it is no buffer a kernel reads."""
+    p = program
+    local = having("local")
+    free = np.array([not v.shape for v in p.values], dtype=bool)
+    for op in p.ops:
+        made_here = local.get(op.primitive)
+        if made_here is not None and made_here(op, p.values):
+            free[list(op.outputs)] = True
+    return free
+
+
+def kernel_reads(program, fused: np.ndarray, stand_ins: dict[int, int] | None = None) -> list[tuple[float, ...]]:
+    """TPU and GPU: per op, per operand, the bytes the op's kernel reads from memory per
+    byte of the operand. An op whose results are all fused away is no kernel of its own
+    (0 for every operand): its consumers compute it. A kernel reads each of its operands in
+    memory once, and for an operand fused away the buffers it is computed from (through
+    any chain of fused values; values made in place excluded), each once per kernel
+    however many of its operands reach it: a softmax's reductions and its normalisation
+    each read the scores, not the float32 exponentials fused into them. ``stand_ins``: a
+    value fused away that stands for another (a backward loop's slice of a residual the
+    recomputation makes again: the residual), computed from the same buffers."""
+    stand_ins = stand_ins or {}
+    p = program
+    free = made_in_place(p)
+    nbytes = [v.nbytes for v in p.values]
+    sources: dict[int, frozenset[int]] = {}
+    for op in p.ops:
+        fused_outs = [o for o in op.outputs if fused[o]]
+        if not fused_outs:
+            continue
+        src: set[int] = set()
+        for i in op.inputs:
+            src |= _sources(i, sources, stand_ins) if fused[i] else (set() if free[i] else {i})
+        for o in fused_outs:
+            sources[o] = frozenset(src)
+    out: list[tuple[float, ...]] = []
+    for op in p.ops:
+        if op.outputs and all(fused[o] for o in op.outputs):
+            out.append((0.0,) * len(op.inputs))
+            continue
+        seen: set[int] = set()
+        weights = []
+        for i in op.inputs:
+            if not fused[i]:
+                weights.append(0.0 if i in seen else 1.0)
+                seen.add(i)
+                continue
+            read = _sources(i, sources, stand_ins) - seen
+            seen |= read
+            weights.append(sum(nbytes[x] for x in read) / nbytes[i] if nbytes[i] else 0.0)
+        out.append(tuple(weights))
+    return out
+
+
+def fusion_readers(program) -> np.ndarray:
+    """Per value: read, and only by ops that read inside a fusion (elementwise ops and
+    reductions)."""
+    p = program
+    readers = having("fusion_reader")
+    read = np.zeros(len(p.values), dtype=bool)
+    only = np.ones(len(p.values), dtype=bool)
+    for op in p.ops:
+        for v in op.inputs:
+            read[v] = True
+            only[v] &= op.primitive in readers
+    return read & only
+
+
+def _sources(v: int, sources: dict[int, frozenset[int]], stand_ins: dict[int, int]) -> frozenset[int]:
+    """The buffers fused value ``v`` is computed from (those of the value it stands for)."""
+    return sources.get(stand_ins.get(v, v), frozenset())
 
 
 def cpu_random_bits(program) -> tuple[np.ndarray, dict[int, tuple[int, ...]]]:
@@ -156,7 +253,7 @@ def cpu_random_bits(program) -> tuple[np.ndarray, dict[int, tuple[int, ...]]]:
     return unmade, {v: source[v] for v in np.flatnonzero(unmade).tolist()}
 
 
-def _fused(program) -> np.ndarray:
+def _fused(program, ignore: frozenset[tuple[int, int]] = frozenset()) -> np.ndarray:
     p = program
     fusible, readers, aliasing = having("fusible"), having("fusion_reader"), having("aliases")
     root = alias_roots(p)  # a value read through a region's boundary is read where the body reads it
@@ -165,7 +262,7 @@ def _fused(program) -> np.ndarray:
     for op in p.ops:
         if op.primitive in aliasing:
             continue
-        for v in {int(root[v]) for v in op.inputs}:
+        for v in {int(root[v]) for v in op.inputs if (op.id, v) not in ignore}:
             consumers[v] += 1
             fusion_read[v] &= op.primitive in readers
     made = [p.ops[v.producer].primitive if v.producer != NO_PRODUCER else None for v in p.values]
@@ -277,6 +374,18 @@ def alias_roots(p, carries: Sequence[tuple[int, int, int]] = ()) -> np.ndarray:
     for _, i, o in sorted(carries):
         root[o] = root[i]
     return root
+
+
+def _stacked_from_entry(p, prod: np.ndarray) -> None:
+    """A scan's stacked results (its ``ys``) are one buffer the loop writes a slot of each
+    trip: XLA allocates it before the loop starts (the lowered while loop carries it), so it
+    is live from the loop's entry, not from its exit. Moves their producer (in ``prod``) to
+    the entry op."""
+    enter_of = {r.exit: r.enter for r in p.regions if r.exit >= 0}
+    for op in p.ops:
+        if op.primitive == "scan_exit":
+            for o in op.outputs[op.params["num_carry"]:]:
+                prod[o] = enter_of[op.id]
 
 
 def _reader_counts(p) -> np.ndarray:
@@ -409,6 +518,7 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     n_ops = len(p.ops)
     end = _last_uses(p)
     prod = np.fromiter((v.producer for v in p.values), dtype=np.int64, count=len(p.values))
+    _stacked_from_entry(p, prod)
     aliasing = having("aliases")
     aliases = [(op.id, i, o) for op in reversed(p.ops) if op.primitive in aliasing
                for i, o in zip(op.inputs, op.outputs)]  # last first: a chain's end reaches its first
@@ -419,10 +529,10 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     # reduction's, an argument - is kept for the fused read)
     fusible = having("fusible")
     # (on TPU and GPU a chain of fused values is computed in its last reader's fusion, or in
-    # each of its readers', from the chain's operands, which live until then; XLA:CPU
-    # computes a fused chain's elementwise operands where they are made)
-    kept = [v.producer == NO_PRODUCER or p.ops[v.producer].primitive not in fusible
-            or (lowering != "cpu" and bool(fused[v.id])) for v in p.values]
+    # each of its readers', from the chain's operands, which live until then, whatever made
+    # them; XLA:CPU computes a fused chain's elementwise operands where they are made)
+    kept = [lowering != "cpu" or v.producer == NO_PRODUCER or p.ops[v.producer].primitive not in fusible
+            for v in p.values]
     fusing = [([i for i in op.inputs if kept[i]], [o for o in op.outputs if fused[o]]) for op in reversed(p.ops)]
     # XLA:CPU's random bits: a mask computed from them is computed again from their halves
     bits = cpu_random_bits(p)[1] if lowering == "cpu" else {}

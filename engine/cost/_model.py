@@ -11,6 +11,7 @@ aggregate, per CSE key, per recompute edit) and sums. Imports every module of th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Iterable, Sequence
 
@@ -28,30 +29,37 @@ from ._liveness import Moved, memory_report, moved_state
 from ._overlap import Timeline, build_timeline, overlapped
 from ._kinds import CollectiveKind
 from ._patterns import HOST_LINK, PatternCost, pattern_cost
-from ._recompute import Edit, build_edit, extra_cost
+from ._recompute import Edit, build_edit, extra_cost, variant_reads
 from ._report import CollectiveCost, CostReport
 from ._shardings import Spec, assign, shards
-from ._tables import build_tables
+from ._tables import build_tables, variant_tables
 
 # A decision's form is read by _decisions, recompute_of and states_of only.
+
+LOWERINGS = ("tpu", "gpu", "cpu")
 
 
 class CostModel:
     """Scores plans for one analysed program on one mesh and hardware."""
 
     def __init__(self, analysis: Analysis, mesh: MeshSpec, hardware: Hardware,
-                 donate: Iterable[int] | None = None, lowering: str = "tpu", user_shardings: str = "keep",
+                 donate: Iterable[int] | None = None, lowering: str | None = None, user_shardings: str = "keep",
                  reserve: Iterable[str] = (), work_flops: float | None = None):
-        """lowering: "tpu" (TPU and GPU: real reduce-scatters) or "cpu" (XLA:CPU lowers a
-        reduce-scatter to an all-reduce of the whole partial result and a local slice, which
-        takes a second full-size buffer; used to compare with XLA on simulated devices).
+        """lowering: how XLA compiles the step (``LOWERINGS``): "tpu" (real reduce-scatters,
+        elementwise chains fused into their readers), "gpu" (the same, and what XLA GPU keeps
+        beside: ``liveness.fused_values``' float32 upcasts, the cuBLAS workspace) or "cpu"
+        (XLA:CPU lowers a reduce-scatter to an all-reduce of the whole partial result and a
+        local slice, which takes a second full-size buffer; used to compare with XLA on
+        simulated devices).
         user_shardings: "keep" (the step's own sharding constraints are fixed decisions ahead
         of every plan's, as XLA honours them; see _constraints) or "replace".
         reserve: mesh axes no decision may take (``Fixed.reserved``: a pipeline's stages').
         work_flops: the step's useful FLOPs, where the program computes more (a pipelined step
         computes in its bubble too): the ideal and the MFU count these (default: the program's)."""
-        if lowering not in ("tpu", "cpu"):
-            raise ValueError(f"lowering must be 'tpu' or 'cpu', got {lowering!r}")
+        if lowering is None:
+            lowering = hardware.lowering
+        if lowering not in LOWERINGS:
+            raise ValueError(f"lowering must be one of {', '.join(LOWERINGS)}, got {lowering!r}")
         self.user_shardings = check_mode(user_shardings)
         self.fixed = analysis.fixed(mesh, user_shardings)
         if reserve:
@@ -89,6 +97,9 @@ class CostModel:
         self._moves: dict = {}  # state sets in host memory -> (Moved, per set its arguments and updates)
         self._tl: Timeline | None = None  # built on the first overlapped evaluation
         self._readers: list | None = None  # per value, its readers: built on the first edit
+        # recompute decisions -> the cost model of the program as XLA fuses it under them
+        # (``_variant``); None on such a variant itself
+        self._variants: dict | None = {}
 
     # ------------------------------------------------------------------ decisions
     # The only two methods that read decisions: into the triples and pairs the package works on.
@@ -168,6 +179,30 @@ class CostModel:
                                                    [back[v] for v in ins if v in back]), sets)
         return r
 
+    def _variant(self, rc: tuple[tuple[int, str], ...]) -> "CostModel":
+        """This cost model with its ops priced as XLA fuses the program under recompute
+        decisions ``rc`` (``_tables.variant_tables``): a residual no longer saved for the
+        backward pass is fused into its forward readers, and the copy the recomputation
+        makes into its backward readers, rather than written out and read back. Memoised;
+        the edit (``_edit``) is the variant's own. On XLA:CPU, which neither duplicates nor
+        rematerialises fused values, this model itself."""
+        if self._variants is None or self.lowering == "cpu":
+            return self
+        v = self._variants.get(rc)
+        if v is None:
+            if self._readers is None:
+                self._readers = value_readers(self.program)
+            ignore, stand_ins = variant_reads(self.tables, rc, self.units, self._readers)
+            v = self
+            if ignore or stand_ins:
+                v = copy.copy(self)
+                v.tables = variant_tables(self.tables, ignore, stand_ins)
+                v.patterns = v.tables.patterns
+                v._pat_cache, v._agg_cache, v._reshard_cache, v._overlap_cache = {}, {}, {}, {}
+                v._cse_memo, v._classes, v._edits, v._tl, v._variants = {}, None, {}, None, None
+            self._variants[rc] = v
+        return v
+
     def _extra(self, edit: Edit, dec, detail: bool) -> tuple[float, float, list]:
         """(compute s, comm s, collectives) of the ops a recompute runs again."""
         compute = comm = 0.0
@@ -207,11 +242,15 @@ class CostModel:
         """The plan's step time, memory and (``detail``) collectives. ``overlap``: schedule
         collectives under compute (default: as the hardware does; False: every collective
         exposed, the step a sum: additive over decisions, as the ILP linearises it)."""
+        rc = self.recompute_of(decisions)
+        if rc and self._variants is not None:
+            variant = self._variant(rc)
+            if variant is not self:
+                return variant.evaluate(decisions, detail, overlap)
         t = self.tables
         if overlap is None:
             overlap = self.hw.overlap
         dec = self._decisions(decisions)
-        rc = self.recompute_of(decisions)
         edit = self._edit(rc) if rc else None
         local = self._local_bytes(dec)
         # time: patterns that depend on the same groups share one memoised aggregate
@@ -271,15 +310,15 @@ class CostModel:
         # them; state kept in host memory is copied in ahead of where the step first reads
         # it (prefetched as a weight's gather is), and its update out once it is made: at
         # the end of the step, with nothing left to run under, waited for whole
-        bw = self.hw.host_bandwidth
+        secs = self.hw.host_seconds
         host = None
         hidable = 0.0  # seconds that may run under compute
         if edit is not None and len(edit.host_v):
             host = local[edit.host_v] * edit.host_n
             mem = dataclasses.replace(mem, host=mem.host + float(host.sum()))
-            hidable += 2 * float(host.sum()) / bw
-        state_io = [(float(local[i].sum()) / bw, float(local[o].sum()) / bw) for i, o in state_moves[1]] \
-            if state_moves else []
+            hidable += sum(secs(float(b), True) + secs(float(b), False) for b in host)
+        state_io = [(secs(float(local[i].sum()), False), secs(float(local[o].sum()), True))
+                    for i, o in state_moves[1]] if state_moves else []
         hidable += sum(i for i, _ in state_io)
         tail = sum(o for _, o in state_io)
         moved = ()
@@ -288,9 +327,12 @@ class CostModel:
             comm += hidable + tail
             step += wait + tail
             if detail:
-                moved = (*(self._host_rows(edit, host, 2 * host / bw, wait, hidable)
+                moved = (*(self._host_rows(edit, host, np.array([secs(float(b), True) + secs(float(b), False)
+                                                                 for b in host]), wait, hidable)
                            if edit is not None and host is not None else ()),
-                         *self._state_rows(states, state_io, wait, hidable))
+                         *self._state_rows(states, state_io, [float(local[i].sum() + local[o].sum()) / 2
+                                                              for i, o in state_moves[1]] if state_moves else [],
+                                           wait, hidable))
         report_colls = ()
         if detail:
             report_colls = tuple(self._collective_rows(colls, common.dup, extra_colls, exposed)) + moved
@@ -326,17 +368,18 @@ class CostModel:
                                  self.program.ops[op].source, f"{unit.label} offload",
                                  hidden=t - wait * t / total if total > 0 else 0.0)
 
-    def _state_rows(self, states: tuple[int, ...], io: list[tuple[float, float]], wait: float, hidable: float
+    def _state_rows(self, states: tuple[int, ...], io: list[tuple[float, float]], nbytes: list[float], wait: float,
+                    hidable: float
                     ) -> Iterable[CollectiveCost]:
         """One host-transfer row per state set kept in host memory (its copy in and its
         update's out); of the copies in, the time the step waits for (of ``hidable``
         host-link seconds that may run under compute) spread by their seconds; the copies
         out waited for whole."""
         an = self.analysis
-        for st, (t_in, t_out) in zip(states, io):
+        for st, (t_in, t_out), size in zip(states, io, nbytes):
             first = an.state_inputs(st)[0]
             op = next((o.id for o in self.program.ops if first in o.inputs), 0)
-            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), (t_in + t_out) * self.hw.host_bandwidth / 2,
+            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), size,
                                  2, t_in + t_out, op, self.program.ops[op].source if self.program.ops else "",
                                  f"{STATE_LABELS[STATES[st]]} in host memory",
                                  hidden=t_in - wait * t_in / hidable if hidable > 0 else 0.0)

@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import numpy as np
 
 from ..analysis._analysis import NO_DIM
-from ..analysis._rules import FactorKind
+from ..analysis._rules import PSEUDO_OPS, FactorKind
+from ..tracing._program import NO_PRODUCER
 from ._facts import Shift, facts_of, having
+from ._liveness import kernel_reads
+from ._pricing import kernel_seconds
 from ._reshard import AG, AR, PERMUTE, RS, Coll, Need, coll_time, halo, reshard, shifted_views
 from ._kinds import CollectiveKind
 from ._shardings import assign, prod, shards, view
@@ -54,12 +57,25 @@ class PatternKey(NamedTuple):
     halos: tuple
     minors: tuple  # sorted ((side, tensor, dim), minor factors)
     grouped: bool
-    operand_hbm: tuple[bool, ...]
+    operand_hbm: tuple[float, ...]
     result_hbm: tuple[bool, ...]
     manual: tuple  # a collective the user wrote in a shard_map body: ((kind, axes, bytes),), else ()
     kernel_bytes: float  # a kernel's HBM bytes by its own estimate (0: none)
     host_bytes: tuple[tuple[int, float], ...]  # (result, bytes) the op copies between host and device memory
     lookup: str  # a gather or scatter looking up sharded rows ("gather" | "scatter"), else ""
+    contraction: Contraction | None  # a matmul's or conv's factors by role, else None
+    layouts: tuple[int, ...]  # per result: the extra layouts XLA GPU lays it out in (``_matmul_layouts``)
+
+
+class Contraction(NamedTuple):
+    """A matmul's (or conv's) factors by the role they play in its kernel, and its operands'
+    dtype: a profile prices the kernel by its local shape (``_pricing``)."""
+
+    batch: tuple[int, ...]  # factors spanning both operands and the result
+    m: tuple[int, ...]  # the first operand's and the result's only
+    n: tuple[int, ...]  # the second operand's and the result's only
+    k: tuple[int, ...]  # contracted (reduction) factors
+    dtype: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,9 +103,10 @@ class Pattern:
     grouped: bool  # a conv with batch_group_count > 1 (see whole_mesh_partials)
     # ("in" | "out", tensor, dim) -> the minor factors of a reshape's merged dim, in order
     minors: dict
-    # per operand / result: read from / written to memory (False: a value XLA fuses away,
-    # made and read inside one fusion; see liveness.fused_values)
-    operand_hbm: tuple[bool, ...]
+    # per operand: bytes read from memory per byte of it (0: a value XLA fuses away, made
+    # and read inside one fusion, see liveness.fused_values; on TPU and GPU the buffers it
+    # is computed from instead, liveness.kernel_reads); per result: written to memory
+    operand_hbm: tuple[float, ...]
     result_hbm: tuple[bool, ...]
     # a conv's (spatial factor, FLOPs factor) where sharding that factor with a halo exchange
     # has each device compute on its block extended by the halo rows, the SAME padding's taps
@@ -104,6 +121,10 @@ class Pattern:
     # share per device
     host_bytes: tuple[tuple[int, float], ...]
     lookup: str  # "gather" | "scatter": a lookup XLA may move onto the first axis (unused_first_axis)
+    contraction: Contraction | None  # a matmul's or conv's factors by role, else None
+    # per result: how many more layouts of it XLA GPU writes out (for matmuls that read it
+    # contracting other dims, batched: ``_matmul_layouts``), each a copy beside it
+    layouts: tuple[int, ...]
     weight: float  # executions per step: sum of trips
     ops: tuple[int, ...]
     doubled: dict  # group -> the tensors holding two of its dims (frozensets)
@@ -132,7 +153,8 @@ class PatternCost(NamedTuple):
 
 # ----------------------------------------------------------------------------- compiling
 
-def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused, hosted, cpu) -> tuple[tuple, float, tuple]:
+def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused, reads, hosted, cpu, gpu, ignore, layouts
+            ) -> tuple[tuple, float, tuple]:
     """The pattern key of one op, its FLOPs and its conv halo FLOPs factors (not part of the
     key: the key's factors and shapes fix them). The key is a plain tuple in ``PatternKey``'s
     field order (equal to the record, which is made once per pattern rather than once per
@@ -182,17 +204,33 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused, hosted, cpu) 
     key = (tuple(fkeys),  # factors
            tuple((vsig[i], tuple(m)) for i, m in zip(op.inputs, dim_factor_in)),  # operands
            tuple((vsig[o], tuple(m)) for o, m in zip(op.outputs, dim_factor_out)),  # results
-           facts.free, flops, tuple(ftensors), tuple(cheap[i] for i in op.inputs),
+           facts.free and not _computes(op, values, fused, reads) and not (gpu and _stacks(op)), flops,
+           tuple(ftensors), tuple(cheap[i] for i in op.inputs),
            facts.shift(op, values) if facts.shift is not None else None,  # shift
            tuple(wire[i] for i in op.inputs), tuple(wire[o] for o in op.outputs),
            tuple(nbytes[i] for i in op.inputs), tuple(nbytes[o] for o in op.outputs), pairs,
            tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),  # halos, minors
            facts.grouped is not None and facts.grouped(op.params),  # grouped
-           *_hbm(op, fused),  # operand/result_hbm
+           *(_stacking(op, ignore) if gpu and _stacks(op) else _hbm(op, fused, reads)),  # operand/result_hbm
            _manual(facts, op, nbytes),
            facts.hbm_bytes(op.params) if facts.hbm_bytes is not None else 0.0,
-           _host_bytes(op, hosted, nbytes), facts.lookup)
+           _host_bytes(op, hosted, nbytes), facts.lookup, _contraction(op, fs, values, facts),
+           tuple(layouts.get(o, 0) for o in op.outputs) if layouts else (0,) * len(op.outputs))
     return key, flops, halo_flops
+
+
+def _contraction(op, fs, values, facts) -> Contraction | None:
+    """A matmul's or conv's factors by role (``Contraction``); None for other ops."""
+    if not facts.contraction or len(op.inputs) < 2:
+        return None
+    roles: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+    for k, f in enumerate(fs):
+        ins = {i for i, _ in f.operands}
+        role = 3 if f.kind == REDUCTION else 0 if {0, 1} <= ins else 1 if 0 in ins else 2 if 1 in ins else -1
+        if role >= 0:
+            roles[role].append(k)
+    return Contraction(tuple(roles[0]), tuple(roles[1]), tuple(roles[2]), tuple(roles[3]),
+                       str(values[op.inputs[0]].dtype))
 
 
 # XLA:CPU has no collectives on some narrow types: it converts the buffer, moves it and
@@ -209,18 +247,68 @@ def _cpu_wire(v) -> float:
     return bits / 8 / _element_bytes(v) if bits else 1.0
 
 
-def _hbm(op, fused) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
-    """Which operands the op reads from memory and which results it writes (a value fused
-    into its consumer neither). A dynamic slice reads its slice, not the whole operand (its
+def _computes(op, values, fused, reads) -> bool:
+    """TPU and GPU (``reads`` given): an op that moves no data of its own elsewhere is a
+    kernel where it writes its result to memory from operands fused into it (a cast of a
+    softmax's normalised probabilities), changes its operand's element type there (a weight
+    cast to bfloat16) or writes a broadcast out."""
+    if reads is None or not op.outputs or op.primitive in PSEUDO_OPS or any(fused[o] for o in op.outputs):
+        return False
+    if any(fused[i] and w for i, w in zip(op.inputs, reads[op.id])):
+        return True
+    if op.primitive == "convert_element_type" or op.primitive == "broadcast_in_dim":
+        src = values[op.inputs[0]]
+        return any(values[o].dtype != src.dtype or values[o].nbytes > src.nbytes for o in op.outputs)
+    return False
+
+
+def _matmul_layouts(p) -> dict[int, int]:
+    """XLA GPU: per value that batched matmuls read contracting different dims (attention's
+    score gradient, read by the query's and the key's gradient matmuls), the layouts it is
+    laid out in beyond one: its producer writes each (a copy of its own, as long-lived as
+    the value). A 2-D operand needs none (the kernel reads it transposed as it is)."""
+    reads: dict[int, set] = {}
+    for op in p.ops:
+        if op.primitive != "dot_general":
+            continue
+        (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+        for v, c, b in ((op.inputs[0], lc, lb), (op.inputs[1], rc, rb)):
+            if b and p.values[v].producer != NO_PRODUCER:
+                reads.setdefault(v, set()).add((tuple(c), tuple(b)))
+    return {v: len(k) - 1 for v, k in reads.items() if len(k) > 1}
+
+
+def _stacks(op) -> bool:
+    """A scan's exit that stacks values the body makes (its ``ys``)."""
+    return op.primitive == "scan_exit" and len(op.outputs) > op.params["num_carry"]
+
+
+def _stacking(op, ignore) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """XLA GPU writes each trip's ``ys`` slice into its stacked buffer with a kernel of its
+    own (a dynamic-update-slice reading the slice): the exit op reads each body value once
+    per trip and writes the stacks whole (``_hbm``'s form); the carries move nothing, nor
+    do the ys it no longer stacks (``ignore``)."""
+    nc, length = op.params["num_carry"], float(op.params["length"])
+    n_body = len(op.inputs) - nc  # the body's outputs: its carries, then its ys
+    stacked = [nc <= k < n_body and (op.id, v) not in ignore for k, v in enumerate(op.inputs)]
+    ins = tuple(length if s else 0.0 for s in stacked)
+    return ins, tuple(j >= nc and stacked[j] for j in range(len(op.outputs)))
+
+
+def _hbm(op, fused, reads) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """The bytes the op reads of each operand per byte of it (``reads``: its kernel's, by
+    ``liveness.kernel_reads``; None: 1 for each operand in memory, 0 for one fused into it)
+    and which results it writes (a value fused into its consumer not). A dynamic slice reads its slice, not the whole operand (its
     result's bytes: counted once, as it writes them); a dynamic-update-slice updates its
     buffer in place (a loop's carried buffer), reading and writing the update's bytes
     (counted once, as it reads them): neither touches the whole buffer."""
-    ins = [not fused[i] for i in op.inputs]
+    ins = [float(not fused[i]) for i in op.inputs] if reads is None else list(reads[op.id])
     outs = [not fused[o] for o in op.outputs]
     if op.primitive == "dynamic_slice" and ins:
-        ins[0] = False
+        ins[0] = 0.0
     elif op.primitive == "dynamic_update_slice" and ins:
-        ins[0] = outs[0] = False
+        ins[0] = 0.0
+        outs[0] = False
     return tuple(ins), tuple(outs)
 
 
@@ -248,9 +336,12 @@ def _host_bytes(op, hosted, nbytes) -> tuple[tuple[int, float], ...]:
                  if hosted[i] != hosted[o])
 
 
-def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=None
-                     ) -> tuple[tuple[Pattern, ...], np.ndarray, float]:
+def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=None, stand_ins=None,
+                     ignore: frozenset[tuple[int, int]] = frozenset()) -> tuple[tuple[Pattern, ...], np.ndarray, float]:
     """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step).
+    ``stand_ins``: values fused away that stand for others (``liveness.kernel_reads``);
+    ``ignore``: (op, value) reads that do not happen (a loop's stacking of a residual that
+    a recompute decision drops: ``_recompute.variant_reads``).
     ``seen``: manual axes -> the group of each named dim as partially manual regions manual
     over them see it (``_tables.region_groups``), for the ops of their bodies; a region's
     enter and exit ops take the side outside it."""
@@ -273,7 +364,10 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=No
     # XLA:CPU keeps every value in device memory whatever its memory space (offloading
     # changes nothing there); TPU and GPU copy it to the host and back
     hosted = [v.host for v in values] if lowering != "cpu" and any(v.host for v in values) else None
-    per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist(), hosted, lowering == "cpu")
+    # XLA:CPU computes a fused chain where it is made, each op reading its own operands
+    reads = None if lowering == "cpu" else kernel_reads(p, fused, stand_ins)
+    per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist(), reads, hosted, lowering == "cpu",
+                 lowering == "gpu", ignore, _matmul_layouts(p) if lowering == "gpu" else {})
     index: dict[tuple, int] = {}
     keys: list[tuple[PatternKey, tuple]] = []
     members: list[list[int]] = []
@@ -313,7 +407,7 @@ def _pattern(key: PatternKey, halo_flops, weight: float, ops: tuple[int, ...], s
         key.factors, key.operands, key.results, key.operand_bytes, key.result_bytes, key.flops, key.free,
         key.slot_tensors, key.cheap, key.shift, key.operand_wire, key.result_wire, key.gather_partials,
         key.halos, key.grouped, dict(key.minors), key.operand_hbm, key.result_hbm, halo_flops, key.manual,
-        key.kernel_bytes, key.host_bytes, key.lookup, weight, ops,
+        key.kernel_bytes, key.host_bytes, key.lookup, key.contraction, key.layouts, weight, ops,
         {g: frozenset(ts) for g, ts in doubled.items()})
 
 
@@ -353,10 +447,7 @@ def pattern_cost(t: "Tables", pat: Pattern, dec, spec: SpecFn) -> PatternCost:
     for k, ratio in pat.halo_flops:
         if fax[k]:
             flops *= ratio
-    if pat.free:
-        compute = 0.0
-    else:
-        compute = max(flops / t.hw.peak_flops, local_bytes / t.hw.hbm_bandwidth)
+    compute = 0.0 if pat.free else kernel_seconds(t.hw, pat, fax, axis_size, flops, local_bytes)
     work = (0.0, 0.0) if pat.free else (flops, local_bytes)
     comm = 0.0
     out = []
@@ -377,7 +468,7 @@ def _operands(t: "Tables", pat: Pattern, dec, fax, in_view, spec: SpecFn, colls:
         ospec = in_view.get(i) or view(fax, fmap, pat.minors, "in", i)
         views.append(tuple(tuple(a) for a in ospec))
         if pat.operand_hbm[i]:
-            local_bytes += nb / shards(axis_size, ospec)
+            local_bytes += pat.operand_hbm[i] * nb / shards(axis_size, ospec)
         n0 = len(colls)
         if not pat.cheap[i]:
             reshard(axis_size, vspec, ospec, nb * pat.operand_wire[i], sigs[sig], colls)
@@ -413,6 +504,10 @@ def _results(t: "Tables", pat: Pattern, dec, fax, out_view, spec: SpecFn, colls:
         extra = lb if partial else lb - nb / shards(axis_size, vspec)
         if extra > 0:
             transient.append(Transient(j, extra, bool(partial)))
+        if pat.layouts[j]:  # the other layouts: copies written beside it, as long as it lives
+            held = nb / shards(axis_size, vspec)
+            transient.append(Transient(j, pat.layouts[j] * held, False))
+            local_bytes += 2 * pat.layouts[j] * held
         if partial and pat.gather_partials:
             gathered = lb * prod(axis_size, partial) * pat.gather_partials
             colls.append(Need(AG, tuple(partial), gathered, pgroup))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..analysis._analysis import NO_DIM
 from ._kinds import CollectiveKind
+from ._pricing import collective_seconds
 from ._shardings import Spec, prod, shards
 
 if TYPE_CHECKING:
@@ -56,19 +57,11 @@ class Coll(NamedTuple):
 
 
 def coll_time(t: "Tables", kind: CollectiveKind, axes: tuple[str, ...], nbytes: float) -> float:
-    """Ring (alpha-beta) seconds of one execution over ``axes``: the (n-1)/n share of the
-    bytes over the slowest axis's links plus a latency per hop, twice for an all-reduce.
-    An all-to-all's bytes are the local buffer: (n-1)/n^2 of the full tensor crosses."""
-    if kind is CollectiveKind.HOST_TRANSFER:  # a copy to or from host memory, over the host link
-        return nbytes / t.hw.host_bandwidth if nbytes else 0.0
-    axis_size = t.axis_size
-    n = prod(axis_size, axes)
-    if n <= 1:
-        return 0.0
-    bw = min(t.axis_bw[a] for a in axes)
-    lat = sum(t.axis_lat[a] * (axis_size[a] - 1) for a in axes)
-    k = kind.ring_passes
-    return k * (n - 1) / n * nbytes / bw + k * lat
+    """Seconds of one execution over ``axes`` (``_pricing.collective_seconds``): without a
+    measured table, the ring (alpha-beta) time, the (n-1)/n share of the bytes over the
+    slowest axis's links plus a latency per hop, twice for an all-reduce. An all-to-all's
+    bytes are the local buffer: (n-1)/n^2 of the full tensor crosses."""
+    return collective_seconds(t, kind, axes, nbytes)
 
 
 def reshard(axis_size: dict[str, int], have, want, nbytes: float, sig, colls: list) -> None:

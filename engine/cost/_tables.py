@@ -21,7 +21,7 @@ from ..analysis._analysis import NO_DIM, Analysis
 from ..analysis._recompute import backward_span
 from ..tracing._program import NO_PRODUCER, Program
 from ._facts import having
-from ._liveness import Liveness, build_liveness, cpu_combined, fused_values
+from ._liveness import Liveness, build_liveness, cpu_combined, fused_values, fusion_readers
 from ._patterns import Pattern, compile_patterns
 from ._shardings import Sig, mask
 
@@ -60,6 +60,10 @@ class Tables:
     # group ids from len(analysis.groups) on: a group as partially manual shard_map regions
     # see it, (the group, the axes they are manual over) each (``region_groups``)
     views: tuple[tuple[int, frozenset[str]], ...] = ()
+    # a recompute variant's (``variant_tables``): per value, fused away as XLA fuses the
+    # program under those decisions (``fused`` stays the program's: the liveness's); None
+    # for the program as written
+    variant_fused: np.ndarray | None = None
 
 
 def region_groups(analysis: Analysis) -> tuple[tuple[tuple[int, frozenset[str]], ...], dict[frozenset[str], np.ndarray]]:
@@ -171,3 +175,33 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
         total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused, lowering),
         combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late,
         views=views)
+
+
+def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dict[int, int]) -> Tables:
+    """``t`` with its ops priced as XLA fuses them once some reads are gone and some values
+    stand for others (a recompute decision's: ``_recompute.variant_reads``): a residual no
+    longer stacked for the backward pass is fused into its readers where they are
+    fusions, and the backward loop's slice of it, made again there, into its readers. The
+    memory (liveness) stays ``t``'s: the recompute edit changes it."""
+    p = t.program
+    fused = fused_values(p, t.lowering, ignore)
+    readers = fusion_readers(p)
+    stand = {}
+    for s, r in stand_ins.items():
+        if not fused[r]:
+            continue
+        if readers[s]:
+            fused[s] = True
+            stand[s] = r
+        else:  # a slice a matmul reads is written out again by the recomputation
+            fused[r] = False
+    patterns, op_pattern, _ = compile_patterns(t.analysis, t.sigs, t.vsig, t.nbytes, fused, t.lowering,
+                                                region_groups(t.analysis)[1], stand, ignore)
+    pat_mask = []
+    for pt in patterns:
+        m = mask(g for _, _, g in pt.factors)
+        for sg, _ in pt.operands + pt.results:
+            m |= t.sig_mask[sg]
+        pat_mask.append(m)
+    return dataclasses.replace(t, patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask,
+                               mask_groups=_by_mask(pat_mask), variant_fused=_read_only(fused))

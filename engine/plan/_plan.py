@@ -80,7 +80,7 @@ class Plan:
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
-        hw = dataclasses.asdict(self.hardware)
+        hw = self.hardware.to_json()
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -284,15 +284,4 @@ class Plan:
 
 
 def _hardware_from_json(d: Any) -> Hardware:
-    if not isinstance(d, dict):
-        raise PartexError("plan hardware must be an object of figures")
-    fields = {f.name for f in dataclasses.fields(Hardware)}
-    unknown = set(d) - fields
-    if unknown:
-        raise PartexError(f"plan hardware has unknown field(s) {sorted(unknown)}")
-    try:
-        hw = Hardware(**{k: d[k] for k in d})
-    except TypeError as e:
-        raise PartexError(f"plan hardware is incomplete: {e}") from None
-    hw.validate()
-    return hw
+    return Hardware.from_json(d, where="plan hardware")
