@@ -203,6 +203,60 @@ class VerifyReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class Measured:
+    """A plan run on the local devices for a few steps, beside its prediction.
+
+    ``step_time``: the median of the timed steps (seconds, after the warm-up steps);
+    ``peak_bytes``: the most any of the plan's devices held at once (the allocator's
+    ``peak_bytes_in_use``; None where the backend does not say: XLA:CPU), which counts the
+    step's arguments and what the program kept; ``xla_bytes``: XLA's compiled figure
+    (arguments + outputs + temporaries - aliases, per device); ``predicted_*``: the
+    prediction of the hardware that priced the plan (``priced_by``). ``error``: why the
+    plan did not run (out of memory), one line; its figures are then None."""
+
+    label: str
+    mesh: str
+    device: str  # the device kind measured on, as JAX names it
+    platform: str
+    devices: int
+    steps: int
+    step_time: float | None
+    step_times: tuple[float, ...]
+    peak_bytes: float | None
+    xla_bytes: float | None
+    compile_seconds: float | None
+    predicted_step_time: float | None
+    predicted_peak: float | None
+    priced_by: str
+    error: str | None = None
+
+    @property
+    def time_ratio(self) -> float | None:
+        """Predicted / measured step time."""
+        return None if not self.step_time or self.predicted_step_time is None else self.predicted_step_time / self.step_time
+
+    @property
+    def memory_ratio(self) -> float | None:
+        """Predicted / XLA's compiled peak (the allocator's where XLA's is unknown)."""
+        ref = self.xla_bytes or self.peak_bytes
+        return None if not ref or self.predicted_peak is None else self.predicted_peak / ref
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "mesh": self.mesh, "device": self.device, "platform": self.platform,
+                "devices": self.devices, "steps": self.steps, "step_time_s": self.step_time,
+                "step_times_s": list(self.step_times), "peak_bytes": self.peak_bytes, "xla_bytes": self.xla_bytes,
+                "compile_s": self.compile_seconds, "predicted_step_time_s": self.predicted_step_time,
+                "predicted_peak_bytes": self.predicted_peak, "time_ratio": self.time_ratio,
+                "memory_ratio": self.memory_ratio, "priced_by": self.priced_by, "error": self.error}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Measured:
+        return cls(d["label"], d["mesh"], d["device"], d["platform"], d["devices"], d["steps"], d["step_time_s"],
+                   tuple(d["step_times_s"]), d["peak_bytes"], d["xla_bytes"], d["compile_s"],
+                   d["predicted_step_time_s"], d["predicted_peak_bytes"], d["priced_by"], d.get("error"))
+
+
+@dataclasses.dataclass(frozen=True)
 class RootAction:
     """One of the search root's actions: its label (``"stop"``: take no more decisions), how
     often the search tried it and the mean value it backed up."""

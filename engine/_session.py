@@ -32,7 +32,7 @@ from ._mesh import Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
 from ._meshes import ProgramSearch, StackShape, mesh_search, pipelines_over
 from .analysis._pipeline import pipeline_stacks, pipeline_units
 from .plan._pipelined import Pipeline, pipelined, trace_mesh
-from ._results import BenchRow, SearchStats, VerifyReport
+from ._results import BenchRow, Measured, SearchStats, VerifyReport
 from ._sessionfile import ModelSpec, model_spec, read_session, session_json, session_parts, write_session
 from .analysis._analysis import Group
 from .analysis._space import GroupRef
@@ -41,6 +41,7 @@ from .plan._plan import Plan
 from .plan._planned import fixed_json, resolve_decisions
 from .plan._planning import make_plan
 from .plan._specs import check_signature, signature_of
+from .plan._measure import measure, measure_loaded
 from .plan._verify import verify, verify_loaded, verify_many
 from .planner._exhaustive import ExhaustiveResult, exhaustive, exhaustive_limits, space_size
 from .planner._ilp import solve_ilp
@@ -442,6 +443,50 @@ class Session:
         if marked:
             self.mark_infeasible(resolve_decisions(plan, self.analysis), out.xla_memory.get("device", out.memory.xla))
         return out.replace(marked_infeasible=marked)
+
+    def top_plans(self, k: int = 3) -> list[Plan]:
+        """The ``k`` fastest distinct plans that fit that the search has scored, by prediction,
+        fastest first (plans the cost model cannot tell apart count once)."""
+        if k < 1:
+            raise PartexError(f"top_plans needs k >= 1, got {k}")
+        return [self.plan(list(d), strategy="mcts" if i == 0 else f"mcts#{i + 1}", pinned=self._pins.pinned)
+                for i, d in enumerate(self._search.top(k, self._pins))]
+
+    def measure(self, plans: Sequence[Plan] | None = None, *, steps: int = 5, warmup: int = 2,
+                labels: Sequence[str] | None = None, timeout: float = 1800) -> list[Measured]:
+        """Run plans (default: the best plan) on the local devices for ``warmup`` + ``steps``
+        steps and return each one's measured step time (median) and peak device memory
+        beside its prediction (``Measured``). A MODEL-spec session runs each plan in a fresh
+        process (its peak its own: on a GPU or TPU the devices JAX finds, on the CPU as many
+        simulated devices as the mesh has); a function session runs them here, on this
+        process's devices. A plan that does not fit the device comes back with ``error``."""
+        if plans is None:
+            best = self.best_plan()
+            if best is None:
+                raise PartexError("nothing to measure: the search has found no plan that fits yet")
+            plans = [best]
+        plans = list(plans)
+        labels = list(labels) if labels is not None else [p.strategy or f"plan {i + 1}" for i, p in enumerate(plans)]
+        if self.spec is not None:
+            return measure(self.spec.spec, plans, preset=self.spec.preset, overrides=list(self.spec.overrides),
+                           steps=steps, warmup=warmup, labels=labels, timeout=timeout)
+        return [measure_loaded(self.model.model, p, steps=steps, warmup=warmup, label=lab)
+                for p, lab in zip(plans, labels)]
+
+    def measure_top(self, k: int = 3, *, steps: int = 5, warmup: int = 2, timeout: float = 1800
+                    ) -> list[tuple[Plan, Measured]]:
+        """Measure the ``k`` best distinct plans the search found (``top_plans``) and return
+        them fastest measured first (those that did not run last). A plan that ran out of
+        device memory is marked infeasible, as a plan XLA puts over the budget is."""
+        plans = self.top_plans(k)
+        if not plans:
+            raise PartexError("nothing to measure: the search has found no plan that fits yet")
+        rows = list(zip(plans, self.measure(plans, steps=steps, warmup=warmup, timeout=timeout)))
+        for plan, m in rows:
+            if m.error is not None:
+                self.mark_infeasible(resolve_decisions(plan, self.analysis),
+                                     max(m.peak_bytes or 0.0, m.xla_bytes or 0.0, self.hardware.budget * 1.01))
+        return sorted(rows, key=lambda r: (r[1].step_time is None, r[1].step_time or 0.0))
 
     def verify_all(self, plans: Sequence[Plan], *, timeout: float = 1800) -> list[VerifyReport]:
         """Compile several plans with XLA (compile-only; a MODEL-spec session in one fresh

@@ -18,6 +18,7 @@ from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
 from ._session import DEFAULT_MARGIN, ModelSpec, Session, analyze_spec, search_meshes, verify_plan
 from ._sessionfile import model_spec
 from .plan._explain import explain_table
+from .plan._measure import measure
 from .plan._export import comparison_table, export_text
 from .plan._plan import Plan
 from .plan._specs import check_divisible
@@ -46,7 +47,8 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                                                      "(optionally name=size@GB/s per axis); 'step': the mesh "
                                                      "the step's own shardings name")
     p.add_argument("--hardware",
-                   help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, tpu-v6e, a100-40gb, h100-80gb, cpu")
+                   help="hardware preset: tpu-v4 (default), tpu-v5e, tpu-v5p, tpu-v6e, a100-40gb, h100-80gb, cpu; "
+                        "or a profile file measured on your devices (`partex calibrate --out PROFILE.json`)")
     p.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the preset's HBM)")
     p.add_argument("--margin", type=float, default=None,
                    help="share of the budget a plan keeps free by the cost model's count "
@@ -141,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=5006)
     sv.add_argument("--address", default="127.0.0.1")
     sv.add_argument("--show", action="store_true", help="open a browser")
+    sv.add_argument("--hardware-profile", action="append", default=[], metavar="FILE",
+                    help="offer a hardware profile (`partex calibrate --out FILE`) in the hardware field beside the "
+                         "presets (repeatable)")
 
     v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
     _add_model_args(v)
@@ -155,6 +160,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "the decision that causes it")
     v.add_argument("--export", choices=("specs", "flax-rules"),
                    help="also compile that export of the plan alone and show XLA's figures side by side")
+    v.add_argument("--time", action="store_true",
+                   help="also run the plan on this machine's devices for a few steps (the accelerators JAX finds; "
+                        "on the CPU, simulated devices) and report the measured step time and peak memory beside "
+                        "the prediction")
+    v.add_argument("--steps", type=int, default=5, help="with --time: steps timed, after 2 warm-up steps (default 5)")
+
+    c = sub.add_parser("calibrate", help="measure this machine's devices (matmuls, memory bandwidth, kernel floor, "
+                                         "host copies, collectives) into a hardware profile for --hardware")
+    c.add_argument("--out", "-o", default="partex-profile.json",
+                   help="where to write the profile JSON (default partex-profile.json)")
+    c.add_argument("--measurements", metavar="FILE",
+                   help="build the profile from measurements taken elsewhere (a JSON list of rows, each with a "
+                        "\"kind\": the format `--save-measurements` writes) instead of measuring here")
+    c.add_argument("--save-measurements", metavar="FILE", help="also write the raw measurement rows here")
+    c.add_argument("--quick", action="store_true", help="fewer shapes and repetitions: a check, not a profile to trust")
+    c.add_argument("--no-collectives", action="store_true", help="skip the collectives (measured over 2+ devices)")
+    c.add_argument("--hbm", help="the device's memory where the measurements do not say (e.g. 141GB)")
+    c.add_argument("--memory-limit", help="what a program may take of it, where the measurements do not say "
+                                          "(default: the allocator's limit; on a GPU without it, 75%% of --hbm)")
+    c.add_argument("--json", action="store_true", help="print the profile's summary as JSON")
 
     _export_parser(sub)
     return ap
@@ -194,6 +219,11 @@ def _search_parser(sub) -> None:
     se.add_argument("--verify", action="store_true",
                     help="compile the best plan with XLA on simulated devices (compile-only) and, where XLA "
                          "says it does not fit the budget, fall back to the next best plan (up to 5 times)")
+    se.add_argument("--measure-top", type=int, default=0, metavar="K",
+                    help="run the K fastest distinct plans found on this machine's devices for a few steps and "
+                         "write the one measured fastest (with --mesh; on the CPU, simulated devices)")
+    se.add_argument("--steps", type=int, default=5, help="with --measure-top: steps timed per plan, after 2 "
+                                                         "warm-up steps (default 5)")
 
 
 def _bench_parser(sub) -> None:
@@ -323,6 +353,7 @@ def cmd_plan(args) -> int:
           f"MFU {pr['mfu']:.1%}, peak memory {format_bytes(pr['memory']['peak'])} per device "
           f"(budget {format_bytes(s.hardware.budget)}{_margin_text(s.hardware)}: "
           f"{'fits' if pr['fits'] else 'DOES NOT FIT'})")
+    print(f"priced by {s.hardware.priced_by()}")
     _print_decisions(plan)
     print(f"wrote {args.out}")
     return 0
@@ -330,10 +361,15 @@ def cmd_plan(args) -> int:
 
 def cmd_verify(args) -> int:
     plan = Plan.load(args.plan)
-    out = verify_plan(plan, spec=ModelSpec(args.model, args.preset or "tiny", tuple(_overrides(args.config))),
-                      run=args.run, constrain=not args.inputs_only, export=args.export, explain=args.explain)
+    spec = ModelSpec(args.model, args.preset or "tiny", tuple(_overrides(args.config)))
+    if args.time and args.steps < 1:
+        raise PartexError(f"--steps must be at least 1, got {args.steps}")
+    out = verify_plan(plan, spec=spec, run=args.run, constrain=not args.inputs_only, export=args.export,
+                      explain=args.explain)
+    measured = measure(spec.spec, [plan], preset=spec.preset, overrides=list(spec.overrides), steps=args.steps,
+                       labels=[plan.strategy or "plan"])[0] if args.time else None
     if args.json:
-        print(json.dumps(out.to_json()))
+        print(json.dumps({**out.to_json(), **({"measured": measured.to_json()} if measured is not None else {})}))
         return 0
     m = out.memory
     print(f"{out.model} {out.strategy or ''} on {out.mesh}: compiled in {out.compile_seconds} s")
@@ -359,6 +395,113 @@ def cmd_verify(args) -> int:
     if out.comparison is not None:
         print(f"XLA's figures, the full plan beside the {args.export} export alone:")
         print("\n".join(comparison_table(out.comparison)))
+    if measured is not None:
+        print("\n".join(_measured_lines(measured)))
+    return 0
+
+
+def _measured_lines(m) -> list[str]:
+    """A measured plan beside its prediction, for people."""
+    where = f"{m.devices} x {m.device}" + (" (simulated on the CPU: its times are the host's)"
+                                           if m.platform == "cpu" else "")
+    if m.error is not None:
+        return [f"measured on {where}: {m.error}"]
+    pred = f"predicted {m.predicted_step_time * 1e3:.3f} ms" if m.predicted_step_time is not None else "no prediction"
+    ratio = f" (predicted / measured {m.time_ratio:.2f})" if m.time_ratio is not None else ""
+    lines = [f"measured on {where}: step {m.step_time * 1e3:.3f} ms (median of {len(m.step_times)}), {pred}{ratio}"]
+    peak = format_bytes(m.peak_bytes) if m.peak_bytes is not None else "not reported by this backend"
+    lines.append(f"  peak memory per device: {peak}; XLA's compiled figure {format_bytes(m.xla_bytes)}"
+                 + (f", predicted {format_bytes(m.predicted_peak)}" if m.predicted_peak is not None else ""))
+    lines.append(f"  priced by {m.priced_by}")
+    return lines
+
+
+def _measure_table(rows) -> list[str]:
+    """``search --measure-top``'s plans, fastest measured first, and where the prediction's
+    order differs."""
+    lines = [f"{'plan':<10} {'predicted':>12} {'measured':>12} {'pred/meas':>9} {'peak (meas)':>12} "
+             f"{'XLA peak':>11} {'predicted':>11}"]
+    for _, m in rows:
+        meas = f"{m.step_time * 1e3:.3f} ms" if m.step_time is not None else "-"
+        pred = f"{m.predicted_step_time * 1e3:.3f} ms" if m.predicted_step_time is not None else "-"
+        lines.append(f"{m.label:<10} {pred:>12} {meas:>12} "
+                     f"{(f'{m.time_ratio:.2f}' if m.time_ratio is not None else '-'):>9} "
+                     f"{format_bytes(m.peak_bytes):>12} {format_bytes(m.xla_bytes):>11} "
+                     f"{format_bytes(m.predicted_peak):>11}" + (f"  {m.error}" if m.error else ""))
+    ran = [(p, m) for p, m in rows if m.step_time is not None]
+    if ran:
+        by_pred = min(ran, key=lambda r: r[1].predicted_step_time or 0.0)
+        first = ran[0]
+        if by_pred[1].label != first[1].label:
+            lines.append(f"measurement and prediction disagree: predicted fastest {by_pred[1].label}, measured "
+                         f"fastest {first[1].label} ({1 - first[1].step_time / by_pred[1].step_time:.0%} faster)")
+        else:
+            lines.append(f"measurement agrees with the prediction: {first[1].label} is fastest")
+    return lines
+
+
+def cmd_calibrate(args) -> int:
+    from ._profile import from_measurements, load_measurements
+
+    hbm = parse_bytes(args.hbm) if args.hbm else None
+    limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    if args.measurements:
+        rows = load_measurements(args.measurements)
+        source = f"measurements {os.path.basename(args.measurements)}"
+    else:
+        from ._calibrate import calibrate
+
+        tty = sys.stderr.isatty()
+        t0 = time.perf_counter()
+        shown = [-1.0]
+
+        def report(what: str, frac: float) -> None:
+            # on a terminal one line redrawn; elsewhere (a log) a line per tenth of the work
+            if tty:
+                sys.stderr.write(f"\r[{'#' * int(frac * 20):<20}] {time.perf_counter() - t0:5.1f}s  {what[:60]:<60}")
+                sys.stderr.flush()
+            elif frac >= shown[0] + 0.1 or frac >= 1.0:
+                shown[0] = frac
+                sys.stderr.write(f"partex calibrate: {frac:4.0%} {time.perf_counter() - t0:6.1f}s  {what}\n")
+
+        try:
+            rows = calibrate(quick=args.quick, collectives=not args.no_collectives, progress=report)
+        finally:
+            if tty:
+                sys.stderr.write("\n")
+        source = "partex calibrate" + (" --quick" if args.quick else "")
+    if args.save_measurements:
+        with open(args.save_measurements, "w") as f:
+            json.dump(rows, f, indent=1)
+    profile = from_measurements(rows, source=source, where=args.measurements or "measurements", hbm_bytes=hbm,
+                                memory_bytes=limit)
+    profile.save(args.out)
+    hw = Hardware.from_profile(profile)
+    summary = {"out": args.out, "device": profile.device, "platform": profile.platform, "jax": profile.jax,
+               "date": profile.date, "matmuls": len(profile.gemm), "memory_kernels": len(profile.memory),
+               "collectives": len(profile.collectives), "best_matmul_flops": profile.peak_gemm_rate,
+               "peak_flops": hw.peak_flops, "best_bandwidth": profile.peak_bandwidth,
+               "kernel_floor_s": profile.kernel_floor, "host_bandwidth": profile.host_bandwidth,
+               "memory_bytes": profile.memory_bytes, "notes": list(profile.notes)}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    rates = sorted(2.0 * b * m * n * k / t for _, b, m, n, k, t in profile.gemm)
+    print(f"{profile.device} ({profile.platform}, JAX {profile.jax}): wrote {args.out}")
+    print(f"  matmuls: {len(profile.gemm)} shapes, {rates[0] / 1e12:.1f} to {rates[-1] / 1e12:.1f} TFLOP/s "
+          f"(peak counted for MFU: {hw.peak_flops / 1e12:.1f})")
+    bws = [b / t for b, t in profile.memory]
+    print(f"  memory-bound kernels: {min(bws) / 1e9:.0f} to {max(bws) / 1e9:.0f} GB/s; a kernel's floor inside a "
+          f"step {profile.kernel_floor * 1e6:.2f} us")
+    if profile.host_bandwidth is not None:
+        print(f"  host copies: up to {profile.host_bandwidth / 1e9:.1f} GB/s")
+    if profile.collectives:
+        kinds = sorted({r[0] for r in profile.collectives})
+        print(f"  collectives over up to {max(r[1] for r in profile.collectives)} devices: {', '.join(kinds)}")
+    print(f"  device memory a program may take: {format_bytes(profile.memory_bytes)}")
+    for n in profile.notes:
+        print(f"  note: {n}")
+    print(f"use it with --hardware {args.out}")
     return 0
 
 
@@ -637,7 +780,19 @@ def cmd_search(args) -> int:
         finally:
             s.save(state_path)  # with the plans XLA rejected marked
         xla = out.memory.xla
-    plan = s.best_plan()
+    measured, ran = None, []
+    if args.measure_top:
+        if args.measure_top < 1 or args.steps < 1:
+            raise PartexError("--measure-top and --steps must be at least 1")
+        try:
+            measured = s.measure_top(args.measure_top, steps=args.steps)
+        finally:
+            s.save(state_path)  # with the plans the devices could not hold marked
+        ran = [(p, m) for p, m in measured if m.step_time is not None]
+        if not ran:
+            raise PartexError(f"none of the {len(measured)} plans measured ran on this machine's devices: "
+                              + "; ".join(f"{m.label}: {m.error}" for _, m in measured))
+    plan = ran[0][0] if measured else s.best_plan()
     assert plan is not None  # best is not None: a plan fits
     plan.save(args.out)
     st = s.stats()
@@ -645,18 +800,26 @@ def cmd_search(args) -> int:
     if args.json:
         print(json.dumps({"out": args.out, "state": state_path, "interrupted": interrupted,
                           "step_time_s": r.step_time, "mfu": r.mfu, "memory_bytes": r.memory.peak,
+                          "priced_by": hw.priced_by(),
                           "fits": r.fits, "search_s": best.seconds, "simulations": st.simulations,
                           "xla_memory_bytes": xla, "memory_ratio": r.memory.peak / xla if xla else None,
                           "decisions": [d.to_json() for d in plan.decisions],
+                          **({"measured": [m.to_json() for _, m in measured]} if measured else {}),
                           **({"mesh": s.mesh.text(), "meshes": meshes.to_json()} if meshes is not None else {})}))
         return 0
     print(f"{'interrupted: ' if interrupted else ''}best plan after {st.simulations} simulations "
           f"({st.seconds:.1f} s, found at {best.seconds:.1f} s): step {r.step_time * 1e3:.3f} ms, "
           f"MFU {r.mfu:.1%}, peak memory {format_bytes(r.memory.peak)} (budget {format_bytes(hw.budget)})")
+    print(f"priced by {hw.priced_by()}")
     _print_decisions(plan)
     if xla is not None:
         print(f"XLA (compile-only, {s.mesh.size} simulated devices): {format_bytes(xla)} per device "
               f"(predicted / XLA {r.memory.peak / xla:.2f})")
+    if measured:
+        m0 = measured[0][1]
+        print(f"measured on {m0.devices} x {m0.device}" + (" (simulated on the CPU)" if m0.platform == "cpu" else "")
+              + f", {args.steps} steps each; wrote the fastest measured, {plan.strategy}:")
+        print("\n".join(_measure_table(measured)))
     print(f"wrote {args.out} and the resumable session {state_path}")
     return 0
 
@@ -747,14 +910,19 @@ def cmd_serve(args) -> int:
         from . import explorer  # Panel: the engine loads it only for `partex serve`
     except ImportError:
         raise PartexError("the explorer is not installed next to the engine (explorer/ package missing)") from None
-    return explorer.serve(port=args.port, address=args.address, show=args.show)
+    for path in args.hardware_profile:  # a bad file: one line here, before the server starts
+        Hardware.load(path)
+    return explorer.serve(port=args.port, address=args.address, show=args.show, profiles=args.hardware_profile)
 
 
 COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search,
-            "bench": cmd_bench, "serve": cmd_serve, "export": cmd_export}
+            "bench": cmd_bench, "serve": cmd_serve, "export": cmd_export, "calibrate": cmd_calibrate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # partex's own process traces and prices; a plan it measures runs in a fresh process that
+    # must find the device's memory free: JAX takes 75% of a GPU up front unless told not to
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -130,6 +130,25 @@ class Evaluator:
             self.best = Best(best[0], ordered, simulation, seconds)
             self.history.append((simulation, seconds, best[0]))
 
+    def top(self, k: int, pins: Sequence[Decision] = (), forbidden: Collection[Decision] = ()
+            ) -> list[tuple[Decision, ...]]:
+        """The ``k`` fastest plans that fit among those scored, honouring the pins and forbids,
+        fastest first; of plans with the same predicted step time and peak (decisions that
+        shard nothing differently) the first met only."""
+        seen: set[tuple[float, float]] = set()
+        out: list[tuple[float, tuple[Decision, ...]]] = []
+        for key, (t, peak, fits) in sorted(self.evals.items(), key=lambda kv: kv[1][0]):
+            if not fits or (round(t, 12), round(peak)) in seen:
+                continue
+            decisions = self.decisions_of(key)
+            if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
+                continue
+            seen.add((round(t, 12), round(peak)))
+            out.append((t, tuple(pins) + tuple(d for d in decisions if d not in pins)))
+            if len(out) >= k:
+                break
+        return [d for _, d in out]
+
     def best_without_recompute(self) -> tuple[Decision, ...] | None:
         """The fastest plan that fits among those scored with no recompute decision."""
         best = None

@@ -216,6 +216,10 @@ class Search:
         t, decisions, sim, secs = b
         return SearchResult(decisions, self.cm.evaluate(decisions, detail=True), sim, secs)
 
+    def top(self, k: int, pins: Pins) -> list[tuple[Decision, ...]]:
+        """The ``k`` fastest distinct plans that fit the search has scored (``Evaluator.top``)."""
+        return self.evaluator.top(k, pins.pinned, pins.forbidden)
+
     def best_without_recompute(self) -> tuple[Decision, ...] | None:
         """The fastest plan that fits among those the search scored with no recompute
         decision (the bench's row beside the search's best)."""
