@@ -75,13 +75,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False) -> int:
+def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, profiles=()) -> int:
     """Serve the explorer until interrupted (``partex serve``); returns panel's exit code.
     SIGTERM and SIGHUP are passed on to the panel server, which this process waits for, and
     the server ends with this process whatever ends it: a process manager or a test harness
     stopping ``partex serve`` leaves no server holding the port."""
     env = dict(os.environ)
-    env.setdefault("JAX_PLATFORMS", "cpu")  # analysis and search need no accelerator
+    # analysis and search need no accelerator; the plans the page measures run on the
+    # machine's own devices (``partex.plan._measure.DEVICE_PLATFORMS``)
+    env.setdefault("PARTEX_DEVICE_PLATFORMS", os.environ.get("JAX_PLATFORMS", ""))
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    if profiles:  # offered in the hardware field (``_engine.PROFILES``)
+        env["PARTEX_HARDWARE_PROFILES"] = os.pathsep.join(os.path.abspath(p) for p in profiles)
     print(f"partex explorer on http://{address}:{port}/app", flush=True)
     proc = subprocess.Popen(serve_command(port, address, show), env=env,
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)

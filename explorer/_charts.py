@@ -14,6 +14,7 @@ from bokeh.models import (
 from bokeh.plotting import figure
 
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time, fmt_versus, nice_ticks
+from ._engine import plan_rows
 from ._widgets import bokeh_update, html
 
 MEMORY_PARTS = ("parameters", "optimizer", "activations", "temporaries")
@@ -45,17 +46,6 @@ def _fig(**kw):
         p.title.text_font_size = "13px"
         p.title.text_color = "#0f172a"
     return p
-
-
-def plan_rows(state) -> list:
-    """(row label, PlanSummary) in display order: the search, an upload, the baselines."""
-    rows = []
-    if state.best is not None:
-        rows.append(("search", state.best))
-    if state.uploaded is not None:
-        rows.append(("uploaded", state.uploaded))
-    rows += list(state.baselines.items())
-    return rows
 
 
 class KpiView(pn.viewable.Viewer):

@@ -8,9 +8,9 @@ import io
 import panel as pn
 import param
 
-from partex import HARDWARE, demo_models
+from partex import demo_models
 
-from ._engine import CUSTOM
+from ._engine import CUSTOM, hardware_names
 from ._format import esc, fmt_bytes
 from ._widgets import bind, button, html, keyed, select, text_input
 
@@ -179,7 +179,9 @@ class MeshControls(pn.viewable.Viewer):
         self.mesh = text_input("partex-mesh", "Mesh (simulated)", placeholder="data=4,model=2",
                                sizing_mode="stretch_width",
                                description="Axis names and sizes; optionally name=size@GB/s per axis")
-        self.hardware = select("partex-hardware", "Hardware", options=list(HARDWARE), sizing_mode="stretch_width")
+        self.hardware = select("partex-hardware", "Hardware", options=hardware_names(), sizing_mode="stretch_width",
+                               description="A datasheet preset, or a profile measured on your devices "
+                                           "(partex serve --hardware-profile FILE)")
         self.budget = text_input("partex-budget", "Budget / device", placeholder="empty: the chip's HBM",
                                  sizing_mode="stretch_width")
         bind(self.mesh, s, "mesh_text")

@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import gc
 import math
+import os
 import threading
 from typing import Any, Callable, Sequence
 
@@ -19,6 +20,35 @@ from partex import (
 )
 
 CUSTOM = "custom"  # the model picker's entry for a user's own module:attr
+
+# Hardware profiles measured on the operator's devices (``partex serve --hardware-profile
+# FILE``, passed to the server in PARTEX_HARDWARE_PROFILES): the hardware field offers each by
+# its hardware's name (``Hardware.name``) beside the presets. A bad file is the operator's
+# input: ``register_profiles`` says which and why.
+PROFILES: dict[str, str] = {}
+PROFILES_ENV = "PARTEX_HARDWARE_PROFILES"
+
+
+def register_profiles(paths: Sequence[str]) -> None:
+    """Offer the profiles at ``paths`` in the hardware field (PartexError: a file that is no
+    profile)."""
+    for path in paths:
+        hw = Hardware.load(path)
+        name = hw.name if hw.name not in PROFILES else f"{hw.name} ({os.path.basename(path)})"
+        PROFILES[name] = os.path.abspath(path)
+
+
+register_profiles([p for p in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if p])
+
+
+def hardware_names() -> list[str]:
+    """The hardware field's choices: the presets, then the profiles the server was given."""
+    return [*HARDWARE, *PROFILES]
+
+
+def hardware_of(name: str, budget: str | float | None = None) -> Hardware:
+    """The hardware a field value names (a preset, or a profile's name), with a budget."""
+    return as_hardware(PROFILES.get(name, name), budget)
 
 
 # --------------------------------------------------------------------------- models
@@ -121,8 +151,9 @@ def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: s
                  pipeline_text: str = "") -> Config:
     """The mesh / hardware / budget / margin / pipeline form -> Config; PartexError with a
     one-line message (the pipeline's stack and sizes are checked when the model is)."""
-    if hardware not in HARDWARE:
-        raise PartexError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}", field="hardware")
+    if hardware not in HARDWARE and hardware not in PROFILES:
+        raise PartexError(f"unknown hardware {hardware!r}; choose one of {', '.join(hardware_names())}",
+                          field="hardware")
     margin = None
     if (margin_text or "").strip():
         try:
@@ -132,7 +163,7 @@ def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: s
                               field="margin") from None
     mesh = _at("mesh", as_mesh, mesh_text)
     budget = (budget_text or "").strip() or None
-    hw = _at("budget", as_hardware, hardware, budget) if budget else as_hardware(hardware)
+    hw = _at("budget", hardware_of, hardware, budget) if budget else hardware_of(hardware)
     pipe = _at("pipeline", Pipeline.parse, pipeline_text.strip()) if (pipeline_text or "").strip() else None
     if pipe is not None and pipe.axis not in mesh.axes:
         raise PartexError(f"pipeline {pipe.text()}: the mesh ({mesh.text()}) has no axis {pipe.axis!r}: add one "
@@ -266,3 +297,15 @@ def short_source(src: str) -> str:
     parts = loc.rsplit("/", 1)[-1].split(":")
     where = ":".join(parts[:2])
     return f"{where} {fn}".strip()
+
+
+def plan_rows(state) -> list:
+    """(row label, PlanSummary) in display order: the search, an upload, the baselines
+    (``state``: an ``ExplorerState``)."""
+    rows = []
+    if state.best is not None:
+        rows.append(("search", state.best))
+    if state.uploaded is not None:
+        rows.append(("uploaded", state.uploaded))
+    rows += list(state.baselines.items())
+    return rows

@@ -22,12 +22,12 @@ from typing import Any, Callable
 
 import param
 
-from partex import (HARDWARE, GroupInfo, ModelSpec, PartexError, SearchStats, Session, VerifyReport, as_hardware,
+from partex import (GroupInfo, ModelSpec, PartexError, SearchStats, Session, VerifyReport,
                     candidate_meshes, demo_models, parse_bytes)
 
 from ._engine import (
-    ANALYSES, CUSTOM, MESH_TRIES, Config, PlanSummary, Workspace, demo_presets, fitting_mesh, parse_config,
-    settle_heap, split_overrides,
+    ANALYSES, CUSTOM, MESH_TRIES, Config, PlanSummary, Workspace, demo_presets, fitting_mesh, hardware_names,
+    hardware_of, parse_config, plan_rows, settle_heap, split_overrides,
 )
 from ._format import fmt_bytes, fmt_time
 from ._layout import GraphLayout, graph_layout
@@ -100,7 +100,7 @@ class ExplorerState(param.Parameterized):
     overrides = param.String(default="", doc="Demo config overrides, e.g. 'layers=4,batch=16'.")
     custom_model = param.String(default="", doc="module:attr or path/file.py:attr returning (fn, example_args).")
     mesh_text = param.String(default=DEFAULT_MESH, doc="Mesh axes as name=size pairs.")
-    hardware = param.Selector(default=DEFAULT_HARDWARE, objects=list(HARDWARE))
+    hardware = param.Selector(default=DEFAULT_HARDWARE, objects=hardware_names())
     budget_text = param.String(default=DEFAULT_BUDGET, doc="Per-device memory budget; empty: the chip's HBM.")
     margin_text = param.String(default="0.1", doc="Share of the budget plans keep free (the cost model's count).")
     pipeline_text = param.String(default="", doc="A layer stack run as a pipeline, STACK:AXIS:MICROBATCHES; empty: none.")
@@ -132,6 +132,8 @@ class ExplorerState(param.Parameterized):
     verify_status = param.String(default="")
     verify_result = param.ClassSelector(class_=VerifyReport, default=None, allow_None=True)
     verified_plan = param.String(default="")  # the plan verify_result is of: "search" or a baseline
+    measure_status = param.String(default="")
+    measured = param.Dict(default={}, doc="plan name -> (its plan's digest, Measured): run on this machine's devices")
     sessions = param.List(default=[], doc="Saved sessions in the sessions folder.")
     mesh_rows = param.List(default=[], doc="MeshRow per mesh the mesh search tried, best first.")
     mesh_status = param.String(default="", doc="The mesh search's progress or outcome, in words.")
@@ -160,7 +162,8 @@ class ExplorerState(param.Parameterized):
         self.param.watch(self._on_choice_form, ["model_name", "preset"])
         self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text", "pipeline_text"])
         self.param.watch(self._on_probed, ["ping", "message", "message_level", "field_error", "phase", "busy", "running", "best",
-                                           "pins", "forbidden", "uploaded", "verify_status", "sessions",
+                                           "pins", "forbidden", "uploaded", "verify_status", "measure_status",
+                                           "sessions",
                                            "selected_group", "workspace", "baselines", "stats",
                                            "mesh_rows", "mesh_status"])
         self.refresh_sessions()
@@ -231,6 +234,8 @@ class ExplorerState(param.Parameterized):
                     self.phase = "ready" if self.workspace is not None else "failed"
                 if kind == "verify":
                     self.verify_status = "failed"
+                if kind == "measure":
+                    self.measure_status = "failed"
                 self.bad_input(value)
             # the job leaves ``busy`` once its result is in place: a page never sees it done
             # with the old model or configuration still shown
@@ -276,7 +281,7 @@ class ExplorerState(param.Parameterized):
                 self.budget_text = default_budget(event.new)
             finally:
                 self._quiet = False
-            hbm = as_hardware(self.hardware).budget
+            hbm = hardware_of(self.hardware).budget
             budget = ", " + budget_words(parse_bytes(self.budget_text) if self.budget_text else hbm,
                                                self.hardware, self.preset)
         ws = self.workspace
@@ -349,6 +354,8 @@ class ExplorerState(param.Parameterized):
             self.uploaded = None if self.uploaded is None or not ws.same_model(self.uploaded) else self.uploaded
             self.verify_result = None
             self.verify_status = ""
+            self.measured = {}
+            self.measure_status = ""
             if not same_model or self.selected_group not in loaded.infos:
                 self.selected_group = None  # group ids belong to one analysis
             if self.shown_plan not in ("search", "uploaded", *loaded.baselines):
@@ -575,6 +582,45 @@ class ExplorerState(param.Parameterized):
             self.notify(text, "warning")
         self._update_probe()
 
+    def measure(self, steps: int = 3) -> None:
+        """Run the listed plans that fit (the search's, an upload, the baselines) on this
+        machine's devices for a few steps, each in its own process (``Session.measure``),
+        and put their measured step time and peak beside the prediction."""
+        if "measure" in self.busy:
+            self.notify("a measurement is already running", "info")
+            return
+        rows = [(name, r) for name, r in plan_rows(self) if r.report.fits]
+        if not rows:
+            self.notify("nothing to measure yet: no plan listed fits the budget", "warning")
+            return
+        ws = self.workspace
+        n = rows[0][1].plan.mesh.size
+        self.measure_status = (f"running: {len(rows)} plan{'s' if len(rows) > 1 else ''} on {n} devices, "
+                               f"{steps} steps each, one process per plan")
+
+        def work():
+            plans = [r.plan for _, r in rows]
+            out = ws.session.measure(plans, steps=steps, labels=[name for name, _ in rows], timeout=900)
+            return {name: (r.plan.digest(), m) for (name, r), m in zip(rows, out)}
+
+        self._submit("measure", work, self._measured)
+
+    def _measured(self, result: dict) -> None:
+        self.measured = {**self.measured, **result}
+        done = [m for _, m in result.values()]
+        where = f"{done[0].devices} x {done[0].device}" if done else "this machine"
+        failed = [m.label for m in done if m.error is not None]
+        self.measure_status = (f"done: measured on {where}" + (" (simulated on the CPU: the host's times)"
+                                                               if done and done[0].platform == "cpu" else "")
+                               + (f"; did not run: {', '.join(failed)}" if failed else ""))
+        ran = sorted((m for m in done if m.step_time is not None), key=lambda m: m.step_time or 0.0)
+        if len(ran) > 1:
+            by_pred = min(ran, key=lambda m: m.predicted_step_time or 0.0)
+            if by_pred.label != ran[0].label:
+                self.notify(f"measured fastest: {ran[0].label} ({fmt_time(ran[0].step_time)}); the prediction "
+                            f"ranked {by_pred.label} first ({fmt_time(by_pred.step_time)} measured)", "warning")
+        self._update_probe()
+
     # ------------------------------------------------------------------ sessions
     def refresh_sessions(self) -> None:
         d = self.sessions_dir
@@ -776,7 +822,7 @@ class ExplorerState(param.Parameterized):
 def budget_source(budget: float, hardware: str, preset: str) -> str:
     """Where a budget came from, when the form chose it: the chip's HBM (a full-size
     preset's default) or the tiny demos' default; "" for one the user typed."""
-    if budget == as_hardware(hardware).budget:
+    if budget == hardware_of(hardware).budget:
         return "the chip's HBM" + (", for a full-size preset" if preset not in ("tiny", "custom") else "")
     if preset == "tiny" and budget == parse_bytes(DEFAULT_BUDGET):
         return "the tiny demos' default"
@@ -845,6 +891,8 @@ def probe_of(state: ExplorerState) -> dict:
         "baselines": {k: v.report.step_time for k, v in state.baselines.items()},
         "uploaded": None if state.uploaded is None else state.uploaded.plan.mesh.text(),
         "verify": state.verify_status,
+        "measure": state.measure_status,
+        "measured": {k: m.to_json() for k, (_, m) in state.measured.items()},
         "message": state.message,
         "level": state.message_level,
         "field_error": state.field_error,

@@ -225,21 +225,31 @@ def _itemsize(dtype: str) -> int:
 
 
 class BaselinesView(pn.viewable.Viewer):
-    """The search's plan next to the hand-written strategies on the same cost model."""
+    """The search's plan next to the hand-written strategies on the same cost model, and,
+    once measured on this machine's devices ("Measure"), each plan's measured step time."""
 
     state = param.Parameter()
 
     def __init__(self, **params):
         super().__init__(**params)
+        s = self.state
         self.table = Table("partex-baselines", [("plan", "plan and its decisions"), ("step", "step time"),
-                                                ("mfu", "MFU"), ("peak", "peak memory"), ("fits", "fits")],
-                           height=None, html_fields=("plan", "fits"), wrap_fields=("plan",))
-        self.state.param.watch(self._render, ["best", "uploaded", "baselines"])
+                                                ("mfu", "MFU"), ("peak", "peak memory"), ("measured", "measured")],
+                           height=None, html_fields=("plan", "peak", "measured"), wrap_fields=("plan", "measured"))
+        self.btn = button("partex-measure", "Measure on this machine", min_width=190,
+                          description="Run each plan that fits for a few steps on this machine's devices (one "
+                                      "process per plan) and show its step time beside the prediction")
+        self.btn.on_click(lambda e: s.measure())
+        self.spinner = pn.indicators.LoadingSpinner(value=False, size=22, visible=False, margin=(12, 4))
+        self.status = html(sizing_mode="stretch_width", name="partex-measure-status")
+        s.param.watch(self._render, ["best", "uploaded", "baselines", "measured", "measure_status", "busy"])
         self._render()
+        self._panel = pn.Column(self.table.pane, pn.Row(self.btn, self.spinner, self.status,
+                                                        sizing_mode="stretch_width"),
+                                sizing_mode="stretch_width")
 
-    # an Html viewer: Panel renders what __panel__ returns through pn.panel(), which unwraps viewers
-    def __panel__(self):  # pyright: ignore[reportIncompatibleMethodOverride]
-        return self.table.pane
+    def __panel__(self):
+        return self._panel
 
     def _render(self, *_):
         s = self.state
@@ -247,11 +257,35 @@ class BaselinesView(pn.viewable.Viewer):
         out = []
         for name, r in rows:
             rep = r.report
-            fits = "<span class='ok'>✓ fits</span>" if rep.fits else "<span class='bad'>✗ over</span>"
+            fits = ("<span class='ok' title='fits the budget'>✓</span>" if rep.fits else
+                    "<span class='bad' title='over the budget'>✗ over</span>")
             decisions = decisions_by_axis(r.plan.decisions) or "nothing sharded"
             label = f"<b>{esc(name)}</b><div class='small muted'>{decisions}</div>"
-            out.append((label, fmt_time(rep.step_time), fmt_pct(rep.mfu), fmt_bytes(rep.memory.peak), fits))
+            out.append((label, fmt_time(rep.step_time), fmt_pct(rep.mfu), f"{fmt_bytes(rep.memory.peak)} {fits}",
+                        measured_cell(s.measured.get(name), r.plan.digest())))
         self.table.update(out)
+        running = "measure" in s.busy
+        self.spinner.value = self.spinner.visible = running
+        self.btn.disabled = running or not rows
+        self.status.object = (f"<div class='muted' style='padding-top:8px'>{esc(s.measure_status)}</div>"
+                              if s.measure_status else
+                              "<div class='muted' style='padding-top:8px'>runs each plan that fits for 3 steps on "
+                              "this machine's devices (on the CPU, simulated ones)</div>")
+
+
+def measured_cell(entry, digest: str) -> str:
+    """A plan's measured step time (and predicted / measured), '-' where not measured, and
+    'stale' where the plan changed since (the search's best moved on)."""
+    if entry is None:
+        return "<span class='muted'>-</span>"
+    was, m = entry
+    if was != digest:
+        return "<span class='muted' title='the plan changed since it was measured'>stale</span>"
+    if m.error is not None:
+        return f"<span class='bad' title='{esc(m.error)}'>did not run</span>"
+    ratio = (f"<div class='small muted' title='predicted / measured step time'>pred/meas {m.time_ratio:.2f}</div>"
+             if m.time_ratio is not None else "")
+    return f"{fmt_time(m.step_time)}{ratio}"
 
 
 class VerifyView(pn.viewable.Viewer):

@@ -68,12 +68,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def start_server(tmp: pathlib.Path, sessions: pathlib.Path):
-    """``panel serve`` in a subprocess on a free port, saving sessions under ``sessions``."""
+def start_server(tmp: pathlib.Path, sessions: pathlib.Path, **env_extra: str):
+    """``panel serve`` in a subprocess on a free port, saving sessions under ``sessions``
+    (``env_extra``: more of its environment)."""
     port = _free_port()
     log = tmp / f"server-{port}.log"
     env = dict(os.environ, PARTEX_SESSIONS_DIR=str(sessions), JAX_PLATFORMS="cpu",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **env_extra)
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(serve_command(port, session_lifetime_ms=1000), cwd=ROOT, env=env,
