@@ -26,7 +26,9 @@ from ._decisions import (MEMORY_SPACES, RECOMPUTE_KINDS, RECOMPUTE_WHAT, RESOLUT
 from ._errors import PartexError
 from ._loader import LoadedModel, ModelAnalysis, analyze_loaded, analyze_model, load_model
 from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, parse_bytes
-from ._results import CollectiveCompared, Compared, Numerics, RootAction, SearchStats, VerifyReport, WorkCompared
+from ._profile import Profile
+from ._results import (CollectiveCompared, Compared, Measured, Numerics, RootAction, SearchStats, VerifyReport,
+                       WorkCompared)
 from ._meshes import MeshSearch, MeshTrial, ProgramSearch, Topology, candidate_meshes
 from .plan._pipelined import Pipeline
 from ._session import Candidate, ModelSpec, Session, as_hardware, as_mesh, search_meshes
@@ -47,6 +49,17 @@ from .planner._exhaustive import ExhaustiveResult
 from .planner._ilp import ILPResult
 from .planner._search import SearchResult
 from .tracing._program import Op, Program, Value, trace
+
+
+def measure_devices(*, quick: bool = False, progress: Callable[[str, float], None] | None = None,
+                    collectives: bool = True) -> list[dict]:
+    """``partex calibrate``'s micro-benchmarks on this process's devices, as measurement
+    rows (``Profile.from_measurements`` makes the profile): matmuls, memory-bound kernels,
+    the kernel floor, host copies and, with 2+ devices, the collectives, each timed inside
+    one step on every device at once. ``progress(what, fraction)`` is called as it goes."""
+    from ._calibrate import calibrate  # JAX, only when measuring
+
+    return calibrate(quick=quick, progress=progress, collectives=collectives)
 
 
 def analyze(fn: Callable, *args, axis_names=None) -> ModelAnalysis:
@@ -144,9 +157,9 @@ __all__ = [
     "search_meshes", "candidate_meshes", "MeshSearch", "MeshTrial", "ProgramSearch", "Topology", "Pipeline",
     "calibrate_numerics", "Calibration",
     "export", "flax_rules", "export_table", "EXPORT_FORMATS", "RulesExport",
-    "MeshSpec", "Hardware", "HARDWARE", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
+    "MeshSpec", "Hardware", "HARDWARE", "Profile", "measure_devices", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",
     "ModelSpec", "Candidate", "CostReport", "MemoryReport", "SearchResult", "ExhaustiveResult", "ILPResult",
-    "VerifyReport", "Compared", "WorkCompared", "CollectiveCompared", "Numerics", "SearchStats", "RootAction",
+    "VerifyReport", "Measured", "Compared", "WorkCompared", "CollectiveCompared", "Numerics", "SearchStats", "RootAction",
     "Decision", "Shard", "Resolve", "Recompute", "Memory", "COLLECTIVE_KINDS", "RECOMPUTE_KINDS", "RECOMPUTE_WHAT",
     "RESOLUTIONS", "STATES", "STATE_LABELS", "MEMORY_SPACES",
     # the analysis, for those who look inside

@@ -280,6 +280,19 @@ class Profile:
             raise PartexError(f"cannot read hardware profile {path}: {e}") from None
         return cls.from_json(d, where=str(path))
 
+    @classmethod
+    def from_measurements(cls, measurements: Any, *, source: str, where: str = "measurements",
+                          hbm_bytes: float | None = None, memory_bytes: float | None = None,
+                          platform: str | None = None) -> "Profile":
+        """A profile from measurement rows (``from_measurements``, the module's function)."""
+        return from_measurements(measurements, source=source, where=where, hbm_bytes=hbm_bytes,
+                                 memory_bytes=memory_bytes, platform=platform)
+
+    @staticmethod
+    def read_measurements(path: str | os.PathLike) -> list[dict]:
+        """The measurement rows of a file (``load_measurements``)."""
+        return load_measurements(path)
+
     def describe(self) -> str:
         """One line: what measured this profile and where its figures came from."""
         return (f"{self.device} profile ({self.source}, JAX {self.jax}, {self.date}): "

@@ -853,12 +853,13 @@ def cmd_bench(args) -> int:
         piped = [f"pipeline:{s.pipeline.text()}"] if s.pipeline is not None else []
         print(json.dumps({"model": s.model.model.name, "preset": s.model.model.preset, "mesh": s.mesh.text(),
                           "pipeline": s.pipeline.to_json() if s.pipeline is not None else None,
-                          "bubble": _bubble(s), "hardware": hw.name, "budget_bytes": hw.budget,
-                          "rows": [{**r.to_json(), "plan": piped + [s.label(d) for d in r.decisions]}
+                          "bubble": _bubble(s), "hardware": hw.name, "priced_by": hw.priced_by(),
+                          "budget_bytes": hw.budget, "rows": [{**r.to_json(), "plan": piped + [s.label(d) for d in r.decisions]}
                                    for r in rows]}))
         return 0
     piped = f", pipeline {s.pipeline.text()} (bubble {_bubble(s):.0%})" if s.pipeline is not None else ""
     print(f"{s.title} on {s.mesh.text()}{piped}, {hw.name}, budget {format_bytes(hw.budget)}{_margin_text(hw)}")
+    print(f"  priced by {hw.priced_by()}")
     xla_cols = f" {'XLA':>11} {'pred/XLA':>8}" if args.verify else ""
     hosted = any(r.host_bytes for r in rows)  # a column for host memory where a plan keeps values there
     host_col = f" {'host':>11}" if hosted else ""

@@ -233,8 +233,8 @@ class BaselinesView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         s = self.state
-        self.table = Table("partex-baselines", [("plan", "plan and its decisions"), ("step", "step time"),
-                                                ("mfu", "MFU"), ("peak", "peak memory"), ("measured", "measured")],
+        self.table = Table("partex-baselines", [("plan", "plan and its decisions"), ("step", "step"),
+                                                ("mfu", "MFU"), ("peak", "peak"), ("measured", "measured")],
                            height=None, html_fields=("plan", "peak", "measured"), wrap_fields=("plan", "measured"))
         self.btn = button("partex-measure", "Measure on this machine", min_width=190,
                           description="Run each plan that fits for a few steps on this machine's devices (one "

@@ -75,11 +75,11 @@ def fused_values(program, lowering: str = "tpu", ignore: frozenset[tuple[int, in
         out |= cpu_random_bits(program)[0]
         out[alias_roots(program)[list(program.outputs)]] = False
     else:
-        out |= _recomputed_at_reads(program, out, widening=lowering != "gpu", ignore=ignore)
+        out |= _recomputed_at_reads(program, out, keep_upcasts=lowering == "gpu", ignore=ignore)
     return out
 
 
-def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4, widening: bool = True,
+def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4, keep_upcasts: bool = False,
                          ignore: frozenset[tuple[int, int]] = frozenset()) -> np.ndarray:
     """TPU and GPU: per value, made by an elementwise op, read by several readers each
     inside a fusion, and larger than what it is computed from: XLA computes it in each
@@ -94,7 +94,7 @@ def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4, widening: bo
     XLA:CPU neither duplicates such producers nor rematerialises: not under
     ``lowering="cpu"``. XLA GPU keeps a float32 upcast of a matmul's narrower result that
     several kernels read (the gradient of attention probabilities, cast up for the softmax's
-    backward) rather than casting again in each (``widening=False``, ``_kept_upcast``)."""
+    backward) rather than casting again in each (``keep_upcasts``, ``_kept_upcast``)."""
     p = program
     fusible, readers, aliasing = having("fusible"), having("fusion_reader"), having("aliases")
     root = alias_roots(p)
@@ -127,7 +127,7 @@ def _recomputed_at_reads(program, fused: np.ndarray, most: int = 4, widening: bo
         if len(src) > most:
             continue
         cost = sum(nbytes[i] for i in src)
-        if not widening and _kept_upcast(p, op, fused):
+        if keep_upcasts and _kept_upcast(p, op, fused):
             src = {op.outputs[0]}  # a kept upcast: its readers read it
             cost = nbytes[op.outputs[0]]
         for o in op.outputs:

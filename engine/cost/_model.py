@@ -29,6 +29,7 @@ from ._liveness import Moved, memory_report, moved_state
 from ._overlap import Timeline, build_timeline, overlapped
 from ._kinds import CollectiveKind
 from ._patterns import HOST_LINK, PatternCost, pattern_cost
+from ._pricing import copy_seconds
 from ._recompute import Edit, build_edit, extra_cost, variant_reads
 from ._report import CollectiveCost, CostReport
 from ._shardings import Spec, assign, shards
@@ -98,8 +99,9 @@ class CostModel:
         self._tl: Timeline | None = None  # built on the first overlapped evaluation
         self._readers: list | None = None  # per value, its readers: built on the first edit
         # recompute decisions -> the cost model of the program as XLA fuses it under them
-        # (``_variant``); None on such a variant itself
+        # (``_variant``); None on such a variant itself, whose ``_base`` is this model
         self._variants: dict | None = {}
+        self._base: CostModel = self
 
     # ------------------------------------------------------------------ decisions
     # The only two methods that read decisions: into the triples and pairs the package works on.
@@ -147,6 +149,9 @@ class CostModel:
         return r
 
     def _pattern_cost(self, pi: int, dec) -> PatternCost:
+        same = self.tables.same_pattern
+        if same is not None and same[pi] >= 0:  # a variant's pattern the program has too: its cost
+            return self._base._pattern_cost(int(same[pi]), dec)
         m = self.tables.pat_mask[pi]
         rel = tuple(d for d in dec if (m >> d[0]) & 1)
         key = (pi, rel)
@@ -196,6 +201,7 @@ class CostModel:
             v = self
             if ignore or stand_ins:
                 v = copy.copy(self)
+                v._base = self
                 v.tables = variant_tables(self.tables, ignore, stand_ins)
                 v.patterns = v.tables.patterns
                 v._pat_cache, v._agg_cache, v._reshard_cache, v._overlap_cache = {}, {}, {}, {}
@@ -275,6 +281,8 @@ class CostModel:
         xc = xm = 0.0
         if edit is not None:
             xc, xm, extra_colls = self._extra(edit, dec, detail)
+            # the saved slices the recomputation reads through its barrier: each copied out
+            xc += sum(copy_seconds(self.hw, float(local[v])) * n for v, n in zip(edit.barrier_v, edit.barrier_n))
             compute += xc
             comm += xm
         common = self._common_reshards(aggs, reshard_keys, rc, t.user_late if edit is None else edit.late)

@@ -337,8 +337,10 @@ def _host_bytes(op, hosted, nbytes) -> tuple[tuple[int, float], ...]:
 
 
 def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=None, stand_ins=None,
-                     ignore: frozenset[tuple[int, int]] = frozenset()) -> tuple[tuple[Pattern, ...], np.ndarray, float]:
-    """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step).
+                     ignore: frozenset[tuple[int, int]] = frozenset()
+                     ) -> tuple[tuple[Pattern, ...], np.ndarray, float, dict[tuple, int]]:
+    """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step, each
+    pattern's key -> its index: two patterns of one key cost alike under any decisions).
     ``stand_ins``: values fused away that stand for others (``liveness.kernel_reads``);
     ``ignore``: (op, value) reads that do not happen (a loop's stacking of a residual that
     a recompute decision drops: ``_recompute.variant_reads``).
@@ -394,7 +396,7 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=No
         op_pattern[op.id] = pi
     patterns = tuple(_pattern(key, halo_flops, weights[pi], tuple(members[pi]), sigs)
                      for pi, (key, halo_flops) in enumerate(keys))
-    return patterns, op_pattern, total_flops
+    return patterns, op_pattern, total_flops, index
 
 
 def _pattern(key: PatternKey, halo_flops, weight: float, ops: tuple[int, ...], sigs) -> Pattern:

@@ -43,6 +43,15 @@ def kernel_seconds(hw: "Hardware", pat: "Pattern", fax, axis_size: dict[str, int
     return max(flops / hw.peak_flops, prof.memory_time(nbytes)) + prof.kernel_floor
 
 
+def copy_seconds(hw: "Hardware", nbytes: float) -> float:
+    """Seconds of a kernel that copies ``nbytes`` (reads them and writes them again)."""
+    if nbytes <= 0:
+        return 0.0
+    if hw.profile is None:
+        return 2 * nbytes / hw.hbm_bandwidth
+    return hw.profile.memory_time(2 * nbytes) + hw.profile.kernel_floor
+
+
 def collective_seconds(t: "Tables", kind: CollectiveKind, axes: tuple[str, ...], nbytes: float) -> float:
     """Seconds of one collective over ``axes`` moving ``nbytes`` per device (the larger of
     the buffer before and after); a host transfer's over the host link."""

@@ -49,6 +49,11 @@ class Edit:
     host_v: np.ndarray
     host_n: np.ndarray
     host_unit: tuple[int, ...]  # per host value, its unit
+    # the values a backward loop's recomputation reads through its optimisation barrier
+    # (apply's: the saved values, their slices of the forward loop's stacks), and how often:
+    # XLA copies each slice out of its stack into a buffer of its own, every trip
+    barrier_v: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    barrier_n: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.float64))
 
 
 def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> Edit:
@@ -61,6 +66,7 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
     mid_end = live.mid_end.copy()
     extra: collections.Counter = collections.Counter()
     clone_v, clone_a, clone_b, clone_n = [], [], [], []
+    barrier: list[tuple[int, float]] = []  # (value, trips)
     tmps = _Temporaries()
     root = alias_roots(p)
     late: dict[int, tuple[int, int]] = dict(t.user_late)
@@ -86,6 +92,7 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
             if isinstance(cp, LoopPlan):
                 _edit_loop(t, unit, cp, extra, mid_at, mid_end, (clone_v, clone_a, clone_b, clone_n), tmps,
                            host if on_host else None)
+                barrier += [(v, float(unit.layers)) for v in (*cp.stacked, *(v for v, _ in cp.reuse))]
                 continue
             if cp.at < 0:
                 continue
@@ -128,7 +135,8 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
                 np.array(tmps.row, dtype=np.int64), np.array(tmps.v, dtype=np.int64),
                 np.array(tmps.seg, dtype=np.int64), np.array(tmps.at, dtype=np.int64),
                 np.array([v for v, _, _ in host], dtype=np.int64), np.array([n for _, n, _ in host], dtype=np.float64),
-                tuple(u for _, _, u in host))
+                tuple(u for _, _, u in host), np.array([v for v, _ in barrier], dtype=np.int64),
+                np.array([n for _, n in barrier], dtype=np.float64))
 
 
 def _release_fused_roots(t: "Tables", rec: set, boundary: int, readers, mid_at, mid_end) -> None:

@@ -64,6 +64,10 @@ class Tables:
     # program under those decisions (``fused`` stays the program's: the liveness's); None
     # for the program as written
     variant_fused: np.ndarray | None = None
+    # each pattern's key -> its index (``compile_patterns``); a variant's: per pattern, the
+    # index of the program's pattern of the same key (it costs the same), or -1
+    pattern_keys: dict = dataclasses.field(default_factory=dict)
+    same_pattern: np.ndarray | None = None
 
 
 def region_groups(analysis: Analysis) -> tuple[tuple[tuple[int, frozenset[str]], ...], dict[frozenset[str], np.ndarray]]:
@@ -153,7 +157,7 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
     views, seen = region_groups(analysis)
     sigs, vsig = _signatures(analysis, fixed, seen)
     fused = fused_values(p, lowering)
-    patterns, op_pattern, total_flops = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering, seen)
+    patterns, op_pattern, total_flops, keys = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering, seen)
     # groups each signature / pattern depends on, as bitmasks (hot path)
     sig_mask = [mask(g for g, _ in sig) for sig in sigs]
     pat_mask = []
@@ -174,7 +178,7 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
         patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask, mask_groups=_by_mask(pat_mask),
         total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused, lowering),
         combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late,
-        views=views)
+        views=views, pattern_keys=keys)
 
 
 def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dict[int, int]) -> Tables:
@@ -195,8 +199,11 @@ def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dic
             stand[s] = r
         else:  # a slice a matmul reads is written out again by the recomputation
             fused[r] = False
-    patterns, op_pattern, _ = compile_patterns(t.analysis, t.sigs, t.vsig, t.nbytes, fused, t.lowering,
-                                                region_groups(t.analysis)[1], stand, ignore)
+    patterns, op_pattern, _, keys = compile_patterns(t.analysis, t.sigs, t.vsig, t.nbytes, fused, t.lowering,
+                                                      region_groups(t.analysis)[1], stand, ignore)
+    same = np.full(len(patterns), -1, dtype=np.int64)
+    for key, pi in keys.items():
+        same[pi] = t.pattern_keys.get(key, -1)
     pat_mask = []
     for pt in patterns:
         m = mask(g for _, _, g in pt.factors)
@@ -204,4 +211,5 @@ def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dic
             m |= t.sig_mask[sg]
         pat_mask.append(m)
     return dataclasses.replace(t, patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask,
-                               mask_groups=_by_mask(pat_mask), variant_fused=_read_only(fused))
+                               mask_groups=_by_mask(pat_mask), variant_fused=_read_only(fused), pattern_keys=keys,
+                               same_pattern=_read_only(same))
