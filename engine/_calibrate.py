@@ -3,7 +3,9 @@
 Each kernel is timed inside one compiled step, as a step runs it: a jitted chain of R of
 them (each waiting for the last, optimisation barriers keeping XLA from fusing or merging
 them) against a chain of one, the difference over R - 1 (rows marked ``"in_step": true``),
-so neither the call's own overhead from Python nor its variance is in the figure. Rows:
+so neither the call's own overhead from Python nor its variance is in the figure; and on
+every local device at once (``shard_map``), as a mesh's devices run a step: simulated CPU
+devices share the host's cores. Rows:
 
 - ``device``: the device kind, platform, JAX version, local device count, and the memory a
   program may take (``memory_stats()["bytes_limit"]``, the allocator's limit) and in all;
@@ -73,8 +75,7 @@ def _per_kernel(chain: Callable[[int], Callable], args, reps: int, length: int =
     return max((many - one) / (length - 1), 1e-8)
 
 
-def _gemm_chain(r: int):
-    import jax
+def _gemm_body(r: int):
     from jax import lax
 
     def f(x, w1, w2):
@@ -83,24 +84,23 @@ def _gemm_chain(r: int):
             x = lax.optimization_barrier(x)
         return x
 
-    return jax.jit(f)
+    return f
 
 
-def _batched_chain(r: int):
-    import jax
+def _batched_body(r: int):
+    import jax.numpy as jnp
     from jax import lax
 
     def f(x, w1, w2):
         for _ in range(r):
-            y = lax.optimization_barrier(jax.numpy.einsum("bmk,bkn->bmn", x, w1))
-            x = lax.optimization_barrier(jax.numpy.einsum("bmn,bnk->bmk", y, w2))
+            y = lax.optimization_barrier(jnp.einsum("bmk,bkn->bmn", x, w1))
+            x = lax.optimization_barrier(jnp.einsum("bmn,bnk->bmk", y, w2))
         return x
 
-    return jax.jit(f)
+    return f
 
 
-def _elementwise_chain(r: int):
-    import jax
+def _elementwise_body(r: int):
     from jax import lax
 
     def f(x):
@@ -108,7 +108,44 @@ def _elementwise_chain(r: int):
             x = lax.optimization_barrier(x * 1.0001 + 1e-4)
         return x
 
-    return jax.jit(f)
+    return f
+
+
+class _Everywhere:
+    """Kernels run on every local device at once, each on its own copy (a mesh's devices
+    run their shares of a step together: simulated CPU devices share the host's cores, and
+    a device measured alone would look as fast as the host). With one device, on it."""
+
+    def __init__(self, devs):
+        import numpy as np
+        from jax.sharding import Mesh
+
+        self.devs = devs
+        self.mesh = Mesh(np.array(devs), ("d",)) if len(devs) > 1 else None
+
+    def chain(self, body: Callable[[int], Callable]) -> Callable[[int], Callable]:
+        import jax
+        from jax.sharding import PartitionSpec as P
+
+        if self.mesh is None:
+            return lambda r: jax.jit(body(r))
+
+        def make(r: int):
+            f = body(r)
+            return jax.jit(jax.shard_map(lambda *a: f(*(x[0] for x in a))[None], mesh=self.mesh, in_specs=P("d"),
+                                         out_specs=P("d")))
+
+        return make
+
+    def array(self, make: Callable[[], Any]):
+        """An array made by ``make`` on each device (stacked over them where there are several)."""
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        if self.mesh is None:
+            return make()
+        return jax.jit(lambda: jax.numpy.stack([make()] * len(self.devs)),
+                       out_shardings=NamedSharding(self.mesh, P("d")))()
 
 
 def calibrate(*, quick: bool = False, progress: Progress | None = None, collectives: bool = True,
@@ -154,16 +191,17 @@ def calibrate(*, quick: bool = False, progress: Progress | None = None, collecti
     plan += [("host", "float32", n) for n in _HOST[grid]]
     steps = len(plan) + (1 if collectives and len(devs) > 1 else 0)
     key = jax.random.key(0)
+    every = _Everywhere(devs)
     with jax.default_device(dev):
         for i, (kind, dt, shape) in enumerate(plan):
             report(f"{kind} {dt} {shape}", i / steps)
             dtype = jnp.dtype(dt)
             if kind == "gemm":
                 m, n, k = shape
-                x = jax.random.normal(key, (m, k), dtype)
-                w1 = jax.random.normal(key, (k, n), dtype) / math.sqrt(k)
-                w2 = jax.random.normal(key, (n, k), dtype) / math.sqrt(n)
-                pair = _per_kernel(_gemm_chain, (x, w1, w2), reps)
+                x = every.array(lambda m=m, k=k, dtype=dtype: jax.random.normal(key, (m, k), dtype))
+                w1 = every.array(lambda k=k, n=n, dtype=dtype: jax.random.normal(key, (k, n), dtype) / math.sqrt(k))
+                w2 = every.array(lambda k=k, n=n, dtype=dtype: jax.random.normal(key, (n, k), dtype) / math.sqrt(n))
+                pair = _per_kernel(every.chain(_gemm_body), (x, w1, w2), reps)
                 # a pair is (m, n, k) then (m, k, n): the same FLOPs; each row half of it
                 rows.append({"kind": "gemm", "dtype": dt, "m": m, "n": n, "k": k, "s": pair / 2, "in_step": True})
                 if n != k:
@@ -171,21 +209,23 @@ def calibrate(*, quick: bool = False, progress: Progress | None = None, collecti
                 del x, w1, w2
             elif kind == "bgemm":
                 b, m, n, k = shape
-                x = jax.random.normal(key, (b, m, k), dtype)
-                w1 = jax.random.normal(key, (b, k, n), dtype) / math.sqrt(k)
-                w2 = jax.random.normal(key, (b, n, k), dtype) / math.sqrt(n)
-                pair = _per_kernel(_batched_chain, (x, w1, w2), reps)
+                x = every.array(lambda b=b, m=m, k=k, dtype=dtype: jax.random.normal(key, (b, m, k), dtype))
+                w1 = every.array(lambda b=b, k=k, n=n, dtype=dtype:
+                                 jax.random.normal(key, (b, k, n), dtype) / math.sqrt(k))
+                w2 = every.array(lambda b=b, k=k, n=n, dtype=dtype:
+                                 jax.random.normal(key, (b, n, k), dtype) / math.sqrt(n))
+                pair = _per_kernel(every.chain(_batched_body), (x, w1, w2), reps)
                 rows.append({"kind": "gemm", "dtype": dt, "batch": b, "m": m, "n": n, "k": k, "s": pair / 2,
                              "in_step": True})
                 del x, w1, w2
             elif kind == "elementwise":
-                x = jnp.ones((shape // 8,), dtype)  # float32: reads and writes 4 bytes each
+                x = every.array(lambda n=shape // 8, dtype=dtype: jnp.ones((n,), dtype))  # float32: 4 bytes each way
                 rows.append({"kind": "elementwise", "dtype": dt, "bytes": shape,
-                             "s": _per_kernel(_elementwise_chain, (x,), reps), "in_step": True})
+                             "s": _per_kernel(every.chain(_elementwise_body), (x,), reps), "in_step": True})
                 del x
             elif kind == "kernel":
-                x = jnp.ones((shape,), dtype)
-                rows.append({"kind": "kernel", "s": _per_kernel(_elementwise_chain, (x,), reps, length=33)})
+                x = every.array(lambda n=shape, dtype=dtype: jnp.ones((n,), dtype))
+                rows.append({"kind": "kernel", "s": _per_kernel(every.chain(_elementwise_body), (x,), reps, length=33)})
             elif kind == "launch":
                 x = jnp.ones((shape,), dtype)
                 rows.append({"kind": "launch", "what": "one tiny jitted call",
