@@ -610,9 +610,13 @@ class ExplorerState(param.Parameterized):
         done = [m for _, m in result.values()]
         where = f"{done[0].devices} x {done[0].device}" if done else "this machine"
         failed = [m.label for m in done if m.error is not None]
+        hw = self.config.hw if self.config is not None else None
+        other = hw is not None and done and (hw.profile is None or hw.profile.device != done[0].device)
         self.measure_status = (f"done: measured on {where}" + (" (simulated on the CPU: the host's times)"
                                                                if done and done[0].platform == "cpu" else "")
-                               + (f"; did not run: {', '.join(failed)}" if failed else ""))
+                               + (f"; did not run: {', '.join(failed)}" if failed else "")
+                               + (f"; the predictions are priced for {hw.name}, not for these devices"
+                                  if other and hw is not None else ""))
         ran = sorted((m for m in done if m.step_time is not None), key=lambda m: m.step_time or 0.0)
         if len(ran) > 1:
             by_pred = min(ran, key=lambda m: m.predicted_step_time or 0.0)

@@ -235,7 +235,7 @@ class BaselinesView(pn.viewable.Viewer):
         s = self.state
         self.table = Table("partex-baselines", [("plan", "plan and its decisions"), ("step", "step"),
                                                 ("mfu", "MFU"), ("peak", "peak"), ("measured", "measured")],
-                           height=None, html_fields=("plan", "peak", "measured"), wrap_fields=("plan", "measured"))
+                           height=None, html_fields=("plan", "peak", "measured"), wrap_fields=("plan",))
         self.btn = button("partex-measure", "Measure on this machine", min_width=190,
                           description="Run each plan that fits for a few steps on this machine's devices (one "
                                       "process per plan) and show its step time beside the prediction")
@@ -258,7 +258,7 @@ class BaselinesView(pn.viewable.Viewer):
         for name, r in rows:
             rep = r.report
             fits = ("<span class='ok' title='fits the budget'>✓</span>" if rep.fits else
-                    "<span class='bad' title='over the budget'>✗ over</span>")
+                    "<span class='bad' title='over the budget'>✗</span>")
             decisions = decisions_by_axis(r.plan.decisions) or "nothing sharded"
             label = f"<b>{esc(name)}</b><div class='small muted'>{decisions}</div>"
             out.append((label, fmt_time(rep.step_time), fmt_pct(rep.mfu), f"{fmt_bytes(rep.memory.peak)} {fits}",

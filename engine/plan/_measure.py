@@ -17,17 +17,15 @@ but say nothing of an accelerator's, and it reports no peak (None). ``Measured``
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 from .._errors import PartexError
 from .._results import Measured
 from ._plan import Plan
+from ._worker import run_worker, worker_main
 
 # Set by a process that keeps itself on the CPU (the explorer's server): the JAX_PLATFORMS the
 # machine's devices are measured on ("" for JAX's choice)
@@ -172,21 +170,8 @@ def measure(model: str, plans: Sequence[Plan], *, preset: str = "tiny", override
         env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
         spec = {"model": model, "preset": preset, "overrides": list(overrides or []), "plan": plan.to_json(),
                 "steps": steps, "warmup": warmup, "label": (labels[k] if labels else None)}
-        try:
-            r = subprocess.run([sys.executable, "-m", "partex.plan._measure", json.dumps(spec)], env=env,
-                               capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise PartexError(f"measuring {spec['label'] or plan.strategy} did not finish within {timeout:.0f} s") from None
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith('{"partex-measure"')]
-        if not lines:  # the worker died (killed, out of host memory): everything it said
-            raise RuntimeError(f"measure's worker process exited with code {r.returncode} and no result; its "
-                               f"output:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}")
-        res = json.loads(lines[-1])["partex-measure"]
-        if "error" in res:
-            raise PartexError(res["error"])
-        if "crash" in res:
-            raise RuntimeError(f"measure's worker process failed:\n{res['crash']}")
-        out.append(Measured.from_json(res["result"]))
+        what = f"measuring {spec['label'] or plan.strategy or 'a plan'}"
+        out.append(Measured.from_json(run_worker("partex.plan._measure", "measure", spec, env, timeout, what)))
     return out
 
 
@@ -208,16 +193,7 @@ def _worker(spec: dict) -> Measured:
 
 
 def main() -> None:
-    import traceback
-
-    spec: dict[str, Any] = json.loads(sys.argv[1])
-    try:
-        out: dict[str, Any] = {"result": _worker(spec).to_json()}
-    except PartexError as e:
-        out = {"error": str(e)}
-    except Exception:  # the process's boundary: hand the whole traceback to the parent
-        out = {"crash": traceback.format_exc()}
-    print(json.dumps({"partex-measure": out}))
+    worker_main("measure", lambda spec: _worker(spec).to_json())
 
 
 if __name__ == "__main__":

@@ -14,10 +14,7 @@ therefore the cost model's ``lowering="cpu"`` variant, which models exactly that
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 from .._errors import PartexError
@@ -35,6 +32,7 @@ from ._numerics import NUMERICS_RTOL as NUMERICS_RTOL
 from ._numerics import compare_outputs as compare_outputs
 from ._numerics import numerics, reference_run, to_host
 from ._plan import Plan
+from ._worker import run_worker, worker_main
 
 # XLA:CPU's scheduler: by default it schedules for thread concurrency, starting every op whose
 # operands are ready (a weight's all-gather) as early as it can, and it expands optimisation
@@ -69,24 +67,11 @@ def verify_many(model: str, plan_paths: list[str], *, preset: str = "tiny",
     env["JAX_NUM_CPU_DEVICES"] = str(sizes.pop())
     env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("PARTEX_JAX_CACHE", os.path.join(os.getcwd(), ".jax_cache"))
-    args = json.dumps({"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
-                       "overrides": list(overrides or []), "run": run, "constrain": constrain,
-                       "export": export, "explain": explain})
-    try:
-        r = subprocess.run([sys.executable, "-m", "partex.plan._verify", args], env=env, capture_output=True,
-                           text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise PartexError(f"verify did not finish within {timeout:.0f} s") from None
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith('{"partex-verify"')]
-    if not lines:  # the worker died (killed, out of memory): everything it said
-        raise RuntimeError(f"verify's worker process exited with code {r.returncode} and no result; "
-                           f"its output:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}")
-    out = json.loads(lines[-1])["partex-verify"]
-    if "error" in out:  # bad input, one line
-        raise PartexError(out["error"])
-    if "crash" in out:  # anything else keeps its traceback
-        raise RuntimeError(f"verify's worker process failed:\n{out['crash']}")
-    return [VerifyReport.from_json(r) for r in out["results"]]
+    spec = {"model": model, "plans": [os.path.abspath(p) for p in plan_paths], "preset": preset,
+            "overrides": list(overrides or []), "run": run, "constrain": constrain, "export": export,
+            "explain": explain}
+    results = run_worker("partex.plan._verify", "verify", spec, env, timeout, "verify")
+    return [VerifyReport.from_json(r) for r in results]
 
 
 def verify_loaded(model, plan, *, run: bool = False, constrain: bool = True, export: str | None = None,
@@ -303,17 +288,7 @@ def _side_by_side(full: VerifyReport, alone: dict, fmt: str) -> dict:
 
 
 def main() -> None:
-    import traceback
-
-    spec = json.loads(sys.argv[1])
-    try:
-        out = {"results": [r.to_json() for r in _worker(spec)]}
-    except PartexError as e:
-        out = {"error": str(e)}
-    except Exception:  # the process's boundary: hand the whole traceback to the parent
-        out = {"crash": traceback.format_exc()}
-    # one marked line: whatever the user's model prints on stdout is not mistaken for it
-    print(json.dumps({"partex-verify": out}))
+    worker_main("verify", lambda spec: [r.to_json() for r in _worker(spec)])
 
 
 if __name__ == "__main__":
