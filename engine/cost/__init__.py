@@ -11,7 +11,9 @@ A plan is an ordered list of decisions (group, mesh axis). From it follow
   slice; a sharded reduction factor leaves partial sums: an all-reduce, or a reduce-scatter
   when the result value is sharded on that axis. Ring (alpha-beta) costs per mesh axis.
 - peak memory per device by liveness over program order, every buffer at its sharded size;
-  arguments and outputs counted whole (as XLA reports them), donated outputs aliased.
+  arguments and outputs counted whole (as XLA reports them), donated outputs aliased;
+- the step compiled as the hardware's platform compiles it (``CostModel``'s lowering: TPU,
+  GPU or XLA:CPU), a recompute decision priced as XLA fuses the program it makes.
 
 Evaluation is memoised per value signature and per op pattern (ops with the same shapes,
 factors and groups), which do not grow with depth; the overlap schedule runs unrolled layers
@@ -28,7 +30,9 @@ The modules, each pure over the immutable tables of one (analysis, mesh, hardwar
 - ``_shardings``: axes from ordered decisions (``assign``), an op's view of a tensor;
 - ``_tables``: the tables (value signatures, patterns, live ranges, bitmasks);
 - ``_patterns``: op patterns and the cost of one pattern under decisions;
-- ``_reshard``: collective records, their ring time, reshards, halos, concatenate/split;
+- ``_pricing``: the seconds of one kernel or collective, from the hardware's figures or its
+  measured profile (``Hardware.profile``);
+- ``_reshard``: collective records, their time, reshards, halos, concatenate/split;
 - ``_aggregate``: the summed costs of the patterns of one group mask;
 - ``_cse``: one reshard of a value per computation;
 - ``_liveness``: live ranges and the per-device peak;
