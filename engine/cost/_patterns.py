@@ -337,13 +337,16 @@ def _host_bytes(op, hosted, nbytes) -> tuple[tuple[int, float], ...]:
 
 
 def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=None, stand_ins=None,
-                     ignore: frozenset[tuple[int, int]] = frozenset()
+                     ignore: frozenset[tuple[int, int]] = frozenset(), reads=None, like=None
                      ) -> tuple[tuple[Pattern, ...], np.ndarray, float, dict[tuple, int]]:
     """The program's ops as patterns: (patterns, pattern per op, total FLOPs per step, each
     pattern's key -> its index: two patterns of one key cost alike under any decisions).
     ``stand_ins``: values fused away that stand for others (``liveness.kernel_reads``);
     ``ignore``: (op, value) reads that do not happen (a loop's stacking of a residual that
-    a recompute decision drops: ``_recompute.variant_reads``).
+    a recompute decision drops: ``_recompute.variant_reads``); ``reads``: the kernels'
+    reads where known (``liveness.kernel_reads``). ``like``: (patterns, pattern per op, key
+    per pattern, the ops whose key may differ) of a compile of the same program whose other
+    ops keep their keys (a recompute variant's: ``_tables.variant_tables``).
     ``seen``: manual axes -> the group of each named dim as partially manual regions manual
     over them see it (``_tables.region_groups``), for the ops of their bodies; a region's
     enter and exit ops take the side outside it."""
@@ -367,7 +370,8 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=No
     # changes nothing there); TPU and GPU copy it to the host and back
     hosted = [v.host for v in values] if lowering != "cpu" and any(v.host for v in values) else None
     # XLA:CPU computes a fused chain where it is made, each op reading its own operands
-    reads = None if lowering == "cpu" else kernel_reads(p, fused, stand_ins)
+    if reads is None and lowering != "cpu":
+        reads = kernel_reads(p, fused, stand_ins)
     per_value = (vsig.tolist(), nbytes.tolist(), cheap, wire, fused.tolist(), reads, hosted, lowering == "cpu",
                  lowering == "gpu", ignore, _matmul_layouts(p) if lowering == "gpu" else {})
     index: dict[tuple, int] = {}
@@ -383,7 +387,11 @@ def compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering: str, seen=No
             manual = manual_axes.get(side[0]) if side else None
             if manual is not None:
                 op_ids = region_ids.get(manual, ids)
-        key, flops, halo_flops = _op_key(op, fs, values, op_ids, *per_value)
+        if like is not None and op.id not in like[3]:  # as in the compile it is like
+            base = like[0][like[1][op.id]]
+            key, flops, halo_flops = like[2][like[1][op.id]], base.flops, base.halo_flops
+        else:
+            key, flops, halo_flops = _op_key(op, fs, values, op_ids, *per_value)
         total_flops += flops * op.trip
         pi = index.get(key)
         if pi is None:

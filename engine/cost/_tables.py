@@ -21,7 +21,7 @@ from ..analysis._analysis import NO_DIM, Analysis
 from ..analysis._recompute import backward_span
 from ..tracing._program import NO_PRODUCER, Program
 from ._facts import having
-from ._liveness import Liveness, build_liveness, cpu_combined, fused_values, fusion_readers
+from ._liveness import Liveness, build_liveness, cpu_combined, fused_values, fusion_readers, kernel_reads
 from ._patterns import Pattern, compile_patterns
 from ._shardings import Sig, mask
 
@@ -68,6 +68,7 @@ class Tables:
     # index of the program's pattern of the same key (it costs the same), or -1
     pattern_keys: dict = dataclasses.field(default_factory=dict)
     same_pattern: np.ndarray | None = None
+    reads: list | None = None  # per op, its kernel's reads (``liveness.kernel_reads``; None: XLA:CPU)
 
 
 def region_groups(analysis: Analysis) -> tuple[tuple[tuple[int, frozenset[str]], ...], dict[frozenset[str], np.ndarray]]:
@@ -157,7 +158,9 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
     views, seen = region_groups(analysis)
     sigs, vsig = _signatures(analysis, fixed, seen)
     fused = fused_values(p, lowering)
-    patterns, op_pattern, total_flops, keys = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering, seen)
+    reads = kernel_reads(p, fused) if lowering != "cpu" else None
+    patterns, op_pattern, total_flops, keys = compile_patterns(analysis, sigs, vsig, nbytes, fused, lowering, seen,
+                                                               reads=reads)
     # groups each signature / pattern depends on, as bitmasks (hot path)
     sig_mask = [mask(g for g, _ in sig) for sig in sigs]
     pat_mask = []
@@ -178,7 +181,7 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
         patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask, mask_groups=_by_mask(pat_mask),
         total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused, lowering),
         combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late,
-        views=views, pattern_keys=keys)
+        views=views, pattern_keys=keys, reads=reads)
 
 
 def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dict[int, int]) -> Tables:
@@ -199,8 +202,20 @@ def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dic
             stand[s] = r
         else:  # a slice a matmul reads is written out again by the recomputation
             fused[r] = False
-    patterns, op_pattern, _, keys = compile_patterns(t.analysis, t.sigs, t.vsig, t.nbytes, fused, t.lowering,
-                                                      region_groups(t.analysis)[1], stand, ignore)
+    # the ops whose key may differ from the program's: those that touch a value fused
+    # otherwise, whose kernel reads otherwise, or that read what is no longer read
+    reads = kernel_reads(p, fused, stand) if t.lowering != "cpu" else None
+    moved = set(np.flatnonzero(fused != t.fused).tolist()) | set(stand)
+    changed = {op.id for op in p.ops if moved.intersection(op.inputs) or moved.intersection(op.outputs)}
+    changed |= {o for o, _ in ignore}
+    if reads is not None and t.reads is not None:
+        changed |= {k for k, (a, b) in enumerate(zip(reads, t.reads)) if a != b}
+    keys_of = [None] * len(t.patterns)
+    for key, pi in t.pattern_keys.items():
+        keys_of[pi] = key
+    patterns, op_pattern, _, keys = compile_patterns(
+        t.analysis, t.sigs, t.vsig, t.nbytes, fused, t.lowering, region_groups(t.analysis)[1], stand, ignore,
+        reads, (t.patterns, t.op_pattern, keys_of, changed) if t.reads is not None or t.lowering == "cpu" else None)
     same = np.full(len(patterns), -1, dtype=np.int64)
     for key, pi in keys.items():
         same[pi] = t.pattern_keys.get(key, -1)
@@ -212,4 +227,4 @@ def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dic
         pat_mask.append(m)
     return dataclasses.replace(t, patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask,
                                mask_groups=_by_mask(pat_mask), variant_fused=_read_only(fused), pattern_keys=keys,
-                               same_pattern=_read_only(same))
+                               same_pattern=_read_only(same), reads=reads)
