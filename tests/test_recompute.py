@@ -327,3 +327,36 @@ def test_the_search_takes_offload_where_dots_does_not_fit_and_full_costs_more():
     other = cramped.best()
     assert other is None or (partex.Recompute(0, "offload") not in other.decisions
                              and other.report.step_time > best.report.step_time)
+
+
+@pytest.mark.parametrize("lowering", ["tpu", "gpu"])
+def test_a_recompute_variant_compiles_as_a_whole_compile_would(lowering):
+    """A recompute decision prices the program as XLA fuses it under the decision (a
+    variant of the cost model's tables); the variant compiles again only the ops whose key
+    may differ, and gives every op the pattern a compile of the whole program gives it."""
+    import dataclasses
+
+    from partex.analysis._recompute import value_readers
+    from partex.cost._patterns import compile_patterns
+    from partex.cost._recompute import variant_reads
+
+    s = partex.Session.from_spec("llama", preset="tiny", mesh="data=4,model=2")
+    cm = CostModel(s.analysis, s.mesh, s.hardware, donate=s.donate, lowering=lowering)
+    for kind in ("dots", "full", "offload"):
+        rc = ((0, kind),)
+        v = cm._variant(rc)
+        assert v is not cm
+        t = v.tables
+        ignore, stand = variant_reads(cm.tables, rc, cm.units, value_readers(cm.program))
+        stand = {a: b for a, b in stand.items() if t.variant_fused[a]}
+        whole = compile_patterns(t.analysis, t.sigs, t.vsig, t.nbytes, t.variant_fused, lowering, None, stand, ignore)
+        for op in cm.program.ops:
+            mine, theirs = t.patterns[t.op_pattern[op.id]], whole[0][whole[1][op.id]]
+            assert dataclasses.replace(mine, weight=0, ops=()) == dataclasses.replace(theirs, weight=0, ops=()), op
+    # priced on the program's own patterns (no variant), the recomputation would write out
+    # and read back the residuals XLA fuses into their readers: it would cost more
+    plain = CostModel(s.analysis, s.mesh, s.hardware, donate=s.donate, lowering=lowering)
+    plain._variants = None
+    for kind in ("full", "dots"):
+        plan = s.strategy("megatron") + [partex.Recompute(0, kind)]
+        assert cm.evaluate(plan).compute_time < plain.evaluate(plan).compute_time
