@@ -301,7 +301,8 @@ def short_source(src: str) -> str:
 
 def plan_rows(state) -> list:
     """(row label, PlanSummary) in display order: the search, an upload, the baselines
-    (``state``: an ``ExplorerState``)."""
+    (``state``: an ``ExplorerState``, or a ``ParamSlice`` of it that reads ``best``,
+    ``uploaded`` and ``baselines``)."""
     rows = []
     if state.best is not None:
         rows.append(("search", state.best))

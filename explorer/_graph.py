@@ -459,10 +459,10 @@ class DecisionView(pn.viewable.Viewer):
             f"{esc(titled(f['group']))}→{esc(f['axis'] or 'unsharded')}</span>" for f in ws.session.fixed)
         chips += "".join(f"<span class='chip pin'>pinned {esc(label(d))}</span>" for d in s.pins)
         chips += "".join(f"<span class='chip forbid'>forbidden {esc(label(d))}</span>" for d in s.forbidden)
-        held_pins, held_forbidden = s.held
+        held = s.held
         chips += "".join(f"<span class='chip held' title='does not apply on this mesh; it comes back on a mesh "
                          f"where it does'>set aside: {how} {esc(label(d))}</span>"
-                         for how, items in (("pin", held_pins), ("forbid", held_forbidden)) for d in items)
+                         for how, items in (("pin", held.pins), ("forbid", held.forbidden)) for d in items)
         self.chips.object = f"<div class='chips'>{chips or '<span class=muted>No pins: the search decides everything.</span>'}</div>"
         g = s.selected_group
         self._set_group()  # the form shows the group the card shows (none: its first option)

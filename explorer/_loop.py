@@ -21,6 +21,10 @@ log = logging.getLogger("partex.explorer")
 
 SLOW_CALLBACK_MS = 100
 
+# How a part of the page runs slow work: submit(kind, work, done) runs work() in a worker
+# thread; done(its result) runs later on the page's loop (``Jobs``).
+Submit = Callable[[str, Callable[[], Any], Callable[[Any], None]], None]
+
 
 class Finished(NamedTuple):
     """A job's result, waiting to be applied: ``status`` "ok" (``value`` is what the work

@@ -15,6 +15,7 @@ import partex
 from partex.explorer._engine import Workspace
 from partex.explorer._runner import ProcessRunner
 from partex.explorer._state import ExplorerState
+from partex.explorer._store import SessionStore
 
 
 def wait_for(predicate, timeout=60.0, what="condition"):
@@ -48,12 +49,11 @@ def test_a_failure_in_the_search_process_is_logged_with_its_traceback(caplog):
 
 
 def test_session_names_never_leave_the_sessions_folder(tmp_path):
-    st = ExplorerState.__new__(ExplorerState)  # only the path rule, no model loaded
-    st.sessions_dir = tmp_path
-    assert st.session_path("my-run.2") == tmp_path / "my-run.2.json"
+    store = SessionStore(tmp_path)  # only the path rule, no model loaded
+    assert store.path("my-run.2") == tmp_path / "my-run.2.json"
     for bad in ("../x", "/etc/passwd", "a/b", "..", ".hidden", ""):
         with pytest.raises(partex.PartexError, match="session name"):
-            st.session_path(bad)
+            store.path(bad)
 
 
 def _settle(st: ExplorerState, until, what: str, timeout: float = 120.0):
@@ -126,7 +126,7 @@ def test_a_pin_that_stops_applying_is_set_aside_with_a_message_and_comes_back(tm
         st.budget_text = "1KiB"  # nothing fits
         _settle(st, lambda: st.phase == "ready" and st.config.hw.budget == 1024 and not st.busy, "the budget")
         heads = next(g.id for g in st.workspace.an.decision_groups if g.label == "heads")
-        st._decide("pin", heads, "model")
+        st.driver.decide("pin", heads, "model")
         _settle(st, lambda: any(st.workspace.an.decision_label(p) == "heads->model" for p in st.pins), "the pin")
         st.mesh_text = "data=1,model=8"  # heads (4) cannot be split 8 ways
         _settle(st, lambda: st.phase == "ready" and st.config.mesh.text() == "data=1,model=8" and not st.busy,
@@ -304,7 +304,7 @@ def test_an_exception_in_a_jobs_result_is_one_line_and_the_session_goes_on(tmp_p
         def broken(loaded):
             raise RuntimeError("a bug while installing the model")
 
-        monkeypatch.setattr(st, "_install", broken)
+        monkeypatch.setattr(st.loading, "install", broken)
         with caplog.at_level(logging.ERROR, logger="partex.explorer"):
             st.mesh_text = "data=2,model=4"
             _settle(st, lambda: "load" not in st.busy and st.message_level == "danger", "the error")
@@ -410,7 +410,7 @@ def test_the_mesh_search_runs_beside_the_page_and_its_rows_go_with_the_model(tmp
         for devices, topology, seconds, field in ((0, "", 5, "devices"), (8, "3x4", 5, "topology"),
                                                   (8, "2x", 5, "topology"), (8, "", 0, "seconds")):
             st.search_meshes(devices, topology, seconds, "4")
-            assert set(st.field_error) == {field} and "meshes" not in st.busy and st.meshes is None, st.field_error
+            assert set(st.field_error) == {field} and "meshes" not in st.busy and st.mesh_card.job is None, st.field_error
         st.search_meshes(8, "2x4@6.25", 3, "4")
         assert not st.field_error and "meshes" in st.busy
         _settle(st, lambda: "meshes" not in st.busy, "the mesh search")

@@ -1,0 +1,195 @@
+"""The page's search (``SearchDriver``): its runner (``_runner``: a forked child, or a thread),
+the search controls' actions, and the snapshots the page picks up from it."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+from partex import PartexError, SearchStats, Session
+
+from ._banner import Banner
+from ._engine import Workspace
+from ._format import fmt_bytes
+from ._runner import ProcessRunner, SearchSnapshot, ThreadRunner, make_runner
+from ._slice import ParamSlice
+
+# After picking up a snapshot the page renders it and Bokeh serialises the changes; a search
+# in a thread (ThreadRunner) keeps off the GIL that long, so that it never holds the page up.
+QUIET_SECONDS = 0.1
+APPLY_SECONDS = 0.5  # while the search runs, the page shows its progress this often
+NO_FIT_SIMULATIONS = 200  # with no plan that fits after this many, the page says so
+
+
+class SearchDriver:
+    """Drives the page's search. Owns its runner (``ProcessRunner`` or ``ThreadRunner``) and
+    what the page has taken from it: the last snapshot shown, whether the no-fit warning was
+    said, and a pause's message, whose count waits for the search's last snapshot. ``page``
+    sets the state's ``running``, ``best``, ``stats``, ``pins`` and ``forbidden`` and reads
+    ``workspace`` and ``config``; ``probe()`` updates the state's JSON; ``internal_error``
+    reports partex's own bug on the page. ``name``: the session's id (the runner's name)."""
+
+    def __init__(self, page: ParamSlice, banner: Banner, probe: Callable[[], None],
+                 internal_error: Callable[[str, Exception], None], name: str):
+        self.page = page
+        self.banner = banner
+        self.probe = probe
+        self.internal_error = internal_error
+        self.name = name
+        self.runner: ProcessRunner | ThreadRunner | None = None
+        self._seen_version = -1
+        self._last_apply = 0.0
+        self._warned_budget = False
+        # the banner's line a pause left: its count is said again with the search's last
+        # snapshot, unless a newer message has replaced it (None: no pause waits)
+        self._pause_line: str | None = None
+
+    # ------------------------------------------------------------------ the runner's life
+    def start(self, session: Session, ws: Workspace) -> None:
+        """A new search on ``session`` (the runner steps a copy); its pins and forbids shown."""
+        self.runner = make_runner(session, ws, session=self.name)
+        self.page.pins = session.pins
+        self.page.forbidden = session.forbidden
+
+    def fresh(self) -> None:
+        """Nothing of the search before stays on the page: no best plan, no statistics."""
+        self.page.best = None
+        self.page.stats = SearchStats()
+        self._seen_version = -1
+        self._warned_budget = False
+        self._pause_line = None
+
+    def drop_decisions(self) -> None:
+        """The pins and forbids go (together): they were of another model."""
+        self.page.set(pins=[], forbidden=[])
+
+    def stop(self) -> None:
+        """Close the runner (a new one is about to come)."""
+        if self.runner is not None:
+            self.runner.close(wait=0.2)
+            self.runner = None
+
+    def close(self) -> None:
+        """The tab closed: stop the search."""
+        if self.runner is not None:
+            self.runner.close()
+
+    # ------------------------------------------------------------------ the search controls
+    def need_runner(self) -> ProcessRunner | ThreadRunner | None:
+        """The runner, or None with a message that there is no search yet."""
+        if self.runner is None or not self.runner.alive:
+            self.banner.notify("no search yet: wait for the model to load (or press Analyze)", "warning")
+            return None
+        return self.runner
+
+    def run(self) -> None:
+        r = self.need_runner()
+        if r:
+            r.run()
+            self.page.running = True
+            an = self.page.workspace.an
+            pins = ", ".join(an.decision_label(d) for d in self.page.pins)
+            self._pause_line = None
+            self.banner.say(f"searching on {self.page.config.mesh.text()}"
+                            + (f" from the pinned {pins}" if pins else "")
+                            + "; Pause to stop, pin or forbid a group any time")
+
+    def pause(self) -> None:
+        if self.runner:
+            self.runner.pause()
+        was = self.page.running
+        self.page.running = False
+        if was:  # the "searching on ..." message would outlive the search
+            # the search stops between two chunks: the count is said again with its last snapshot
+            self._say_paused()
+            self._pause_line = self.banner.line if self.runner is not None else None
+
+    def _say_paused(self) -> None:
+        self._pause_line = None
+        self.banner.say(f"paused after {self.page.stats.simulations:,} simulations; Run goes on, Reset "
+                        "starts afresh")
+
+    def _pause_waits(self) -> bool:
+        return self._pause_line is not None and self._pause_line == self.banner.line
+
+    def step(self, n: int) -> None:
+        r = self.need_runner()
+        if r:
+            r.step(n)
+
+    def decide(self, how: str, group: int | None, axis: str | None) -> None:
+        """Pin, forbid or release (``how``: "pin", "forbid", "unpin") ``group`` on ``axis``."""
+        r = self.need_runner()
+        if r is None:
+            return
+        if group is None or axis is None:
+            self.banner.notify("choose a group (click a node in the graph) and a mesh axis", "warning")
+            return
+        an = self.page.workspace.an
+        lab = f"{an.groups[group].label}->{axis}"
+        try:
+            pins, forbidden = r.call(how, group, axis)
+        except PartexError as e:
+            text = str(e)
+            self.banner.notify(text if text.startswith("cannot") else f"cannot {how} {lab}: {text}", "danger")
+            return
+        self._warned_budget = False
+        verb = {"pin": "pinned", "forbid": "forbade", "unpin": "released"}[how]
+        tail = "" if self.page.running else "; press Run to resume the search from here"
+        # the message first: a page that sees the new pins also sees why
+        self.banner.say(f"{verb} {lab}{tail}")
+        self.page.pins, self.page.forbidden = pins, forbidden
+        self.probe()
+
+    # ------------------------------------------------------------------ its snapshots
+    def poll(self) -> None:
+        """Show the search's latest snapshot: at once when it stopped or found a new best,
+        else every APPLY_SECONDS."""
+        r = self.runner
+        snap = r.receive() if r is not None else None
+        now = time.perf_counter()
+        if (r is not None and snap is not None and snap.version != self._seen_version
+                and (not snap.running or snap.best is not self.page.best
+                     or now - self._last_apply >= APPLY_SECONDS)):
+            self._seen_version = snap.version  # a snapshot that fails below is not applied again
+            self._last_apply = now
+            r.quiet(QUIET_SECONDS)
+            try:
+                self._apply(snap)
+            except Exception as e:
+                self.internal_error("showing the search's progress", e)
+
+    def _apply(self, snap: SearchSnapshot) -> None:
+        page = self.page
+        with page.batch():
+            page.stats = snap.stats
+            if snap.best is not page.best:
+                page.best = snap.best
+            if list(snap.pins) != page.pins:
+                page.pins = list(snap.pins)
+            if list(snap.forbidden) != page.forbidden:
+                page.forbidden = list(snap.forbidden)
+            if page.running and self.runner is not None and not self.runner.running and not snap.running:
+                page.running = False
+        if snap.best is not None and snap.best.report.fits:
+            self.banner.standing = ""  # a plan fits after all
+        if snap.error:
+            page.running = False
+            self._pause_line = None
+            self.banner.notify(snap.error, "danger")
+        elif snap.best is None and snap.stats.simulations >= NO_FIT_SIMULATIONS and not self._warned_budget:
+            self._warned_budget = True
+            smallest = snap.stats.smallest_memory
+            budget = page.config.hw.budget
+            tail = f"; the smallest predicted peak so far is {fmt_bytes(smallest)}" if smallest < math.inf else ""
+            self.banner.standing = (f"no plan fits the budget of {fmt_bytes(budget)} per device after "
+                                    f"{snap.stats.simulations} simulations{tail}: raise the budget, grow the mesh "
+                                    "or release a pin")
+            if self._pause_waits() and not snap.running:
+                self._say_paused()
+            else:
+                self.banner.notify(self.banner.standing, "warning")
+        elif self._pause_waits() and not snap.running:
+            self._say_paused()  # the search has stopped: its count is the one the page shows
+        self.probe()

@@ -1,0 +1,117 @@
+"""The Meshes card's search on the page's side (``MeshCard``): the job in a forked child
+(``_meshes.MeshSearchJob``), its progress and outcome in words."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from partex import PartexError, candidate_meshes
+
+from ._banner import MESH_SEARCH_FIELDS, Banner
+from ._engine import Workspace
+from ._format import fmt_bytes, fmt_time
+from ._meshes import MeshRequest, MeshSearchJob
+from ._slice import ParamSlice
+
+
+class MeshCard:
+    """Owns the mesh search in flight or last run (``job``) and the model, hardware and budget
+    its rows were found for. ``page``: the state's ``mesh_rows`` and ``mesh_status`` (set),
+    ``busy`` and ``config`` (read); ``mark(kind, on)`` puts ``meshes`` in ``busy`` while the search runs.
+    ``name``: the session's id (the child's name ends with it)."""
+
+    def __init__(self, page: ParamSlice, banner: Banner, mark: Callable[[str, bool], None], name: str):
+        self.page = page
+        self.banner = banner
+        self.mark = mark
+        self.name = name
+        self.job: MeshSearchJob | None = None
+        self._for: tuple | None = None  # (analysis, hardware) the rows were found for
+
+    @property
+    def running(self) -> bool:
+        return "meshes" in self.page.busy
+
+    def search(self, ws: Workspace | None, devices, topology: str, seconds, max_axes, pipelines: str) -> None:
+        """Search every factorisation of ``devices`` (laid out as ``topology``) on the page's
+        model ``ws``, with its hardware and budget: ``Session.search_meshes`` in a forked
+        child, with the pipelined candidates ``pipelines`` names (``_meshes.PIPELINES``); its
+        rounds show as they come (``poll``)."""
+        if ws is None:
+            self.banner.notify("no model yet: wait for it to load (or press Analyze)", "warning")
+            return
+        try:
+            request = MeshRequest.parse(devices, topology, seconds, max_axes, pipelines)
+            meshes = candidate_meshes(request.devices, request.topology, request.max_axes)
+        except PartexError as e:
+            self.banner.bad_input(PartexError(str(e).replace("--", ""), field=e.field or "devices"))
+            return
+        self.banner.clear(*MESH_SEARCH_FIELDS)
+        if self.job is not None:
+            self.job.close()
+        self.job = MeshSearchJob(ws.session, request, name=self.name, lock=ws.lock)
+        self._for = (ws.base, ws.config.hw)
+        self.page.set(mesh_rows=[], mesh_status=(
+            f"searching the {len(meshes)} meshes of {request.text()} for {request.seconds:g} s: "
+            "a session on each from its hand plans, then rounds of successive halving"))
+        self.mark("meshes", True)
+
+    def stop(self) -> None:
+        """Stop the mesh search: the meshes tried so far stay in the card."""
+        if self.job is not None and self.running:
+            self.job.close()
+            self.page.mesh_status = f"stopped: {len(self.page.mesh_rows)} meshes tried so far"
+            self.mark("meshes", False)
+
+    def keep_for(self, ws: Workspace) -> None:
+        """The page shows ``ws`` now: rows tried on another model, hardware or budget go."""
+        if self._for is None or self._for == (ws.base, ws.config.hw):
+            return
+        if self.job is not None:
+            self.job.close()
+        self._for = None
+        with self.page.batch():
+            self.page.set(mesh_rows=[], mesh_status="")
+            self.mark("meshes", False)
+
+    def poll(self) -> None:
+        """Show the search's latest rounds; its outcome in words once it is done."""
+        job = self.job
+        if job is None or not self.running:
+            return
+        p = job.receive()
+        if list(p.rows) != self.page.mesh_rows:
+            self.page.mesh_rows = list(p.rows)
+        if not p.done:
+            if p.rows:
+                live = sum(r.live for r in p.rows)
+                rounds = max(r.rounds for r in p.rows)
+                self.page.mesh_status = (f"searching: {len(p.rows)} meshes, {live} still in after round {rounds}"
+                                         if rounds else f"searching: {len(p.rows)} meshes scored by their hand plans")
+            return
+        self.mark("meshes", False)
+        if p.error:
+            self._end(f"the mesh search failed: {p.error}", "danger")
+            return
+        best = next((r for r in p.rows if r.step is not None), None)
+        n = len(p.rows)
+        head = f"{n} mesh{'es' if n != 1 else ''} of {job.request.text()} in {p.seconds:.1f} s"
+        if p.rows and all(r.note for r in p.rows):
+            self._end(f"{head}: the model can use none of them ({p.rows[0].note})", "warning")
+        elif best is None:
+            self._end(f"{head}: no plan fits the budget of {fmt_bytes(self.page.config.hw.budget)} per device "
+                      "on any: raise the budget or give more devices", "warning")
+        else:
+            status = (f"{head}: the best is {best.label} at {fmt_time(best.step)} per step; pick a mesh "
+                      "and press Use this mesh to continue on it")
+            self.page.mesh_status = status
+            self.banner.notify(f"mesh search done: {status}", "success")
+
+    def _end(self, status: str, level: str) -> None:
+        self.page.mesh_status = status
+        self.banner.notify(status, level)
+
+    def close(self) -> None:
+        if self.job is not None:
+            self.job.close()
+
