@@ -94,7 +94,7 @@ class LlamaConfig:
 
 # Llama-2-7B's dims (32 layers, d_model 4096, 32 heads, SwiGLU 11008, vocab 32000) with
 # grouped-query attention over 8 key/value heads (as Llama-2-70B / Llama-3 use); batch 8 of
-# 1024 tokens, as in DESIGN.md's 7B measurement. Retune here.
+# 1024 tokens, as in docs/results.md's 7B measurement ("Full-size problems"). Retune here.
 LLAMA_7B = LlamaConfig(layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=11008, vocab=32000,
                        seq=1024, batch=8, lr=1e-4)
 

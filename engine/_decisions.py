@@ -78,6 +78,7 @@ class Decision(abc.ABC):
 
     @property
     def slot(self) -> str:
+        """The decision's second field in files: ``PREFIX`` + ``value`` (a mesh axis, ``resolve:second``)."""
         return self.PREFIX + self.value
 
     def pair(self) -> tuple[int, str]:
@@ -85,6 +86,7 @@ class Decision(abc.ABC):
         return self._pair
 
     def to_json(self) -> list:
+        """``[id, slot]``: the decision as files spell it (``decision_of`` reads it back)."""
         return [self.id, self.slot]
 
     def __eq__(self, other: object) -> bool:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 class PartexError(Exception):
     """A bad input from the user. The CLI prints ``partex: <message>`` and exits with 2;
-    the explorer shows the message. Never raised for bugs in partex itself."""
+    the explorer shows the message. Never raised for bugs in partex itself.
+
+    ``message``: what was wrong and how to fix it, kept to one line; ``field``: the input that
+    was wrong (``"mesh"``, ``"memory"``), where known, so that a form shows the message there."""
 
     exit_code = 2
 

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 
@@ -26,6 +26,10 @@ from .tracing._program import path_str, trace
 
 @dataclasses.dataclass(frozen=True)
 class LoadedModel:
+    """A model ready to trace: its ``name``, the step ``fn`` and its example ``args``, the
+    inputs' logical ``axis_names`` (or None), and a demo model's ``preset`` and ``config``
+    (``"custom"`` and None for any other)."""
+
     name: str
     fn: Callable
     args: tuple
@@ -42,7 +46,7 @@ class ModelAnalysis:
     program: Any  # Program
     analysis: Any  # Analysis
     trace_seconds: float
-    pipeline: Any = None  # the Pipeline its step runs (``plan._pipelined.pipelined``), None: the step as written
+    pipeline: Any = None  # the Pipeline its step runs (``plan._pipeline_decision.pipelined``), None: the step as written
     base: Any = None  # with a pipeline: the ModelAnalysis of the step as written
     work_flops: float | None = None  # with a pipeline: the FLOPs of the step as written (its MFU's work)
 
@@ -59,8 +63,44 @@ def analyze_loaded(model: LoadedModel) -> ModelAnalysis:
 
 
 def analyze_model(spec: str, preset: str = "tiny", overrides=None) -> ModelAnalysis:
-    """Load a MODEL spec, trace it and run the named-dimension analysis."""
+    """Load a MODEL ``spec`` (``load_model``, with ``preset`` and ``overrides``), trace it and
+    run the named-dimension analysis. Returns a ``ModelAnalysis``."""
     return analyze_loaded(load_model(spec, preset, overrides))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """How to build the model again: a demo name or ``module:attr`` / ``path/file.py:attr``,
+    with the demo preset and config overrides (``["layers=4"]``)."""
+
+    spec: str
+    preset: str = "tiny"
+    overrides: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        """``{"spec", "preset", "overrides"}`` as JSON data (a plan's ``model``, a session file's)."""
+        return {"spec": self.spec, "preset": self.preset, "overrides": list(self.overrides)}
+
+    @property
+    def title(self) -> str:
+        """``spec (preset)``, with the overrides in brackets where there are any."""
+        extra = f" [{', '.join(self.overrides)}]" if self.overrides else ""
+        return f"{self.spec} ({self.preset}){extra}"
+
+
+def model_spec(spec: str, preset: str, overrides) -> ModelSpec:
+    """A ModelSpec from the command line's or the file's spelling (overrides as ``k=v``
+    texts or a mapping; a ``module:attr`` has no preset)."""
+    if isinstance(overrides, Mapping):
+        overrides = [f"{k}={v}" for k, v in overrides.items()]
+    if spec not in demo_models.MODELS:  # presets are the demo models'; a module:attr has none
+        preset = "custom"
+    return ModelSpec(spec, preset, tuple(str(o) for o in (overrides or ())))
+
+
+def analyze_spec(spec: ModelSpec) -> ModelAnalysis:
+    """The model a ``ModelSpec`` names, loaded, traced and analysed (``analyze_model``)."""
+    return analyze_model(spec.spec, spec.preset, list(spec.overrides))
 
 
 def demo_names() -> list[str]:
@@ -68,7 +108,11 @@ def demo_names() -> list[str]:
 
 
 def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | None = None) -> LoadedModel:
-    """Resolve a MODEL spec to a function and example args. Bad input -> PartexError."""
+    """Resolve a MODEL ``spec`` to a function and example args, a ``LoadedModel``: a demo
+    model's name, built at ``preset`` with ``overrides`` (``["layers=4"]`` or a dict), or
+    ``module:attr`` / ``path/file.py:attr`` naming a callable that returns ``(fn,
+    example_args)`` or ``(fn, example_args, axis_names)`` (which takes no overrides). Bad
+    input -> PartexError."""
     if not spec or not isinstance(spec, str):
         raise PartexError("no MODEL given: name a demo model "
                           f"({', '.join(demo_names())}) or module:attr / path/file.py:attr")

@@ -18,6 +18,10 @@ GiB = 1024**3
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Hardware:
+    """One device's figures the cost model prices a plan with (compute, memory, bandwidths,
+    links, host memory): a preset (``HARDWARE``), a profile (``load``) or given; frozen, and
+    checked by ``validate``. Each field's meaning is in its comment below."""
+
     name: str
     peak_flops: float  # FLOP/s per device (dense bf16 where the chip has it)
     hbm_bytes: float  # memory per device
@@ -44,7 +48,8 @@ class Hardware:
 
     @classmethod
     def load(cls, path: str | os.PathLike, **overrides) -> "Hardware":
-        """The hardware a profile file describes (``partex calibrate --out PATH``)."""
+        """The hardware the profile file at ``path`` describes (``partex calibrate --out
+        PATH``; ``from_profile``), the figures in ``overrides`` replaced."""
         return cls.from_profile(Profile.load(path), **overrides)
 
     @classmethod
@@ -83,7 +88,8 @@ class Hardware:
                 f"links {self.link_bandwidth / 1e9:g} GB/s")
 
     def host_seconds(self, nbytes: float, to_host: bool = True) -> float:
-        """Seconds to copy ``nbytes`` between this device and its host's memory."""
+        """Seconds to copy ``nbytes`` between this device and its host's memory, ``to_host``
+        (True) or back: the profile's measured time where it has one, else by ``host_bandwidth``."""
         if self.profile is not None:
             t = self.profile.host_time(nbytes, to_host)
             if t is not None:
@@ -91,6 +97,7 @@ class Hardware:
         return nbytes / self.host_bandwidth if nbytes else 0.0
 
     def to_json(self) -> dict:
+        """Every figure as JSON data, the profile as ``Profile.to_json`` gives it."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "profile"}
         if self.profile is not None:
             d["profile"] = self.profile.to_json()
@@ -98,6 +105,8 @@ class Hardware:
 
     @classmethod
     def from_json(cls, d: Any, where: str = "plan hardware") -> "Hardware":
+        """The hardware in the JSON data ``d`` (``to_json``), validated; ``where`` names it in
+        the PartexError for an unknown or missing field or a bad figure."""
         if not isinstance(d, dict):
             raise PartexError(f"{where} must be an object of figures")
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -116,6 +125,7 @@ class Hardware:
 
     @property
     def budget(self) -> float:
+        """The per-device memory budget in bytes: ``memory_budget``, else ``hbm_bytes``."""
         return self.memory_budget if self.memory_budget is not None else self.hbm_bytes
 
     @property
@@ -124,7 +134,8 @@ class Hardware:
         return self.host_memory_bytes * (1.0 - self.memory_margin)
 
     def fits(self, peak: float, host: float = 0.0) -> bool:
-        """Whether a plan of this device peak and host memory fits (both less the margin)."""
+        """Whether a plan of device ``peak`` and ``host`` memory (bytes per device) fits:
+        ``peak`` within ``limit`` and ``host`` within ``host_limit`` (both less the margin)."""
         return peak <= self.limit and host <= self.host_limit
 
     @property
@@ -133,6 +144,8 @@ class Hardware:
         return self.budget * (1.0 - self.memory_margin)
 
     def replace(self, **kw) -> "Hardware":
+        """A copy with the figures given by keyword replaced, validated; PartexError for an
+        unknown field."""
         unknown = set(kw) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise PartexError(f"unknown hardware field(s) {sorted(unknown)}; valid: "
@@ -142,6 +155,8 @@ class Hardware:
         return hw
 
     def validate(self) -> None:
+        """Check every figure (positive and finite; a latency >= 0; a margin in [0, 1)).
+        Returns None; PartexError naming the first figure that is wrong."""
         for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth", "host_memory_bytes"):
             _positive(f"hardware {self.name}: {f}", getattr(self, f))
         if not (math.isfinite(self.link_latency) and self.link_latency >= 0):
@@ -202,7 +217,9 @@ def is_profile_path(name: str) -> bool:
 
 
 def get_hardware(name: str, **overrides) -> Hardware:
-    """A preset by name, or the hardware a profile file describes (a path: ``*.json``)."""
+    """The hardware ``name`` names: a preset (``HARDWARE``), or the profile file at a path
+    (``*.json``), with the figures in ``overrides`` (None values ignored) replaced.
+    PartexError for an unknown preset."""
     if is_profile_path(name):
         return Hardware.load(name, **{k: v for k, v in overrides.items() if v is not None})
     if name not in HARDWARE:
@@ -219,7 +236,8 @@ _UNITS = {None: 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
 
 
 def parse_bytes(text: str | float | int) -> float:
-    """'16GiB', '1.5e9', '512 MiB' -> bytes."""
+    """The bytes ``text`` spells: '16GiB', '1.5e9', '512 MiB' (a number passes as it is).
+    PartexError for text it cannot read or a size that is not positive."""
     if isinstance(text, (int, float)):
         _positive("memory size", text)
         return float(text)
@@ -232,8 +250,8 @@ def parse_bytes(text: str | float | int) -> float:
 
 
 def format_bytes(n: float | None) -> str:
-    """Bytes for people: 3145728 -> '3.0 MiB' (binary units, as budgets are written); '-' for
-    None or a non-finite number."""
+    """``n`` bytes for people: 3145728 -> '3.0 MiB' (binary units, as budgets are written);
+    '-' for None or a non-finite number."""
     if n is None or not math.isfinite(n):
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -254,25 +272,31 @@ class MeshSpec:
 
     @property
     def size(self) -> int:
+        """The number of devices: the product of the axes' sizes."""
         return math.prod(self.sizes)
 
     @property
     def shape(self) -> dict[str, int]:
+        """{axis: size}, in the mesh's order."""
         return dict(zip(self.axes, self.sizes))
 
     def axis_size(self, axis: str) -> int:
+        """The size of the mesh axis ``axis``; PartexError for an axis the mesh lacks."""
         return self.sizes[self.index(axis)]
 
     def index(self, axis: str) -> int:
+        """The position of ``axis`` in ``axes``; PartexError naming the mesh's axes for one it lacks."""
         try:
             return self.axes.index(axis)
         except ValueError:
             raise PartexError(f"unknown mesh axis {axis!r}; this mesh has {self.text()}") from None
 
     def axis_bandwidth(self, axis: str, hw: Hardware) -> float:
+        """Bytes/s of ``axis``'s links: the mesh's own where it gives them, else ``hw``'s."""
         return self.bandwidth[self.index(axis)] if self.bandwidth else hw.link_bandwidth
 
     def axis_latency(self, axis: str, hw: Hardware) -> float:
+        """Seconds per collective step on ``axis``: the mesh's own where it gives them, else ``hw``'s."""
         return self.latency[self.index(axis)] if self.latency else hw.link_latency
 
     def text(self, links: bool = False) -> str:
@@ -282,6 +306,8 @@ class MeshSpec:
         return ",".join(f"{a}={s}{w}" for a, s, w in zip(self.axes, self.sizes, bw))
 
     def to_json(self) -> dict:
+        """``{"axes", "sizes"}`` as JSON data, with ``bandwidth``, ``latency`` and (for
+        reading) ``slow_axes`` where the mesh gives bandwidths."""
         d = {"axes": list(self.axes), "sizes": list(self.sizes)}
         if self.bandwidth:
             d["bandwidth"] = list(self.bandwidth)
@@ -294,6 +320,7 @@ class MeshSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> "MeshSpec":
+        """The mesh in the JSON data ``d`` (``to_json``), checked as ``create`` checks it."""
         try:
             axes, sizes = d["axes"], d["sizes"]
         except (KeyError, TypeError):
@@ -302,6 +329,9 @@ class MeshSpec:
 
     @classmethod
     def create(cls, axes, sizes, bandwidth=None, latency=None) -> "MeshSpec":
+        """A checked mesh: ``axes`` unique names, ``sizes`` one positive integer per axis,
+        and optionally ``bandwidth`` (bytes/s, positive) and ``latency`` (seconds, >= 0), one
+        per axis. PartexError for anything else."""
         axes = tuple(str(a) for a in axes)
         if not axes:
             raise PartexError("a mesh needs at least one axis, e.g. data=8")
@@ -328,7 +358,8 @@ class MeshSpec:
 
     @classmethod
     def parse(cls, text: str) -> "MeshSpec":
-        """'data=4,model=2' -> MeshSpec. Each axis may carry '@<bandwidth GB/s>'."""
+        """The mesh ``text`` spells: 'data=4,model=2', each axis optionally with
+        '@<bandwidth GB/s>' (all or none). PartexError for text it cannot read."""
         if not isinstance(text, str) or not text.strip():
             raise PartexError("empty mesh: write axes as name=size pairs, e.g. data=4,model=2")
         axes, sizes, bws = [], [], []
@@ -358,8 +389,9 @@ class MeshSpec:
 
     def jax_mesh(self, devices=None):
         """A jax Mesh with Auto axis types (the default Explicit axes make ordinary model code
-        raise ShardingTypeError), laid out on the devices by ``device_grid``: on a job of
-        several hosts (or TPU slices) the fast axes stay within one."""
+        raise ShardingTypeError), laid out on ``devices`` (default: all of JAX's) by
+        ``device_grid``: on a job of several hosts (or TPU slices) the fast axes stay within
+        one. PartexError when their number is not the mesh's size."""
         import jax
         from jax.sharding import AxisType, Mesh
 

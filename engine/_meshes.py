@@ -12,7 +12,7 @@ the slow axis, its size the slices (``stage``: each slice a stage, the activatio
 the slow network once a tick), or within one slice over a ``stage`` axis of 2 or 4 devices;
 ``candidate_pipelines`` gives those meshes with the pipelines to try on each (microbatches
 2S and 4S where the batch divides, each stage saving or recomputing its layers).
-``search_meshes`` runs one search per candidate (a ``Session`` each) by successive halving:
+``search_meshes`` runs one search per candidate (a ``Searched``: a ``Session`` each) by successive halving:
 every candidate starts from its hand plans, then rounds of MCTS, each giving the better half
 of the candidates still in twice the time, until one is left or the time is spent.
 
@@ -30,14 +30,27 @@ import dataclasses
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 from ._errors import PartexError
 from ._mesh import MeshSpec
-from .plan._pipelined import Pipeline
+from ._results import SearchStats
+from .plan._pipeline_decision import Pipeline
 
-if TYPE_CHECKING:
-    from ._session import Session
+
+class Searched(Protocol):
+    """What the mesh and program searches need of one candidate's search (``partex.Session``
+    is one): run it, step it, stop it, and read its best plan and statistics."""
+
+    def run(self, seconds: float) -> Any: ...
+
+    def step(self, n: int = 1) -> Any: ...
+
+    def request_stop(self) -> None: ...
+
+    def best(self) -> Any: ...  # a ``SearchResult`` (``.report``, ``.seconds``) or None
+
+    def stats(self) -> SearchStats: ...
 
 # the inner axes' names, by falling size (after ``data``, which crosses the slow network)
 INNER = ("fsdp", "tensor", "seq")
@@ -54,16 +67,19 @@ class Topology:
 
     @property
     def devices(self) -> int:
+        """The devices in all: ``granules * per``."""
         return self.granules * self.per
 
     def text(self) -> str:
+        """The topology as ``parse`` reads it: ``SLICESxDEVICES[@GB/s]``."""
         bw = f"@{self.dcn_bandwidth / 1e9:g}" if self.dcn_bandwidth else ""
         return f"{self.granules}x{self.per}{bw}"
 
     @classmethod
     def parse(cls, text: str, devices: int | None = None) -> "Topology":
-        """'4x64@6.25': 4 slices of 64 devices, 6.25 GB/s per device between slices; '256':
-        one slice of 256. ``devices``, where given, must be their product."""
+        """The ``Topology`` ``text`` spells: '4x64@6.25', 4 slices of 64 devices, 6.25 GB/s
+        per device between slices; '256', one slice of 256. ``devices``, where given, must be
+        their product. PartexError for text it cannot read."""
         m = re.fullmatch(r"\s*(\d+)\s*(?:x\s*(\d+))?\s*(?:@\s*([0-9.eE+]+))?\s*", str(text))
         if not m:
             raise PartexError(f"cannot read topology {text!r}: write SLICESxDEVICES[@GB/s], e.g. 4x64@6.25 "
@@ -97,9 +113,11 @@ def _factorings(n: int, parts: int, largest: int | None = None) -> list[tuple[in
 
 def candidate_meshes(devices: int, topology: Topology | None = None, max_axes: int = 4,
                      link_bandwidth: float | None = None) -> list[MeshSpec]:
-    """The meshes of ``devices`` to try (module docstring). ``link_bandwidth``: bytes/s of the
-    links inside a granule, for the meshes that name per-axis bandwidths (those with a slow
-    axis)."""
+    """The meshes of ``devices`` to try (module docstring), as ``MeshSpec``s: one axis
+    across the granules of ``topology`` (None: one granule of all the devices), the rest
+    factored into up to ``max_axes`` axes in all. ``link_bandwidth``: bytes/s of the links
+    inside a granule, for the meshes that name per-axis bandwidths (those with a slow axis).
+    PartexError for a ``devices`` or ``max_axes`` out of range, or a topology of another size."""
     if devices < 1:
         raise PartexError(f"--devices must be a positive number, got {devices}")
     if not 1 <= max_axes <= 1 + len(INNER):
@@ -209,7 +227,7 @@ class MeshTrial:
     seconds: float = 0.0  # search seconds spent on it
     rounds: int = 0  # rounds of the halving it took part in (a ProgramSearch: visits of its tree)
     note: str = ""  # why it was not searched (a mesh the model cannot use)
-    session: "Session | None" = dataclasses.field(default=None, repr=False)
+    session: "Searched | None" = dataclasses.field(default=None, repr=False)
 
     @property
     def bubble(self) -> float | None:
@@ -222,6 +240,8 @@ class MeshTrial:
         return self.mesh.text() + (f" | {self.pipeline.text()}" if self.pipeline is not None else "")
 
     def to_json(self) -> dict:
+        """The trial as JSON data: the mesh (text and ``MeshSpec.to_json``), the pipeline, and
+        what its search found (``*_s`` in seconds, ``memory_bytes`` per device)."""
         return {"mesh": self.mesh.text(), "mesh_json": self.mesh.to_json(),
                 "pipeline": self.pipeline.to_json() if self.pipeline is not None else None,
                 "bubble": self.bubble, "warm_step_s": self.warm_step,
@@ -246,7 +266,7 @@ def _record(trial: MeshTrial) -> None:
         trial.step_time, trial.mfu, trial.memory = r.step_time, r.mfu, r.memory.peak
 
 
-def search_meshes(make: Callable[[MeshSpec, Pipeline | None], "Session"],
+def search_meshes(make: Callable[[MeshSpec, Pipeline | None], Searched],
                   meshes: Sequence[MeshSpec | tuple[MeshSpec, Pipeline | None]], seconds: float, *,
                   keep: int = 1, callback: Callable[[list[MeshTrial]], None] | None = None
                   ) -> list[MeshTrial]:
@@ -285,7 +305,7 @@ def search_meshes(make: Callable[[MeshSpec, Pipeline | None], "Session"],
     return _ranked(trials)
 
 
-def _trials(make: Callable[[MeshSpec, Pipeline | None], "Session"],
+def _trials(make: Callable[[MeshSpec, Pipeline | None], Searched],
             candidates: Sequence[MeshSpec | tuple[MeshSpec, Pipeline | None]]
             ) -> tuple[list[MeshTrial], list[MeshTrial]]:
     """Every candidate as a trial, its session built and its hand plans scored (one the
@@ -329,9 +349,13 @@ class ProgramSearch:
     ``c * sqrt(ln N / n)`` (N visits in all, n its own; every program visited once first),
     so a program that cannot pay is left after a few looks and one that can takes the
     simulations. Incremental like one session: ``step(n)``, ``run(seconds)``, again to
-    resume; ``result()``: the programs tried, best first, and the time to the best."""
+    resume; ``result()``: the programs tried, best first, and the time to the best.
 
-    def __init__(self, make: Callable[[MeshSpec, Pipeline | None], "Session"],
+    ``make(mesh, pipeline)`` builds a candidate's session; ``candidates``: the (mesh,
+    pipeline) pairs, pipeline None for the step as written; ``c``: the exploration constant;
+    ``chunk``: the simulations one visit runs. Raises PartexError for ``chunk`` < 1."""
+
+    def __init__(self, make: Callable[[MeshSpec, Pipeline | None], Searched],
                  candidates: Sequence[tuple[MeshSpec, Pipeline | None]], *, c: float = ROOT_C,
                  chunk: int = ROOT_CHUNK):
         if chunk < 1:
@@ -418,11 +442,13 @@ class MeshSearch:
 
     @property
     def best(self) -> MeshTrial | None:
+        """The first trial, when a plan fits on it (None: no plan fits on any)."""
         t = self.trials[0] if self.trials else None
         return t if t is not None and t.step_time is not None else None
 
     @property
-    def session(self) -> "Session | None":
+    def session(self) -> "Searched | None":
+        """The best trial's session (a ``Session``), where the search kept it, else None."""
         return self.best.session if self.best is not None else None
 
     def table(self) -> str:
@@ -450,6 +476,8 @@ class MeshSearch:
         return "\n".join(rows)
 
     def to_json(self) -> dict:
+        """The search as JSON data: topology, seconds, the chosen mesh and pipeline, and every
+        trial (``MeshTrial.to_json``), best first."""
         best = self.best
         return {"topology": self.topology.text() if self.topology else None, "seconds": self.seconds,
                 "best_at_s": self.best_at,
@@ -458,7 +486,7 @@ class MeshSearch:
                 "meshes": [t.to_json() for t in self.trials]}
 
 
-def mesh_search(make: Callable[[MeshSpec, Pipeline | None], "Session"], devices: int, link_bandwidth: float, *,
+def mesh_search(make: Callable[[MeshSpec, Pipeline | None], Searched], devices: int, link_bandwidth: float, *,
                 topology: "str | Topology | None" = None, seconds: float = 60.0, max_axes: int = 4,
                 callback: Callable[[list[MeshTrial]], None] | None = None,
                 stacks: Sequence[StackShape | tuple[str, int, int]] = (), pipelines: bool | None = None) -> MeshSearch:

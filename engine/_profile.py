@@ -13,7 +13,7 @@ run at 2% to 87% of the 989 TFLOP/s peak, its memory-bound kernels at 0.95 to 3.
 - the device memory a program may take (the allocator's limit), the JAX version and the date.
 
 Measurements arrive as rows (``from_measurements``): one JSON object each, with a ``kind``
-(the format of ``partex calibrate``'s output, documented in the README). Every timed row is
+(the format of ``partex calibrate``'s output, documented in docs/hardware.md). Every timed row is
 one jitted call from Python, so it holds the call's own overhead (~80 us on a GPU); the
 tables hold kernel time: a call's overhead, estimated per kind from its smallest rows, is
 taken off (``_kernel_times``). The cost model looks tables up by interpolation
@@ -135,7 +135,8 @@ class Profile:
         return {"gemm": gemm, "memory": memory, "host": host, "collectives": colls, "memo": {}}
 
     def gemm_rate(self, dtype: str, batch: int, m: int, n: int, k: int) -> float:
-        """FLOP/s of one matmul kernel of this shape: the measured rates of the three nearest
+        """FLOP/s of one ``dtype`` matmul kernel of ``batch`` products of (``m`` x ``k``) by
+        (``k`` x ``n``): the measured rates of the three nearest
         shapes (log-space distance over batch x m, n and k), weighted by inverse squared
         distance, in log space, the better of the product and its transpose; a dtype with no
         rows takes bfloat16's at its relative rate."""
@@ -167,7 +168,9 @@ class Profile:
         return r
 
     def gemm_time(self, dtype: str, batch: int, m: int, n: int, k: int, flops: float | None = None) -> float:
-        """Seconds of one matmul kernel (``flops``: its own count, where it is not 2bmnk)."""
+        """Seconds of one ``dtype`` matmul kernel of ``batch`` products of (``m`` x ``k``) by
+        (``k`` x ``n``), at the rate the tables give for that shape (``gemm_rate``); ``flops``:
+        its own count, where it is not 2bmnk."""
         work = 2.0 * batch * m * n * k if flops is None else flops
         return work / self.gemm_rate(dtype, batch, m, n, k) if work > 0 else 0.0
 
@@ -237,6 +240,8 @@ class Profile:
 
     # ------------------------------------------------------------------ files
     def to_json(self) -> dict:
+        """The profile file's JSON data: ``"format"``, ``"version"`` and every field, the
+        tables as lists of rows."""
         d = dataclasses.asdict(self)
         return {"format": FORMAT, "version": VERSION, **{k: (list(map(list, v)) if k in _TABLES else
                                                              (list(v) if isinstance(v, tuple) else v))
@@ -244,6 +249,8 @@ class Profile:
 
     @classmethod
     def from_json(cls, d: Any, where: str = "profile") -> "Profile":
+        """The profile in the JSON data ``d`` (``to_json``), checked; ``where`` names it in the
+        PartexError for another format or version, an unknown field or a malformed table."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise PartexError(f"{where} is not a partex hardware profile (no \"format\": \"{FORMAT}\"); "
                               "make one with `partex calibrate --out FILE`")
@@ -265,12 +272,15 @@ class Profile:
             raise PartexError(f"{where} is incomplete or malformed: {e}") from None
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write the profile file (``to_json``) to ``path``. Returns None."""
         with open(path, "w") as f:
             json.dump(self.to_json(), f, indent=1)
             f.write("\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Profile":
+        """The profile in the file at ``path`` (``from_json``); PartexError for a file that is
+        missing, unreadable or not a profile."""
         try:
             with open(path) as f:
                 d = json.load(f)
@@ -284,13 +294,18 @@ class Profile:
     def from_measurements(cls, measurements: Any, *, source: str, where: str = "measurements",
                           hbm_bytes: float | None = None, memory_bytes: float | None = None,
                           platform: str | None = None) -> "Profile":
-        """A profile from measurement rows (``from_measurements``, the module's function)."""
+        """A profile from the rows ``measurements`` (``from_measurements``, the module's
+        function, says which kinds it reads): ``source`` records where they came from,
+        ``where`` names them in errors; ``hbm_bytes`` / ``memory_bytes``: the device's memory
+        and what a program may take, where the rows do not say; ``platform`` ("gpu", "tpu",
+        "cpu"), where given, over the device row's. PartexError for rows it cannot read."""
         return from_measurements(measurements, source=source, where=where, hbm_bytes=hbm_bytes,
                                  memory_bytes=memory_bytes, platform=platform)
 
     @staticmethod
     def read_measurements(path: str | os.PathLike) -> list[dict]:
-        """The measurement rows of a file (``load_measurements``)."""
+        """The measurement rows of the file at ``path`` (``load_measurements``): a JSON list,
+        or one JSON object per line; PartexError for a file it cannot read."""
         return load_measurements(path)
 
     def describe(self) -> str:

@@ -27,13 +27,16 @@ class Compared:
 
     @classmethod
     def of(cls, predicted: float, xla: float) -> Compared:
+        """``predicted`` beside ``xla``, with their ratio (None where ``xla`` is 0)."""
         return cls(predicted, xla, _ratio(predicted, xla))
 
     def to_json(self) -> dict[str, Any]:
+        """``{"predicted", "xla", "ratio"}`` as JSON data."""
         return {"predicted": self.predicted, "xla": self.xla, "ratio": self.ratio}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Compared:
+        """The figure read back from its JSON data ``d`` (``to_json``)."""
         return cls(d["predicted"], d["xla"], d["ratio"])
 
 
@@ -47,6 +50,7 @@ class WorkCompared(Compared):
     xla_transcendentals: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """``Compared.to_json`` with ``predicted_per_step`` (and ``xla_transcendentals`` where known)."""
         out = {**super().to_json(), "predicted_per_step": self.predicted_per_step}
         if self.xla_transcendentals is not None:
             out["xla_transcendentals"] = self.xla_transcendentals
@@ -54,6 +58,7 @@ class WorkCompared(Compared):
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> WorkCompared:
+        """The figure read back from its JSON data ``d`` (``to_json``)."""
         return cls(d["predicted"], d["xla"], d["ratio"], d["predicted_per_step"], d.get("xla_transcendentals"))
 
 
@@ -67,13 +72,16 @@ class CollectiveCompared:
 
     @classmethod
     def of(cls, predicted: float, xla: float) -> CollectiveCompared:
+        """``predicted`` bytes beside ``xla``'s, with their ratio (None where ``xla`` is 0)."""
         return cls(predicted, xla, _ratio(predicted, xla))
 
     def to_json(self) -> dict[str, Any]:
+        """``{"predicted_bytes", "xla_bytes", "ratio"}`` as JSON data."""
         return {"predicted_bytes": self.predicted_bytes, "xla_bytes": self.xla_bytes, "ratio": self.ratio}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CollectiveCompared:
+        """The figures read back from their JSON data ``d`` (``to_json``)."""
         return cls(d["predicted_bytes"], d["xla_bytes"], d["ratio"])
 
 
@@ -112,6 +120,7 @@ class Numerics:
         return f"{self.noise_factor:g}x its noise {self.noise:.1e}, over {self.noise_runs} perturbed runs"
 
     def to_json(self) -> dict[str, Any]:
+        """Every field as JSON data (``computed_in`` where set)."""
         out = {"max_rel_err": self.max_rel_err, "worst_output": self.worst_output,
                "loss_rel_err": self.loss_rel_err, "ok": self.ok, "tolerance": self.tolerance, "floor": self.floor,
                "noise": self.noise, "noise_factor": self.noise_factor, "noise_runs": self.noise_runs,
@@ -122,6 +131,7 @@ class Numerics:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Numerics:
+        """The comparison read back from its JSON data ``d`` (``to_json``)."""
         return cls(d["max_rel_err"], d["worst_output"], d["loss_rel_err"], d["ok"], d["tolerance"], d["floor"],
                    d.get("computed_in"), d.get("noise"), d.get("noise_factor"), d.get("noise_runs", 0),
                    d.get("largest_rel_err"), d.get("largest_output"))
@@ -166,9 +176,11 @@ class VerifyReport:
     marked_infeasible: bool | None = None
 
     def replace(self, **changes) -> VerifyReport:
+        """A copy with the fields given by keyword changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
+        """The report as JSON data (``verify --json``): every field, the optional parts where set."""
         out: dict[str, Any] = {
             "model": self.model, "preset": self.preset, "mesh": self.mesh, "strategy": self.strategy,
             "devices": self.devices, "memory": self.memory.to_json(), "arguments": self.arguments.to_json(),
@@ -192,6 +204,7 @@ class VerifyReport:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> VerifyReport:
+        """The report read back from its JSON data ``d`` (``to_json``; verify's worker hands it over so)."""
         return cls(
             d["model"], d["preset"], d["mesh"], d["strategy"], d["devices"], Compared.from_json(d["memory"]),
             Compared.from_json(d["arguments"]), d["xla_memory"], d["predicted_memory"],
@@ -242,6 +255,7 @@ class Measured:
         return None if not ref or self.predicted_peak is None else self.predicted_peak / ref
 
     def to_json(self) -> dict[str, Any]:
+        """The measurement as JSON data (times ``*_s`` in seconds), with both ratios."""
         return {"label": self.label, "mesh": self.mesh, "device": self.device, "platform": self.platform,
                 "devices": self.devices, "steps": self.steps, "step_time_s": self.step_time,
                 "step_times_s": list(self.step_times), "peak_bytes": self.peak_bytes, "xla_bytes": self.xla_bytes,
@@ -251,6 +265,7 @@ class Measured:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Measured:
+        """The measurement read back from its JSON data ``d`` (``to_json``)."""
         return cls(d["label"], d["mesh"], d["device"], d["platform"], d["devices"], d["steps"], d["step_time_s"],
                    tuple(d["step_times_s"]), d["peak_bytes"], d["xla_bytes"], d["compile_s"],
                    d["predicted_step_time_s"], d["predicted_peak_bytes"], d["priced_by"], d.get("error"))
@@ -266,6 +281,7 @@ class RootAction:
     value: float
 
     def to_json(self) -> dict[str, Any]:
+        """``{"action", "visits", "value"}`` as JSON data."""
         return {"action": self.action, "visits": self.visits, "value": self.value}
 
 
@@ -291,6 +307,7 @@ class SearchStats:
     forbidden: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """Every field as JSON data, the root actions as ``RootAction.to_json`` gives them."""
         return {"simulations": self.simulations, "nodes": self.nodes, "depth": self.depth,
                 "evaluations": self.evaluations, "seconds": self.seconds, "sims_per_s": self.sims_per_s,
                 "best_step_time": self.best_step_time, "best_history": [list(h) for h in self.best_history],

@@ -15,8 +15,10 @@ from ._decisions import STATE_LABELS, STATES
 from ._errors import PartexError
 from ._loader import analyze_model, demo_names, load_model
 from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
-from ._session import DEFAULT_MARGIN, ModelSpec, Session, analyze_spec, search_meshes, verify_plan
-from ._sessionfile import model_spec
+from ._checks import verify_plan
+from ._loader import ModelSpec, analyze_spec, model_spec
+from ._options import DEFAULT_MARGIN
+from ._session import Session, search_meshes
 from .plan._explain import explain_table
 from .plan._measure import measure
 from .plan._export import comparison_table, export_text
@@ -740,6 +742,7 @@ def cmd_search(args) -> int:
     elif args.devices is not None or args.topology is not None:
         meshes = _mesh_search(args)
         s = meshes.session
+        assert s is None or isinstance(s, Session)  # the candidates' searches are sessions
         if s is None:
             hw = _hardware(args)
             raise PartexError(f"no plan fits the {format_bytes(hw.budget)} per-device budget on any of the "

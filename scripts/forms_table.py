@@ -124,7 +124,7 @@ def wrong_shard(s: partex.Session, made, name: str) -> str:
     two halves of its largest parameter swapped (a shard in the wrong place), judged with the
     tolerances calibrated on the unsharded step; what the comparison says."""
     fn, args, names = lc.unpack(made)
-    cal, run = partex.calibrate_numerics(s.plan(strategy=name).apply(fn, axis_names=names), fn, args)
+    cal, run = partex.calibrate_numerics(partex.apply_plan(s.plan(strategy=name), fn, axis_names=names), fn, args)
     got = run()
     def moved(x: np.ndarray) -> bool:  # swapping its halves changes it (a zero init's do not)
         return bool(x.ndim and x.shape[0] >= 2 and np.issubdtype(x.dtype, np.floating)

@@ -46,10 +46,10 @@ def main(spec: dict) -> dict:
     out["layout"] = [[d.process_index for d in row] for row in mesh.devices.reshape(mesh.devices.shape[0], -1)]
     out["axes"] = list(mesh.axis_names)
     out["grid"] = mesh.devices.shape
-    step = plan.apply(model.fn, mesh=mesh)
-    params, opt_state, batch = plan.shard_inputs(model.args, mesh)
+    step = partex.apply_plan(plan, model.fn, mesh=mesh)
+    params, opt_state, batch = partex.shard_inputs(plan, model.args, mesh)
     # a batch each process loads for itself: the rows its devices hold, made global by JAX
-    shardings = plan.shardings(model.args, mesh)[2]
+    shardings = partex.plan_shardings(plan, model.args, mesh)[2]
     loaded = jax.tree_util.tree_map(
         lambda sh, full: jax.make_array_from_process_local_data(sh, np.asarray(full)[local_rows(sh, full.shape)],
                                                                 full.shape),

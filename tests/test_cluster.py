@@ -92,8 +92,8 @@ def losses_here(plan: partex.Plan | None, steps: int = STEPS, model: tuple[str, 
     """The same training steps in this process: under the plan on its 8 devices, or
     unsharded (plan None) on one."""
     model = demo_models.build(model[0], "tiny", model[1])
-    step = plan.apply(model.fn) if plan else jax.jit(model.fn)
-    params, opt_state, batch = plan.shard_inputs(model.args) if plan else model.args
+    step = partex.apply_plan(plan, model.fn) if plan else jax.jit(model.fn)
+    params, opt_state, batch = partex.shard_inputs(plan, model.args) if plan else model.args
     out = []
     for _ in range(steps):
         params, opt_state, loss = step(params, opt_state, batch)
@@ -233,7 +233,7 @@ def test_plan_records_its_slow_axes_and_builds_shardings_for_an_init(plans):
     assert partex.MeshSpec.parse("data=4,model=2").slow_axes() == ()
     model = demo_models.build("transformer", "tiny")
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.args)
-    shardings = plan.shardings(abstract)
+    shardings = partex.plan_shardings(plan, abstract)
     flat = [s for s in jax.tree_util.tree_leaves(shardings[:2])]
     assert flat and all(isinstance(s, jax.sharding.NamedSharding) for s in flat)
     # a jitted init creates the state already sharded, as the plan places it
@@ -242,8 +242,8 @@ def test_plan_records_its_slow_axes_and_builds_shardings_for_an_init(plans):
                           jax.tree_util.tree_leaves(shardings[0])):
         assert x.sharding.is_equivalent_to(s, x.ndim), path
     with pytest.raises(partex.PartexError, match="array leaves"):
-        plan.shardings(abstract[:2])
+        partex.plan_shardings(plan, abstract[:2])
     wrong = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((3,) + x.shape[1:], x.dtype)
                                    if x.ndim else x, abstract)
     with pytest.raises(partex.PartexError, match="here but"):
-        plan.shardings(wrong)
+        partex.plan_shardings(plan, wrong)

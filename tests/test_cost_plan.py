@@ -12,7 +12,7 @@ import pytest
 
 from partex import PartexError, analyze_model
 from partex.cost import CostModel
-from partex import MeshSpec, Plan, Session, get_hardware, parse_bytes
+from partex import MeshSpec, Plan, Session, apply_plan, get_hardware, parse_bytes
 from partex.plan._planned import default_donate
 from partex.plan._planning import make_plan
 from partex.planner._strategies import strategy_decisions
@@ -98,7 +98,7 @@ def test_plan_round_trips_and_applies_with_matching_numerics(tmp_path, tiny, mes
     assert loaded.inputs == plan.inputs and loaded.decisions == plan.decisions
     m = tiny.model
     ref = jax.jit(m.fn)(*m.args)
-    planned = loaded.apply(m.fn)
+    planned = apply_plan(loaded, m.fn)
     args = jax.tree.map(lambda x: jax.numpy.array(x), m.args)  # donated: fresh copies
     got = planned(*args)
     np.testing.assert_allclose(got[2], ref[2], rtol=1e-5)
@@ -129,7 +129,7 @@ def test_signature_mismatch_names_the_first_differing_leaf(tmp_path, mesh42):
     m = analyze_model("transformer").model
     with pytest.raises(PartexError, match=r"input \d+ is params/layers/0/b1 \(256,\) float32 here but "
                                           r"params/layers/0/b1 \(128,\) float32 in the plan"):
-        Plan.load(path).apply(m.fn).lower(*m.args)
+        apply_plan(Plan.load(path), m.fn).lower(*m.args)
 
 
 @pytest.mark.parametrize("edit,needle", [
@@ -162,14 +162,14 @@ def test_indivisible_input_spec_names_leaf_and_dim(tmp_path, tiny, mesh42):
     path = _plan_file(tmp_path, analyze_model("transformer", "tiny", ["d_ff=36"]), mesh42, edit)
     m = analyze_model("transformer", "tiny", ["d_ff=36"]).model
     with pytest.raises(PartexError, match=r"size 8 does not divide dim 0 \(size 36\) of params/layers/0/b1"):
-        Plan.load(path).apply(m.fn).lower(*m.args)
+        apply_plan(Plan.load(path), m.fn).lower(*m.args)
 
 
 def test_mesh_size_must_match_devices(tmp_path, tiny):
     path = _plan_file(tmp_path, tiny, MeshSpec.parse("data=16"))
     m = tiny.model
     with pytest.raises(PartexError, match="needs 16 devices but JAX has 8"):
-        Plan.load(path).apply(m.fn).lower(*m.args)
+        apply_plan(Plan.load(path), m.fn).lower(*m.args)
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -215,7 +215,7 @@ def test_tampered_plan_is_refused(tmp_path, tiny, mesh42):
     path = _plan_file(tmp_path, tiny, mesh42, edit)
     m = tiny.model
     with pytest.raises(PartexError, match=r"the plan was modified: input params/layers/0/w1 has spec"):
-        Plan.load(path).apply(m.fn).lower(*m.args)
+        apply_plan(Plan.load(path), m.fn).lower(*m.args)
 
 
 def test_a_mesh_axis_that_divides_nothing_is_refused_and_the_session_keeps_its_mesh_and_pins(tiny):

@@ -183,7 +183,7 @@ def _session(dtypes):
 
 
 def _applied(plan, fn, args, want, what: str) -> None:
-    assert_same(plan.apply(fn)(*fresh(args)), want, what)
+    assert_same(partex.apply_plan(plan, fn)(*fresh(args)), want, what)
 
 
 # --------------------------------------------------------------------------- the stages

@@ -56,7 +56,7 @@ def test_xla_collective_bytes_are_matched_to_predicted_ones_by_source_line(model
 
 
 def _compiled(plan, m):
-    pf = plan.apply(m.fn, axis_names=m.axis_names)
+    pf = partex.apply_plan(plan, m.fn, axis_names=m.axis_names)
     from jax._src import config as jax_config
 
     with jax_config.compilation_cache_include_metadata_in_key(True):

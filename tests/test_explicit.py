@@ -64,7 +64,7 @@ def test_a_plan_applies_to_an_explicit_mode_step_and_matches_it():
         want = jax.jit(step)(*args)
     s = partex.Session(step, args, mesh="data=4,model=2")
     plan = s.plan(strategy="zero3")
-    got = plan.apply(step)(*args)  # the typed arguments as the user holds them
+    got = partex.apply_plan(plan, step)(*args)  # the typed arguments as the user holds them
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
     for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(want[0])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
@@ -103,7 +103,7 @@ def test_explicit_shardings_can_be_replaced_by_the_plan():
 
 
 def test_readme_explicit_mode_example_runs(tmp_path):
-    """The README's explicit-mode example, as written."""
+    """The explicit-mode example of docs/sharding-forms.md, as written."""
     import os
     import re
     import subprocess
@@ -111,7 +111,7 @@ def test_readme_explicit_mode_example_runs(tmp_path):
 
     from conftest import ROOT
 
-    section = (ROOT / "README.md").read_text().split("### Explicit sharding mode", 1)[1]
+    section = (ROOT / "docs" / "sharding-forms.md").read_text().split("## Explicit sharding mode", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     (tmp_path / "example.py").write_text(code)
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
@@ -169,7 +169,7 @@ def test_the_explicit_export_gives_the_annotations_that_reproduce_the_plan(tmp_p
     out = s.verify(plan, mark=False)
     assert ours["total"] == out.memory.xla  # XLA's memory of the annotated step: the applied plan's
     assert {k: v for k, v in colls.items() if v} == {k: c.xla_bytes for k, c in out.collectives.items() if c.xla_bytes}
-    got = plan.apply(step)(*args)
+    got = partex.apply_plan(plan, step)(*args)
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
     assert want[0][0]["w1"].sharding.spec == P(None, None)  # dp: the weights replicated, as the plan has them
 

@@ -308,7 +308,7 @@ def test_a_misplaced_shard_is_caught_beside_a_typed_key_in_the_state():
     mod = load("dropout_typed_keys")
     fn, args, _ = lc.unpack(mod.make())
     s = lc.session(mod.make(), mesh=mod.MESH)
-    cal, run = partex.calibrate_numerics(s.plan(strategy="zero3").apply(fn), fn, args)
+    cal, run = partex.calibrate_numerics(partex.apply_plan(s.plan(strategy="zero3"), fn), fn, args)
     got = run()
     assert "out/0/key" in cal.paths
     assert cal.compare(got)["ok"]

@@ -1,8 +1,9 @@
 """The engine's modules import one another without a cycle, so each stage of the pipeline
-can be read (and tested) with only the stages below it.
+can be read (and tested) with only the stages below it; JAX's internals are reached through
+one adapter; no class or function grows past what a reader can hold.
 
-Every ``from . import`` / ``from .x import`` counts, inside functions too; only imports
-under ``if TYPE_CHECKING:`` (annotations, never run) are left out.
+Every ``from . import`` / ``from .x import`` counts: inside functions and under
+``if TYPE_CHECKING:`` too (an annotation's import is a dependency a reader follows as well).
 """
 
 from __future__ import annotations
@@ -24,14 +25,6 @@ def _module(path: pathlib.Path) -> str:
     return ".".join(["partex", *parts])
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            skip.update(id(n) for child in node.body for n in ast.walk(child))
-    return skip
-
-
 def import_graph() -> nx.DiGraph:
     """Module -> the package modules it imports (relative imports, at any depth)."""
     graph = nx.DiGraph()
@@ -40,9 +33,8 @@ def import_graph() -> nx.DiGraph:
         package = me if path.name == "__init__.py" else me.rpartition(".")[0]
         graph.add_node(me)
         tree = ast.parse(path.read_text())
-        skip = _type_checking_only(tree)
         for node in ast.walk(tree):
-            if not isinstance(node, ast.ImportFrom) or node.level == 0 or id(node) in skip:
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
                 continue
             base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
             target = ".".join([*base, *(node.module.split(".") if node.module else [])])
@@ -61,16 +53,18 @@ def test_the_engine_imports_without_a_cycle():
 
 
 def test_a_cycle_is_found_where_there_is_one(tmp_path, monkeypatch):
-    """The walk sees imports inside functions: two modules that import each other there
-    make a cycle."""
+    """The walk sees imports inside functions and under ``TYPE_CHECKING``: two modules that
+    import each other there make a cycle."""
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "_a.py").write_text("def f():\n    from ._b import g\n    return g\n")
     (tmp_path / "_b.py").write_text("from ._a import f\n\ndef g():\n    return f\n")
-    (tmp_path / "_c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import f\n")
+    (tmp_path / "_c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._d import h\n")
+    (tmp_path / "_d.py").write_text("from ._c import TYPE_CHECKING\n\ndef h():\n    return TYPE_CHECKING\n")
+    (tmp_path / "_e.py").write_text("from ._a import f\n")
     monkeypatch.setattr(f"{__name__}.ENGINE", tmp_path)
     graph = import_graph()
-    assert sorted(map(sorted, nx.simple_cycles(graph))) == [["partex._a", "partex._b"]]
-    assert not graph.has_edge("partex._c", "partex._a")
+    assert sorted(map(sorted, nx.simple_cycles(graph))) == [["partex._a", "partex._b"], ["partex._c", "partex._d"]]
+    assert graph.has_edge("partex._e", "partex._a") and not graph.has_edge("partex._a", "partex._e")
 
 
 def test_a_plan_file_is_read_checked_and_written_without_jax(tmp_path):
@@ -89,7 +83,7 @@ plan.save({str(tmp_path / "again.json")!r})
 assert Plan.load({str(tmp_path / "again.json")!r}) == plan
 print(sorted(m for m in sys.modules if m.startswith("partex")))
 try:
-    plan.apply(lambda x: x)
+    from partex.plan._planned import apply_plan
 except ImportError:
     print("apply needs JAX")
 """
@@ -99,7 +93,7 @@ except ImportError:
     assert r.stdout.rstrip().endswith("apply needs JAX"), r.stdout
 
 
-BOTTOM = {"_errors", "_decisions", "_profile", "_mesh", "_results"}  # import nothing of partex but each other
+BOTTOM = {"_errors", "_decisions", "_profile", "_mesh", "_options", "_results"}  # import nothing of partex but each other
 LAYERS = {  # each stage of the pipeline and what it may import (its package docstring says so)
     "tracing": BOTTOM,
     "analysis": BOTTOM | {"tracing"},
@@ -122,3 +116,49 @@ def test_each_stage_imports_only_the_stages_before_it():
     bad += sorted(f"{a} imports {b}" for a, b in graph.edges
                   if _layer(a) in BOTTOM and _layer(b) not in BOTTOM)
     assert not bad, bad
+
+
+ROOT = ENGINE.parent
+ADAPTER = ENGINE / "tracing" / "_jax.py"  # the one module that imports JAX's internals
+LONGEST_CLASS, LONGEST_FUNCTION = 400, 120  # lines, as ``ast`` counts them (docstrings included)
+
+
+def _sources() -> list[pathlib.Path]:
+    return sorted([*ENGINE.rglob("*.py"), *(ROOT / "explorer").rglob("*.py")])
+
+
+def test_only_the_adapter_imports_jax_internals():
+    """``jax._src`` is JAX's private API: partex reaches it through ``tracing._jax`` alone, so
+    a JAX release that moves it breaks one module."""
+    reach = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n == "jax._src" or n.startswith("jax._src.") for n in names) and path != ADAPTER:
+                reach.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert ADAPTER.exists()
+    assert not reach, reach
+
+
+def _too_long(tree: ast.Module) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(tree):
+        lines = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+        if isinstance(node, ast.ClassDef) and lines > LONGEST_CLASS:
+            out.append((f"class {node.name}", lines))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and lines > LONGEST_FUNCTION:
+            out.append((f"def {node.name}", lines))
+    return out
+
+
+def test_no_class_or_function_is_too_long_to_read():
+    long = [f"{path.relative_to(ROOT)}: {what} ({n} lines)"
+            for path in _sources() for what, n in _too_long(ast.parse(path.read_text()))]
+    assert not long, long
+
+
+def test_a_long_class_or_function_is_found():
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_FUNCTION))
+    tree = ast.parse(f"def f():\n{body}\n\nclass C:\n    def g(self):\n        pass\n")
+    assert _too_long(tree) == [("def f", LONGEST_FUNCTION + 1)]

@@ -265,7 +265,7 @@ def test_llama_keeps_its_optimizer_state_and_parameters_in_host_memory_as_maxtex
                                    overrides=["optimizer_memory_host_offload=true",
                                               "parameter_memory_host_offload=true"])
     plan = cpu.plan(cpu.strategy("zero3"))
-    shardings = plan.shardings(cpu.model.model.args)
+    shardings = partex.plan_shardings(plan, cpu.model.model.args)
     kinds = {sh.memory_kind for sh in jax.tree.leaves(shardings[:2])}
     assert kinds == {"pinned_host"}
     assert {sh.memory_kind for sh in jax.tree.leaves(shardings[2])} == {"device"}  # the batch

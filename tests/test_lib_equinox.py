@@ -69,7 +69,7 @@ def test_equinox_zero3_plan_runs_the_step_with_unsharded_numerics():
     fn, args = MOD.make(scan=True)
     expected = jax.jit(fn)(*args)
     plan = lc.session((fn, args)).plan(strategy="zero3")
-    new_params, new_opt_state, loss = plan.apply(fn)(*args)
+    new_params, new_opt_state, loss = partex.apply_plan(plan, fn)(*args)
     np.testing.assert_allclose(loss, expected[2], rtol=1e-5)
     # the gradients, read from Adam's first moment after one step (mu = 0.1 * grad), at the
     # scale of the largest one: the key bias has a zero gradient (softmax ignores a shift), so

@@ -51,7 +51,7 @@ def test_flax_linen_python_int_step_traces_and_the_plan_runs_with_it():
     s = lc.session((fn, (state, batch), names))
     assert "state/step" in s.program.input_paths
     expected_state, expected_loss = jax.jit(fn)(state, batch)
-    new_state, loss = s.plan(strategy="zero3").apply(fn)(state, batch)
+    new_state, loss = partex.apply_plan(s.plan(strategy="zero3"), fn)(state, batch)
     assert int(new_state.step) == int(expected_state.step) == 1
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
     # the gradients, read from Adam's first moment after one step (mu = 0.1 * grad), at the

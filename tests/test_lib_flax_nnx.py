@@ -57,7 +57,7 @@ def test_flax_nnx_searched_plan_runs_the_step_with_unsharded_numerics():
     expected = jax.jit(fn)(*args)
     plan = partex.search(fn, args, mesh=lc.MESH, memory=0.5 * lc.replicated_bytes(lc.session((fn, args))),
                          simulations=100)
-    new_state, new_opt_state, loss = plan.apply(fn)(*args)
+    new_state, new_opt_state, loss = partex.apply_plan(plan, fn)(*args)
     np.testing.assert_allclose(loss, expected[2], rtol=1e-5)
     # the gradients, read from Adam's first moment after one step (mu = 0.1 * grad), at the
     # scale of the largest one (rounding noise on near-zero gradients is no false alarm)

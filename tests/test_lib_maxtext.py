@@ -95,7 +95,7 @@ def test_maxtext_zero3_plan_runs_maxtexts_step_with_unsharded_numerics():
     fn, args, _ = MOD.make()
     expected = jax.jit(fn)(*MOD.make()[1])
     s = lc.session(MOD.make())
-    new_state, metrics = s.plan(strategy="zero3").apply(fn)(*args)
+    new_state, metrics = partex.apply_plan(s.plan(strategy="zero3"), fn)(*args)
     np.testing.assert_allclose(metrics["scalar"]["learning/loss"], expected[1]["scalar"]["learning/loss"], rtol=1e-5)
     got = jax.tree.leaves(new_state["optimizer"]["opt_state"][0]["mu"])
     want = jax.tree.leaves(expected[0]["optimizer"]["opt_state"][0]["mu"])
@@ -256,7 +256,7 @@ def test_maxtext_explicit_plan_runs_maxtexts_step_with_its_numerics():
     with jax.set_mesh(EXPLICIT.mesh()):
         expected = jax.jit(fn)(*EXPLICIT.make()[1])
     s = lc.session(EXPLICIT.make())
-    new_state, metrics = s.plan(strategy="megatron").apply(fn)(*args)
+    new_state, metrics = partex.apply_plan(s.plan(strategy="megatron"), fn)(*args)
     np.testing.assert_allclose(metrics["scalar"]["learning/loss"], expected[1]["scalar"]["learning/loss"], rtol=1e-5)
     got = jax.tree.leaves(new_state["optimizer"]["opt_state"][0]["mu"])
     want = jax.tree.leaves(expected[0]["optimizer"]["opt_state"][0]["mu"])

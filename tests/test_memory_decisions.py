@@ -117,8 +117,8 @@ def test_a_plan_keeping_state_in_host_memory_runs_with_the_unsharded_numerics(na
     out = s.verify(plan, run=True, mark=False)
     assert out.numerics.ok, out.numerics
     m = s.model.model
-    fn = plan.apply(m.fn)
-    args = plan.shard_inputs(m.args)
+    fn = partex.apply_plan(plan, m.fn)
+    args = partex.shard_inputs(plan, m.args)
     kinds = collections.Counter(x.sharding.memory_kind for x in jax.tree.leaves(args))
     assert kinds["pinned_host"] == len(plan.host_inputs) > 0
     assert "pinned_host" in fn.lower(*args).as_text()

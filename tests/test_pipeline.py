@@ -1,5 +1,5 @@
-"""Pipelined layer loops: the transform (``plan._pipeline.pipelined_scan``), which stacks may
-be pipelined (``analysis._pipeline``), and the pipelined step's numerics against the step."""
+"""Pipelined layer loops: the transform (``plan._pipelined_scan.pipelined_scan``), which stacks may
+be pipelined (``analysis._pipeline_stacks``), and the pipelined step's numerics against the step."""
 
 import json
 import re
@@ -13,10 +13,10 @@ from jax.sharding import PartitionSpec as P
 
 import partex
 from partex._meshes import Topology, candidate_pipelines
-from partex.analysis._pipeline import SUM, PipelineStack, pipeline_stacks
+from partex.analysis._pipeline_stacks import SUM, PipelineStack, pipeline_stacks
 from partex.plan._apply import constrained_function
 from partex.plan._numerics import compare_outputs
-from partex.plan._pipeline import PipelineRun, pipelined_scan, unskew
+from partex.plan._pipelined_scan import PipelineRun, pipelined_scan, unskew
 
 L, B, D = 8, 16, 32
 
@@ -179,15 +179,15 @@ def test_a_session_on_a_pipelined_step_plans_verifies_and_applies_it(tmp_path):
                              "recompute": None, "repeats": 1}
     again = partex.Plan.loads(plan.dumps())
     assert again.pipeline == plan.pipeline
-    # the exports say what the specs alone do not carry: the pipeline, which plan.apply makes
+    # the exports say what the specs alone do not carry: the pipeline, which apply_plan makes
     from partex.plan._export import export_text
     spec = json.loads(export_text(again, "specs", as_json=True))
-    assert spec["pipeline"]["microbatches"] == 4 and "use plan.apply(step)" in spec["pipeline"]["note"]
+    assert spec["pipeline"]["microbatches"] == 4 and "use partex.apply_plan(plan, step)" in spec["pipeline"]["note"]
     assert "Not carried: the pipeline. The plan runs layer stack stack0 as a pipeline over mesh axis stage" in \
         export_text(again, "specs")
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
-    got = again.apply(model.fn)(*model.args)
+    got = partex.apply_plan(again, model.fn)(*model.args)
     assert _compare(want, got)["ok"]
 
 
@@ -237,7 +237,7 @@ def test_a_stage_recomputes_its_layers_in_the_backward_ticks(name, layers, mesh,
     assert plan.pipeline is not None and plan.pipeline["recompute"] == kind
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
-    got = partex.Plan.loads(plan.dumps()).apply(model.fn)(*model.args)
+    got = partex.apply_plan(partex.Plan.loads(plan.dumps()), model.fn)(*model.args)
     r = _compare(want, got)
     assert r["ok"], r
 
@@ -252,7 +252,7 @@ def test_a_stack_the_step_checkpoints_itself_is_pipelined_as_it_is():
     assert s.model.base.analysis.units == () and "stack0" in s.pipeline_stacks()
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
-    got = s.plan(strategy="dp").apply(model.fn)(*model.args)
+    got = partex.apply_plan(s.plan(strategy="dp"), model.fn)(*model.args)
     assert _compare(want, got)["ok"]
     with pytest.raises(partex.PartexError, match="recomputes stack0's layers already: drop :full"):
         partex.Session.from_spec("llama", preset="tiny", overrides=over, mesh="stage=2,data=4",
@@ -276,7 +276,7 @@ def test_a_stack_with_custom_partitioned_kernels_is_pipelined(mesh, pipeline, ex
     assert kernels and all(p.values[op.inputs[0]].shape[0] == stages * 8 // microbatches for op in kernels)
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
-    got = s.plan(strategy="zero3").apply(model.fn)(*model.args)
+    got = partex.apply_plan(s.plan(strategy="zero3"), model.fn)(*model.args)
     assert _compare(want, got)["ok"]
 
 
@@ -400,7 +400,7 @@ def test_the_mesh_search_tries_pipelines_over_the_slices(capsys):
     assert plan.pipeline == pick.pipeline.to_json()
     model = s.model.base.model
     want = jax.jit(model.fn)(*model.args)
-    got_out = plan.apply(model.fn)(*model.args)
+    got_out = partex.apply_plan(plan, model.fn)(*model.args)
     assert _compare(want, got_out)["ok"]
     # back to the step as written
     s.reconfigure(mesh="data=8", pipeline=None)

@@ -723,7 +723,7 @@ def _describe(plan) -> None:
 
 
 def _run_plan(plan, fn, args, ref):
-    planned = plan.apply(fn)
+    planned = partex.apply_plan(plan, fn)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         got = planned(*_fresh(args))

@@ -200,7 +200,7 @@ def test_a_region_on_the_devices_in_another_order_runs_on_the_plans_mesh():
     args = (jax.random.normal(jax.random.key(3), (D, D)) / 4, jax.random.normal(jax.random.key(4), (T, D)))
     plan = partex.Session(step, args, mesh="data=4,model=2").plan(strategy="dp")
     want = jax.jit(step)(*args)
-    got = plan.apply(step)(*args)  # donates w
+    got = partex.apply_plan(plan, step)(*args)  # donates w
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-4, atol=1e-6)
 
@@ -231,7 +231,7 @@ def test_a_region_in_an_explicit_mode_step(manual):
     s = partex.Session(step, (w, x), mesh="step")
     out = s.verify(s.plan(strategy="megatron"), run=True, mark=False)
     assert out.numerics.ok, out.numerics
-    got = s.plan(strategy="megatron").apply(step)(w, x)
+    got = partex.apply_plan(s.plan(strategy="megatron"), step)(w, x)
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
 
 
@@ -277,6 +277,6 @@ def test_a_region_over_a_mesh_with_size_one_axes_runs_on_the_plans_mesh():
 
     args = (jax.random.normal(jax.random.key(9), (D, F)) / 4, jax.random.normal(jax.random.key(10), (8, D)))
     want = jax.jit(step)(*args)
-    got = partex.Session(step, args, mesh="data=4,model=2").plan(strategy="dp").apply(step)(*args)
+    got = partex.apply_plan(partex.Session(step, args, mesh="data=4,model=2").plan(strategy="dp"), step)(*args)
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-4, atol=1e-6)

@@ -88,7 +88,7 @@ def test_numerics_do_not_cry_wolf_on_noise_and_still_catch_a_misplaced_shard():
     out = partex.verify(plan, step, args, run=True)
     assert out.numerics.ok, out.numerics  # a correct plan passes ...
     expected = jax.jit(step)(*args)
-    got = plan.apply(step)(*jax.tree.map(np.array, args))
+    got = partex.apply_plan(plan, step)(*jax.tree.map(np.array, args))
     paths = [f"out/{i}/{'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)}"
              for i, tree in enumerate(expected) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
     ref_l, got_l = jax.tree.leaves(expected), [np.asarray(x) for x in jax.tree.leaves(got)]

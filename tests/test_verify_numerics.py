@@ -26,7 +26,7 @@ INT8_PLAN = [("*/w1[1]", "model"), ("*/w1[0]", "data"), ("b/x[0]", "data")]
 def _calibrated(step, args, mesh: str, decisions):
     s = partex.Session(step, args, mesh=mesh)
     plan = s.plan(strategy=decisions) if isinstance(decisions, str) else s.plan(decisions)
-    cal, run_planned = calibrate(types.SimpleNamespace(fn=step, args=args), plan.apply(step))
+    cal, run_planned = calibrate(types.SimpleNamespace(fn=step, args=args), partex.apply_plan(plan, step))
     return cal, run_planned()
 
 

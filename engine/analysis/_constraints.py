@@ -4,7 +4,7 @@
 MaxText's logical constraints), ``jax.sharding.reshard`` and the ``in_shardings`` /
 ``out_shardings`` of a ``jit`` called inside the step fix the sharding of a value, and XLA
 honours them: its propagation starts from them, and it inserts the collectives that reach
-them. partex models them as XLA does (DESIGN.md, "User shardings"): each dim a user sharding
+them. partex models them as XLA does (docs/sharding-forms.md, "The step's own shardings"): each dim a user sharding
 shards over a mesh axis is a *fixed decision* of that dim's group, ahead of every plan's own
 decisions (XLA propagates it to the tensors that share the dim); a dim it leaves replicated
 is replicated *in that value only*: its group stays free, and where the plan shards the group

@@ -112,6 +112,7 @@ class Unit:
 
     @property
     def description(self) -> str:
+        """One line for reading: ``label: N layers (scan) from source line``."""
         how = " (scan)" if self.loop else ""
         return f"{self.label}: {self.layers} layers{how} from {self.where}"
 

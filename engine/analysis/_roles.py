@@ -1,5 +1,6 @@
 """Roles from structure: which inputs are parameters, optimizer state and data, and which
 named-dimension groups play the batch, tensor-parallel, vocabulary and expert roles.
+``infer_roles`` reads a ``DimAnalysis`` and makes a ``Roles`` (both records in ``_types``).
 
 Nothing here reads a label, a logical axis name or a pytree path: a user's Llama keyed
 ``wq``/``w_gate`` with no axis names gets the same roles as a demo model keyed ``heads``/
@@ -61,17 +62,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, Mapping
 
 from .._decisions import NO_DIM, GroupId
-from ..tracing._program import Program
+from ..tracing._program import OpId, Program, ValueId
 from ._rules import FactorKind
-
-if TYPE_CHECKING:  # the analysis calls infer_roles: its type only, no import at run time
-    from ._analysis import DimAnalysis
-
-ValueId = int
-OpId = int
+from ._types import DimAnalysis, Roles
 
 # Contractions whose weight operand makes a tensor-parallel matmul.
 MATMUL_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
@@ -79,36 +74,6 @@ MATMUL_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
 GATHER_PRIMITIVES = frozenset({"gather"})
 # Joins along a dim: the operands' dims there feed the result's (another named dimension).
 CONCAT_PRIMITIVES = frozenset({"concatenate"})
-
-
-@dataclasses.dataclass(frozen=True)
-class Roles:
-    """The roles of a program's inputs and of its analysis' groups (see the module doc)."""
-
-    mirror: Mapping[ValueId, ValueId]  # output leaf -> the input leaf it mirrors
-    parameters: frozenset[ValueId]  # input value ids
-    optimizer: frozenset[ValueId]
-    data: frozenset[ValueId]
-    forward_ops: frozenset[OpId]
-    param_matmuls: tuple[OpId, ...]
-    batch_groups: tuple[GroupId, ...]  # largest first
-    pair_groups: tuple[GroupId, ...]  # largest first
-    vocab_groups: tuple[GroupId, ...]  # largest first
-    expert_groups: tuple[GroupId, ...]  # largest first
-    joined_groups: tuple[GroupId, ...]  # vocabulary-like, contracted after a concatenate; largest first
-    param_group_bytes: Mapping[GroupId, int]
-
-    @property
-    def state(self) -> frozenset[ValueId]:
-        return self.parameters | self.optimizer
-
-    def category(self, vid: ValueId) -> str:
-        """The memory-breakdown category of an input value."""
-        if vid in self.parameters:
-            return "parameters"
-        if vid in self.optimizer:
-            return "optimizer"
-        return "activations"
 
 
 # --------------------------------------------------------------------------- dataflow

@@ -18,6 +18,8 @@ DimRef = tuple[int, int]  # (operand or result index, dim)
 
 
 class FactorKind(enum.IntEnum):
+    """How sharding a factor over a mesh axis is carried out (each kind's reason below)."""
+
     # Sharding it shards operands and results alike: each device computes its own slice,
     # no communication.
     PASS = 0
@@ -86,6 +88,10 @@ class Halo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Factor:
+    """One factor of an op's rule (Shardy's): its ``size``, its ``kind``, and the operand and
+    result dims it spans (``DimRef``: (operand or result index, dim)); the fields below
+    say what a reduction, a halo or a reshape's minor part adds."""
+
     size: int
     kind: FactorKind
     operands: tuple[DimRef, ...] = ()
@@ -988,7 +994,7 @@ def _sdy_dims(mapping, rank: int) -> list:
     """One sharding rule operand's or result's factor per dim: a name, or None for a dim
     it does not map to one factor alone (a compound factor). A leading ``…`` (JAX's
     ``BATCHING``) stands for the dims the others leave, right-aligned across operands."""
-    from jax._src.custom_partitioning_sharding_rule import BATCHING
+    from ..tracing._jax import SDY_BATCHING as BATCHING
 
     dims: list = []
     rest = sum(1 for m in mapping if not (isinstance(m, str) and m.startswith(BATCHING)))

@@ -24,7 +24,7 @@ from .._decisions import (MEMORY_SPACES, RECOMPUTE_KINDS, RESOLUTIONS, STATE_LAB
                           Recompute, Resolve, Shard, slot_kind)
 from .._errors import PartexError
 from .._mesh import MeshSpec
-from ._analysis import Analysis, Group
+from ._types import Analysis, Group
 
 GroupRef = int | str  # a group id, its label, or an anchor "input/path:dim"
 

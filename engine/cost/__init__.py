@@ -20,25 +20,43 @@ factors and groups), which do not grow with depth; the overlap schedule runs unr
 until they repeat and counts the rest, and CSE is worked out once per class of values read
 alike, so scoring a plan costs about the same for 8 or 126 layers.
 
-The modules, each pure over the immutable tables of one (analysis, mesh, hardware):
+The modules, each pure over the immutable tables of one (analysis, mesh, hardware). Building
+the tables is apart from pricing with them: no building module imports a pricing one, and
+the records both sides share sit below both.
+
+Shared by both sides:
 
 - ``_kinds``: ``CollectiveKind``, the one list of collective kinds (HLO parser and
   verifier import it too);
 - ``_facts``: per-primitive cost facts, a registry beside ``_rules.factor_rules`` (FLOPs,
-  free ops, views, fusible ops, the partitioner's quirks);
-- ``_report``: the public results (``CostReport``, ``MemoryReport``, ``CollectiveCost``);
+  free ops, views, fusible ops, the partitioner's quirks); ``_kernels``: what a Pallas or
+  ``custom_partitioning`` kernel costs;
 - ``_shardings``: axes from ordered decisions (``assign``), an op's view of a tensor;
+- ``_records``: the plain records the package shares (``Tables``, ``Liveness``,
+  ``Pattern``, ``PatternCost``, ``Need``/``Coll``, ``Aggregate``, ``Edit``, ``Moved``).
+
+Building, once per (analysis, mesh, hardware):
+
+- ``_fusion``: what XLA fuses away, what its kernels read, which values share a buffer;
+- ``_liveness``: the live ranges (``build_liveness``);
+- ``_compile``: the ops as patterns, ops that cost alike (``compile_patterns``);
 - ``_tables``: the tables (value signatures, patterns, live ranges, bitmasks);
-- ``_patterns``: op patterns and the cost of one pattern under decisions;
+- ``_variants``: a recompute decision's tables, as XLA fuses the program under it.
+
+Pricing, per plan (each piece memoised by the façade):
+
+- ``_report``: the public results (``CostReport``, ``MemoryReport``, ``CollectiveCost``);
 - ``_pricing``: the seconds of one kernel or collective, from the hardware's figures or its
   measured profile (``Hardware.profile``);
-- ``_reshard``: collective records, their time, reshards, halos, concatenate/split;
+- ``_reshard``: the collectives' time, reshards, halos, concatenate/split;
+- ``_patterns``: the cost of one pattern under decisions;
 - ``_aggregate``: the summed costs of the patterns of one group mask;
 - ``_cse``: one reshard of a value per computation;
-- ``_liveness``: live ranges and the per-device peak;
-- ``_recompute``: what recompute decisions change, and its price;
+- ``_recompute``: what recompute decisions change (``Edit``), and its price;
+- ``_memory``: the per-device peak, and state kept in host memory;
 - ``_periodic``: the periodic stretches of a region's ops (unrolled layers);
 - ``_overlap``: the schedule of collectives under compute;
+- ``_rows``: the report's collective rows, and the host link's seconds;
 - ``_model``: ``CostModel``, the memoising façade, and the only reader of a decision's form.
 
 Imports ``analysis``, ``tracing`` and partex's bottom modules (mesh, decisions) only.

@@ -16,23 +16,23 @@ which operand, in which region and loops. The values read alike (``ReadClasses``
 weight of every unrolled layer) form a class; a plan's CSE is worked out for one value of
 each class its reshards touch, memoised on the class and those patterns' reshards, and
 counted for the rest, whose copies live over their own readers (``_expand``). Pure over the
-tables (the program's ops and the patterns); imports ``_kinds`` and ``_facts``.
+tables (the program's ops and the patterns).
+
+Pricing side: imports ``_records``, ``_kinds``, ``_facts`` and the program types.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ._facts import having
 from ..tracing._program import TOP_REGION as TOP, Program
 from ._kinds import CollectiveKind
-
-if TYPE_CHECKING:
-    from ._tables import Tables
+from ._records import Tables
 
 
 class Reshards(NamedTuple):
@@ -73,7 +73,7 @@ class ReadClasses:
     by_operand: dict  # (pattern, operand index) -> the classes read there
 
 
-def read_classes(t: "Tables") -> ReadClasses:
+def read_classes(t: Tables) -> ReadClasses:
     p = t.program
     ops = p.ops
     homes = invariant_homes(p)
@@ -111,7 +111,7 @@ def read_classes(t: "Tables") -> ReadClasses:
     return ReadClasses(tuple(classes), dict(by_operand))
 
 
-def common_reshards(t: "Tables", classes: ReadClasses, resharded, late: dict | None, memo: dict,
+def common_reshards(t: Tables, classes: ReadClasses, resharded, late: dict | None, memo: dict,
                     late_key=None) -> Reshards:
     """``resharded``: [(pattern, its collectives)] of the patterns with operand reshards;
     ``late``: weight -> the backward pass's ops, where a recompute re-takes it (its reshard
@@ -149,7 +149,7 @@ def common_reshards(t: "Tables", classes: ReadClasses, resharded, late: dict | N
                     (cat(dop, np.int64), cat(dk, np.int64)), hoisted)
 
 
-def _class_result(t: "Tables", c: ReadClass, cl_of: dict, late: dict | None) -> tuple:
+def _class_result(t: Tables, c: ReadClass, cl_of: dict, late: dict | None) -> tuple:
     """(seconds saved, duplicate executions per (pattern, collective), the copies' first
     readers, ends and bytes, the duplicate reads' ops and collectives, the hoisted reads) of
     a class's values under the collectives ``cl_of``."""
@@ -284,7 +284,7 @@ def invariant_homes(p: Program) -> np.ndarray:
     return homes
 
 
-def _invariant(t: "Tables", op, home: int) -> tuple[int, int, tuple[int, int], tuple[int, ...]]:
+def _invariant(t: Tables, op, home: int) -> tuple[int, int, tuple[int, int], tuple[int, ...]]:
     """Where XLA computes a reshard of a value read by ``op`` and made, invariantly, in region
     ``home`` (``invariant_homes``): (region, its trips, the enter and exit ops of the loops it
     is hoisted out of, those loops innermost first). Out of each enclosing loop up to

@@ -7,8 +7,9 @@ memory). What the factor rule of a primitive says (which dims move together) is
 the quirks of XLA's partitioner on it -- is here, one entry per primitive, registered in
 families right after the helpers that define them.
 
-Imports ``_rules`` (the factor-rule registry, and the helpers and primitive sets that
-count FLOPs as XLA does) and ``_kernels`` (what a kernel costs).
+Shared by both sides (building and pricing): imports ``_rules`` (the factor-rule registry,
+and the helpers and primitive sets that count FLOPs as XLA does) and ``_kernels`` (what a
+kernel costs).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class CostFacts:
     # emits invalid HLO or wrong values (jax 0.12; the property tests found it)
     write_at_view: bool = False
     # a matmul or a conv: its kernel is priced by its shape (a profile's matmul table), its
-    # factors by role (``_patterns.Contraction``)
+    # factors by role (``_records.Contraction``)
     contraction: bool = False
     # concatenate / split: the cut dim and the pieces along it (XLA moves whole pieces)
     shift: Callable[..., Shift] | None = None
@@ -131,7 +132,7 @@ class CostFacts:
     # sharded with a halo exchange (``_rules.conv_halo_ratios``)
     halo_ratios: Callable[..., dict[int, float]] | None = None
     # a conv with batch_group_count > 1 (a depthwise conv's weight gradient): XLA all-reduces
-    # its partial results over the whole mesh (patterns.whole_mesh_partials); params -> bool
+    # its partial results over the whole mesh (_patterns.whole_mesh_partials); params -> bool
     grouped: Callable[[dict], bool] | None = None
     # a collective the user wrote inside a shard_map region: its kind (a ``CollectiveKind``
     # name) and (params, operand shapes' bytes, result bytes) -> (mesh axes, bytes per device:
@@ -145,7 +146,7 @@ class CostFacts:
     # result's shape are materialised (TPU and GPU unroll it into fusible elementwise ops);
     # the halves are combined and turned into a mask or floats inside each consumer's fusion
     # again, so they live until the last use of anything computed from the bits elementwise
-    # alone, and what is computed so is never materialised (liveness.cpu_random_bits)
+    # alone, and what is computed so is never materialised (_fusion.cpu_random_bits)
     cpu_rolled_bits: bool = False
     # a kernel: the HBM bytes it says it reads and writes beyond its operands' and results'
     # once (a flash kernel reads K and V once per block of queries); params -> bytes, 0: none said
@@ -156,7 +157,7 @@ class CostFacts:
     # a lookup in shards: "gather" (an embedding's rows looked up where they are held,
     # masked, the partial results summed) or "scatter" (updates applied where their rows are
     # held); XLA's partitioner moves a block of it onto the mesh's first axis when the op
-    # leaves that axis out (patterns.unused_first_axis)
+    # leaves that axis out (_patterns.unused_first_axis)
     lookup: str = ""
 
 

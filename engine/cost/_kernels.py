@@ -9,8 +9,9 @@ counted whole: an upper bound for a causal kernel that skips blocks). Its memory
 operands and results alone. A ``custom_partitioning`` op costs what the function it wraps
 costs (its ``call`` jaxpr, the kernels inside it included).
 
-Imports nothing of partex: ``_facts`` registers these with its own ``facts_of`` passed in
-(each eqn of a body counted as a traced op of that primitive is).
+Shared by both sides (through ``_facts``): imports nothing of partex; ``_facts`` registers
+these with its own ``facts_of`` passed in (each eqn of a body counted as a traced op of that
+primitive is).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Owns ``CollectiveKind`` (a ``str`` enum: each member equals, hashes and prints as the
 name XLA gives the op, so a member and its string are interchangeable as dict keys and in
-JSON) and ``KINDS`` (every kind's name, in report order). Imports nothing of partex: the HLO
-parser and the verifier import it as well as the cost model.
+JSON) and ``KINDS`` (every kind's name, in report order). Shared by both sides (building
+and pricing); imports nothing of partex: the HLO parser and the verifier import it as well
+as the cost model.
 """
 
 from __future__ import annotations

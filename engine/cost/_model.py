@@ -3,10 +3,13 @@
 A plan is an ordered list of decisions. ``_decisions``, ``recompute_of`` and ``states_of``
 turn them into what the package works on -- sharding triples (``_shardings``), sorted
 (unit, kind) recompute pairs and the state sets kept in host memory -- and are the only code
-here that reads a decision's form. Everything
-else is a function of the tables (``_tables``, built once per analysis, mesh and
-hardware) and those: the façade holds the memo tables (per signature, per pattern, per
-aggregate, per CSE key, per recompute edit) and sums. Imports every module of the package.
+here that reads a decision's form. Everything else is a function of the tables
+(``_tables``, built once per analysis, mesh and hardware; a recompute variant's by
+``_variants``) and those: the façade holds the memo tables (per signature, per pattern, per
+aggregate, per CSE key, per recompute edit, per recompute variant) and sums.
+
+Pricing side, the top of the package: imports the building modules that make the tables,
+every pricing module and the decision, mesh and analysis types.
 """
 
 from __future__ import annotations
@@ -17,23 +20,25 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .._decisions import STATE_LABELS, STATES, Decision, Memory, Recompute, Resolve, Shard
+from .._decisions import Decision, Memory, Recompute, Resolve, Shard
 from .._mesh import Hardware, MeshSpec
-from ..analysis._analysis import NO_DIM, Analysis
+from ..analysis._types import Analysis
 from ..analysis._constraints import check_mode
 from ..analysis._recompute import value_readers
 from ._aggregate import aggregate
 from ._cse import ReadClasses, Reshards, common_reshards, read_classes
 from ._facts import facts_of
-from ._liveness import Moved, memory_report, moved_state
+from ._memory import memory_report, state_moves
 from ._overlap import Timeline, build_timeline, overlapped
-from ._kinds import CollectiveKind
-from ._patterns import HOST_LINK, PatternCost, pattern_cost
+from ._patterns import pattern_cost
 from ._pricing import copy_seconds
-from ._recompute import Edit, build_edit, extra_cost, variant_reads
-from ._report import CollectiveCost, CostReport
+from ._records import Edit, Moved, PatternCost
+from ._recompute import build_edit, extra_cost
+from ._report import CostReport
+from ._rows import collective_rows, host_link
 from ._shardings import Spec, assign, shards
-from ._tables import build_tables, variant_tables
+from ._tables import build_tables
+from ._variants import recompute_variant
 
 # A decision's form is read by _decisions, recompute_of and states_of only.
 
@@ -48,7 +53,7 @@ class CostModel:
                  reserve: Iterable[str] = (), work_flops: float | None = None):
         """lowering: how XLA compiles the step (``LOWERINGS``): "tpu" (real reduce-scatters,
         elementwise chains fused into their readers), "gpu" (the same, and what XLA GPU keeps
-        beside: ``liveness.fused_values``' float32 upcasts, the cuBLAS workspace) or "cpu"
+        beside: ``_fusion.fused_values``' float32 upcasts, the cuBLAS workspace) or "cpu"
         (XLA:CPU lowers a reduce-scatter to an all-reduce of the whole partial result and a
         local slice, which takes a second full-size buffer; used to compare with XLA on
         simulated devices).
@@ -160,50 +165,42 @@ class CostModel:
             r = self._pat_cache[key] = pattern_cost(self.tables, self.patterns[pi], rel, self.sig_spec)
         return r
 
+    def _value_readers(self) -> list:
+        if self._readers is None:
+            self._readers = value_readers(self.program)
+        return self._readers
+
     def _edit(self, rc: tuple[tuple[int, str], ...]) -> Edit:
         e = self._edits.get(rc)
         if e is None:
-            if self._readers is None:
-                self._readers = value_readers(self.program)
-            e = self._edits[rc] = build_edit(self.tables, rc, self.units, self._readers)
+            e = self._edits[rc] = build_edit(self.tables, rc, self.units, self._value_readers())
         return e
 
     def _moved(self, states: tuple[int, ...]) -> tuple[Moved, list[tuple[np.ndarray, np.ndarray]]]:
         """The memory change of keeping ``states`` in host memory, and per set the values it
-        copies over the host link: (its arguments, their updates)."""
+        copies over the host link: (its arguments, their updates) (``_memory.state_moves``)."""
         r = self._moves.get(states)
         if r is None:
-            an = self.analysis
-            back = {i: o for o, i in an.roles.mirror.items()}  # argument -> its update
-            sets = []
-            for st in states:
-                ins = an.state_inputs(st)
-                sets.append((np.array(ins, dtype=np.int64), np.array([back[v] for v in ins if v in back], dtype=np.int64)))
-            ins = [v for st in states for v in an.state_inputs(st)]
-            r = self._moves[states] = (moved_state(self.program, self.tables.live, ins,
-                                                   [back[v] for v in ins if v in back]), sets)
+            r = self._moves[states] = state_moves(self.analysis, self.tables.live, states)
         return r
 
-    def _variant(self, rc: tuple[tuple[int, str], ...]) -> "CostModel":
+    def _variant(self, rc: tuple[tuple[int, str], ...]) -> CostModel:
         """This cost model with its ops priced as XLA fuses the program under recompute
-        decisions ``rc`` (``_tables.variant_tables``): a residual no longer saved for the
-        backward pass is fused into its forward readers, and the copy the recomputation
-        makes into its backward readers, rather than written out and read back. Memoised;
-        the edit (``_edit``) is the variant's own. On XLA:CPU, which neither duplicates nor
-        rematerialises fused values, this model itself."""
+        decisions ``rc`` (``_variants``), its memo tables of the patterns its own and those
+        of the program's patterns this model's (``_base``). Memoised; the edit (``_edit``)
+        is the variant's own. On XLA:CPU, which neither duplicates nor rematerialises fused
+        values, and where the decisions change no read, this model itself."""
         if self._variants is None or self.lowering == "cpu":
             return self
         v = self._variants.get(rc)
         if v is None:
-            if self._readers is None:
-                self._readers = value_readers(self.program)
-            ignore, stand_ins = variant_reads(self.tables, rc, self.units, self._readers)
+            tables = recompute_variant(self.tables, rc, self._value_readers())
             v = self
-            if ignore or stand_ins:
+            if tables is not None:
                 v = copy.copy(self)
                 v._base = self
-                v.tables = variant_tables(self.tables, ignore, stand_ins)
-                v.patterns = v.tables.patterns
+                v.tables = tables
+                v.patterns = tables.patterns
                 v._pat_cache, v._agg_cache, v._reshard_cache, v._overlap_cache = {}, {}, {}, {}
                 v._cse_memo, v._classes, v._edits, v._tl, v._variants = {}, None, {}, None, None
             self._variants[rc] = v
@@ -307,43 +304,21 @@ class CostModel:
             step = min(step, secs + xc + xm)
         ideal = self.work_flops / (self.mesh.size * self.hw.peak_flops)
         states = self.states_of(decisions)
-        state_moves = self._moved(states) if states else None
+        moves = self._moved(states) if states else None
         # XLA:CPU keeps every array in device memory whatever its memory space: there state
         # kept in host memory is state on the device (its copies still made)
         mem = memory_report(t.live, local, detail, buffers, edit,
-                            state_moves[0] if state_moves and self.lowering != "cpu" else None)
-        # host transfers run over the host link beside the compute (the forward's and the
-        # backward's): only what outlasts the compute is waited for. Offloaded residuals
-        # are copied out as the forward pass makes them and back as the backward pass reads
-        # them; state kept in host memory is copied in ahead of where the step first reads
-        # it (prefetched as a weight's gather is), and its update out once it is made: at
-        # the end of the step, with nothing left to run under, waited for whole
-        secs = self.hw.host_seconds
-        host = None
-        hidable = 0.0  # seconds that may run under compute
-        if edit is not None and len(edit.host_v):
-            host = local[edit.host_v] * edit.host_n
-            mem = dataclasses.replace(mem, host=mem.host + float(host.sum()))
-            hidable += sum(secs(float(b), True) + secs(float(b), False) for b in host)
-        state_io = [(secs(float(local[i].sum()), False), secs(float(local[o].sum()), True))
-                    for i, o in state_moves[1]] if state_moves else []
-        hidable += sum(i for i, _ in state_io)
-        tail = sum(o for _, o in state_io)
-        moved = ()
-        if hidable or tail:
-            wait = (max(0.0, hidable - compute) if overlap else hidable)
-            comm += hidable + tail
-            step += wait + tail
-            if detail:
-                moved = (*(self._host_rows(edit, host, np.array([secs(float(b), True) + secs(float(b), False)
-                                                                 for b in host]), wait, hidable)
-                           if edit is not None and host is not None else ()),
-                         *self._state_rows(states, state_io, [float(local[i].sum() + local[o].sum()) / 2
-                                                              for i, o in state_moves[1]] if state_moves else [],
-                                           wait, hidable))
+                            moves[0] if moves and self.lowering != "cpu" else None)
+        # offloaded residuals and state kept in host memory: copies over the host link
+        link = host_link(t, edit, local, states, moves[1] if moves else [], compute, overlap, detail)
+        if link.offloaded is not None:
+            mem = dataclasses.replace(mem, host=mem.host + link.offloaded)
+        if link.hidable or link.tail:
+            comm += link.hidable + link.tail
+            step += link.wait + link.tail
         report_colls = ()
         if detail:
-            report_colls = tuple(self._collective_rows(colls, common.dup, extra_colls, exposed)) + moved
+            report_colls = tuple(collective_rows(t, colls, common.dup, extra_colls, exposed)) + link.rows
         return CostReport(step, compute, comm, ideal, (ideal / step) if step > 0 else 0.0, mem,
                           self.hw.budget, self.hw.fits(mem.peak, mem.host), report_colls, max(0.0, compute + comm - step))
 
@@ -360,59 +335,6 @@ class CostModel:
             common = self._reshard_cache[rkey] = common_reshards(self.tables, self._classes, resharded, late,
                                                                  self._cse_memo, rc)
         return common
-
-    def _host_rows(self, edit: Edit, host: np.ndarray, secs: np.ndarray, wait: float, total: float
-                   ) -> Iterable[CollectiveCost]:
-        """One host-transfer row per offloading unit (out and back: two per layer), the
-        time the step waits for (of ``total`` host-link seconds) spread over them by their
-        seconds."""
-        for u in dict.fromkeys(edit.host_unit):
-            own = np.array([x == u for x in edit.host_unit])
-            unit = self.units[u]
-            t = float(secs[own].sum())
-            nbytes = float(host[own].sum()) / max(1, unit.layers)
-            op = unit.copies[0][0]
-            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), nbytes, 2 * max(1, unit.layers), t, op,
-                                 self.program.ops[op].source, f"{unit.label} offload",
-                                 hidden=t - wait * t / total if total > 0 else 0.0)
-
-    def _state_rows(self, states: tuple[int, ...], io: list[tuple[float, float]], nbytes: list[float], wait: float,
-                    hidable: float
-                    ) -> Iterable[CollectiveCost]:
-        """One host-transfer row per state set kept in host memory (its copy in and its
-        update's out); of the copies in, the time the step waits for (of ``hidable``
-        host-link seconds that may run under compute) spread by their seconds; the copies
-        out waited for whole."""
-        an = self.analysis
-        for st, (t_in, t_out), size in zip(states, io, nbytes):
-            first = an.state_inputs(st)[0]
-            op = next((o.id for o in self.program.ops if first in o.inputs), 0)
-            yield CollectiveCost(CollectiveKind.HOST_TRANSFER, (HOST_LINK,), size,
-                                 2, t_in + t_out, op, self.program.ops[op].source if self.program.ops else "",
-                                 f"{STATE_LABELS[STATES[st]]} in host memory",
-                                 hidden=t_in - wait * t_in / hidable if hidable > 0 else 0.0)
-
-    def _collective_rows(self, colls, dup_count, extra=(), exposed=None) -> Iterable[CollectiveCost]:
-        """The collectives, one row per pattern and kind; ``extra``: (pattern, collectives,
-        executions) of the ops a recompute runs again (in line: none hidden); ``exposed``:
-        (pattern, collective) -> seconds per step the step waits for it (None: all of it)."""
-        p = self.program
-        groups = self.analysis.groups
-        rows = [(pi, cl, None) for pi, cl in colls] + list(extra)
-        for pi, cl, n in rows:
-            pat = self.patterns[pi]
-            op = p.ops[pat.ops[0]]
-            for k, c in enumerate(cl):
-                count = int(pat.weight) - dup_count.get((pi, k), 0) if n is None else int(n)
-                if count <= 0:
-                    continue
-                g = c.cause if c.cause < len(groups) else self.tables.views[c.cause - len(groups)][0]
-                cause = groups[g].label if c.cause != NO_DIM else "-"
-                hidden = 0.0
-                if exposed is not None and n is None:
-                    hidden = max(0.0, c.time * count - exposed.get((pi, k), 0.0))
-                yield CollectiveCost(c.kind, tuple(c.axes), c.bytes, count, c.time * count, op.id, op.source, cause,
-                                     tuple(pat.ops), int(c.operand), hidden)
 
     # ------------------------------------------------------------------ per op and per value
     def op_costs(self, decisions: Sequence[Decision]) -> np.ndarray:

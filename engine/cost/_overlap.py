@@ -7,8 +7,9 @@ overlapping compute, and the seconds the step waits for each collective). One co
 runs the ops in program order; one link per mesh axis runs the collectives over it
 (``SimState``). Unrolled layers are run until their schedule repeats and then counted
 (``_periodic``, ``_repeat``), so a plan's schedule costs about the same at any depth.
-Imports ``_facts``, ``_periodic`` and the program and rule types; reads the tables and the
-aggregates, changes neither.
+
+Pricing side: imports ``_records``, ``_facts``, ``_periodic`` and the program and rule
+types; reads the tables and the aggregates, changes neither.
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from ..analysis._rules import PSEUDO_OPS
 from ..tracing._program import NO_PRODUCER
 from ._facts import having
-from ._patterns import HOST_LINK
 from ._periodic import Periodic, periodic_stretches
-
-if TYPE_CHECKING:
-    from ._aggregate import Aggregate
-    from ._tables import Tables
+from ._records import HOST_LINK, Aggregate, Tables
 
 # Collectives of values there from the start (weights) that XLA's scheduler keeps ahead of
 # their readers: the one read next and the one after (memory bounds how far it prefetches)
@@ -71,7 +68,7 @@ class Timeline:
     region_patterns: dict = dataclasses.field(default_factory=dict)  # region -> its ops' patterns (an array)
 
 
-def build_timeline(t: "Tables", periodic: bool = True) -> Timeline:
+def build_timeline(t: Tables, periodic: bool = True) -> Timeline:
     """``periodic``: extrapolate the periodic stretches (found by the ops' patterns: ops of
     one pattern cost alike under every plan); False: run every op."""
     p = t.program
@@ -139,7 +136,7 @@ def build_timeline(t: "Tables", periodic: bool = True) -> Timeline:
         {r: t.op_pattern[ids] for r, ids in region_ids.items()})
 
 
-def schedule_of(t: "Tables", tl: Timeline, agg: "Aggregate") -> tuple[dict, np.ndarray]:
+def schedule_of(t: Tables, tl: Timeline, agg: Aggregate) -> tuple[dict, np.ndarray]:
     """An aggregate's collectives per pattern (``Issue``s: every op of a pattern issues
     them), and the ops the overlap schedule visits for them: their own, and the readers
     (through views) of the values they reduce or reshard after the op. Memoised on the
@@ -161,7 +158,7 @@ def schedule_of(t: "Tables", tl: Timeline, agg: "Aggregate") -> tuple[dict, np.n
     return agg.schedule
 
 
-def _result_readers(t: "Tables", tl: Timeline, pi: int) -> np.ndarray:
+def _result_readers(t: Tables, tl: Timeline, pi: int) -> np.ndarray:
     """The ops that read (through views) what a pattern's ops make: where the schedule
     waits for a reduction of their results. Kept on the timeline, per pattern."""
     r = tl.readers_of.get(pi)
@@ -362,7 +359,7 @@ def _counted(run: _Run, v: int):
     return e[2] + (j - e[0]) * e[3], e[4]
 
 
-def overlapped(t: "Tables", tl: Timeline, aggs, dup_ops, hoisted=None) -> tuple[float, dict]:
+def overlapped(t: Tables, tl: Timeline, aggs, dup_ops, hoisted=None) -> tuple[float, dict]:
     """The step's time with collectives overlapping compute, as XLA's latency-hiding
     scheduler runs them on TPU and GPU: one compute stream runs the ops in program order,
     one communication stream the collectives in the order they are issued.

@@ -10,6 +10,8 @@ same kind: there from the start or not). Its schedule then repeats once the sche
 relative to the clock; ``_overlap`` runs periods until two end in the same state and
 extrapolates the rest. Owns ``Periodic`` and ``periodic_stretches``; pure over the program
 and a symbol per op.
+
+Pricing side (the overlap schedule's): imports nothing of partex.
 """
 
 from __future__ import annotations

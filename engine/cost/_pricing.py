@@ -8,24 +8,21 @@ a memory-bound kernel what the profile measured for its bytes, each kernel the p
 floor besides; an op fused into another's kernel (no bytes of its own) costs only its
 FLOPs; a collective costs the profile's time for its kind, devices and bytes where measured
 and the mesh gives its axes no bandwidths of their own (then the links are the mesh's:
-ring time). Imports ``_shardings`` and the collective kinds.
+ring time).
+
+Pricing side: imports ``_records``, ``_shardings``, ``_kinds`` and the hardware type.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
+from .._mesh import Hardware
 from ._kinds import CollectiveKind
+from ._records import Pattern, Tables
 from ._shardings import prod
 
-if TYPE_CHECKING:
-    from .._mesh import Hardware
-    from ._patterns import Pattern
-    from ._tables import Tables
 
-
-def kernel_seconds(hw: "Hardware", pat: "Pattern", fax, axis_size: dict[str, int], flops: float,
+def kernel_seconds(hw: Hardware, pat: Pattern, fax, axis_size: dict[str, int], flops: float,
                    nbytes: float) -> float:
     """Seconds of one execution of a pattern's op per device: ``flops`` and ``nbytes`` its
     share (FLOPs; bytes read and written), ``fax`` the mesh axes of each of its factors."""
@@ -43,7 +40,7 @@ def kernel_seconds(hw: "Hardware", pat: "Pattern", fax, axis_size: dict[str, int
     return max(flops / hw.peak_flops, prof.memory_time(nbytes)) + prof.kernel_floor
 
 
-def copy_seconds(hw: "Hardware", nbytes: float) -> float:
+def copy_seconds(hw: Hardware, nbytes: float) -> float:
     """Seconds of a kernel that copies ``nbytes`` (reads them and writes them again)."""
     if nbytes <= 0:
         return 0.0
@@ -52,7 +49,7 @@ def copy_seconds(hw: "Hardware", nbytes: float) -> float:
     return hw.profile.memory_time(2 * nbytes) + hw.profile.kernel_floor
 
 
-def collective_seconds(t: "Tables", kind: CollectiveKind, axes: tuple[str, ...], nbytes: float) -> float:
+def collective_seconds(t: Tables, kind: CollectiveKind, axes: tuple[str, ...], nbytes: float) -> float:
     """Seconds of one collective over ``axes`` moving ``nbytes`` per device (the larger of
     the buffer before and after); a host transfer's over the host link."""
     if kind is CollectiveKind.HOST_TRANSFER:  # a copy to or from host memory, over the host link

@@ -1,62 +1,30 @@
 """Recompute: what a set of recompute decisions changes in the program the cost model scores.
 
-Owns ``Edit`` (built once per set of recompute decisions, ``(unit, kind)`` pairs: the ops
-run again, by pattern, with the operands whose reshard the backward pass shares; the
-residuals' shortened lifetimes; the recomputed copies' own; the recomputation's
-temporaries; the weights re-taken in the backward pass) and ``extra_cost``, the time and
-collectives of an edit's re-run ops under some decisions. Which ops a unit re-runs is
-``partex.analysis._recompute``'s (``plan_unit``); this module only prices it. Imports
-``partex.analysis._recompute`` and ``_liveness``'s ``alias_roots``.
+``build_edit`` makes the ``Edit`` (``_records``) of one set of recompute decisions,
+``(unit, kind)`` pairs: the ops run again, by pattern, with the operands whose reshard the
+backward pass shares; the residuals' shortened lifetimes; the recomputed copies' own; the
+recomputation's temporaries; the weights re-taken in the backward pass. ``extra_cost`` is
+the time and collectives of an edit's re-run ops under some decisions. Which ops a unit
+re-runs is ``partex.analysis._recompute``'s (``plan_unit``); how XLA fuses the program
+under the decisions is ``_variants``'.
+
+Pricing side: imports ``_records``, ``_fusion``' ``alias_roots`` and
+``partex.analysis._recompute``.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from ..analysis._recompute import LoopPlan, plan_unit
-from ._liveness import alias_roots
-
-if TYPE_CHECKING:
-    from ._patterns import PatternCost
-    from ._tables import Tables
+from ._fusion import alias_roots
+from ._records import Edit, PatternCost, Tables
 
 
-@dataclasses.dataclass(frozen=True, slots=True, eq=False)
-class Edit:
-    """What a set of recompute decisions changes in the program the cost model scores."""
-
-    rc: tuple[tuple[int, str], ...]  # the recompute decisions, as sorted (unit, kind)
-    extra: list  # [(pattern mask, [(pattern, shared operand indices, executions)])]
-    mid_end: np.ndarray  # the intermediates' lifetimes, residuals shortened
-    clone_v: np.ndarray  # recomputed values (their local size) ...
-    clone_a: np.ndarray  # ... live from the recompute point ...
-    clone_b: np.ndarray  # ... to their last backward read
-    clone_n: np.ndarray  # copies of each (a value a forward loop stacks: its length)
-    late: dict[int, tuple[int, int]]  # weight -> the backward pass's ops: reads there reshard anew
-    # the recomputations' temporaries: (row, value) pairs, a row a set of values live at
-    # once; a recomputation's rows from tmp_seg on; the largest row of each, live at its
-    # recompute point (tmp_at)
-    tmp_row: np.ndarray
-    tmp_v: np.ndarray
-    tmp_seg: np.ndarray
-    tmp_at: np.ndarray
-    # ``offload``: the values kept in host memory (their local size, times host_n: a
-    # stack's layers), each copied there in the forward pass and back for the backward
-    host_v: np.ndarray
-    host_n: np.ndarray
-    host_unit: tuple[int, ...]  # per host value, its unit
-    # the values a backward loop's recomputation reads through its optimisation barrier
-    # (apply's: the saved values, their slices of the forward loop's stacks), and how often:
-    # XLA copies each slice out of its stack into a buffer of its own, every trip
-    barrier_v: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    barrier_n: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.float64))
-
-
-def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> Edit:
+def build_edit(t: Tables, rc: tuple[tuple[int, str], ...], units, readers) -> Edit:
     """What the recompute decisions ``rc`` change: the ops run again (by pattern, with
     the operands whose reshard the backward pass shares), the residuals' shortened
     lifetimes and the recomputed copies' own, and the weights re-taken in the backward.
@@ -139,9 +107,9 @@ def build_edit(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers) -> 
                 np.array([n for _, n in barrier], dtype=np.float64))
 
 
-def _release_fused_roots(t: "Tables", rec: set, boundary: int, readers, mid_at, mid_end) -> None:
+def _release_fused_roots(t: Tables, rec: set, boundary: int, readers, mid_at, mid_end) -> None:
     """A recomputed residual XLA fuses into its backward readers kept what it is computed
-    from alive until then (``build_liveness``); recomputed, it no longer does: each such
+    from alive until then (``_liveness.build_liveness``); recomputed, it no longer does: each such
     operand (read by no backward op itself) dies after its last forward read, and its fused
     values', unless a fused value it makes is read in the backward pass and not recomputed."""
     p, fused = t.program, t.fused
@@ -219,7 +187,7 @@ def _live_sets(p, ops, made: list[int], root) -> list[list[int]]:
     return rows + [alive]
 
 
-def _charge(t: "Tables", ops, shared: set, extra) -> None:
+def _charge(t: Tables, ops, shared: set, extra) -> None:
     """Count the ops a recomputation runs again, by pattern, with the operands whose
     reshard it does not pay again: a weight's that the backward pass shares (``shared``),
     and a value's that an earlier op of the same recomputation reshards alike (the same
@@ -237,7 +205,7 @@ def _charge(t: "Tables", ops, shared: set, extra) -> None:
         extra[(pi, tuple(excl))] += op.trip
 
 
-def _edit_loop(t: "Tables", unit, lp: LoopPlan, extra, mid_at, mid_end, clones, tmps, host) -> None:
+def _edit_loop(t: Tables, unit, lp: LoopPlan, extra, mid_at, mid_end, clones, tmps, host) -> None:
     """A scan unit's edit: the body ops run again in the backward loop (each as often as
     the forward's), the stacked residuals it no longer makes, the values it stacks
     instead (live from the forward loop to the backward loop's end), and the
@@ -295,31 +263,7 @@ def _edit_loop(t: "Tables", unit, lp: LoopPlan, extra, mid_at, mid_end, clones, 
         tmps.add([[v] for v in made], lp.backward)
 
 
-def variant_reads(t: "Tables", rc: tuple[tuple[int, str], ...], units, readers
-                  ) -> tuple[frozenset[tuple[int, int]], dict[int, int]]:
-    """What recompute decisions ``rc`` change in how XLA fuses the program (for
-    ``_tables.variant_tables``): the reads that no longer happen (a residual's stacking by
-    the forward loop, or, unrolled, its backward reads: the backward reads a copy made
-    again) and the backward loop's slices that the recomputation makes again, each with the
-    forward value it stands for. ``readers``: per value, the ops that read it."""
-    p = t.program
-    ignore: set[tuple[int, int]] = set()
-    stand_ins: dict[int, int] = {}
-    for u, kind in rc:
-        unit = units[u]
-        for cp in plan_unit(p, unit, kind):
-            if isinstance(cp, LoopPlan):
-                exit_ = p.ops[unit.copies[0][1] - 1]
-                nc = exit_.params["num_carry"]
-                ignore |= {(exit_.id, exit_.inputs[nc + j]) for j in cp.dropped}
-                enter = p.ops[cp.backward]
-                stand_ins.update({enter.outputs[k]: r for k, r in cp.feeds})
-            elif cp.at >= 0:
-                ignore |= {(o, r) for r in cp.recomputed for o in readers[r] if o >= unit.boundary}
-    return frozenset(ignore), stand_ins
-
-
-def extra_cost(items, rel, pattern_cost: Callable[[int, tuple], "PatternCost"]) -> tuple[float, float, list]:
+def extra_cost(items, rel, pattern_cost: Callable[[int, tuple], PatternCost]) -> tuple[float, float, list]:
     """(compute s, comm s, [(pattern, collectives, executions)]) of an edit's re-run ops of
     one pattern mask (``items``: (pattern, shared operand indices, executions)) under the
     decisions ``rel`` on its groups; the shared operands' reshards are not paid again."""

@@ -1,7 +1,8 @@
 """The cost model's public results: ``CostReport``, ``MemoryReport``, ``CollectiveCost``.
 
 Frozen records with ``to_json``; what ``CostModel.evaluate`` returns and what the search,
-the plan files, the CLI and the explorer read. Imports only ``_kinds``.
+the plan files, the CLI and the explorer read. Pricing side (what it returns): imports only
+``_kinds``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class CollectiveCost:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryReport:
+    """A plan's predicted memory per device, in bytes: the peak (arguments and outputs whole,
+    as XLA reports them, plus the temporaries' peak, less what donation aliases), its parts,
+    a breakdown by kind at the peak, and with detail what is live there."""
+
     peak: float  # arguments + outputs + peak temporaries - aliased
     arguments: float
     outputs: float
@@ -65,6 +70,10 @@ class HeldBuffer:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CostReport:
+    """A plan's predicted step: seconds (compute, communication, hidden under compute), MFU,
+    memory per device against the budget and whether it fits, and with detail every
+    collective (``CostModel.evaluate``)."""
+
     step_time: float
     compute_time: float
     comm_time: float
@@ -85,12 +94,14 @@ class CostReport:
 
     @property
     def collective_bytes(self) -> dict[str, float]:
+        """Bytes per device each collective kind moves in one step (bytes x count, summed)."""
         out: dict[str, float] = collections.defaultdict(float)
         for c in self.collectives:
             out[c.kind] += c.bytes * c.count
         return dict(out)
 
     def to_json(self) -> dict:
+        """The report as JSON data (``partex search --json``'s, a plan file's ``predicted``)."""
         m = self.memory
         return {
             "step_time_s": self.step_time, "compute_time_s": self.compute_time,

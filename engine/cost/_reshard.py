@@ -1,62 +1,29 @@
-"""Collectives: the records, their ring (alpha-beta) time, and the ones a reshard needs.
+"""Collectives: their ring (alpha-beta) time, and the ones a reshard needs.
 
-Owns ``Need`` (a collective a pattern needs, before its time is known) and ``Coll`` (with
-its seconds per execution), ``coll_time``, and the pure functions that list collectives:
-``reshard`` (a buffer from one sharding to another: all-gather, all-to-all,
-collective-permute), ``halo`` (a conv's, slice's or pad's neighbour rows) and
-``shifted_views`` (concatenate and split along a sharded dim). Each reads the tables
-(``Tables``: mesh axes, their sizes, bandwidths and latencies; value signatures) and
-appends to a list it is given. Imports ``_kinds``, ``_shardings`` and ``_analysis``' NO_DIM.
+``coll_time`` prices one collective (``_pricing.collective_seconds``), and the pure
+functions that list collectives as ``Need``s (``_records``): ``reshard`` (a buffer from one
+sharding to another: all-gather, all-to-all, collective-permute), ``halo`` (a conv's,
+slice's or pad's neighbour rows) and ``shifted_views`` (concatenate and split along a
+sharded dim). Each reads the tables (``Tables``: mesh axes, their sizes, bandwidths and
+latencies; value signatures) and appends to a list it is given.
+
+Pricing side: imports ``_records``, ``_pricing``, ``_kinds``, ``_shardings`` and
+``_analysis``' NO_DIM.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
-
-from ..analysis._analysis import NO_DIM
+from .._decisions import NO_DIM
 from ._kinds import CollectiveKind
 from ._pricing import collective_seconds
-from ._shardings import Spec, prod, shards
-
-if TYPE_CHECKING:
-    from ._tables import Tables
+from ._records import Need, Tables
+from ._shardings import prod, shards
 
 AR, AG, RS = CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER
 A2A, PERMUTE = CollectiveKind.ALL_TO_ALL, CollectiveKind.COLLECTIVE_PERMUTE
 
 
-class Need(NamedTuple):
-    """A collective one execution of a pattern needs."""
-
-    kind: CollectiveKind
-    axes: tuple[str, ...]
-    bytes: float  # per device: the larger of the buffer before/after
-    cause: int  # the group responsible (NO_DIM: none)
-    # for an operand's reshard: the operand, the sharding the op reads it in and the bytes
-    # of that resharded buffer per device (what CSE and the overlap schedule key on)
-    operand: int = -1
-    view: Spec | None = None
-    view_bytes: float = 0.0
-
-
-class Coll(NamedTuple):
-    """A collective of a pattern, with its seconds per execution."""
-
-    kind: CollectiveKind
-    axes: tuple[str, ...]
-    bytes: float
-    time: float
-    cause: int
-    operand: int = -1  # -1: a result's (a reduction, a reshard after the op) or a halo
-    view: Spec | None = None
-    view_bytes: float = 0.0
-
-    def reshard_key(self) -> tuple:
-        """What makes two operand reshards the same collective (the CSE cache key)."""
-        return (self.kind, self.axes, self.bytes, self.operand, self.view)
-
-
-def coll_time(t: "Tables", kind: CollectiveKind, axes: tuple[str, ...], nbytes: float) -> float:
+def coll_time(t: Tables, kind: CollectiveKind, axes: tuple[str, ...], nbytes: float) -> float:
     """Seconds of one execution over ``axes`` (``_pricing.collective_seconds``): without a
     measured table, the ring (alpha-beta) time, the (n-1)/n share of the bytes over the
     slowest axis's links plus a latency per hop, twice for an all-reduce. An all-to-all's
@@ -117,7 +84,7 @@ def misaligned(offset: int, size: int, total: int, n: int) -> float:
     return worst
 
 
-def shifted_views(t: "Tables", pat, dec, colls: list, spec) -> tuple[dict, dict]:
+def shifted_views(t: Tables, pat, dec, colls: list, spec) -> tuple[dict, dict]:
     """Concatenate and split along a sharded dim, as XLA partitions them: pieces sharded
     like the whole are moved by an all-to-all (concatenate) or, where a piece's blocks do
     not line up with the whole's, a collective-permute (split); a piece sharded where the

@@ -4,8 +4,8 @@ Owns the decision triple the cost package works on -- ``(group, mesh axis, axis 
 made by ``CostModel._decisions`` only, a conflict's resolution carrying size 0 and its
 resolution (``SECOND``, ``NEITHER``) for axis -- and the pure functions over it: ``assign``
 (axes to slots), ``view`` (a tensor's sharding as an op computes it), ``prod``/``shards``
-(device counts) and ``mask`` (the groups a table row depends on, as a bitmask). Imports
-``_decisions`` (``NO_DIM``, the resolutions) only.
+(device counts) and ``mask`` (the groups a table row depends on, as a bitmask). Shared by
+both sides (building and pricing): imports ``_decisions`` (``NO_DIM``, the resolutions) only.
 """
 
 from __future__ import annotations

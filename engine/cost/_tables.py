@@ -1,12 +1,15 @@
 """The cost model's tables: everything about one (analysis, mesh, hardware) that no plan changes.
 
-Owns ``Tables`` (frozen; built once by ``build_tables``) and the value signatures: per
-value, (group or NO_DIM, size) per dim, deduplicated -- values with one signature shard
-alike under every plan. The patterns (``_patterns``), the live ranges (``_liveness``) and
-the bitmasks that key the memo tables are built here too. Every other module of the
-package is pure over these tables. Imports ``_facts``, ``_shardings``, ``_patterns``,
-``_liveness``, the analysis, mesh and program types and ``partex.analysis._recompute``'s
-``backward_span``.
+``build_tables`` makes the ``Tables`` (``_records``) once: the value signatures (per value,
+(group or NO_DIM, size) per dim, deduplicated -- values with one signature shard alike
+under every plan; ``region_groups``: a group as partially manual regions see it), the
+patterns (``_compile``), what XLA fuses and its kernels read (``_fusion``), the live ranges
+(``_liveness``) and the bitmasks that key the memo tables. ``variant_tables`` makes a
+recompute variant's (``_variants``). Every pricing module is pure over these tables.
+
+Building side: imports ``_records``, ``_compile``, ``_fusion``, ``_liveness``, ``_facts``,
+``_shardings``, the analysis, mesh and program types and ``partex.analysis._recompute``'s
+``backward_span``; nothing that prices.
 """
 
 from __future__ import annotations
@@ -17,58 +20,16 @@ import dataclasses
 import numpy as np
 
 from .._mesh import Hardware, MeshSpec
-from ..analysis._analysis import NO_DIM, Analysis
+from .._decisions import NO_DIM
+from ..analysis._types import Analysis
 from ..analysis._recompute import backward_span
-from ..tracing._program import NO_PRODUCER, Program
+from ..tracing._program import NO_PRODUCER
+from ._compile import compile_patterns
 from ._facts import having
-from ._liveness import Liveness, build_liveness, cpu_combined, fused_values, fusion_readers, kernel_reads
-from ._patterns import Pattern, compile_patterns
+from ._fusion import cpu_combined, fused_values, fusion_readers, kernel_reads
+from ._liveness import build_liveness
+from ._records import Tables
 from ._shardings import Sig, mask
-
-
-@dataclasses.dataclass(frozen=True, slots=True, eq=False)
-class Tables:
-    """One analysed program on one mesh and hardware, as the cost model reads it."""
-
-    analysis: Analysis
-    program: Program
-    mesh: MeshSpec
-    hw: Hardware
-    lowering: str  # "tpu" | "cpu" (CostModel's docstring)
-    axes: tuple[str, ...]  # the mesh axes, in order
-    axis_size: dict[str, int]
-    axis_bw: dict[str, float]  # bytes/s of each axis's links
-    axis_lat: dict[str, float]  # seconds per hop
-    nbytes: np.ndarray  # per value: its bytes, unsharded
-    sigs: list[Sig]  # the distinct value signatures
-    vsig: np.ndarray  # per value: its signature
-    sig_mask: list[int]  # per signature: its groups, as a bitmask
-    sig_masks: list[tuple[int, list[int]]]  # (mask, the signatures with it)
-    patterns: tuple[Pattern, ...]
-    op_pattern: np.ndarray  # per op: its pattern
-    pat_mask: list[int]  # per pattern: the groups of its factors and signatures, as a bitmask
-    mask_groups: list[tuple[int, list[int]]]  # (mask, the patterns with it)
-    total_flops: float  # per step, unsharded
-    fused: np.ndarray  # per value: XLA fuses it away (liveness.fused_values)
-    live: Liveness
-    combined_until: np.ndarray | None  # lowering "cpu": liveness.cpu_combined
-    # The step's own jax.checkpoint: its backward (the recomputation and its transpose)
-    # reads the weights through an optimisation barrier (prevent_cse), so a weight the
-    # plan gathers is gathered again there, as under a re-gather decision: weight ->
-    # the backward pass's ops
-    user_late: dict[int, tuple[int, int]]
-    # group ids from len(analysis.groups) on: a group as partially manual shard_map regions
-    # see it, (the group, the axes they are manual over) each (``region_groups``)
-    views: tuple[tuple[int, frozenset[str]], ...] = ()
-    # a recompute variant's (``variant_tables``): per value, fused away as XLA fuses the
-    # program under those decisions (``fused`` stays the program's: the liveness's); None
-    # for the program as written
-    variant_fused: np.ndarray | None = None
-    # each pattern's key -> its index (``compile_patterns``); a variant's: per pattern, the
-    # index of the program's pattern of the same key (it costs the same), or -1
-    pattern_keys: dict = dataclasses.field(default_factory=dict)
-    same_pattern: np.ndarray | None = None
-    reads: list | None = None  # per op, its kernel's reads (``liveness.kernel_reads``; None: XLA:CPU)
 
 
 def region_groups(analysis: Analysis) -> tuple[tuple[tuple[int, frozenset[str]], ...], dict[frozenset[str], np.ndarray]]:
@@ -186,7 +147,7 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
 
 def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dict[int, int]) -> Tables:
     """``t`` with its ops priced as XLA fuses them once some reads are gone and some values
-    stand for others (a recompute decision's: ``_recompute.variant_reads``): a residual no
+    stand for others (a recompute decision's: ``_variants.variant_reads``): a residual no
     longer stacked for the backward pass is fused into its readers where they are
     fusions, and the backward loop's slice of it, made again there, into its readers. The
     memory (liveness) stays ``t``'s: the recompute edit changes it."""

@@ -124,6 +124,8 @@ class RulesExport:
         return flax_rules_value(self.rules)
 
     def to_json(self) -> dict:
+        """The rules and their figures as JSON data (``"format": "partex-flax-rules"``; an
+        unsharded name's axes as null)."""
         return {"format": "partex-flax-rules", "rules": [[n, list(a) or None] for n, a in self.rules],
                 "matched_fraction": self.matched, "conflicts": self.conflicts, "unnamed": self.unnamed,
                 "lost": self.lost, "named_activations": self.activations}
@@ -307,14 +309,14 @@ def pipeline_note(plan: Plan) -> str:
             "those of the pipelined step, whose loops run the stages, rotate the activations over that axis and "
             "split the batch into microbatches. With these specs alone jax.jit runs the step as written (no "
             "pipeline: the stacked weights' layer dim sharded over the axis, gathered as the layers need them); "
-            "to run the pipeline, use plan.apply(step), which makes it of the step, model code unchanged")
+            "to run the pipeline, use partex.apply_plan(plan, step), which makes it of the step, model code unchanged")
 
 
 # what a plan's memory decisions need beyond PartitionSpecs
 HOST_NOTE = ("the plan keeps these leaves in host memory between steps (its memory:host decisions): specs "
              "alone place them on the device; to keep them on the host the step must copy each to the device "
              "where it reads it and its update back (jax.device_put to jax.memory.Space.Device / .Host, as "
-             "MaxText's optimizer_memory_host_offload does), or run the step with plan.apply")
+             "MaxText's optimizer_memory_host_offload does), or run the step with partex.apply_plan")
 
 
 def arg_names(plan: Plan) -> list[str]:

@@ -25,6 +25,7 @@ from typing import Sequence
 from .._errors import PartexError
 from .._results import Measured
 from ._plan import Plan
+from ._planned import apply_plan
 from ._worker import run_worker, worker_main
 
 # Set by a process that keeps itself on the CPU (the explorer's server): the JAX_PLATFORMS the
@@ -87,7 +88,7 @@ def measure_loaded(model, plan: Plan, *, steps: int = 5, warmup: int = 2, label:
                         step_time, tuple(times), peak, xla, compile_s, pred.get("step_time_s"),
                         (pred.get("memory") or {}).get("peak"), plan.hardware.priced_by(), error)
 
-    planned = plan.apply(model.fn, mesh=mesh if mesh is not None else plan.mesh.jax_mesh(devs[:n]),
+    planned = apply_plan(plan, model.fn, mesh=mesh if mesh is not None else plan.mesh.jax_mesh(devs[:n]),
                          axis_names=model.axis_names)
     try:
         t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """A ``custom_partitioning`` op of a pipeline stage, bound for the rows the stage runs.
 
 A pipelined stage runs its layers on one microbatch, and every stage at once (``jax.vmap``
-over the stage dim, ``_pipeline.pipelined_scan``). An op whose params size the batch is
-re-bound with the microbatch's sizes (``analysis._pipeline``'s ``resize``), but a
+over the stage dim, ``_pipelined_scan.pipelined_scan``). An op whose params size the batch is
+re-bound with the microbatch's sizes (``analysis._pipeline_stacks``'s ``resize``), but a
 ``custom_partitioning`` op carries its function traced at the whole batch (``call``: a
 kernel's grid follows the batch) and has no batching rule. ``bind_rows`` binds it again at
 the rows it is given, every stage's merged into its batch dim (stage-major: the merged dim
@@ -27,12 +27,11 @@ from typing import Sequence
 
 import jax
 import numpy as np
-from jax._src.core import ShapedArray
-from jax._src.custom_partitioning import custom_partitioning_p
 from jax.custom_batching import custom_vmap
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._errors import PartexError
+from ..tracing._jax import ShapedArray, custom_partitioning_p
 
 
 def _retraced(params: dict, in_shapes: Sequence[tuple], out_shapes: Sequence[tuple], where: str):

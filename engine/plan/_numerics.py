@@ -63,7 +63,9 @@ import numpy as np
 from .._errors import PartexError
 from .._results import Numerics
 from ..tracing._program import StaticSplit
-from ._apply import USER_SHARDING, constrained_function, is_low
+from ._apply import constrained_function
+from ._plan_constraints import USER_SHARDING
+from ._promote import is_low
 
 NUMERICS_RTOL = 1e-4  # the least tolerance, of an output leaf's scale (see compare_outputs)
 NUMERICS_FLOOR = 1e-3  # a leaf's scale is at least this times the largest leaf of its output, in RMS

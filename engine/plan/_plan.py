@@ -1,4 +1,5 @@
-"""The plan: versioned JSON keyed by pytree paths; ``apply`` gives real jax.jit shardings.
+"""The plan: versioned JSON keyed by pytree paths; ``_planned.apply_plan`` gives real jax.jit
+shardings.
 
 A plan records the mesh, the hardware, the ordered decisions (each with an *anchor*: an
 input leaf and dim of its group, so that it is found again without the model's axis names),
@@ -6,9 +7,10 @@ the PartitionSpec of every input and output leaf, the donated arguments, the pre
 figures and a signature (paths, shapes and dtypes of the inputs) so that applying it to the
 wrong function fails with a clear message.
 
-A plan is data: this module imports no JAX, so a plan file is read, checked and written
-without it. What needs JAX (``apply``, ``shardings``, ``shard_inputs``) imports ``_planned``
-(a plan bound to a traced step) and JAX when called.
+A plan is data: this module imports no JAX, nor any module of partex that does, so a plan
+file is read, checked and written without it. What needs JAX takes a plan: ``_planned``'s
+``apply_plan`` (the step jitted with its shardings), ``plan_shardings`` and ``shard_inputs``
+(a training job's arguments placed as it says).
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any
 
 from .._decisions import MEMORY_SPACES, RECOMPUTE_KINDS, RESOLUTIONS, Decision, Memory, Recompute, Resolve, slot_kind
 from .._errors import PartexError
 from .._mesh import Hardware, MeshSpec
 from ._specs import SpecJSON, check_spec
-
-if TYPE_CHECKING:
-    from ._planned import PlannedFunction
 
 FORMAT = "partex-plan"
 VERSION = 1
@@ -48,6 +47,8 @@ class PlanDecision:
         return slot_kind(self.axis)
 
     def to_json(self) -> dict:
+        """The decision as the plan file writes it: ``{"group", "axis", "pinned"}``, and
+        ``"anchor"`` where there is one."""
         d = {"group": self.group, "axis": self.axis, "pinned": self.pinned}
         if self.anchor:
             d["anchor"] = self.anchor
@@ -56,6 +57,10 @@ class PlanDecision:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
+    """A sharding plan as its file holds it (see the module doc), frozen: ``load``/``loads``
+    read and check one (PartexError naming what is wrong), ``save``/``dumps`` write it.
+    ``apply_plan(plan, fn)`` runs a step with it."""
+
     mesh: MeshSpec
     hardware: Hardware
     decisions: tuple[PlanDecision, ...]
@@ -80,6 +85,7 @@ class Plan:
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
+        """The plan file's JSON data (``"format": "partex-plan"``, its version, and every field)."""
         hw = self.hardware.to_json()
         return {
             "format": FORMAT,
@@ -100,9 +106,11 @@ class Plan:
         }
 
     def dumps(self) -> str:
+        """The plan file's text: ``to_json`` as indented JSON."""
         return json.dumps(self.to_json(), indent=1)
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write the plan file to ``path``, atomically (never half-written). Returns None."""
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
             f.write(self.dumps())
@@ -110,6 +118,8 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
+        """The plan in the file at ``path``, read and checked (``loads``); PartexError for a
+        file that cannot be read or is not a valid plan."""
         try:
             with open(path) as f:
                 text = f.read()
@@ -119,6 +129,8 @@ class Plan:
 
     @classmethod
     def loads(cls, text: str, where: str = "plan") -> "Plan":
+        """The plan in ``text`` (a plan file's content), read and checked (``from_json``);
+        ``where`` names it in errors. PartexError for text that is not JSON or not a valid plan."""
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
@@ -128,6 +140,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: Any, where: str = "plan") -> "Plan":
+        """The plan in the JSON data ``d`` (``to_json``), checked field by field (format and
+        version, the decisions' slots, the specs against the mesh, signature, donation, host
+        memory, pipeline); ``where`` names it in the PartexError for anything wrong."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise PartexError(f"{where} is not a partex plan: expected \"format\": \"{FORMAT}\"")
         if d.get("version") != VERSION:
@@ -190,93 +205,11 @@ class Plan:
                    us.get("mode", "keep"), tuple(us.get("fixed") or ()), tuple(paths["inputs"]), tuple(paths["outputs"]),
                    pipe)
 
-    # ------------------------------------------------------------------ apply
-    def apply(self, fn: Callable, mesh=None, axis_names=None, constrain: bool = True) -> "PlannedFunction":
-        """``fn`` jitted with the plan's shardings and intermediate constraints, on ``mesh``
-        (default: the plan's mesh over all of JAX's devices, Auto axis types).
-        constrain=False applies the input and output shardings alone (for comparison: XLA's
-        propagation then decides every intermediate)."""
-        from ._planned import PlannedFunction  # JAX, only when a plan is applied
-
-        return PlannedFunction(self, fn, mesh, axis_names, constrain)
-
     # ------------------------------------------------------------------ a training job
     def jax_mesh(self, devices=None):
-        """The plan's mesh over JAX's devices (all processes' in a multi-process job), Auto
-        axis types, the fast axes within one host or TPU slice (``MeshSpec.jax_mesh``)."""
+        """The plan's mesh over ``devices`` (default: JAX's, all processes' in a multi-process
+        job), Auto axis types, the fast axes within one host or TPU slice (``MeshSpec.jax_mesh``)."""
         return self.mesh.jax_mesh(devices)
-
-    def shardings(self, args: Sequence[Any], mesh=None):
-        """The ``NamedSharding`` of every array leaf of ``args`` (a pytree like the planned
-        function's arguments: arrays or ``jax.ShapeDtypeStruct``s), ``None`` at static
-        leaves: the ``in_shardings`` / ``out_shardings`` of a jitted init that creates the
-        parameters and optimizer state already sharded (never whole on one host), or the
-        sharding ``jax.make_array_from_process_local_data`` builds a batch for."""
-        import jax
-        from jax.sharding import NamedSharding
-
-        from ..tracing._program import HOST_MEMORY_KINDS, is_array_leaf  # JAX, only when a plan is applied
-        from ._planned import spec_from_json  # likewise
-
-        mesh = mesh if mesh is not None else self.jax_mesh()
-        specs = iter(self._leaf_specs(args))
-        paths = iter(p for p, _, _ in self.signature.get("inputs", []))
-        host = set(self.host_inputs)
-
-        def kind(x):  # an argument the plan or the user keeps in host memory is there
-            k = getattr(getattr(x, "sharding", None), "memory_kind", None)
-            return "pinned_host" if next(paths) in host else k if k in HOST_MEMORY_KINDS else None
-
-        return jax.tree_util.tree_map(
-            lambda x: NamedSharding(mesh, spec_from_json(next(specs)), memory_kind=kind(x)) if is_array_leaf(x)
-            else None, tuple(args))
-
-    def shard_inputs(self, args: Sequence[Any], mesh=None):
-        """``args`` as global arrays on the plan's mesh: host values (numpy or this process's
-        jax arrays) that every process holds alike become ``jax.Array``s sharded as the plan
-        says, each process placing only its own devices' shards. Arrays already global, static
-        leaves and Python numbers pass as they are."""
-        import jax
-        import numpy as np
-
-        shardings = self.shardings(args, mesh)
-        multi = jax.process_count() > 1
-
-        def put(x, sh):
-            if sh is None or not hasattr(x, "shape"):
-                return x
-            if isinstance(x, jax.Array) and not x.is_fully_addressable:
-                return x  # already global
-            if not multi:
-                return jax.device_put(x, sh)
-            host = np.asarray(x)
-            return jax.make_array_from_callback(host.shape, sh, lambda index: host[index])
-
-        return jax.tree_util.tree_map(put, tuple(args), shardings, is_leaf=lambda x: x is None)
-
-    def _leaf_specs(self, args) -> list:
-        """The PartitionSpec (JSON) of each array leaf of ``args``, matched in order with the
-        plan's signature; a leaf of another shape or dtype is a clear error."""
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
-
-        from ..tracing._program import is_array_leaf  # JAX, only when a plan is applied
-
-        leaves = [x for x in jax.tree_util.tree_leaves(tuple(args)) if is_array_leaf(x)]
-        sig = self.signature.get("inputs", [])
-        if len(leaves) != len(sig):
-            raise PartexError(f"the arguments have {len(leaves)} array leaves, the plan's function {len(sig)}: "
-                              "pass the same pytree the plan was made for")
-        out = []
-        for x, (path, shape, dtype) in zip(leaves, sig):
-            have, dt = tuple(np.shape(x)), getattr(x, "dtype", None)
-            typed = dt is not None and not jnp.issubdtype(dt, jax.dtypes.extended)  # not a PRNG key
-            if have != tuple(shape) or (typed and str(dt) != dtype):
-                raise PartexError(f"argument leaf {path} is {have} {dt or ''} here but {tuple(shape)} {dtype} "
-                                  "in the plan")
-            out.append(self.inputs.get(path, []))
-        return out
 
     def digest(self) -> str:
         """A short hash of the plan file's content: the same on every process that loads it."""

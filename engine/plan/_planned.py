@@ -2,8 +2,10 @@
 
 ``bind`` traces the step, checks the plan against it (signature, divisibility, the specs its
 decisions give), analyses it and finds the plan's decisions there: a ``BoundPlan``.
-``PlannedFunction`` jits the step with the plan's shardings from that binding, and verify
-reads the same binding (``PlannedFunction.bound``), so a plan is traced and analysed once.
+``apply_plan`` gives a ``PlannedFunction``, which jits the step with the plan's shardings from
+that binding, and verify reads the same binding (``PlannedFunction.bound``), so a plan is
+traced and analysed once. ``plan_shardings`` and ``shard_inputs`` place a training job's
+arguments as the plan says.
 """
 
 from __future__ import annotations
@@ -11,28 +13,28 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._decisions import Decision
 from .._errors import PartexError
 from .._loader import LoadedModel, ModelAnalysis, axis_names_by_value
-from ..analysis._analysis import Analysis, analyze
+from ..analysis._analysis import analyze
+from ..analysis._types import Analysis
 from ..analysis._constraints import plan_spec
 from ..analysis._recompute import plan_unit
 from ..analysis._roles import state_inputs
 from ..analysis._space import from_plan
 from ..cost import CostModel
-from ..tracing._program import Program, dynamic_args, is_array_leaf, trace
+from ..tracing._program import HOST_MEMORY_KINDS, Program, dynamic_args, is_array_leaf, trace
 from ._apply import constrained_function
-from ._pipelined import Pipeline, pipelined
+from ._pipeline_decision import Pipeline, pipelined
+from ._plan import Plan
 from ._specs import SpecJSON, check_divisible, check_signature, norm_spec, spec_to_json
-
-if TYPE_CHECKING:  # a plan is the file this binds; _plan imports this module when a plan is applied
-    from ._plan import Plan
 
 
 def spec_from_json(spec: SpecJSON) -> PartitionSpec:
@@ -77,8 +79,21 @@ def bind(plan: Plan, fn: Callable, args: Sequence[Any], axis_names=None) -> Boun
     return BoundPlan(plan, program, an, decisions, cm)
 
 
+def apply_plan(plan: Plan, fn: Callable, mesh=None, axis_names=None, constrain: bool = True) -> PlannedFunction:
+    """``fn`` jitted with ``plan``'s shardings, donation and intermediate constraints, on
+    ``mesh`` (default: the plan's mesh over all of JAX's devices, Auto axis types): a
+    ``PlannedFunction``, traced and compiled on its first call (or ``lower``), where a plan
+    made for another function, or edited out of step with its decisions, is a PartexError.
+    ``axis_names``: the inputs' logical axis names, as the plan was made with.
+    constrain=False applies the input and output shardings alone (for comparison: XLA's
+    propagation then decides every intermediate)."""
+    return PlannedFunction(plan, fn, mesh, axis_names, constrain)
+
+
 class PlannedFunction:
-    """The plan applied to a function: traced and jitted on first use (or ``lower``)."""
+    """The plan applied to a function (``apply_plan``): traced and jitted on first use (or
+    ``lower``). ``plan``, ``fn``, ``mesh``, ``axis_names`` and ``constrain`` as ``apply_plan``'s.
+    Called as ``fn`` is, it returns ``fn``'s outputs, computed with the plan's shardings."""
 
     def __init__(self, plan: Plan, fn: Callable, mesh=None, axis_names=None, constrain: bool = True):
         self.plan = plan
@@ -98,11 +113,16 @@ class PlannedFunction:
 
     @property
     def mesh(self):
+        """The ``jax.sharding.Mesh`` the step runs on: the one given, else the plan's mesh over
+        JAX's devices (``Plan.jax_mesh``)."""
         if self._mesh is None:
             self._mesh = self.plan.mesh.jax_mesh()
         return self._mesh
 
     def build(self, args: Sequence[Any]):
+        """Trace ``fn`` on ``args`` (the step's positional arguments) and jit it with the plan
+        (once: again only when the static arguments change). Returns the jitted callable;
+        PartexError for a mesh that is not the plan's, or a plan made for another function."""
         if self._jitted is not None and self.program is not None and self.program.static_mismatch(args) is None:
             return self._jitted
         check_processes(self.plan)
@@ -161,7 +181,8 @@ class PlannedFunction:
 
     def float32(self, args: Sequence[Any]):
         """The planned step computing in float32 what it computes in bfloat16 / float16 (the
-        same ops at the same shardings; see ``constrained_function``): verify's numerics."""
+        same ops at the same shardings; see ``constrained_function``): verify's numerics.
+        Built (``build``) on ``args``; returns the jitted callable."""
         self.build(args)
         return self._promoted()
 
@@ -173,6 +194,8 @@ class PlannedFunction:
         return program.full_outputs(jitted(*dynamic_args(args)))
 
     def lower(self, *args):
+        """The planned step lowered on ``args`` (arrays or ``jax.ShapeDtypeStruct``s), as
+        ``jax.jit(...).lower`` gives it (``.compile()``, ``.as_text()``)."""
         jitted = self.build(args)
         return jitted.lower(*dynamic_args(args))
 
@@ -229,7 +252,7 @@ def check_processes(plan: Plan) -> None:
     coordination service and reads the others', and a difference is a clear error on all."""
     if jax.process_count() == 1:
         return
-    from jax._src import distributed  # JAX's coordination client: internal, read only in a multi-process job
+    from ..tracing._jax import distributed  # JAX's coordination client: internal, read only in a multi-process job
 
     client = distributed.global_state.client
     if client is None:  # process_count() > 1 comes from jax.distributed.initialize, which makes it
@@ -266,9 +289,10 @@ def _check_global(program, args) -> None:
     for path, x in zip(program.input_paths, leaves):
         if hasattr(x, "shape") and not (isinstance(x, jax.Array) and not x.is_fully_addressable):
             raise PartexError(f"argument {path} is a value of this process only; a job of {jax.process_count()} "
-                              "processes takes global arrays: plan.shard_inputs(args) for values every process "
-                              "holds alike, jax.make_array_from_process_local_data(plan.shardings(args)[...], "
-                              "local) for a batch each process loads for itself")
+                              "processes takes global arrays: partex.shard_inputs(plan, args) for values every "
+                              "process holds alike, jax.make_array_from_process_local_data("
+                              "partex.plan_shardings(plan, args)[...], local) for a batch each process loads for "
+                              "itself")
 
 
 def check_consistent(plan: Plan, program, cm, decisions) -> None:
@@ -339,3 +363,66 @@ def fixed_json(cm) -> tuple[dict, ...]:
     an = cm.analysis
     return tuple({"group": an.groups[d.group].label, "axis": d.axis, "source": cm.fixed.by_group[d.group].source,
                   "kind": cm.fixed.by_group[d.group].kind} for d in cm.fixed.decisions)
+
+
+# --------------------------------------------------------------------------- a training job
+
+def plan_shardings(plan: Plan, args: Sequence[Any], mesh=None):
+    """The ``NamedSharding`` of every array leaf of ``args`` (a pytree like the planned
+    function's arguments: arrays or ``jax.ShapeDtypeStruct``s), ``None`` at static leaves, on
+    ``mesh`` (default: ``plan.jax_mesh()``): the ``in_shardings`` / ``out_shardings`` of a
+    jitted init that creates the parameters and optimizer state already sharded (never whole
+    on one host), or the sharding ``jax.make_array_from_process_local_data`` builds a batch
+    for. PartexError when ``args`` are not the plan's function's."""
+    mesh = mesh if mesh is not None else plan.jax_mesh()
+    specs = iter(_leaf_specs(plan, args))
+    paths = iter(p for p, _, _ in plan.signature.get("inputs", []))
+    host = set(plan.host_inputs)
+
+    def kind(x):  # an argument the plan or the user keeps in host memory is there
+        k = getattr(getattr(x, "sharding", None), "memory_kind", None)
+        return "pinned_host" if next(paths) in host else k if k in HOST_MEMORY_KINDS else None
+
+    return jax.tree_util.tree_map(
+        lambda x: NamedSharding(mesh, spec_from_json(next(specs)), memory_kind=kind(x)) if is_array_leaf(x)
+        else None, tuple(args))
+
+
+def shard_inputs(plan: Plan, args: Sequence[Any], mesh=None):
+    """``args`` as global arrays on the plan's mesh (or ``mesh``): host values (numpy or this
+    process's jax arrays) that every process holds alike become ``jax.Array``s sharded as the
+    plan says (``plan_shardings``), each process placing only its own devices' shards. Arrays
+    already global, static leaves and Python numbers pass as they are."""
+    shardings = plan_shardings(plan, args, mesh)
+    multi = jax.process_count() > 1
+
+    def put(x, sh):
+        if sh is None or not hasattr(x, "shape"):
+            return x
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x  # already global
+        if not multi:
+            return jax.device_put(x, sh)
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sh, lambda index: host[index])
+
+    return jax.tree_util.tree_map(put, tuple(args), shardings, is_leaf=lambda x: x is None)
+
+
+def _leaf_specs(plan: Plan, args) -> list:
+    """The PartitionSpec (JSON) of each array leaf of ``args``, matched in order with the
+    plan's signature; a leaf of another shape or dtype is a clear error."""
+    leaves = [x for x in jax.tree_util.tree_leaves(tuple(args)) if is_array_leaf(x)]
+    sig = plan.signature.get("inputs", [])
+    if len(leaves) != len(sig):
+        raise PartexError(f"the arguments have {len(leaves)} array leaves, the plan's function {len(sig)}: "
+                          "pass the same pytree the plan was made for")
+    out = []
+    for x, (path, shape, dtype) in zip(leaves, sig):
+        have, dt = tuple(np.shape(x)), getattr(x, "dtype", None)
+        typed = dt is not None and not jnp.issubdtype(dt, jax.dtypes.extended)  # not a PRNG key
+        if have != tuple(shape) or (typed and str(dt) != dtype):
+            raise PartexError(f"argument leaf {path} is {have} {dt or ''} here but {tuple(shape)} {dtype} "
+                              "in the plan")
+        out.append(plan.inputs.get(path, []))
+    return out

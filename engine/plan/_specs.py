@@ -2,21 +2,31 @@
 
 A spec in JSON is a list with one entry per dim: null, a mesh axis, or a list of mesh axes.
 Everything here is pure (no JAX): ``_plan`` (the file) and ``_planned`` (a plan bound to a
-step) both use it.
+step) both use it, and it imports neither: the checks read a plan through ``PlanFields``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from .._errors import PartexError
 from .._mesh import MeshSpec
 
-if TYPE_CHECKING:
-    from ._plan import Plan
-
 SpecJSON = list  # per dim: null | "axis" | ["axis", ...]
+
+
+class PlanFields(Protocol):
+    """What the checks read of a plan (``_plan.Plan`` has them)."""
+
+    @property
+    def mesh(self) -> MeshSpec: ...
+
+    @property
+    def inputs(self) -> Mapping[str, SpecJSON]: ...  # input leaf path -> its spec
+
+    @property
+    def signature(self) -> Mapping[str, list]: ...  # see signature_of
 
 
 def check_spec(spec, mesh: MeshSpec, where: str) -> None:
@@ -54,7 +64,7 @@ def signature_of(program) -> dict[str, list]:
     }
 
 
-def check_signature(plan: Plan, program) -> None:
+def check_signature(plan: PlanFields, program) -> None:
     mine = signature_of(program)["inputs"]
     theirs = plan.signature.get("inputs", [])
     for k, (a, b) in enumerate(zip(mine, theirs)):
@@ -69,7 +79,7 @@ def check_signature(plan: Plan, program) -> None:
                           f"the function {len(mine)} (first unmatched: {which})")
 
 
-def check_divisible(plan: Plan, program) -> None:
+def check_divisible(plan: PlanFields, program) -> None:
     vals = program.values
     for vid, path in zip(program.inputs, program.input_paths):
         spec = plan.inputs.get(path)

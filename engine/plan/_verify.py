@@ -21,8 +21,8 @@ from .._errors import PartexError
 from .._loader import load_model
 from .._results import CollectiveCompared, Compared, VerifyReport, WorkCompared
 from ..cost import KINDS  # the one list of collective kinds
+from ..tracing._jax import cache_key_with_metadata
 from ..tracing._program import abstract, dynamic_args
-from ._apply import is_low
 from ._explain import explain
 from ._export import RulesFunction, flax_rules, rules_context
 from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
@@ -32,6 +32,8 @@ from ._numerics import NUMERICS_RTOL as NUMERICS_RTOL
 from ._numerics import compare_outputs as compare_outputs
 from ._numerics import numerics, reference_run, to_host
 from ._plan import Plan
+from ._planned import apply_plan
+from ._promote import is_low
 from ._worker import run_worker, worker_main
 
 # XLA:CPU's scheduler: by default it schedules for thread concurrency, starting every op whose
@@ -174,7 +176,8 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     import jax
 
     t0 = time.perf_counter()
-    planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=spec.get("constrain", True))
+    planned = apply_plan(plan, model.fn, mesh=mesh, axis_names=model.axis_names,
+                         constrain=spec.get("constrain", True))
     mesh = planned.mesh
 
     lowered = planned.lower(*jax.tree_util.tree_map(abstract, model.args))
@@ -184,9 +187,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
         # source lines come from the HLO's metadata, which the persistent compilation cache
         # leaves out of its key: a cached executable would carry the lines of whatever
         # version of the code compiled it first
-        from jax._src import config as jax_config
-
-        with jax_config.compilation_cache_include_metadata_in_key(True):
+        with cache_key_with_metadata():
             compiled = _compile(lowered)
     else:
         compiled = _compile(lowered)
@@ -198,6 +199,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     mem["host_resident"] = host_resident_bytes(compiled) if cpu else 0
     mem["device"] = mem["total"] - mem["host_resident"]
     text = compiled.as_text()
+    assert text is not None  # XLA's executables carry their HLO text
     colls = parse_collectives(text, mesh)
     xla_bytes = collective_bytes_by_kind(colls)
 
@@ -250,7 +252,7 @@ def _export_figures(model, plan, spec: dict, n: int, mesh=None) -> dict:
 
     fmt = spec["export"]
     if fmt == "specs":
-        planned = plan.apply(model.fn, mesh=mesh, axis_names=model.axis_names, constrain=False)
+        planned = apply_plan(plan, model.fn, mesh=mesh, axis_names=model.axis_names, constrain=False)
         out = _xla_figures(planned.lower(*jax.tree_util.tree_map(abstract, model.args)), planned.mesh)
         if spec["run"]:
             out["numerics"] = numerics(model, planned).to_json()

@@ -8,8 +8,8 @@ the best plan (``LocalSearch``); ``Search`` (``_search``) composes them with the
 step donates), ``cost``, ``analysis``, ``tracing`` and partex's bottom modules; nothing of
 the session."""
 
-from ._evaluator import Best, Evaluator
+from ._evaluator import Best, Evaluation, Evaluator
 from ._local import LocalSearch
 from ._tree import STOP, Node, TreeSearch
 
-__all__ = ["Best", "Evaluator", "LocalSearch", "Node", "STOP", "TreeSearch"]
+__all__ = ["Best", "Evaluation", "Evaluator", "LocalSearch", "Node", "STOP", "TreeSearch"]

@@ -2,9 +2,9 @@
 
 Each plan is keyed by the ordered groups of each slot (decisions on different mesh axes
 commute, so the same decisions in another order are one plan) and evaluated once by the cost
-model: (step time, peak memory, fits). The cache keeps the fastest plan that fits met so far
-(and when: the simulation and the search seconds) and the smallest peak met (what to ask for
-when nothing fits). A plan XLA measured over the budget (``mark_infeasible``) scores as not
+model: an ``Evaluation`` (step time, peak memory, fits). The cache keeps the fastest plan that
+fits met so far (and when: the simulation and the search seconds) and the smallest peak met
+(what to ask for when nothing fits). A plan XLA measured over the budget (``mark_infeasible``) scores as not
 fitting from then on, and the memory model is calibrated by it.
 """
 
@@ -21,6 +21,14 @@ from ..cost import CostModel
 # The most mark_infeasible scales every prediction by: the cost model's memory is within
 # +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
 XLA_SCALE_CAP = 1.5
+
+
+class Evaluation(NamedTuple):
+    """A plan as the cost model scores it: the cache's entry."""
+
+    step_time: float  # seconds
+    peak: float  # peak bytes per device
+    fits: bool  # within the budget (``Evaluator.fits``) and the host's memory
 
 
 class Best(NamedTuple):
@@ -43,7 +51,7 @@ class Evaluator:
         self.space = space
         self.progress = progress
         self.slots = tuple(space.slots)
-        self.evals: dict[Any, tuple[float, float, bool]] = {}
+        self.evals: dict[Any, Evaluation] = {}  # by ``key``
         self.best: Best | None = None
         self.history: list[tuple[int, float, float]] = []  # (simulation, seconds, step time)
         self.smallest_memory: tuple[float, tuple[Decision, ...]] = (math.inf, ())
@@ -61,17 +69,17 @@ class Evaluator:
         """The decisions of a key, by slot."""
         return tuple(self.space.make(a, g) for a, gs in key for g in gs)
 
-    def evaluate(self, decisions: tuple[Decision, ...]) -> tuple[float, float, bool]:
-        """(step time, peak, fits), from the cache or the cost model (which may make a new best)."""
+    def evaluate(self, decisions: tuple[Decision, ...]) -> Evaluation:
+        """The plan's evaluation, from the cache or the cost model (which may make a new best)."""
         key = self.key(decisions)
         e = self.evals.get(key)
         if e is None:
             r = self.cm.evaluate(decisions)
-            e = self.evals[key] = (r.step_time, r.memory.peak,
-                                   self.fits(r.memory.peak) and r.memory.host <= self.hw.host_limit)
+            e = self.evals[key] = Evaluation(r.step_time, r.memory.peak,
+                                             self.fits(r.memory.peak) and r.memory.host <= self.hw.host_limit)
             if r.memory.peak < self.smallest_memory[0]:
                 self.smallest_memory = (r.memory.peak, decisions)
-            if e[2] and (self.best is None or r.step_time < self.best.step_time * (1 - 1e-9)):
+            if e.fits and (self.best is None or r.step_time < self.best.step_time * (1 - 1e-9)):
                 simulation, seconds = self.progress()
                 self.best = Best(r.step_time, decisions, simulation, seconds)
                 self.history.append((simulation, seconds, r.step_time))
@@ -80,10 +88,10 @@ class Evaluator:
     def score(self, decisions: tuple[Decision, ...]) -> float:
         """The reward in [0, 1]: a plan that fits in [0.2, 1) by its step time against the
         reference, one over the budget below 0.2 by how far over it is."""
-        t, peak, fits = self.evaluate(decisions)
-        if fits:
-            return 0.2 + 0.8 * self.t_ref / (self.t_ref + t)
-        return 0.2 * min(1.0, self.hw.limit / peak)
+        e = self.evaluate(decisions)
+        if e.fits:
+            return 0.2 + 0.8 * self.t_ref / (self.t_ref + e.step_time)
+        return 0.2 * min(1.0, self.hw.limit / e.peak)
 
     def fits(self, peak: float) -> bool:
         """Within the budget less its margin, and within the budget once scaled by how far
@@ -99,11 +107,11 @@ class Evaluator:
         8.3 GiB predicted and 245 GiB compiled), which must not make every other plan
         infeasible. The caller then finds the best again (``rebest``)."""
         key = self.key(tuple(decisions))
-        t, predicted, _ = self.evals.get(key, (math.inf, 0.0, False))
-        if predicted > 0:
-            self.xla_scale = max(self.xla_scale, min(float(measured_peak) / predicted, XLA_SCALE_CAP))
-        self.evals[key] = (t, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
-        self.evals = {k: (t, p, f and self.fits(p)) for k, (t, p, f) in self.evals.items()}
+        was = self.evals.get(key, Evaluation(math.inf, 0.0, False))
+        if was.peak > 0:
+            self.xla_scale = max(self.xla_scale, min(float(measured_peak) / was.peak, XLA_SCALE_CAP))
+        self.evals[key] = Evaluation(was.step_time, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
+        self.evals = {k: e._replace(fits=e.fits and self.fits(e.peak)) for k, e in self.evals.items()}
 
     def rebest(self, pins: Sequence[Decision], forbidden: Collection[Decision], simulation: int,
                seconds: float) -> None:
@@ -113,19 +121,19 @@ class Evaluator:
         self.history = []
         pins = list(pins)
         best = None
-        for key, (t, _, fits) in self.evals.items():
-            if not fits:
+        for key, e in self.evals.items():
+            if not e.fits:
                 continue
             decisions = self.decisions_of(key)
             if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
                 continue
-            if best is None or t < best[0]:
-                best = (t, decisions)
+            if best is None or e.step_time < best[0]:
+                best = (e.step_time, decisions)
         if best is not None:
             e = None if old is None else self.evals.get(self.key(old.decisions))
-            if old is not None and e is not None and e[2] and e[0] <= best[0] \
+            if old is not None and e is not None and e.fits and e.step_time <= best[0] \
                     and all(p in old.decisions for p in pins) and not any(f in old.decisions for f in forbidden):
-                best = (e[0], old.decisions)  # still the best (or as good): it keeps its order
+                best = (e.step_time, old.decisions)  # still the best (or as good): it keeps its order
             ordered = tuple(pins) + tuple(d for d in best[1] if d not in pins)
             self.best = Best(best[0], ordered, simulation, seconds)
             self.history.append((simulation, seconds, best[0]))
@@ -137,14 +145,14 @@ class Evaluator:
         shard nothing differently) the first met only."""
         seen: set[tuple[float, float]] = set()
         out: list[tuple[float, tuple[Decision, ...]]] = []
-        for key, (t, peak, fits) in sorted(self.evals.items(), key=lambda kv: kv[1][0]):
-            if not fits or (round(t, 12), round(peak)) in seen:
+        for key, e in sorted(self.evals.items(), key=lambda kv: kv[1].step_time):
+            if not e.fits or (round(e.step_time, 12), round(e.peak)) in seen:
                 continue
             decisions = self.decisions_of(key)
             if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
                 continue
-            seen.add((round(t, 12), round(peak)))
-            out.append((t, tuple(pins) + tuple(d for d in decisions if d not in pins)))
+            seen.add((round(e.step_time, 12), round(e.peak)))
+            out.append((e.step_time, tuple(pins) + tuple(d for d in decisions if d not in pins)))
             if len(out) >= k:
                 break
         return [d for _, d in out]
@@ -152,7 +160,7 @@ class Evaluator:
     def best_without_recompute(self) -> tuple[Decision, ...] | None:
         """The fastest plan that fits among those scored with no recompute decision."""
         best = None
-        for key, (t, _, fits) in self.evals.items():
-            if fits and all(self.space.on_group(a) for a, _ in key) and (best is None or t < best[0]):
-                best = (t, key)
+        for key, e in self.evals.items():
+            if e.fits and all(self.space.on_group(a) for a, _ in key) and (best is None or e.step_time < best[0]):
+                best = (e.step_time, key)
         return None if best is None else self.decisions_of(best[1])

@@ -19,12 +19,15 @@ import time
 from typing import Callable, Sequence
 
 from .._decisions import Decision, Memory, Recompute, Shard
-from ..analysis._analysis import NO_DIM
+from .._decisions import NO_DIM
 from ..cost import CostModel, CostReport
 
 
 @dataclasses.dataclass(frozen=True)
 class ExhaustiveResult:
+    """The optimum over every plan of a bounded space (``Session.exhaustive``): the best plan
+    that fits and its report, how many plans were scored of how many, and the seconds."""
+
     decisions: tuple[Decision, ...]  # the best plan that fits (empty: replicated or none)
     report: CostReport | None  # None when no plan fits
     plans: int  # plans scored
@@ -34,6 +37,7 @@ class ExhaustiveResult:
 
     @property
     def complete(self) -> bool:
+        """True when every plan of the space was scored (the optimum is the true one)."""
         return self.plans == self.space
 
 

@@ -51,7 +51,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from .._decisions import MEMORY_SPACES, Decision, Memory, Recompute, Shard
-from ..analysis._analysis import Group
+from ..analysis._types import Group
 from ..cost import CostModel, CostReport
 
 Strategy = tuple[str, ...]  # mesh axes sharding the group, major to minor (a layer stack: its recompute kind); () = none
@@ -61,6 +61,9 @@ _STATUS = {0: "optimal", 1: "time_limit", 2: "infeasible", 3: "unbounded", 4: "e
 
 @dataclasses.dataclass(frozen=True)
 class ILPResult:
+    """The Alpa-style ILP baseline's plan (``Session.ilp``): its decisions, the cost model's
+    report of them, the solver's status and the solve's size and seconds."""
+
     decisions: tuple[Decision, ...]  # ordered decisions for CostModel.evaluate
     report: CostReport | None  # the true cost-model evaluation (None: no fitting plan)
     status: str  # "optimal", "time_limit", "infeasible", "unbounded", "error"
@@ -74,6 +77,7 @@ class ILPResult:
     message: str = ""
 
     def to_json(self) -> dict:
+        """Every field as JSON data (decisions as ``Decision.to_json``, the report as ``CostReport.to_json``)."""
         return {
             "decisions": [d.to_json() for d in self.decisions],
             "status": self.status,

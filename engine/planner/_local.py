@@ -90,8 +90,8 @@ class LocalSearch:
 
         def penalised(weight):
             def objective(decisions):
-                t, peak, _ = ev.evaluate(decisions)
-                return t + weight * t_best * max(0.0, peak / limit - 1.0)
+                e = ev.evaluate(decisions)
+                return e.step_time + weight * t_best * max(0.0, e.peak / limit - 1.0)
             return objective
 
         current = tuple(best.decisions)

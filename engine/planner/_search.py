@@ -30,7 +30,7 @@ from .._results import RootAction, SearchStats
 from ..analysis._space import DecisionSpace
 from ..cost import CostModel, CostReport
 from ..plan._planned import default_donate
-from . import STOP, Best, Evaluator, LocalSearch, Node, TreeSearch
+from . import STOP, Best, Evaluation, Evaluator, LocalSearch, Node, TreeSearch
 from ._pins import Pins
 from ._strategies import baseline_names, strategy_decisions
 
@@ -42,6 +42,9 @@ KICKS = 4  # the kicks tried from one plan, best scored first (LocalSearch.kicks
 
 @dataclasses.dataclass(frozen=True)
 class SearchResult:
+    """A plan the search found that fits: its ``decisions`` in order, their ``CostReport``,
+    and when it was first found."""
+
     decisions: tuple[Decision, ...]
     report: CostReport
     simulation: int  # the simulation that first found it
@@ -270,7 +273,7 @@ class Search:
             "nodes": [[_key_text(k), n.visits, n.value,
                        [[a, _key_text(c)] for a, c in n.children.items()], n.untried]
                       for k, n in self.tree.nodes.items()],
-            "evals": [[_key_text(k), t, peak, fits] for k, (t, peak, fits) in self.evaluator.evals.items()],
+            "evals": [[_key_text(k), e.step_time, e.peak, e.fits] for k, e in self.evaluator.evals.items()],
             "xla_scale": self.evaluator.xla_scale,
             "simulations": self.simulations, "seconds": self.seconds,
             "history": [list(h) for h in self.evaluator.history],
@@ -340,7 +343,7 @@ class Search:
                     raise ValueError("a child of the tree is missing")
         s.tree.nodes = nodes
         ev = s.evaluator
-        ev.evals = {key(k): (float(t), float(peak), bool(fits)) for k, t, peak, fits in state["evals"]}
+        ev.evals = {key(k): Evaluation(float(t), float(peak), bool(fits)) for k, t, peak, fits in state["evals"]}
         ev.xla_scale = float(state.get("xla_scale", 1.0))
         s.simulations, s.seconds = int(state["simulations"]), float(state["seconds"])
         ev.history = [(int(a), float(b), float(c)) for a, b, c in state["history"]]

@@ -36,7 +36,7 @@ from typing import Callable, Iterable
 from .._decisions import Decision, Recompute, Shard
 from .._errors import PartexError
 from .._mesh import MeshSpec
-from ..analysis._analysis import NO_DIM, Analysis, GroupId
+from ..analysis._types import NO_DIM, Analysis, GroupId
 from ..analysis._constraints import NONE as NO_FIXED
 from ..analysis._constraints import Fixed
 

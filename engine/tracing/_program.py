@@ -20,11 +20,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax._src import core as jcore
-from jax._src import source_info_util
-from jax._src.interpreters import partial_eval as pe
 
 from .._errors import PartexError
+from ._jax import CALLS, ClosedJaxpr, called_jaxpr, is_remat, jcore, jdtypes, pe, source_info_util
 from ._rotate import map_jaxprs, rotations
 
 Shape = tuple[int, ...]
@@ -36,10 +34,6 @@ NO_PRODUCER = -1
 # The top-level region: ops not inside any loop or branch.
 TOP_REGION = 0
 
-# JAX 0.11 merged ``ClosedJaxpr`` into ``Jaxpr`` (a Jaxpr carries its consts, ``.jaxpr`` is
-# itself, and ``Jaxpr(jaxpr, consts)`` still builds one): one name for both releases.
-ClosedJaxpr = getattr(jcore, "ClosedJaxpr", jcore.Jaxpr)
-
 
 def scan_counts(params: dict) -> tuple[int, int]:
     """(number of consts, number of carries) of a ``scan`` eqn: JAX <= 0.10 gives them as
@@ -50,23 +44,11 @@ def scan_counts(params: dict) -> tuple[int, int]:
     return len(list(consts)), len(list(carry))
 
 
-# Primitives whose called jaxpr is inlined (outer operands <-> inner invars).
-_INLINE_PARAM = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "custom_lin": None,
-}
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Value:
+    """One value of the program: an input, a constant or an op's result, with its shape,
+    dtype, the op that makes it and, for an input, its pytree path."""
+
     id: ValueId
     shape: Shape
     dtype: np.dtype
@@ -88,15 +70,20 @@ class Value:
 
     @property
     def nbytes(self) -> int:
+        """Its size in bytes, unsharded (sub-byte types by their ``bits``, rounded up)."""
         n = int(math.prod(self.shape))
         return (n * self.bits + 7) // 8 if self.bits else n * self.dtype.itemsize
 
     def replace(self, **kw) -> "Value":
+        """A copy with the fields ``kw`` names changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **kw)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Op:
+    """One op of the program: its primitive and parameters, the values it reads and makes,
+    the region it runs in and its source line."""
+
     id: OpId
     primitive: str
     params: dict
@@ -108,6 +95,7 @@ class Op:
     scope: str = ""  # JAX's name stack where it was traced (``jvp(model)/layer_0/attn``)
 
     def replace(self, **kw) -> "Op":
+        """A copy with the fields ``kw`` names changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **kw)
 
 
@@ -125,6 +113,9 @@ class Region:
 
 @dataclasses.dataclass
 class Program:
+    """A traced step as one flat program (``trace``): its values and ops in program order,
+    the loop and branch bodies as regions, and the inputs and outputs with their pytrees."""
+
     values: list[Value]
     ops: list[Op]
     regions: list[Region]
@@ -167,10 +158,12 @@ class Program:
 
     @property
     def num_ops(self) -> int:
+        """How many ops the program has (pseudo-ops included)."""
         return len(self.ops)
 
     def dynamic_leaves(self, full_leaves: Sequence[Any]) -> list:
-        """Per-leaf values over the whole args' tree, the static leaves' left out."""
+        """``full_leaves`` (one per leaf of the whole args' tree) with the static leaves' left
+        out: a list in the order of the traced inputs."""
         static = {k for k, _, _ in self.static_inputs}
         return [x for k, x in enumerate(full_leaves) if k not in static]
 
@@ -188,13 +181,14 @@ class Program:
         return None
 
     def full_outputs(self, out):
-        """The traced results (``out_tree``) with the static leaves the function returned
-        put back: what the function itself returns."""
+        """``out``, the traced results (``out_tree``), with the static leaves the function
+        returned put back: what the function itself returns."""
         if not self.static_outputs:
             return out
         return _with_static(self.full_out_tree, self.static_outputs, out)
 
     def value(self, vid: ValueId) -> Value:
+        """The value whose id is ``vid``."""
         return self.values[vid]
 
 
@@ -345,12 +339,10 @@ def in_host_memory(aval) -> bool:
 def _bits(raw, dtype: np.dtype) -> int:
     """Bits per element of a JAX dtype: sub-byte types (int4, float4) their own width, a typed
     PRNG key its key data's (``key<rbg>``: four uint32 words)."""
-    from jax._src import dtypes
-
-    if dtypes.issubdtype(raw, dtypes.prng_key):
+    if jdtypes.issubdtype(raw, jdtypes.prng_key):
         return 8 * int(getattr(raw, "itemsize", dtype.itemsize))
     try:
-        return int(dtypes.itemsize_bits(raw))
+        return int(jdtypes.itemsize_bits(raw))
     except Exception:  # a dtype jax does not size: as numpy does
         return 8 * dtype.itemsize
 
@@ -598,7 +590,7 @@ class _Tracer:
             self.scope = _join_scope(outer, str(eqn.source_info.name_stack))
             if handler is not None:
                 handler(self, eqn, region, trip)
-            elif name in _INLINE_PARAM and (called := _called_jaxpr(eqn)) is not None:
+            elif name in CALLS and (called := called_jaxpr(eqn)) is not None:
                 self.inline(eqn, called, region, trip)
             else:
                 inputs = [self.read(a) for a in eqn.invars]
@@ -630,13 +622,13 @@ class _Tracer:
         self.user_shardings.append((op.outputs[0], sharding, _call_site(eqn), name, op.id))
 
     def inline(self, eqn, inner, region: int, trip: int) -> None:
-        """Trace the jaxpr the eqn calls (``inner``: ``_called_jaxpr(eqn)``) in place."""
+        """Trace the jaxpr the eqn calls (``inner``: ``called_jaxpr(eqn)``) in place."""
         if isinstance(inner, ClosedJaxpr):
             self.bind_consts(inner)
             inner = inner.jaxpr
         for var, atom in zip(inner.invars, eqn.invars):
             self.bind(var, self.read(atom))
-        if eqn.primitive.name in ("checkpoint", "remat2") and eqn.params.get("prevent_cse"):
+        if is_remat(eqn.primitive.name) and eqn.params.get("prevent_cse"):
             self.barrier_reads.update(self.read(a) for a in eqn.invars if not isinstance(a, jcore.Literal))
         scope = self.scope
         self.scope = _join_scope(scope, eqn.params.get("name", "") if _names_scope(eqn) else "")
@@ -708,16 +700,6 @@ def _call_site(eqn) -> str:
 def _is_sharding(x) -> bool:
     """A real sharding (not jit's UNSPECIFIED / None / AUTO placeholders)."""
     return isinstance(x, jax.sharding.Sharding)
-
-
-def _called_jaxpr(eqn):
-    key = _INLINE_PARAM.get(eqn.primitive.name)
-    if key is None:
-        for k in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-            if k in eqn.params:
-                return eqn.params[k]
-        return None
-    return eqn.params.get(key)
 
 
 # --------------------------------------------------------------------------- loops

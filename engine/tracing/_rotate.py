@@ -16,11 +16,8 @@ import collections
 import dataclasses
 
 from jax import lax
-from jax._src import core as jcore
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import lax as lax_internal
 
-ClosedJaxpr = getattr(jcore, "ClosedJaxpr", jcore.Jaxpr)
+from ._jax import ClosedJaxpr, ad, batching, input_dtype, jcore, mlir, standard_primitive
 
 
 def _shape_rule(x, *, axis, shift):
@@ -47,10 +44,9 @@ def _batch(args, dims, *, axis, shift):
     return roll_p.bind(x, axis=axis + (b <= axis), shift=shift), b
 
 
-# jax._src.lax.lax imports these helpers from jax._src.lax.utils without re-exporting them;
-# roll_p is built with them as lax's own primitives are (the ignores: that re-export rule only).
-roll_p = lax_internal.standard_primitive(  # pyright: ignore[reportPrivateImportUsage]
-    _shape_rule, lax_internal.input_dtype, "roll",  # pyright: ignore[reportPrivateImportUsage]
+# roll_p is built as lax's own primitives are (``tracing._jax``)
+roll_p = standard_primitive(
+    _shape_rule, input_dtype, "roll",
     sharding_rule=_sharding_rule, vma_rule=lambda x, **_: jcore.standard_vma_rule("roll", x))
 ad.deflinear2(roll_p, lambda ct, x, *, axis, shift: [roll_p.bind(ct, axis=axis, shift=-shift)])
 batching.primitive_batchers[roll_p] = _batch

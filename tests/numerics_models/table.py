@@ -25,7 +25,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import partex  # noqa: E402
-from partex.plan._apply import is_low  # noqa: E402
+from partex.plan._promote import is_low  # noqa: E402
 from partex.plan._numerics import calibrate, compare_outputs  # noqa: E402
 
 from numerics_models.wrong import swapped, unreduced  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
         t0 = time.perf_counter()
         s = partex.Session(step, args, mesh=mesh)
         plan = s.plan(strategy=strategy) if isinstance(strategy, str) else s.plan(strategy)
-        cal, run_planned = calibrate(types.SimpleNamespace(fn=step, args=args), plan.apply(step))
+        cal, run_planned = calibrate(types.SimpleNamespace(fn=step, args=args), partex.apply_plan(plan, step))
         got = run_planned()
         name = strategy if isinstance(strategy, str) else "hidden->model, d_model->data, batch->data"
         print(row(case, f"{name} on {mesh} (correct)", compare_outputs(cal.paths, cal.ref, got), cal.compare(got)))

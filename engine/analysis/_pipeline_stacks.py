@@ -1,6 +1,6 @@
 """Layer stacks that may run as a pipeline, and what each loop's operands hold of the batch.
 
-Pipelining a layer stack (``plan._pipeline.pipelined_scan``) splits the batch into
+Pipelining a layer stack (``plan._pipelined_scan.pipelined_scan``) splits the batch into
 microbatches that go through the layers at different times, on different stages. That
 computes what the step computes only if the stack's loops treat the rows of the batch
 independently, and a loop result without the batch (a weight's gradient) is a *sum* over the
@@ -232,7 +232,6 @@ def _separable(an, program: Program, body, g: int, carries: set[int], sums: set[
     if sums & carries:
         return "a sum over the batch is carried from layer to layer"
     return ""
-
 
 
 def _resized(an, op, g: int) -> tuple[tuple[str, tuple[int, ...]], ...] | str:

@@ -1,15 +1,15 @@
 """A layer stack run as a pipeline: the decision, and the step it makes.
 
 A ``Pipeline`` says which layer stack (a ``scan`` over stacked weights whose rows are
-independent: ``analysis._pipeline``), over which mesh axis (its size: the stages) and in how
+independent: ``analysis._pipeline_stacks``), over which mesh axis (its size: the stages) and in how
 many microbatches, on which schedule. It is a decision about the program rather than about
-one group's dims: the pipelined step (``plan._pipeline.pipelined_scan`` in place of both of
+one group's dims: the pipelined step (``plan._pipelined_scan.pipelined_scan`` in place of both of
 the stack's loops) is a program of its own -- a loop over ticks, each stage's layers, the
 activations' rotation over the stage axis, per-microbatch buffers -- and ``pipelined``
 traces and analyses it, so that everything else (the decisions inside the stages, their
 cost, the search, the ILP, verify, apply) runs on it as on any step. The stage dim of every
 per-stage value is the step's own sharding there (a fixed decision), and the plan records
-the pipeline, so that ``plan.apply(fn)`` rewrites the user's step the same way.
+the pipeline, so that ``apply_plan(plan, fn)`` rewrites the user's step the same way.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import jax
 from .._errors import PartexError
 from .._loader import LoadedModel, ModelAnalysis, analyze_loaded
 from .._mesh import MeshSpec, get_hardware
-from ..analysis._pipeline import PipelineStack, pipeline_stacks, pipeline_units
+from ..analysis._pipeline_stacks import PipelineStack, pipeline_stacks, pipeline_units
 from ..analysis._recompute import plan_unit
 from ..cost import CostModel
 from ..tracing._program import TOP_REGION, Program, dynamic_args
 from ._apply import constrained_function
-from ._pipeline import PipelineRun
+from ._pipelined_scan import PipelineRun, Schedule
 
 SCHEDULES = ("gpipe", "circular")
 # what a stage recomputes in its backward ticks (``analysis._recompute``'s loop kinds that
@@ -62,12 +62,14 @@ class Pipeline:
         return f"{self.stack}:{self.axis}:{self.microbatches}{tail}"
 
     def bubble(self, stages: int) -> float:
-        return bubble(stages, self.microbatches, self.repeats)
+        """The share of the ticks a stage idles on ``stages`` stages (``Schedule.bubble``)."""
+        return Schedule(stages, self.microbatches, self.repeats).bubble
 
     @classmethod
     def parse(cls, text: str) -> "Pipeline":
         """``STACK:AXIS:MICROBATCHES[:SCHEDULE][:RECOMPUTE]`` (e.g. ``stack0:stage:8``,
-        ``stack0:stage:8:circular2:full``; SCHEDULE ``gpipe`` or ``circular<R>``)."""
+        ``stack0:stage:8:circular2:full``; SCHEDULE ``gpipe`` or ``circular<R>``): the
+        ``Pipeline`` ``text`` spells; PartexError for text it cannot read."""
         parts = str(text).split(":")
         if not 3 <= len(parts) <= 5 or not all(parts):
             raise PartexError(f"pipeline {text!r}: expected STACK:AXIS:MICROBATCHES[:SCHEDULE][:RECOMPUTE], "
@@ -94,10 +96,13 @@ class Pipeline:
         return cls(parts[0], parts[1], m, schedule, recompute, repeats)
 
     def to_json(self) -> dict:
+        """Every field as JSON data (a plan's and a session file's ``pipeline``)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: Any, where: str = "plan") -> "Pipeline":
+        """The pipeline in the JSON data ``d`` (``to_json``); ``where`` names it in the
+        PartexError for a malformed one."""
         try:
             rc = d.get("recompute")
             return cls(str(d["stack"]), str(d["axis"]), int(d["microbatches"]), str(d.get("schedule", "gpipe")),
@@ -105,12 +110,6 @@ class Pipeline:
         except (TypeError, KeyError, ValueError, AttributeError):
             raise PartexError(f"{where}: 'pipeline' must be {{\"stack\": str, \"axis\": str, "
                               "\"microbatches\": int, \"schedule\": str, \"recompute\": str or null, \"repeats\": int}") from None
-
-
-def bubble(stages: int, microbatches: int, repeats: int = 1) -> float:
-    """The share of a pipeline's ticks a stage idles: (S-1) / (RM+S-1) (R = 1: GPipe's fill
-    and drain)."""
-    return (stages - 1) / (repeats * microbatches + stages - 1)
 
 
 def stack_of(model: ModelAnalysis, pipeline: Pipeline, mesh: MeshSpec) -> PipelineStack:

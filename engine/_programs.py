@@ -1,0 +1,209 @@
+"""The programs one model may run -- the step as written and its scanned stacks as
+pipelines -- and the searches over them: the mesh (``search_meshes``) and, on one mesh,
+the pipeline (``search_pipelines``), each candidate a ``Session`` of its own.
+
+``Session`` hands its ``search_meshes`` and ``search_pipelines`` here: a candidate session
+is made by ``Session.fork`` (this module takes the ``Session`` class as a parameter, so it
+imports no session), and the halving and UCT over them are ``_meshes``'.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+from ._decisions import Decision
+from ._errors import PartexError
+from ._loader import ModelAnalysis, ModelSpec
+from ._mesh import Hardware, MeshSpec
+from ._meshes import MeshSearch, MeshTrial, ProgramSearch, StackShape, mesh_search, pipelines_over
+from ._options import DEFAULT_HARDWARE, as_hardware
+from .analysis._pipeline_stacks import pipeline_stacks, pipeline_units
+from .plan._pipeline_decision import Pipeline, pipelined, trace_mesh
+
+
+def pipelined_model(model: ModelAnalysis, pipeline: str | Pipeline | None, mesh: MeshSpec) -> ModelAnalysis:
+    """``model`` with ``pipeline`` applied (``plan._pipeline_decision.pipelined``); as it is for None."""
+    if pipeline is None or pipeline == "":
+        return model
+    return pipelined(written(model), pipeline if isinstance(pipeline, Pipeline) else Pipeline.parse(pipeline), mesh)
+
+
+def written(model: ModelAnalysis) -> ModelAnalysis:
+    """The step as written: ``model`` itself, or the step its pipeline was made from."""
+    return model.base if model.pipeline is not None else model
+
+
+def _scan_stacks(model: ModelAnalysis) -> list:
+    """Per scan stack of ``model``: (its unit, a ``PipelineStack`` or why it cannot be pipelined)."""
+    an = model.analysis
+    units = pipeline_units(an)
+    stacks = pipeline_stacks(an, units, an.roles.batch_groups)
+    return [(u, stacks[u.id]) for u in units if u.id in stacks]
+
+
+def stacks(model: ModelAnalysis) -> dict:
+    """Per scan stack of ``model`` (its label), a ``PipelineStack`` or why it cannot be pipelined."""
+    return {u.label: st for u, st in _scan_stacks(model)}
+
+
+def stack_sizes(model: ModelAnalysis) -> list[StackShape]:
+    """Each scanned stack of ``model`` that may be pipelined (a stage may recompute it unless
+    the step's own checkpoint does already)."""
+    return [StackShape(u.label, st.layers, st.batch, bool(u.kinds)) for u, st in _scan_stacks(model)
+            if not isinstance(st, str)]
+
+
+def search_meshes(model: ModelAnalysis, devices: int, *, session: Callable[..., Any], topology=None,
+                  hardware: str | Hardware = DEFAULT_HARDWARE, memory: str | float | None = None,
+                  seconds: float = 60.0, max_axes: int = 4, seed: int = 0, warm_start: bool = True,
+                  spec: ModelSpec | None = None, user_shardings: str = "keep", callback=None,
+                  pipelines: bool | None = None) -> MeshSearch:
+    """The meshes of ``devices`` searched with the plan for an analysed model:
+    ``session(model, mesh=..., ...)`` (``Session.from_analysis``) makes each candidate's
+    search; the pipelined steps, one per pipeline and stage count (``trace_mesh``), are
+    traced once and shared by the meshes. Returns a ``MeshSearch``."""
+    hw = as_hardware(hardware, memory)
+    traced: dict = {}
+
+    def make(mesh: MeshSpec, pipeline: Pipeline | None):
+        m = model
+        if pipeline is not None:
+            key = (pipeline, trace_mesh(model.program, pipeline, mesh))
+            if key not in traced:
+                traced[key] = pipelined(model, pipeline, mesh)
+            m = traced[key]
+        return session(m, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
+                       user_shardings=user_shardings)
+
+    return mesh_search(make, devices, hw.link_bandwidth, topology=topology, seconds=seconds, max_axes=max_axes,
+                       callback=callback, stacks=stack_sizes(model), pipelines=pipelines)
+
+
+def search_pipelines(s: Any, seconds: float | None, simulations: int | None, callback=None) -> ProgramSearch:
+    """``Session.search_pipelines`` (its docstring), on the session ``s``: the step as written
+    and every pipeline of its scanned stacks over an axis of its mesh, each a session made
+    by ``s.fork`` that keeps ``s``'s pins (``s`` itself for its own program)."""
+
+    def make(mesh: MeshSpec, pipeline: Pipeline | None):
+        if pipeline == s.pipeline:
+            return s
+        other, notes = s.fork(mesh=mesh, pipeline=pipeline)
+        if notes:  # a program the user's pins rule out (a pin on the axis its stages take) is not tried
+            raise PartexError(f"pipeline {pipeline.text() if pipeline else 'none'}: {notes[0]}")
+        return other
+
+    programs = [None, *pipelines_over(s.mesh, stack_sizes(written(s.model)))]
+    if s.pipeline is not None and s.pipeline not in programs:
+        programs.append(s.pipeline)
+    found = ProgramSearch(make, [(s.mesh, p) for p in programs])
+    if simulations is not None:
+        found.step(simulations)
+    elif seconds:
+        found.run(seconds, callback=callback)
+    return found
+
+
+class Forked(Protocol):
+    """What ``SessionPrograms`` reads of the session it is part of."""
+
+    model: ModelAnalysis
+    mesh: MeshSpec
+    hardware: Hardware
+    seed: int
+    warm_start: bool
+    spec: ModelSpec | None
+
+    @property
+    def pipeline(self) -> Pipeline | None: ...
+
+    @property
+    def user_shardings(self) -> str: ...
+
+    @classmethod
+    def from_analysis(cls, model: Any, *, mesh: Any, hardware: Any = ..., memory: Any = ..., seed: int = ...,
+                      warm_start: bool = ..., spec: Any = ..., user_shardings: str = ..., pipeline: Any = ...
+                      ) -> Any: ...
+
+    @property
+    def program(self) -> Any: ...
+
+    @property
+    def analysis(self) -> Any: ...
+
+    @property
+    def pins(self) -> list[Decision]: ...
+
+    @property
+    def forbidden(self) -> list[Decision]: ...
+
+    def fork(self, *, mesh: MeshSpec, pipeline: Pipeline | None) -> tuple[Any, list[str]]: ...
+
+    def adopt(self, other: Any) -> list[str]: ...
+
+    def apply_pins(self, pins: Sequence[Any] = (), forbidden: Sequence[Any] = ()) -> list[str]: ...
+
+    def _portable(self, decisions: Sequence[Decision], other: Any) -> list: ...
+
+    def reconfigure(self, *, mesh: Any = None, pipeline: Any = ...) -> list[str]: ...
+
+
+class SessionPrograms:
+    """The ``Session``'s methods that reach beyond its own mesh and program: another session
+    of its model (``fork``), the meshes of a number of devices, the pipelines on its mesh,
+    and continuing on one they tried (``use_mesh``)."""
+
+    def fork(self: Forked, *, mesh: MeshSpec, pipeline: Pipeline | None) -> tuple[Any, list[str]]:
+        """A new session on this one's model as written, run as ``pipeline`` (None: as
+        written) on ``mesh``, with this one's hardware, seed and mode, and its pins and
+        forbids where they still apply: (the session, a note per one dropped)."""
+        other = type(self).from_analysis(written(self.model), mesh=mesh, hardware=self.hardware, seed=self.seed,
+                                      warm_start=self.warm_start, spec=self.spec,
+                                      user_shardings=self.user_shardings, pipeline=pipeline)
+        return other, other.apply_pins(self._portable(self.pins, other), self._portable(self.forbidden, other))
+
+    def _portable(self: Forked, decisions: Sequence[Decision], other: Any) -> list:
+        """This session's decisions as ``other`` takes them: as they are on the same program
+        (another mesh), else by what they decide about and their slot (``ffn``, ``model``):
+        another program of the model (a pipelined step) numbers its groups its own way."""
+        if other.program is self.program:
+            return list(decisions)
+        return [(self.analysis.subject_label(d), d.slot) for d in decisions]
+
+    def search_meshes(self: Forked, devices: int, *, topology=None, seconds: float = 60.0, max_axes: int = 4,
+                      callback=None, pipelines: bool | None = None) -> MeshSearch:
+        """The mesh as a decision: every factorisation of ``devices`` into up to
+        ``max_axes`` axes (``topology``: 'SLICESxDEVICES[@GB/s]', one axis across the slow
+        network) searched with the plan by successive halving within ``seconds``, on this
+        session's model (as written: a pipeline is one of the candidates), hardware and
+        budget (``partex._meshes``). ``pipelines``: None tries the model's scanned stacks as
+        pipelines over the slices of a topology of several, True within a slice too, False
+        never. ``callback(trials)`` after each round, the ``MeshTrial``s so far. Returns a
+        ``MeshSearch``: the candidates tried, best first; ``use_mesh`` takes one."""
+        return search_meshes(written(self.model), devices, session=type(self).from_analysis, topology=topology,
+                             hardware=self.hardware, seconds=seconds, max_axes=max_axes, seed=self.seed,
+                             warm_start=self.warm_start, spec=self.spec, user_shardings=self.user_shardings,
+                             callback=callback, pipelines=pipelines)
+
+    def search_pipelines(self: Forked, seconds: float | None = 60.0, *, simulations: int | None = None,
+                         callback=None) -> ProgramSearch:
+        """The pipeline as a decision on this session's mesh: the step as written and every
+        pipeline of its scanned stacks over an axis of the mesh (``partex._meshes.pipelines_over``:
+        microbatches 2S and 4S, each stage saving or recomputing), one search tree each below
+        one root, UCT there giving the simulations to the programs that pay
+        (``ProgramSearch``); this session's own search is its program's tree, and the others
+        keep its pins (a program where one cannot hold is not tried: its row says why). Runs
+        ``simulations`` simulations if given (reproducible), else ``seconds`` (None: none, the
+        programs built and their hand plans scored), ``callback(trials)`` after each visit;
+        returns the ``ProgramSearch``
+        (``step``/``run`` go on; ``result()``: the programs best first; ``use_mesh``
+        continues on one, this session then holding that program's tree)."""
+        return search_pipelines(self, seconds, simulations, callback)
+
+    def use_mesh(self: Forked, trial: MeshTrial) -> list[str]:
+        """Continue on ``trial``, a candidate ``search_meshes`` or ``search_pipelines`` tried
+        (a ``MeshTrial``: a mesh and the pipeline, if any): its search as it stands where the
+        search kept it (``adopt``), else a new one on that mesh (``reconfigure``); pins kept
+        where they apply. Returns a note per pin or forbid dropped."""
+        if trial.session is None:
+            return self.reconfigure(mesh=trial.mesh, pipeline=trial.pipeline)
+        return self.adopt(trial.session)
