@@ -9,6 +9,7 @@ imports no session), and the halving and UCT over them are ``_meshes``'.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Protocol, Sequence
 
 from ._decisions import Decision
@@ -16,8 +17,9 @@ from ._errors import PartexError
 from ._loader import ModelAnalysis, ModelSpec
 from ._mesh import Hardware, MeshSpec
 from ._meshes import MeshSearch, MeshTrial, ProgramSearch, StackShape, mesh_search, pipelines_over
-from ._options import DEFAULT_HARDWARE, as_hardware
+from ._options import DEFAULT_HARDWARE, as_hardware, as_mesh
 from .analysis._pipeline_stacks import pipeline_stacks, pipeline_units
+from ._sessionstate import SessionState
 from .plan._pipeline_decision import Pipeline, pipelined, trace_mesh
 
 
@@ -146,11 +148,55 @@ class Forked(Protocol):
 
     def reconfigure(self, *, mesh: Any = None, pipeline: Any = ...) -> list[str]: ...
 
+    _state: SessionState
+
+    def _set(self, model: ModelAnalysis, spec: ModelSpec | None, mesh: MeshSpec, hw: Hardware, seed: int,
+             warm_start: bool, state: SessionState) -> None: ...
+
+
+KEEP: Any = object()  # reconfigure(pipeline=KEEP): the session's pipeline as it is
+
 
 class SessionPrograms:
-    """The ``Session``'s methods that reach beyond its own mesh and program: another session
-    of its model (``fork``), the meshes of a number of devices, the pipelines on its mesh,
-    and continuing on one they tried (``use_mesh``)."""
+    """The ``Session``'s methods that reach beyond its own mesh and program: another mesh,
+    hardware or pipeline for it (``reconfigure``), another session of its model (``fork``)
+    and continuing as one (``adopt``), the meshes of a number of devices, the pipelines on
+    its mesh, and continuing on one they tried (``use_mesh``)."""
+
+    def reconfigure(self: Forked, *, mesh=None, hardware: str | Hardware | None = None,
+                    memory: str | float | None = None, seed: int | None = None,
+                    pipeline: Any = KEEP) -> list[str]:
+        """Another ``mesh``, ``hardware``, ``memory`` budget or ``seed`` (None: as it is), or
+        ``pipeline`` (another, or None for the step as written): a new cost model and a new search (statistics from the old cost model
+        would mislead it), keeping the pins and forbids that still apply. Returns a note per
+        pin or forbid dropped (its axis left the mesh, or no longer divides its dimension)."""
+        new_mesh = self.mesh if mesh is None else as_mesh(mesh, self.model)
+        hw = self.hardware if hardware is None else as_hardware(hardware)
+        if memory is not None:
+            hw = as_hardware(hw, memory)
+        new_seed = self.seed if seed is None else int(seed)
+        new_pipe = self.pipeline if pipeline is KEEP else (Pipeline.parse(pipeline) if isinstance(pipeline, str) else pipeline)
+        if (new_mesh, hw, new_seed, new_pipe) == (self.mesh, self.hardware, self.seed, self.pipeline):
+            return []
+        pins, forbidden = self.pins, self.forbidden
+        model = self.model
+        if new_pipe != model.pipeline or (new_pipe is not None and new_mesh != self.mesh):
+            # the stages follow the mesh's axis
+            model = pipelined_model(model, new_pipe, new_mesh) if new_pipe is not None else written(model)
+        state = SessionState.new(model, new_mesh, hw, new_seed, self.warm_start, self.user_shardings)
+        self._set(model, self.spec, new_mesh, hw, new_seed, self.warm_start, state)
+        return self.apply_pins(pins, forbidden)
+
+    def adopt(self: Forked, other: Any) -> list[str]:
+        """Continue as ``other`` (another mesh's or program's session of this model): its
+        model, mesh, hardware and search as it stands, with this session's pins and forbids
+        where they apply (the notes say which did not)."""
+        if other is self:
+            return []
+        pins, forbidden = self._portable(self.pins, other), self._portable(self.forbidden, other)
+        state = dataclasses.replace(other._state)  # its search, and pins of this session's own from here
+        self._set(other.model, self.spec, other.mesh, other.hardware, self.seed, self.warm_start, state)
+        return self.apply_pins(pins, forbidden)
 
     def fork(self: Forked, *, mesh: MeshSpec, pipeline: Pipeline | None) -> tuple[Any, list[str]]:
         """A new session on this one's model as written, run as ``pipeline`` (None: as

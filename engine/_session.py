@@ -18,9 +18,10 @@ and scored baselines -- is one record (``_sessionstate.SessionState``): a new me
 hardware makes a new one, and ``adopt`` takes another session's. The class holds the
 analysis, the plans, the search and the pins; its other methods come by responsibility from
 ``_checks.SessionChecks`` (XLA's checks and measurements), ``_bench.SessionBench`` (the ILP,
-the exhaustive optimum, the bench), ``_programs.SessionPrograms`` (the mesh and pipeline
-searches) and ``_sessionfile.SessionFiles`` (the session file), each over a protocol of
-what it reads of the session.
+the exhaustive optimum, the bench), ``_programs.SessionPrograms`` (another mesh, hardware or
+pipeline: ``reconfigure``, ``fork``, ``adopt``, the mesh and pipeline searches) and
+``_sessionfile.SessionFiles`` (the session file), each over a protocol of what it reads of
+the session.
 """
 
 from __future__ import annotations
@@ -51,9 +52,6 @@ from .plan._planning import make_plan
 from .plan._specs import check_signature, signature_of
 from .planner._search import Search, SearchResult
 from .planner._strategies import baseline_names, strategy_decisions
-
-KEEP: Any = object()  # reconfigure(pipeline=KEEP): the session's pipeline as it is
-
 
 class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
     """One model (a function and example args, or a MODEL spec) on one mesh and hardware:
@@ -394,42 +392,6 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
                         f"{self.group(item[0]).label if isinstance(item[0], int) else item[0]}->{item[1]}"
                     notes.append(f"{how} {what} dropped: {e}")
         return notes
-
-    # ------------------------------------------------------------------ other meshes and programs
-    def reconfigure(self, *, mesh=None, hardware: str | Hardware | None = None,
-                    memory: str | float | None = None, seed: int | None = None,
-                    pipeline: Any = KEEP) -> list[str]:
-        """Another ``mesh``, ``hardware``, ``memory`` budget or ``seed`` (None: as it is), or
-        ``pipeline`` (another, or None for the step as written): a new cost model and a new search (statistics from the old cost model
-        would mislead it), keeping the pins and forbids that still apply. Returns a note per
-        pin or forbid dropped (its axis left the mesh, or no longer divides its dimension)."""
-        new_mesh = self.mesh if mesh is None else as_mesh(mesh, self.model)
-        hw = self.hardware if hardware is None else as_hardware(hardware)
-        if memory is not None:
-            hw = as_hardware(hw, memory)
-        new_seed = self.seed if seed is None else int(seed)
-        new_pipe = self.pipeline if pipeline is KEEP else (Pipeline.parse(pipeline) if isinstance(pipeline, str) else pipeline)
-        if (new_mesh, hw, new_seed, new_pipe) == (self.mesh, self.hardware, self.seed, self.pipeline):
-            return []
-        pins, forbidden = self.pins, self.forbidden
-        model = self.model
-        if new_pipe != model.pipeline or (new_pipe is not None and new_mesh != self.mesh):
-            # the stages follow the mesh's axis
-            model = pipelined_model(model, new_pipe, new_mesh) if new_pipe is not None else written(model)
-        state = SessionState.new(model, new_mesh, hw, new_seed, self.warm_start, self.user_shardings)
-        self._set(model, self.spec, new_mesh, hw, new_seed, self.warm_start, state)
-        return self.apply_pins(pins, forbidden)
-
-    def adopt(self, other: "Session") -> list[str]:
-        """Continue as ``other`` (another mesh's or program's session of this model): its
-        model, mesh, hardware and search as it stands, with this session's pins and forbids
-        where they apply (the notes say which did not)."""
-        if other is self:
-            return []
-        pins, forbidden = self._portable(self.pins, other), self._portable(self.forbidden, other)
-        state = dataclasses.replace(other._state)  # its search, and pins of this session's own from here
-        self._set(other.model, self.spec, other.mesh, other.hardware, self.seed, self.warm_start, state)
-        return self.apply_pins(pins, forbidden)
 
 
 def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardware = DEFAULT_HARDWARE,
