@@ -39,7 +39,7 @@ def test_the_search_offers_a_resolution_once_the_group_is_sharded_and_pins_name_
     s = _session()
     an = s.analysis
     seq = an.group_by_label("seq").id
-    space, none = s._space, frozenset()
+    space, none = s._state.space, frozenset()
     resolve = [i for i, d in enumerate(space.actions) if isinstance(d, partex.Resolve)]
     assert {space.actions[i] for i in resolve} == {partex.Resolve(seq, "second"), partex.Resolve(seq, "neither")}
     assert not set(resolve) & set(space.legal((), none))
