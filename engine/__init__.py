@@ -122,9 +122,11 @@ def search(fn: Callable, args: Sequence[Any], *, mesh, hardware: str | Hardware 
         s.run(seconds)
     plan = s.best_plan()
     if plan is None:
-        raise PartexError(f"no plan fits the {format_bytes(s.hardware.budget)} per-device budget: the smallest "
-                          f"memory found is {format_bytes(s.smallest_memory)}; raise memory, use a larger mesh "
-                          "or search longer")
+        no_fit = s.stats().no_fit
+        raise PartexError(f"no plan fits: {no_fit}; "
+                          + ("give more host memory (hardware.host_memory_bytes) or raise memory"
+                             if "host memory" in no_fit else "raise memory")
+                          + ", use a larger mesh or search longer")
     return plan
 
 

@@ -134,7 +134,7 @@ def bench(s: Benched, seconds: float = 60.0, *, ilp_time: float = 30.0, simulati
     xla = xla_fits = None
     if verify and s.best() is not None:
         _, out = s.verified_best()
-        xla, xla_fits = out.memory.xla, out.fits
+        xla, xla_fits = out.xla_memory.get("device", out.memory.xla), out.fits  # XLA's device part
     best = s.best()
     st = s.stats()
     row("mcts", best.decisions if best else (), best.report if best else None,
@@ -160,6 +160,6 @@ def bench(s: Benched, seconds: float = 60.0, *, ilp_time: float = 30.0, simulati
         others = [k for k, r in enumerate(rows) if r.strategy != "mcts" and r.memory_bytes is not None]
         outs = s.verify_all([s.plan(list(rows[k].decisions), strategy=rows[k].strategy) for k in others])
         for k, out in zip(others, outs):
-            rows[k] = rows[k].with_(xla_memory_bytes=out.memory.xla, memory_ratio=out.memory.ratio,
-                                    xla_fits=out.fits)
+            rows[k] = rows[k].with_(xla_memory_bytes=out.xla_memory.get("device", out.memory.xla),
+                                    memory_ratio=out.memory.ratio, xla_fits=out.fits)
     return rows

@@ -14,6 +14,7 @@ from ._errors import PartexError
 from ._profile import Profile
 
 GiB = 1024**3
+DEFAULT_MARGIN = 0.1  # the share of a budget kept free (Hardware.memory_margin; docs/concepts.md, "The memory promise")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,8 +31,9 @@ class Hardware:
     link_latency: float  # seconds per collective step
     memory_budget: float | None = None  # per-device budget; defaults to hbm_bytes
     # the share of the budget a plan keeps free by the cost model's count: the memory model
-    # is an estimate (within ~15% of XLA's on the library models), the budget is a promise
-    memory_margin: float = 0.0
+    # is an estimate (within ~15% of XLA's on the library models), the budget is a promise.
+    # Every preset, the CLI, the explorer and the API default to the same share
+    memory_margin: float = DEFAULT_MARGIN
     # XLA runs collectives asynchronously on this hardware (TPU, GPU: its latency-hiding
     # scheduler overlaps them with independent compute); XLA:CPU runs them in line
     overlap: bool = True
@@ -155,10 +157,15 @@ class Hardware:
         return hw
 
     def validate(self) -> None:
-        """Check every figure (positive and finite; a latency >= 0; a margin in [0, 1)).
+        """Check every figure (positive and finite; a latency and the host's memory >= 0; a
+    margin in [0, 1)).
         Returns None; PartexError naming the first figure that is wrong."""
-        for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth", "host_memory_bytes"):
+        for f in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth"):
             _positive(f"hardware {self.name}: {f}", getattr(self, f))
+        if not (isinstance(self.host_memory_bytes, (int, float)) and math.isfinite(self.host_memory_bytes)
+                and self.host_memory_bytes >= 0):
+            raise PartexError(f"hardware {self.name}: host_memory_bytes must be a finite number >= 0 (0: keep "
+                              f"nothing in host memory), got {self.host_memory_bytes!r}")
         if not (math.isfinite(self.link_latency) and self.link_latency >= 0):
             raise PartexError(f"hardware {self.name}: link_latency must be a finite number >= 0, "
                               f"got {self.link_latency}")

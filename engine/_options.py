@@ -13,7 +13,6 @@ from ._errors import PartexError
 from ._mesh import Hardware, MeshSpec, get_hardware, parse_bytes
 
 DEFAULT_HARDWARE = "tpu-v4"
-DEFAULT_MARGIN = 0.1  # see Hardware.memory_margin and docs/concepts.md ("The memory promise")
 STEP_MESH = "step"  # mesh= the mesh the step's own shardings name
 
 
@@ -58,8 +57,8 @@ def as_hardware(hardware: str | Hardware | None, memory: str | float | None = No
     Args:
       hardware: a preset name (``'tpu-v4'``; None: ``DEFAULT_HARDWARE``) or a ``Hardware``.
       memory: a per-device budget (``'16GiB'`` or bytes); None or ``""``: the hardware's own.
-      margin: the share of the budget kept free; None: ``DEFAULT_MARGIN`` for a preset name,
-        a ``Hardware``'s own otherwise.
+      margin: the share of the budget kept free; None: the hardware's own (every preset's
+        is ``DEFAULT_MARGIN``, 10%).
 
     Returns:
       The ``Hardware``. Raises ``PartexError`` for anything but a name or a ``Hardware``.
@@ -73,6 +72,4 @@ def as_hardware(hardware: str | Hardware | None, memory: str | float | None = No
         hw = hw.replace(memory_budget=parse_bytes(memory))
     if margin is not None:
         hw = hw.replace(memory_margin=float(margin))
-    elif isinstance(hardware, str):
-        hw = hw.replace(memory_margin=DEFAULT_MARGIN)
     return hw

@@ -147,9 +147,12 @@ class VerifyReport:
     against XLA's cost analysis; ``fits``: XLA's peak within ``budget``. Optional parts:
     ``numerics`` (``run``), ``explain`` (XLA's collectives by source line, matched to the
     predicted ones), ``comparison`` (an export compiled alone beside the plan),
-    ``xla_cpu_scheduler`` (on CPU: which XLA scheduler gave the memory figure) and
+    ``xla_cpu_scheduler`` (on CPU: which XLA scheduler gave the memory figure),
     ``marked_infeasible`` (a session's verify: the plan, over the budget per XLA, was marked so
-    that the search moves on)."""
+    that the search moves on), ``host_unchecked`` (on a backend that ignores memory spaces,
+    XLA:CPU: the host memory per device the plan predicts, which XLA cannot check there; the
+    device figure ``xla_memory["device"]`` that ``fits`` judges leaves it out) and ``notes``
+    (what else this backend's figures cannot say, one line each)."""
 
     model: str
     preset: str | None
@@ -174,6 +177,8 @@ class VerifyReport:
     numerics: Numerics | None = None
     comparison: Mapping[str, Any] | None = None
     marked_infeasible: bool | None = None
+    host_unchecked: float | None = None
+    notes: tuple[str, ...] = ()
 
     def replace(self, **changes) -> VerifyReport:
         """A copy with the fields given by keyword changed (``dataclasses.replace``)."""
@@ -200,6 +205,10 @@ class VerifyReport:
             out["comparison"] = self.comparison
         if self.marked_infeasible is not None:
             out["marked_infeasible"] = self.marked_infeasible
+        if self.host_unchecked is not None:
+            out["host_unchecked"] = self.host_unchecked
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
     @classmethod
@@ -212,7 +221,7 @@ class VerifyReport:
             d["constrained"], d["fits"], d["budget"], d["lower_seconds"], d["compile_seconds"],
             WorkCompared.from_json(d["flops"]), WorkCompared.from_json(d["bytes_accessed"]), d.get("explain"),
             d.get("xla_cpu_scheduler"), Numerics.from_json(d["numerics"]) if "numerics" in d else None,
-            d.get("comparison"), d.get("marked_infeasible"))
+            d.get("comparison"), d.get("marked_infeasible"), d.get("host_unchecked"), tuple(d.get("notes", ())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,7 +299,8 @@ class SearchStats:
     """The search so far (``Session.stats()``); ``SearchStats()`` is a search not yet run.
 
     ``best_history``: (simulation, seconds, step time) each time the best improved;
-    ``smallest_memory``: the smallest predicted peak met (what to ask for when nothing fits);
+    ``smallest_memory``: the smallest predicted peak met; ``no_fit``: while no plan fits,
+    which limit binds (device or host memory) and by how much, one line ("" once one fits);
     ``depth``: the deepest plan tried, in decisions beyond the pins."""
 
     simulations: int = 0
@@ -302,6 +312,7 @@ class SearchStats:
     best_step_time: float | None = None
     best_history: tuple[tuple[int, float, float], ...] = ()
     smallest_memory: float = float("inf")
+    no_fit: str = ""
     root_actions: tuple[RootAction, ...] = ()
     pins: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
@@ -311,7 +322,8 @@ class SearchStats:
         return {"simulations": self.simulations, "nodes": self.nodes, "depth": self.depth,
                 "evaluations": self.evaluations, "seconds": self.seconds, "sims_per_s": self.sims_per_s,
                 "best_step_time": self.best_step_time, "best_history": [list(h) for h in self.best_history],
-                "smallest_memory": self.smallest_memory, "root_actions": [a.to_json() for a in self.root_actions],
+                "smallest_memory": self.smallest_memory, "no_fit": self.no_fit,
+                "root_actions": [a.to_json() for a in self.root_actions],
                 "pins": list(self.pins), "forbidden": list(self.forbidden)}
 
 
@@ -322,7 +334,8 @@ class BenchRow:
     with no plan). The rest belongs to some rows only: the ILP's ``status`` and ``build_s``;
     the search's ``simulations``, ``total_s`` and ``smallest_memory``; the exhaustive row's
     ``plans``, ``space``, ``per_axis``, ``complete`` and ``projected_s``; with ``verify``, XLA's
-    peak (``xla_memory_bytes``), predicted / XLA (``memory_ratio``) and ``xla_fits``; a plan
+    device peak (``xla_memory_bytes``: on XLA:CPU less what the plan keeps in host memory,
+    as ``VerifyReport.xla_memory["device"]``), predicted / XLA (``memory_ratio``) and ``xla_fits``; a plan
     keeping values in host memory, ``host_bytes``.
     ``to_json`` writes the keys a row was given, in the order given."""
 

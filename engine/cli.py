@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import re
 import sys
 import time
 from typing import Sequence, overload
@@ -17,7 +18,6 @@ from ._loader import analyze_model, demo_names, load_model
 from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
 from ._checks import verify_plan
 from ._loader import ModelSpec, analyze_spec, model_spec
-from ._options import DEFAULT_MARGIN
 from ._session import Session, search_meshes
 from .plan._explain import explain_table
 from .plan._measure import measure
@@ -70,7 +70,8 @@ def _add_mesh_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                        ("--link-bandwidth", "link bytes/s per mesh axis"), ("--link-latency", "seconds per collective step"),
                        ("--hbm", "HBM bytes per device"),
                        ("--host-bandwidth", "bytes/s between a device and host memory (offloaded values)"),
-                       ("--host-memory", "host memory per device for offloaded values (e.g. 100GiB)")):
+                       ("--host-memory", "host memory per device for offloaded values (e.g. 100GiB; 0: "
+                                         "keep nothing in host memory)")):
         p.add_argument(flag, type=str, help=f"override the preset's {what}")
 
 
@@ -87,6 +88,16 @@ def _number(flag: str, text: str | None) -> float | None:
 def _hardware(args, base: None = None) -> Hardware: ...
 @overload
 def _hardware(args, base: Hardware) -> Hardware | None: ...
+def _host_memory(text: str | None) -> float | None:
+    """--host-memory's bytes: a size, or 0 for none (plans keep nothing in host memory)."""
+    if not text:
+        return None
+    return 0.0 if _SIZE_ZERO.match(text) else parse_bytes(text)
+
+
+_SIZE_ZERO = re.compile(r"^\s*0*\.?0*\s*([KMGT]i?B|B)?\s*$")
+
+
 def _hardware(args, base: Hardware | None = None) -> Hardware | None:
     """The --hardware preset (default tpu-v4) with the figures overridden on the command
     line. Resuming (``base``: the session's hardware), flags not given change nothing:
@@ -98,7 +109,7 @@ def _hardware(args, base: Hardware | None = None) -> Hardware | None:
         link_latency=_number("--link-latency", args.link_latency),
         host_bandwidth=_number("--host-bandwidth", getattr(args, "host_bandwidth", None)),
         hbm_bytes=parse_bytes(args.hbm) if args.hbm else None,
-        host_memory_bytes=parse_bytes(args.host_memory) if getattr(args, "host_memory", None) else None,
+        host_memory_bytes=_host_memory(getattr(args, "host_memory", None)),
         memory_budget=parse_bytes(args.memory) if args.memory else None,
         memory_margin=args.margin,
         overlap=None if getattr(args, "overlap", None) is None else args.overlap == "on",
@@ -106,7 +117,6 @@ def _hardware(args, base: Hardware | None = None) -> Hardware | None:
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if base is not None and args.hardware is None:
         return base.replace(**overrides) if overrides else None
-    overrides.setdefault("memory_margin", DEFAULT_MARGIN)
     return get_hardware(args.hardware or "tpu-v4", **overrides)
 
 
@@ -379,6 +389,7 @@ def cmd_verify(args) -> int:
           f" (ratio {m.ratio:.2f})" if m.ratio else "")
     a = out.arguments
     print(f"  arguments: predicted {format_bytes(a.predicted)}, XLA {format_bytes(a.xla)}")
+    print("\n".join(f"  {line}" for line in device_lines(out)))
     for k in KINDS:
         c = out.collectives[k]
         if c.predicted_bytes or c.xla_bytes:
@@ -590,9 +601,26 @@ def _stop_on_signals(session):
             signal.signal(sig, handler)
 
 
+def device_lines(out) -> list[str]:
+    """verify's verdict on the device's memory, and what this backend could not check."""
+    x = out.xla_memory
+    taken = [f"{format_bytes(v)} {what}" for v, what in ((x.get("host_resident", 0), "of arguments and results in "
+                                                          "host memory"),
+                                                         (x.get("offloaded", 0), "of offloaded intermediates "
+                                                          "(predicted)")) if v]
+    lines = [f"device memory per XLA: {format_bytes(x.get('device', out.memory.xla))}"
+             + (f" (XLA's {format_bytes(out.memory.xla)} less {' and '.join(taken)})" if taken else "")
+             + f", budget {format_bytes(out.budget)}: {'fits' if out.fits else 'OVER the budget'}"]
+    if out.host_unchecked is not None:
+        lines.append(f"host memory: {format_bytes(out.host_unchecked)} per device predicted, not checked: XLA on "
+                     "this backend ignores memory spaces (run verify on a GPU or TPU to check it)")
+    return lines + list(out.notes)
+
+
 def _reject_note(best, out) -> None:
-    sys.stderr.write(f"partex: XLA puts the best plan at {format_bytes(out.memory.xla)} per device "
-                     f"(predicted {format_bytes(best.report.memory.peak)}), over the budget: trying the next best\n")
+    sys.stderr.write(f"partex: XLA puts the best plan at {format_bytes(out.xla_memory.get('device', out.memory.xla))} "
+                     f"of device memory (predicted {format_bytes(best.report.memory.peak)}), over the budget: trying "
+                     "the next best\n")
 
 
 def _default_state(out: str) -> str:
@@ -772,17 +800,18 @@ def cmd_search(args) -> int:
     hw = s.hardware
     if best is None:
         what = f" with pins {', '.join(s.label(p) for p in s.pins)}" if s.pins else ""
+        no_fit = s.stats().no_fit
         raise PartexError(
-            f"no plan fits the {format_bytes(hw.budget)} per-device budget{what}: the smallest memory found is "
-            f"{format_bytes(s.smallest_memory)} (session saved to {state_path}; raise --memory, "
-            "use a larger mesh, or unpin)")
+            f"no plan fits{what}: {no_fit} (session saved to {state_path}; "
+            + ("raise --host-memory or --memory" if "host memory" in no_fit else "raise --memory")
+            + ", use a larger mesh" + (", or unpin)" if s.pins else ")"))
     xla = None
     if args.verify:
         try:
             best, out = s.verified_best(on_reject=_reject_note)
         finally:
             s.save(state_path)  # with the plans XLA rejected marked
-        xla = out.memory.xla
+        xla = out.xla_memory.get("device", out.memory.xla)
     measured, ran = None, []
     if args.measure_top:
         if args.measure_top < 1 or args.steps < 1:
@@ -816,8 +845,7 @@ def cmd_search(args) -> int:
     print(f"priced by {hw.priced_by()}")
     _print_decisions(plan)
     if xla is not None:
-        print(f"XLA (compile-only, {s.mesh.size} simulated devices): {format_bytes(xla)} per device "
-              f"(predicted / XLA {r.memory.peak / xla:.2f})")
+        print(f"XLA (compile-only, {s.mesh.size} simulated devices): " + "; ".join(device_lines(out)))
     if measured:
         m0 = measured[0][1]
         print(f"measured on {m0.devices} x {m0.device}" + (" (simulated on the CPU)" if m0.platform == "cpu" else "")

@@ -3,7 +3,6 @@ the search controls' actions, and the snapshots the page picks up from it."""
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable
 
@@ -11,7 +10,6 @@ from partex import PartexError, SearchStats, Session
 
 from ._banner import Banner
 from ._engine import Workspace
-from ._format import fmt_bytes
 from ._runner import ProcessRunner, SearchSnapshot, ThreadRunner, make_runner
 from ._slice import ParamSlice
 
@@ -180,12 +178,10 @@ class SearchDriver:
             self.banner.notify(snap.error, "danger")
         elif snap.best is None and snap.stats.simulations >= NO_FIT_SIMULATIONS and not self._warned_budget:
             self._warned_budget = True
-            smallest = snap.stats.smallest_memory
-            budget = page.config.hw.budget
-            tail = f"; the smallest predicted peak so far is {fmt_bytes(smallest)}" if smallest < math.inf else ""
-            self.banner.standing = (f"no plan fits the budget of {fmt_bytes(budget)} per device after "
-                                    f"{snap.stats.simulations} simulations{tail}: raise the budget, grow the mesh "
-                                    "or release a pin")
+            no_fit = snap.stats.no_fit
+            fix = "the host memory or the budget" if "host memory" in no_fit else "the budget"
+            self.banner.standing = (f"no plan fits after {snap.stats.simulations} simulations: {no_fit}; raise "
+                                    f"{fix}, grow the mesh or release a pin")
             if self._pause_waits() and not snap.running:
                 self._say_paused()
             else:

@@ -128,13 +128,14 @@ class PlanCard:
         self.page.verified_plan, self.page.verify_result = name, out
         self.page.verify_status = f"done: the {name} plan compiled in {out.compile_seconds} s"
         if not out.fits:
-            text = (f"XLA puts the {name} plan at {fmt_bytes(out.memory.xla)} per device, over the "
+            device = out.xla_memory.get("device", out.memory.xla)
+            text = (f"XLA puts the {name} plan at {fmt_bytes(device)} of device memory, over the "
                     f"budget of {fmt_bytes(out.budget)} (predicted {fmt_bytes(out.memory.predicted)})")
             summary = self.summary(name)
             r = self.runner()
             if name == "search" and summary is not None and r is not None and r.alive:
                 try:
-                    r.call("mark_infeasible", list(summary.decisions), out.memory.xla)
+                    r.call("mark_infeasible", list(summary.decisions), device)
                     text += ": marked infeasible, the search's best moves to the next plan that fits"
                 except PartexError as e:
                     text += f"; could not mark it infeasible: {e}"

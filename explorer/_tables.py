@@ -395,4 +395,11 @@ class VerifyView(pn.viewable.Viewer):
         for kind, c in out.collectives.items():
             if c.predicted_bytes or c.xla_bytes:
                 rows.append((f"{kind} bytes", c.predicted_bytes, c.xla_bytes, c.ratio))
-        self.table.update([(q, fmt_bytes(p), fmt_bytes(x), "-" if r is None else f"{r:.2f}") for q, p, x, r in rows])
+        table = [(q, fmt_bytes(p), fmt_bytes(x), "-" if r is None else f"{r:.2f}") for q, p, x, r in rows]
+        if out.host_unchecked is not None:  # XLA:CPU ignores memory spaces: the budget judges the device part
+            device = out.xla_memory["device"]
+            table[1:1] = [(f"device part ({'fits' if out.fits else 'over'} the {fmt_bytes(out.budget)} budget)", "",
+                           fmt_bytes(device), ""),
+                          ("host memory per device (not checked on this backend)", fmt_bytes(out.host_unchecked),
+                           "-", "")]
+        self.table.update(table)

@@ -47,8 +47,7 @@ import numpy as np  # noqa: E402
 import partex  # noqa: E402
 from numerics_models.wrong import swapped  # noqa: E402
 
-FORMS = ["explicit_reshard", "explicit_auto_axes", "moe_all_to_all", "moe_ragged_all_to_all", "partial_manual",
-         "ring_attention", "dropout_typed_keys", "int8_matmul", "grad_accum_scan"]
+FORMS = sorted(f[:-3] for f in os.listdir(FORMS_DIR) if f.endswith(".py") and not f.startswith("_"))
 HAND = ("dp", "megatron", "zero3", "expert")
 RECOMPUTE_FORMS = {"dropout_typed_keys", "moe_all_to_all", "ring_attention"}  # forms whose layer stack gets a row per recompute kind
 FRACTION = 0.5  # the searched plan's budget: this share of the replicated plan's memory
@@ -91,6 +90,26 @@ def ratio_text(out) -> str:
     return ", ".join(parts)
 
 
+TOLERANCE = 0.25  # a collective kind priced within +-25% of XLA's bytes
+SHARE = 0.02  # ... where it carries at least this share of XLA's collective bytes
+
+
+def mispriced(out) -> list[str]:
+    """The collective kinds carrying >= SHARE of XLA's collective bytes (or predicted as
+    much where XLA has none) whose predicted bytes are off by more than TOLERANCE; none
+    where verify's notes say this backend's figures are not what TPU/GPU run (interpreted
+    Pallas kernels)."""
+    total = sum(c.xla_bytes for c in out.collectives.values())
+    bad = []
+    for kind, c in out.collectives.items():
+        carried = max(c.xla_bytes, c.predicted_bytes)
+        if not carried or carried < SHARE * total:
+            continue
+        if not c.xla_bytes or abs(c.predicted_bytes / c.xla_bytes - 1) > TOLERANCE:
+            bad.append(f"{kind} {partex.format_bytes(c.predicted_bytes)} of {partex.format_bytes(c.xla_bytes)}")
+    return bad
+
+
 def numerics_text(out) -> str:
     n = out.numerics
     return f"{n.max_rel_err:.1e} ({'ok' if n.ok else 'NOT ok'})"
@@ -109,14 +128,17 @@ def fixed_text(s: partex.Session) -> str:
     return "; ".join(f"{g}→{', '.join(a)}" for g, a in by_group.items()) or "none"
 
 
-def plan_row(s: partex.Session, name: str, decisions, shardings: str) -> tuple[str, float | None]:
-    """| plan | shardings | numerics | predicted / XLA |: the plan verified with a run; and
-    its XLA peak (None: no figure)."""
+def plan_row(s: partex.Session, name: str, decisions, shardings: str) -> tuple[str, float | None, list[str]]:
+    """| plan | shardings | numerics | predicted / XLA |: the plan verified with a run; its
+    XLA device peak (None: no figure); its mispriced collective kinds."""
     try:
         out = s.verify(s.plan(decisions, strategy=name if decisions is None else None), run=True, mark=False)
     except Exception as e:
-        return f"| {name} | {shardings} | {failure(e)} | |", None
-    return f"| {name} | {shardings} | {numerics_text(out)} | {ratio_text(out)} |", out.memory.xla
+        return f"| {name} | {shardings} | {failure(e)} | |", None, []
+    bad = [] if out.notes else mispriced(out)
+    notes = "".join(f"; {n}" for n in out.notes)
+    return (f"| {name} | {shardings} | {numerics_text(out)} | {ratio_text(out)}{notes} |",
+            out.xla_memory["device"], bad)
 
 
 def wrong_shard(s: partex.Session, made, name: str) -> str:
@@ -155,13 +177,22 @@ def search_budget(made, mesh: str, hand_xla: list[float]) -> tuple[float, str]:
     return half, f"{FRACTION}x replicated"
 
 
-def searched(made, mesh: str, budget: float) -> str:
-    """The search's plan under ``budget``, checked by XLA."""
+def places_in_host(d: partex.Decision) -> bool:
+    """A decision that puts values in host memory: state kept there, residuals offloaded."""
+    return isinstance(d, partex.Memory) or (isinstance(d, partex.Recompute) and "offload" in d.kind)
+
+
+def searched(made, mesh: str, budget: float, host: bool = True) -> str:
+    """The search's plan under ``budget`` (``host``: with the decisions that put values in
+    host memory, else without them), checked by XLA."""
     s = lc.session(made, mesh=mesh, memory=budget)
+    if not host:
+        for d in s.actions:
+            if places_in_host(d):
+                s.forbid(d.id, d.slot)
     s.step(SIMULATIONS)
     if s.best_plan() is None:
-        return (f"no plan under {partex.format_bytes(budget)} per the cost model "
-                f"(smallest {partex.format_bytes(s.smallest_memory)})")
+        return f"no plan: {s.stats().no_fit}"
     try:
         s.verified_best()
     except partex.PartexError as e:
@@ -169,10 +200,12 @@ def searched(made, mesh: str, budget: float) -> str:
     plan = s.best_plan()
     shards = ", ".join(f"{d.group}→{d.axis}" for d in plan.decisions)
     out = s.verify(plan, run=True, mark=False)
-    verdict = "fits" if out.fits else "DOES NOT FIT"
-    return (f"{verdict} per XLA: {partex.format_bytes(out.memory.xla)} vs budget {partex.format_bytes(budget)} "
-            f"(predicted {partex.format_bytes(out.memory.predicted)}); numerics {numerics_text(out)}; "
-            f"{ratio_text(out)}; decisions: {shards or 'none'}")
+    verdict = "fits" if out.fits and out.numerics.ok else "DOES NOT FIT" if not out.fits else "WRONG NUMERICS"
+    host_part = (f", {partex.format_bytes(out.host_unchecked)} in host memory unchecked"
+                 if out.host_unchecked is not None else "")
+    return (f"{verdict} per XLA: device {partex.format_bytes(out.xla_memory['device'])}{host_part} vs budget "
+            f"{partex.format_bytes(budget)} (predicted {partex.format_bytes(s.best().report.memory.peak)}); "
+            f"numerics {numerics_text(out)}; {ratio_text(out)}; decisions: {shards or 'none'}")
 
 
 def form_section(form: str) -> tuple[list[str], dict[str, str]]:
@@ -206,6 +239,7 @@ def form_section(form: str) -> tuple[list[str], dict[str, str]]:
               "| plan | shardings | numerics (max rel err) | predicted / XLA |", "|---|---|---|---|"]
     offered = attempt(lambda: ",".join(s.baselines()))
     hand_xla: list[float] = []
+    bad: list[str] = []
     for name in HAND:
         if name == "expert" and "expert" not in offered.split(","):
             continue
@@ -215,9 +249,10 @@ def form_section(form: str) -> tuple[list[str], dict[str, str]]:
             lines.append(f"| {name} | {failure(e)} | | |")
             summary[name] = "FAIL"
             continue
-        row, xla = plan_row(s, name, None, shard)
+        row, xla, off = plan_row(s, name, None, shard)
         lines.append(row)
         hand_xla += [xla] if xla is not None else []
+        bad += [f"{name}: {k}" for k in off]
         summary[name] = "ok" if "(ok)" in row else "FAIL"
     if form in RECOMPUTE_FORMS:
         base = attempt(lambda: "ok" if s.strategy("zero3") is not None else "")
@@ -228,24 +263,28 @@ def form_section(form: str) -> tuple[list[str], dict[str, str]]:
                     lines.append(f"| {name} | | {base} | |")
                     continue
                 decisions = [*s.strategy("zero3"), partex.Recompute(u.id, kind)]
-                row, _ = plan_row(s, name, decisions, "zero3's")
+                row, _, off = plan_row(s, name, decisions, "zero3's")
+                bad += [f"{name}: {k}" for k in off]
                 lines.append(row)
                 summary[f"recompute:{kind}"] = "ok" if "(ok)" in row else "FAIL"
     caught = attempt(lambda: wrong_shard(s, made, "zero3"))
     summary["wrong shard"] = "caught" if caught.startswith("caught") else "FAIL"
     lines += ["", f"zero3's outputs with a shard in the wrong place: {caught}"]
+    summary["mispriced"] = str(len(bad))
+    lines += ["", f"collective kinds off by more than {TOLERANCE:.0%}: {'; '.join(bad) or 'none'}"]
     budget, rule = search_budget(made, mod.MESH, hand_xla)
-    verdict = attempt(lambda: searched(made, mod.MESH, budget))
-    summary["searched"] = ("fits" if verdict.startswith("fits") else
-                           "FAIL" if verdict.startswith(("FAILS", "DOES", "no plan")) else "?")
-    lines += ["", f"searched plan (budget {partex.format_bytes(budget)}: {rule}; {SIMULATIONS} simulations): "
-              f"{verdict}",
-              "", f"({time.perf_counter() - t0:.0f} s)", ""]
+    lines += ["", f"searched plans (budget {partex.format_bytes(budget)}: {rule}; {SIMULATIONS} simulations):"]
+    for host, col in ((True, "searched"), (False, "searched, no host")):
+        verdict = attempt(lambda: searched(made, mod.MESH, budget, host))
+        summary[col] = ("fits" if verdict.startswith("fits") else
+                        "FAIL" if verdict.startswith(("FAILS", "DOES", "WRONG", "no plan")) else "?")
+        lines += [f"- {'host memory allowed' if host else 'nothing new in host memory'}: {verdict}"]
+    lines += ["", f"({time.perf_counter() - t0:.0f} s)", ""]
     return lines, summary
 
 
 def summary_table(rows: list[dict[str, str]]) -> list[str]:
-    cols = ["form", "analyze", "groups", "stacks", *HAND, "wrong shard", "searched"]
+    cols = ["form", "analyze", "groups", "stacks", *HAND, "mispriced", "wrong shard", "searched", "searched, no host"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [r.get(c, "FAIL (no session)" if "session" in r else "-") for c in cols]

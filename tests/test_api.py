@@ -155,10 +155,12 @@ def test_a_plan_xla_puts_over_the_budget_is_marked_and_the_best_moves_on():
     at the best plan's predicted peak, XLA (which needs a little more for this model) puts it
     over; it is marked infeasible and the search's best becomes another plan that fits."""
     s = partex.Session.from_spec("transformer", mesh="data=4,model=2", memory="3MiB", seed=0,
-                                     hardware=partex.get_hardware("tpu-v4"))  # no margin: a plan at the budget
+                                     hardware=partex.get_hardware("tpu-v4", memory_margin=0.0))  # a plan at the budget
     for u in s.units:  # sharding alone: XLA needs a little more than predicted there
         for kind in partex.RECOMPUTE_KINDS:
             s.forbid(u.label, "recompute:" + kind)
+    for state in ("optimizer", "parameters"):
+        s.forbid(state, "memory:host")
     s.step(100)
     best = s.best()
     for _ in range(4):  # the budget at the best plan's predicted peak, until the best stays put

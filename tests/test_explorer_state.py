@@ -496,3 +496,37 @@ def test_a_pipeline_typed_or_picked_from_the_meshes_runs_the_pipelined_step(tmp_
         assert inside and all(r.mesh.startswith("stage=") and "@" not in r.mesh for r in inside), st.mesh_rows
     finally:
         st.close()
+
+
+def test_an_explicit_mode_step_with_its_state_pinned_to_host_memory_verifies_in_the_explorer(tmp_path):
+    """A step of the user's own in explicit sharding mode, the optimizer state pinned to host
+    memory: the search's plan keeps it there, and Verify (XLA:CPU, which ignores memory
+    spaces) judges the device part within the budget and lists the host part as unchecked."""
+    from partex.explorer._engine import CUSTOM
+    from partex.explorer._tables import VerifyView
+
+    root = __import__("os").path.dirname(__import__("os").path.dirname(__file__))
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.model_name = CUSTOM
+        st.custom_model = f"{root}/scripts/forms/explicit_reshard.py:make"
+        st.budget_text = "100KiB"
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and not st.busy and "explicit_reshard" in st.message
+                and st.runner is not None, "the explicit-mode step")
+        st.pin(partex.STATES.index("optimizer"), "memory:host")
+        _settle(st, lambda: any(p.slot == "memory:host" for p in st.pins), "the pin")
+        st.step_size = 40
+        st.step()
+        _settle(st, lambda: st.best is not None and st.stats.simulations >= 40, "a plan")
+        st.shown_plan = "search"
+        st.verify()
+        _settle(st, lambda: st.verify_status.startswith(("done", "failed")), "XLA's verdict", timeout=300)
+        out = st.verify_result
+        assert out is not None and out.fits and out.host_unchecked, (st.message, st.verify_status)
+        assert out.memory.xla > out.budget >= out.xla_memory["device"]
+        table = VerifyView(state=st).table.view.object
+        assert "host memory per device (not checked on this backend)" in table and "device part (fits" in table
+    finally:
+        st.close()

@@ -64,7 +64,8 @@ def _searched_fits(mod) -> partex.VerifyReport:
     _, out = s.verified_best()
     assert s.best_plan().decisions
     device = out.xla_memory["device"]
-    assert device == out.memory.xla - out.xla_memory["host_resident"] and 0 <= out.xla_memory["host_resident"]
+    assert device == out.memory.xla - out.xla_memory["host_resident"] - out.xla_memory["offloaded"]
+    assert 0 <= out.xla_memory["host_resident"] and 0 <= out.xla_memory["offloaded"]
     assert out.fits and device <= budget, (out.memory, out.xla_memory, budget)
     return out
 

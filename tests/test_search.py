@@ -202,7 +202,8 @@ def test_cli_search_impossible_budget_exit_2(tmp_path, capsys):
     code = main(["search", "transformer", "--mesh", "data=4,model=2", "--memory", "1KiB", "--budget", "1",
                  "--out", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
-    assert code == 2 and "no plan fits the 1.0 KiB per-device budget" in err and "smallest memory found" in err
+    assert code == 2 and "no plan fits: device memory binds: the smallest device memory found is" in err
+    assert "over the 1.0 KiB per-device budget less its 10% margin" in err
     assert not (tmp_path / "p.json").exists()
 
 
@@ -212,7 +213,7 @@ def test_cli_search_pin_that_breaks_the_budget_names_it(tmp_path, capsys):
                  "--forbid", "d_model=data", "--forbid", "optimizer=memory:host", "--forbid", "parameters=memory:host",
                  "--out", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
-    assert code == 2 and "with pins head_dim->data" in err and "smallest memory found" in err
+    assert code == 2 and "with pins head_dim->data: device memory binds: the smallest device memory found" in err
 
 
 def test_cli_bench_json_rows(capsys):

@@ -60,14 +60,14 @@ def state_moves(analysis: Analysis, live: Liveness, states: tuple[int, ...]
     return moved_state(an.program, live, ins, [back[v] for v in ins if v in back]), sets
 
 
-def host_peak(live: Liveness, local: np.ndarray, mask: np.ndarray | None = None) -> float:
+def host_peak(live: Liveness, local: np.ndarray, mask: np.ndarray | None = None) -> tuple[float, float]:
     """The most host memory per device the step holds at once: its arguments and results in
     host memory (a donated argument and the result that reuses its buffer once) and the
-    peak of its offloaded intermediates. ``mask``: per value, in host memory (default
-    ``live.host``)."""
+    peak of its offloaded intermediates; and that peak alone. ``mask``: per value, in host
+    memory (default ``live.host``)."""
     mask = live.host if mask is None else mask
     if mask is None:
-        return 0.0
+        return 0.0, 0.0
     hb = np.where(mask, local, 0.0)
     n = live.n_ops + 2
     b = hb[live.mid]
@@ -77,7 +77,8 @@ def host_peak(live: Liveness, local: np.ndarray, mask: np.ndarray | None = None)
     if live.alias_pairs:
         ai, ao = live.alias_arrays
         alias = float(hb[ao][np.isclose(hb[ai], hb[ao])].sum())
-    return float(hb[live.inputs].sum() + hb[live.outputs].sum()) - alias + max(mids, 0.0)
+    mids = max(mids, 0.0)
+    return float(hb[live.inputs].sum() + hb[live.outputs].sum()) - alias + mids, mids
 
 
 def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), edit: Edit | None = None,
@@ -88,7 +89,7 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
     - the aliased outputs. ``local``: per value, its bytes per device. Values in host
     memory take none of the device's; ``host`` is their own peak."""
     mask = live.host if moved is None else moved.host
-    host = host_peak(live, local, mask)
+    host, offloaded = host_peak(live, local, mask)
     has_copies = moved is not None and len(moved.copy_v) > 0
     copies = local[moved.copy_v] if moved is not None and has_copies else None
     if mask is not None:
@@ -128,7 +129,7 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
     temps = float(live_bytes[t]) if len(live_bytes) else 0.0
     peak = args + outs + temps - alias
     if not detail:
-        return MemoryReport(peak, args, outs, temps, alias, {}, host=host)
+        return MemoryReport(peak, args, outs, temps, alias, {}, host=host, host_offloaded=offloaded)
     breakdown = _breakdown(live, local, b, mid_end, t, edit)
     held = _held(live, local, b, mid_end, t, edit, buffers)
     if copies is not None and moved is not None:  # a state copy on the device counts as its state
@@ -139,7 +140,7 @@ def memory_report(live: Liveness, local: np.ndarray, detail: bool, buffers=(), e
         held = tuple(sorted(held + tuple(HeldBuffer(float(copies[k]), int(moved.copy_a[k]), int(moved.copy_b[k]),
                                                     "device copy", int(moved.copy_v[k]))
                                          for k in np.flatnonzero(on).tolist()), key=lambda h: -h.bytes))
-    return MemoryReport(peak, args, outs, temps, alias, breakdown, t, held, host)
+    return MemoryReport(peak, args, outs, temps, alias, breakdown, t, held, host, offloaded)
 
 
 def _region_arrays(live: Liveness, local: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -54,6 +54,7 @@ class MemoryReport:
     # host memory per device the step holds at its peak (offloaded values, parameters or
     # optimizer state kept on the host); not part of ``peak``, which is the device's
     host: float = 0.0
+    host_offloaded: float = 0.0  # the part of ``host`` that is offloaded intermediates (at their peak)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

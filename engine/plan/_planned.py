@@ -175,8 +175,7 @@ class PlannedFunction:
             return args
         leaves, tree = jax.tree_util.tree_flatten(tuple(args))
         paths = iter(p for p, _, _ in self.plan.signature.get("inputs", []))
-        out = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) if is_array_leaf(x) and next(paths) in host else x
-               for x in leaves]
+        out = [_on_device(x) if is_array_leaf(x) and next(paths) in host else x for x in leaves]
         return jax.tree_util.tree_unflatten(tree, out)
 
     def float32(self, args: Sequence[Any]):
@@ -224,6 +223,15 @@ class PlannedFunction:
             else:
                 out.append(x)
         return jax.tree_util.tree_unflatten(tree, out)
+
+
+def _on_device(x) -> jax.ShapeDtypeStruct:
+    """``x``'s type in device memory: an explicit-mode argument keeps its typed sharding (the
+    step was analysed with it, and its fixed decisions come from it), in the device's memory."""
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and not sharding.mesh.are_all_axes_auto:
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding.with_memory_kind("device"))
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
 
 
 class _Untyping:

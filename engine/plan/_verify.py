@@ -172,6 +172,21 @@ def _compile(lowered):
                           "a backend that can (scripts/accelerator_check.py runs plans on a GPU or TPU)") from e
 
 
+def _device_part(mem: dict, compiled, bound, decisions) -> float | None:
+    """On XLA:CPU, which ignores memory spaces, the device's share of XLA's figure (set as
+    ``mem["device"]``, beside ``mem["host_resident"]`` and ``mem["offloaded"]``): the total
+    less the arguments and results the plan keeps in pinned host memory (their shardings say
+    so: exact) and less the intermediates the step or the plan offloads to host memory, which
+    XLA:CPU keeps in device memory (at their predicted peak: XLA:CPU cannot tell them apart).
+    Returns the host memory per device the plan predicts, which nothing here can check (None
+    where it keeps nothing there)."""
+    host = bound.cost_model.evaluate(decisions).memory  # priced as the plan's hardware lowers it
+    mem["host_resident"] = host_resident_bytes(compiled)
+    mem["offloaded"] = host.host_offloaded
+    mem["device"] = mem["total"] - mem["host_resident"] - mem["offloaded"]
+    return host.host if host.host > 0 or mem["host_resident"] else None
+
+
 def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     import jax
 
@@ -193,11 +208,6 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
         compiled = _compile(lowered)
     t2 = time.perf_counter()
     mem = memory_stats(compiled)
-    # XLA:CPU ignores memory spaces: the arguments and results a plan keeps in host memory
-    # are in its device figure, and come out of it for the budget (on TPU and GPU XLA
-    # reports them apart already)
-    mem["host_resident"] = host_resident_bytes(compiled) if cpu else 0
-    mem["device"] = mem["total"] - mem["host_resident"]
     text = compiled.as_text()
     assert text is not None  # XLA's executables carry their HLO text
     colls = parse_collectives(text, mesh)
@@ -206,6 +216,9 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     bound = planned.bound  # the program apply traced and analysed, the plan's decisions on it
     assert bound is not None  # lower() built it
     program, decisions = bound.program, list(bound.decisions)
+    # on TPU and GPU XLA reports host memory apart already
+    mem.update(host_resident=0, offloaded=0.0, device=mem["total"])
+    host_unchecked = _device_part(mem, compiled, bound, decisions) if cpu else None
     # predicted as XLA lowers it here (XLA:CPU: reduce-scatter = all-reduce + slice)
     cm = bound.priced("cpu" if cpu else "tpu")
     report = cm.evaluate(decisions, detail=True)
@@ -228,6 +241,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
         collectives={k: CollectiveCompared.of(pred_bytes.get(k, 0.0), xla_bytes.get(k, 0)) for k in KINDS},
         constraints={"values": planned.num_constraints[0], "operands": planned.num_constraints[1]},
         constrained=planned.constrain, fits=mem["device"] <= plan.hardware.budget, budget=plan.hardware.budget,
+        host_unchecked=host_unchecked,
         lower_seconds=round(t1 - t0, 2), compile_seconds=round(t2 - t1, 2),
         flops=flops, bytes_accessed=bytes_accessed, explain=explained,
         # on CPU, which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)

@@ -14,7 +14,7 @@ import math
 from typing import Any, Callable, Collection, NamedTuple, Sequence
 
 from .._decisions import Decision
-from .._mesh import Hardware
+from .._mesh import Hardware, format_bytes
 from ..analysis._space import DecisionSpace
 from ..cost import CostModel
 
@@ -29,6 +29,7 @@ class Evaluation(NamedTuple):
     step_time: float  # seconds
     peak: float  # peak bytes per device
     fits: bool  # within the budget (``Evaluator.fits``) and the host's memory
+    host: float = 0.0  # host memory per device
 
 
 class Best(NamedTuple):
@@ -76,7 +77,8 @@ class Evaluator:
         if e is None:
             r = self.cm.evaluate(decisions)
             e = self.evals[key] = Evaluation(r.step_time, r.memory.peak,
-                                             self.fits(r.memory.peak) and r.memory.host <= self.hw.host_limit)
+                                             self.fits(r.memory.peak) and r.memory.host <= self.hw.host_limit,
+                                             r.memory.host)
             if r.memory.peak < self.smallest_memory[0]:
                 self.smallest_memory = (r.memory.peak, decisions)
             if e.fits and (self.best is None or r.step_time < self.best.step_time * (1 - 1e-9)):
@@ -91,7 +93,46 @@ class Evaluator:
         e = self.evaluate(decisions)
         if e.fits:
             return 0.2 + 0.8 * self.t_ref / (self.t_ref + e.step_time)
-        return 0.2 * min(1.0, self.hw.limit / e.peak)
+        return 0.2 * min(1.0, self.hw.limit / e.peak, self.hw.host_limit / e.host if e.host else 1.0)
+
+    def no_fit(self, pins: Sequence[Decision] = (), forbidden: Collection[Decision] = ()) -> str:
+        """Why no plan met that honours ``pins`` and ``forbidden`` fits, for people: the limit
+        that binds (the device's budget, the host's memory or both) and by how much."""
+        hw = self.hw
+        device_ok, host_ok, least_host, least_device = math.inf, math.inf, math.inf, math.inf
+        for key, e in self.evals.items():
+            if pins or forbidden:
+                decisions = self.decisions_of(key)
+                if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
+                    continue
+            on_device, on_host = self.fits(e.peak), e.host <= hw.host_limit
+            least_host, least_device = min(least_host, e.host), min(least_device, e.peak)
+            if on_device and not on_host:  # the least host memory a plan within the budget needs
+                device_ok = min(device_ok, e.host)
+            if on_host and not on_device:  # the least device memory of a plan within the host's
+                host_ok = min(host_ok, e.peak)
+        if least_device == math.inf:
+            return "no plan has been tried yet"
+        kept = f" less its {hw.memory_margin:.0%} margin" if hw.memory_margin else ""
+        host = (f"{format_bytes(hw.host_limit)} of host memory per device (the host's "
+                f"{format_bytes(hw.host_memory_bytes)}{kept})")
+        if device_ok < math.inf:
+            return (f"host memory binds: plans within the {format_bytes(hw.budget)} per-device budget need "
+                    f"{format_bytes(device_ok)} of host memory per device at the least, "
+                    f"{format_bytes(device_ok - hw.host_limit)} over the {host}"
+                    + (f"; within the host's memory the smallest device memory found is {format_bytes(host_ok)}"
+                       if host_ok < math.inf else ""))
+        limit = min(hw.limit, hw.budget / self.xla_scale)
+        scaled = (f" (XLA measured this model's plans at up to {self.xla_scale:.2f}x their prediction)"
+                  if self.xla_scale > 1 and limit < hw.limit else "")
+        smallest = host_ok if host_ok < math.inf else least_device
+        device = (f"the smallest device memory found is {format_bytes(smallest)}, "
+                  f"{format_bytes(max(smallest - limit, 0.0))} over the {format_bytes(hw.budget)} per-device budget"
+                  f"{kept}{scaled}")
+        if host_ok < math.inf or least_host <= hw.host_limit:
+            return f"device memory binds: {device}"
+        return (f"device and host memory both bind: {device}; and every plan needs {format_bytes(least_host)} of "
+                f"host memory per device at the least, {format_bytes(least_host - hw.host_limit)} over the {host}")
 
     def fits(self, peak: float) -> bool:
         """Within the budget less its margin, and within the budget once scaled by how far

@@ -243,7 +243,7 @@ class Search:
             evaluations=len(ev.evals), seconds=self.seconds,
             sims_per_s=self.simulations / self.seconds if self.seconds > 0 else 0.0,
             best_step_time=ev.best.step_time if ev.best else None, best_history=tuple(ev.history),
-            smallest_memory=ev.smallest_memory[0], root_actions=tuple(actions),
+            smallest_memory=ev.smallest_memory[0], no_fit="" if ev.best else ev.no_fit(pins.pinned, pins.forbidden), root_actions=tuple(actions),
             pins=tuple(label(p) for p in pins.pinned), forbidden=tuple(sorted(label(f) for f in pins.forbidden)))
 
     def mark_infeasible(self, decisions: Sequence[Decision], measured_peak: float, pins: Pins) -> None:
@@ -273,7 +273,7 @@ class Search:
             "nodes": [[_key_text(k), n.visits, n.value,
                        [[a, _key_text(c)] for a, c in n.children.items()], n.untried]
                       for k, n in self.tree.nodes.items()],
-            "evals": [[_key_text(k), e.step_time, e.peak, e.fits] for k, e in self.evaluator.evals.items()],
+            "evals": [[_key_text(k), e.step_time, e.peak, e.fits, e.host] for k, e in self.evaluator.evals.items()],
             "xla_scale": self.evaluator.xla_scale,
             "simulations": self.simulations, "seconds": self.seconds,
             "history": [list(h) for h in self.evaluator.history],
@@ -343,7 +343,8 @@ class Search:
                     raise ValueError("a child of the tree is missing")
         s.tree.nodes = nodes
         ev = s.evaluator
-        ev.evals = {key(k): Evaluation(float(t), float(peak), bool(fits)) for k, t, peak, fits in state["evals"]}
+        ev.evals = {key(k): Evaluation(float(t), float(peak), bool(fits), float(host[0]) if host else 0.0)
+                    for k, t, peak, fits, *host in state["evals"]}
         ev.xla_scale = float(state.get("xla_scale", 1.0))
         s.simulations, s.seconds = int(state["simulations"]), float(state["seconds"])
         ev.history = [(int(a), float(b), float(c)) for a, b, c in state["history"]]
