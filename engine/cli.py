@@ -805,7 +805,7 @@ def cmd_search(args) -> int:
             f"no plan fits{what}: {no_fit} (session saved to {state_path}; "
             + ("raise --host-memory or --memory" if "host memory" in no_fit else "raise --memory")
             + ", use a larger mesh" + (", or unpin)" if s.pins else ")"))
-    xla = None
+    xla, out = None, None
     if args.verify:
         try:
             best, out = s.verified_best(on_reject=_reject_note)
@@ -844,7 +844,7 @@ def cmd_search(args) -> int:
           f"MFU {r.mfu:.1%}, peak memory {format_bytes(r.memory.peak)} (budget {format_bytes(hw.budget)})")
     print(f"priced by {hw.priced_by()}")
     _print_decisions(plan)
-    if xla is not None:
+    if out is not None:
         print(f"XLA (compile-only, {s.mesh.size} simulated devices): " + "; ".join(device_lines(out)))
     if measured:
         m0 = measured[0][1]

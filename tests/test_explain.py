@@ -31,11 +31,7 @@ def plans(model: str) -> dict[str, partex.Plan]:
 
 @pytest.mark.parametrize("model,name", [
     ("transformer", "zero3"),
-    pytest.param("transformer", "searched", marks=pytest.mark.xfail(strict=True, reason=(
-        "the search's plan puts batch and heads on one axis (model): XLA reshards the attention's "
-        "activations between them with collective-permutes in the backward pass (and gathers the MLP's "
-        "gradient at its constraint) where the cost model gathers the q/k/v/o weights: 70% of XLA's "
-        "bytes matched, all-reduce 1.25 of XLA's"))),
+    ("transformer", "searched"),
     ("transformer-scan", "zero3"),
     ("transformer-scan", "searched"),
 ])

@@ -64,8 +64,9 @@ def _searched_fits(mod) -> partex.VerifyReport:
     _, out = s.verified_best()
     assert s.best_plan().decisions
     device = out.xla_memory["device"]
-    assert device == out.memory.xla - out.xla_memory["host_resident"] - out.xla_memory["offloaded"]
-    assert 0 <= out.xla_memory["host_resident"] and 0 <= out.xla_memory["offloaded"]
+    x = out.xla_memory
+    assert device == out.memory.xla - x["host_resident"] - x["offloaded"] - x["cpu_only"]
+    assert 0 <= x["host_resident"] and 0 <= x["offloaded"] and 0 <= x["cpu_only"]
     assert out.fits and device <= budget, (out.memory, out.xla_memory, budget)
     return out
 

@@ -87,7 +87,7 @@ def _op_key(op, fs, values, ids, vsig, nbytes, cheap, wire, fused, reads, hosted
            tuple(f.halo for f in fs), tuple(sorted((k, tuple(v)) for k, v in minors.items())),  # halos, minors
            facts.grouped is not None and facts.grouped(op.params),  # grouped
            *(_stacking(op, ignore) if gpu and _stacks(op) else _hbm(op, fused, reads)),  # operand/result_hbm
-           _manual(facts, op, nbytes),
+           _manual(facts, op, nbytes, wire),
            facts.hbm_bytes(op.params) if facts.hbm_bytes is not None else 0.0,
            _host_bytes(op, hosted, nbytes), facts.lookup, _contraction(op, fs, values, facts),
            tuple(layouts.get(o, 0) for o in op.outputs) if layouts else (0,) * len(op.outputs))
@@ -193,12 +193,13 @@ def _element_bytes(v) -> float:
     return v.nbytes / n if n else float(v.dtype.itemsize)
 
 
-def _manual(facts, op, nbytes) -> tuple:
-    """A shard_map body's collective as ((kind, axes, bytes per device),), else ()."""
+def _manual(facts, op, nbytes, wire) -> tuple:
+    """A shard_map body's collective as ((kind, axes, bytes per device),), else (); its
+    bytes as they cross the wire (``wire``: XLA:CPU moves bfloat16 in float32)."""
     if facts.manual is None:
         return ()
     kind, rule = facts.manual
-    axes, size = rule(op.params, [nbytes[i] for i in op.inputs], [nbytes[o] for o in op.outputs])
+    axes, size = rule(op.params, [nbytes[i] * wire[i] for i in op.inputs], [nbytes[o] * wire[o] for o in op.outputs])
     return ((CollectiveKind(kind), axes, size),) if axes and size else ()
 
 

@@ -27,8 +27,9 @@ from ..analysis._rules import (
     factor_rules,
     pointwise_rule,
 )
-from ._kernels import (call_flops, call_hbm_bytes, pallas_flops, pallas_hbm_bytes, ragged_dot_cpu_flops,
-                       ragged_dot_flops)
+from ._kernels import (NO_WORKSPACE, Workspace, call_flops, call_hbm_bytes, call_op_workspace, pallas_flops,
+                       pallas_hbm_bytes, pallas_op_workspace, ragged_dot_cpu_flops, ragged_dot_flops,
+                       ragged_dot_workspace)
 
 Shape = tuple[int, ...]
 FlopsRule = Callable[[dict, Sequence[Shape], Sequence[Shape]], float]
@@ -148,12 +149,21 @@ class CostFacts:
     # again, so they live until the last use of anything computed from the bits elementwise
     # alone, and what is computed so is never materialised (_fusion.cpu_random_bits)
     cpu_rolled_bits: bool = False
+    # XLA:CPU's default scheduler starts an op as soon as its operands are ready: an op of
+    # a random key's derivation (and a view or unstack of one) reads nothing that waits,
+    # so the random bits made from the key are made at the step's start, or as soon as
+    # the key is derived from something made later (_liveness.cpu_early_bits)
+    cpu_early: bool = False
     # a kernel: the HBM bytes it says it reads and writes beyond its operands' and results'
     # once (a flash kernel reads K and V once per block of queries); params -> bytes, 0: none said
     hbm_bytes: Callable[[dict], float] | None = None
     # its FLOPs as XLA:CPU runs it where that differs from TPU and GPU (``ragged_dot``,
     # lowered densely there): what verify compares with on simulated devices
     cpu_flops: FlopsRule | None = None
+    # device memory the op holds only while it runs, beyond its operands and results
+    # (``_kernels.Workspace``: a kernel's own buffers, XLA:CPU's interpreted kernel or dense
+    # rollout); (params, operand shapes, operand bytes, result bytes, XLA:CPU) -> Workspace
+    workspace: Callable[[dict, Sequence[Shape], Sequence[float], Sequence[float], bool], Workspace] | None = None
     # a lookup in shards: "gather" (an embedding's rows looked up where they are held,
     # masked, the partial results summed) or "scatter" (updates applied where their rows are
     # held); XLA's partitioner moves a block of it onto the mesh's first axis when the op
@@ -192,9 +202,12 @@ define(["shard_map_enter", "shard_map_exit"], aliases=True)
 # the same buffer, no data moved
 define(["pvary", "pbroadcast"], free=True, relayout=True, view=True, aliases=True)
 define(["random_bits", "threefry2x32"], cpu_rolled_bits=True)
+define(["random_seed", "random_split", "random_fold_in", "random_wrap", "random_unwrap", "random_bits",
+        "threefry2x32", "unstack"], cpu_early=True)
 define(["transpose"], relayout=True)
 # Ops that only view their operand (cast, reshape, transpose, slice).
 define((FREE - PSEUDO_OPS) | {"transpose", "slice", "squeeze", "rev"}, view=True)
+define((FREE - PSEUDO_OPS) | {"transpose", "slice", "squeeze", "rev"}, cpu_early=True)
 
 # Elementwise primitives XLA fuses into their consumers, and the ops that read inside a
 # fusion: those and XLA's reductions (every ``reduce_*`` primitive).
@@ -247,9 +260,36 @@ for _kind, _names, _bytes in (
 
 
 # Kernels (``_kernels``): a Pallas kernel is one custom call to XLA, priced by its cost
-# estimate or its body; a custom_partitioning op by the function it wraps.
+# estimate or its body; a custom_partitioning op by the function it wraps. What each holds
+# while it runs beyond its operands and results: its workspace (``_kernels.Workspace``).
 define(["pallas_call"], flops=lambda params, ins, outs: pallas_flops(params, ins, outs, facts_of),
-       hbm_bytes=pallas_hbm_bytes)
+       hbm_bytes=pallas_hbm_bytes, workspace=pallas_op_workspace)
 define(["custom_partitioning"], flops=lambda params, ins, outs: call_flops(params, ins, outs, facts_of),
-       hbm_bytes=call_hbm_bytes)
-define(["ragged_dot_general"], flops=ragged_dot_flops, cpu_flops=ragged_dot_cpu_flops)
+       hbm_bytes=call_hbm_bytes,
+       workspace=lambda params, ins, in_bytes, out_bytes, cpu: call_op_workspace(params, ins, in_bytes, out_bytes,
+                                                                                  cpu, facts_of))
+define(["ragged_dot_general"], flops=ragged_dot_flops, cpu_flops=ragged_dot_cpu_flops, workspace=ragged_dot_workspace)
+
+
+def _rolled_bits_workspace(params, ins, in_bytes, out_bytes, cpu: bool) -> Workspace:
+    """XLA:CPU's rolled threefry loop (``CostFacts.cpu_rolled_bits``): each round makes the
+    next two uint32 halves from both of the state's, beside them (the state's own two are
+    the bits' buffers: ``Liveness.mid_scale``)."""
+    if not cpu:
+        return NO_WORKSPACE
+    if "bit_width" not in params:  # threefry2x32: its two results are the halves
+        return Workspace(tuple((-1 - j, 1.0) for j in range(len(out_bytes))))
+    size = int(params["bit_width"]) // 8
+    return Workspace(((-1, 2 * max(4, size) / size),))
+
+
+define(["random_bits", "threefry2x32"], workspace=_rolled_bits_workspace)
+
+
+def op_workspace(op, values, cpu: bool) -> Workspace:
+    """The workspace of ``op`` (``CostFacts.workspace``; none where its primitive has none)."""
+    rule = facts_of(op.primitive).workspace
+    if rule is None:
+        return NO_WORKSPACE
+    return rule(op.params, [values[i].shape for i in op.inputs], [float(values[i].nbytes) for i in op.inputs],
+                [float(values[o].nbytes) for o in op.outputs], cpu)

@@ -7,7 +7,8 @@ an update XLA runs in place are one buffer with what they update; a shard_map re
 operands, body arrays and results are one buffer each (``CostFacts.aliases``) unless a plan
 gathers one across the boundary (then a copy of its own, to the next boundary that gathers it
 again: the region pairs ``_memory`` sizes per plan); under ``lowering="cpu"`` random bits are
-threefry's two materialised halves (``_fusion.cpu_random_bits``).
+threefry's two materialised halves (``_fusion.cpu_random_bits``), made as soon as their key
+is ready (``cpu_early_bits``).
 
 Building side: imports ``_records``, ``_fusion``, ``_facts`` and the program types; nothing
 that prices.
@@ -95,6 +96,26 @@ def _stacked_from_entry(p, prod: np.ndarray) -> None:
         if op.primitive == "scan_exit":
             for o in op.outputs[op.params["num_carry"]:]:
                 prod[o] = enter_of[op.id]
+
+
+def cpu_early_bits(p, prod: np.ndarray) -> None:
+    """XLA:CPU: random bits are made as soon as their key is ready (``CostFacts.cpu_early``:
+    its derivation reads nothing that waits), not where the program makes them: each bits
+    value's producer (in ``prod``) moves to the last op its key waits for (the step's start,
+    0, for a key derived from the arguments alone). Inside a loop body, no earlier than the
+    body's start."""
+    early, rolled = having("cpu_early"), having("cpu_rolled_bits")
+    ready = np.zeros(len(p.values), dtype=np.int64)  # per value: the op it waits for
+    enter = {r.id: r.enter for r in p.regions}
+    for op in p.ops:
+        if op.primitive in early:
+            at = max((int(ready[i]) for i in op.inputs), default=0)
+            at = max(at, enter[op.region]) if op.region else at
+        else:
+            at = op.id
+        ready[list(op.outputs)] = at
+        if op.primitive in rolled:
+            prod[list(op.outputs)] = np.minimum(prod[list(op.outputs)], at)
 
 
 def _reader_counts(p) -> np.ndarray:
@@ -260,11 +281,12 @@ def build_liveness(analysis, donate, fused: np.ndarray, lowering: str = "tpu") -
     near = _extend(end.copy(), [a for a in aliases if a[0] not in boundary], carries, fusing)
     end = _extend(end, aliases, carries, fusing)
     scale = np.ones(len(p.values), dtype=np.float64)
-    if lowering == "cpu":  # random bits: two uint32 halves (cpu_random_bits)
+    if lowering == "cpu":  # random bits: two uint32 halves (cpu_random_bits), made early
         for op in p.ops:
             if op.primitive == "random_bits":
                 val = p.values[op.outputs[0]]
                 scale[val.id] = 2 * max(4, val.dtype.itemsize) / val.dtype.itemsize
+        cpu_early_bits(p, prod)
     is_mid = np.ones(len(p.values), dtype=bool)
     is_mid[list(set(p.inputs))] = False
     is_mid[list(set(p.outputs))] = False

@@ -39,6 +39,7 @@ from ._rows import collective_rows, host_link
 from ._shardings import Spec, assign, shards
 from ._tables import build_tables
 from ._variants import recompute_variant
+from ._workspace import workspace_buffers
 
 # A decision's form is read by _decisions, recompute_of and states_of only.
 
@@ -165,6 +166,12 @@ class CostModel:
             r = self._pat_cache[key] = pattern_cost(self.tables, self.patterns[pi], rel, self.sig_spec)
         return r
 
+    def _op_views(self, o: int, dec) -> tuple:
+        """The shardings op ``o`` reads its operands in (and writes its results in) under ``dec``."""
+        pi = int(self.tables.op_pattern[o])
+        m = self.tables.pat_mask[pi]
+        return self._pattern_cost(pi, tuple(d for d in dec if (m >> d[0]) & 1)).views
+
     def _value_readers(self) -> list:
         if self._readers is None:
             self._readers = value_readers(self.program)
@@ -287,6 +294,10 @@ class CostModel:
         if transients:
             buffers = tuple(np.concatenate((x, np.array(y, dtype=x.dtype)))
                             for x, y in zip(buffers, zip(*transients)))
+        if t.workspace:
+            work = workspace_buffers(t, local, edit, lambda o: self._op_views(o, dec),
+                                     lambda v: self.sig_spec(int(t.vsig[v]), dec))
+            buffers = tuple(np.concatenate((x, y)) for x, y in zip(buffers, work))
         comm -= common.saved
         step = compute + comm
         exposed = None

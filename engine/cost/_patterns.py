@@ -1,11 +1,11 @@
 """Pattern pricing: the cost of one execution of a pattern under the decisions on its groups.
 
 ``pattern_cost`` shards each factor of the pattern (with the corrections XLA's partitioner
-forces: ``scatter_major``, ``whole_mesh_partials``, ``unaligned_minors``,
+forces: ``unheld_factors``, ``scatter_major``, ``whole_mesh_partials``, ``unaligned_minors``,
 ``unused_first_axis``) and prices its compute (``_pricing``), its collectives (reshards of
-operands and results, halos, reductions of partial sums: ``_reshard``) and its transient
-buffers. The patterns themselves are compiled once (``_compile``); this is memoised per
-pattern and decisions by the façade.
+operands and results, halos, reductions of partial sums: ``_reshard``, ``_regrouped``) and
+its transient buffers. The patterns themselves are compiled once (``_compile``); this is
+memoised per pattern and decisions by the façade.
 
 Pricing side: imports ``_records``, ``_pricing``, ``_reshard``, ``_shardings``, ``_kinds``
 and the analysis and rule types.
@@ -13,7 +13,7 @@ and the analysis and rule types.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .._decisions import NO_DIM
 from ..analysis._rules import FactorKind
@@ -34,6 +34,7 @@ def pattern_cost(t: Tables, pat: Pattern, dec, spec: SpecFn) -> PatternCost:
     axis_size = t.axis_size
     fslots = [(g, size) for _, size, g in pat.factors]  # g is NO_DIM unless the factor ties
     fax = assign(fslots, dec, pat.slot_tensors, pat.doubled)
+    unheld_factors(pat, dec, fax, spec)
     scatter_major(pat, dec, fax, spec)
     whole_mesh_partials(t, pat, fax)
     unaligned_minors(axis_size, pat, fax)
@@ -127,7 +128,11 @@ def _results(t: Tables, pat: Pattern, dec, fax, out_view, spec: SpecFn, colls: l
             colls.append(Need(AG, tuple(partial), gathered, pgroup))
             transient.append(Transient(j, gathered, False))
         elif partial:
-            ospec = _reduce_partials(t, pat, fax, partial, pgroup, vspec, ospec, lb, colls, transient, j)
+            regrouped = _regrouped(t, pat, partial, vspec, ospec)
+            if regrouped is not None:
+                ospec = _regrouped_partials(t, partial, pgroup, vspec, nb, regrouped, colls)
+            else:
+                ospec = _reduce_partials(t, pat, fax, partial, pgroup, vspec, ospec, lb, colls, transient, j)
         reshard(axis_size, ospec, vspec, nb, sigs[sig], colls)
         w = pat.result_wire[j]
         if w != 1.0:
@@ -151,17 +156,84 @@ def _argmax_index(t: Tables, pat: Pattern, dec, fax, in_view, spec: SpecFn, coll
     reshard(t.axis_size, have, want, index_bytes, t.sigs[sig], colls)
 
 
+class Regrouped(NamedTuple):
+    """How XLA reduces partial results that it computes at a sharding of its own."""
+
+    computed: int  # blocks the partial result is computed in (per device: its bytes / this)
+    after: list  # the result's sharding once reduced (the value's axes of the reduction added)
+    permute: bool  # each device's block of the value is on another device once reduced
+
+
+def _regrouped(t: Tables, pat: Pattern, partial, vspec, ospec) -> Regrouped | None:
+    """Where the value puts a result dim on an axis the op reduces over (``partial``), XLA's
+    gather and dot handlers (a matmul's, a conv's: ``pat.contraction``; a reduce's partials
+    are reduced at the op's sharding) group the devices by the block of the reduction each
+    holds and compute each group's partial result sharded as the value wants it. A gather
+    does so as far as the devices of one group go: min(the value's blocks, devices /
+    reduction blocks) blocks, at least the op's own. A dot does so only where the value's
+    copies (devices / its blocks) divide into the groups, its blocks whole: a weight
+    gradient contracting the batch over `data` and sharded over `data` is all-reduced whole
+    and sliced on data=4,model=2, computed in halves over `model` on data=2,model=4.
+
+    Summed, the partials are the same along the reduction's axes: where the computed
+    sharding is finer than the op's own (it lies over the group's devices, not the value's
+    axes), or where the value puts an axis of the reduction major to one the op already
+    shards that dim with, each device's block of the value is on another device. Returns
+    that case; and under lowering="cpu" any gather whose value takes some of its row axes:
+    XLA sums a gather's masked partials in one all-reduce over all its row axes, not one per
+    dim. None: the partials are reduced as ``_reduce_partials`` says, the value's axes of
+    the reduction a slice of the result."""
+    lookup = pat.lookup == "gather"
+    if not (lookup or pat.contraction) or not any(a in axes for axes in vspec for a in partial):
+        return None
+    axis_size = t.axis_size
+    devices, groups, blocks = prod(axis_size, t.axes), prod(axis_size, partial), shards(axis_size, vspec)
+    if not lookup and (devices // blocks) % groups:
+        return None  # a dot groups its result only on the devices that hold copies of it
+    held = shards(axis_size, ospec)
+    computed = max(held, min(blocks, devices // groups))
+    after = []
+    misordered = False
+    for d, axes in enumerate(vspec):
+        kept = [a for a in ospec[d] if a in axes]
+        added = [a for a in axes if a in partial and a not in ospec[d]]
+        misordered |= [a for a in axes if a in kept or a in added] != kept + added
+        after.append(list(ospec[d]) + added)
+    permute = computed > held or misordered
+    if not permute and not (lookup and t.lowering == "cpu"):
+        return None
+    return Regrouped(computed, after, permute)
+
+
+def _regrouped_partials(t: Tables, partial, pgroup, vspec, nb: float, regrouped: Regrouped, colls: list) -> list:
+    """The reduction of partials computed at XLA's own sharding (``_regrouped``): one
+    all-reduce over the reduction's axes of the computed blocks, then, where each device's
+    block of the value is elsewhere, a collective-permute of that block to it (on every
+    backend: the all-reduce is not followed by a slice of its own result, which a
+    reduce-scatter could take the place of). Returns the result's sharding after it."""
+    colls.append(Need(AR, tuple(partial), nb / regrouped.computed, pgroup))
+    if regrouped.permute:
+        moved = tuple(a for axes in vspec for a in axes if a in partial)
+        colls.append(Need(PERMUTE, moved, nb / shards(t.axis_size, vspec), pgroup))
+    return regrouped.after
+
+
 def _reduce_partials(t: Tables, pat: Pattern, fax, partial, pgroup, vspec, ospec, lb: float, colls: list,
                      transient: list, j: int) -> list:
     """The reduction of result j's partial sums: a reduce-scatter over the axes its value
-    is sharded on (under lowering="cpu" an all-reduce and a slice), an all-reduce per
-    reduction factor over the rest; returns the result's sharding after it."""
+    is sharded on (under lowering="cpu" an all-reduce per dim they shard, and a slice), an
+    all-reduce per reduction factor over the rest; returns the result's sharding after it."""
     axis_size = t.axis_size
     vaxes = {a for axes in vspec for a in axes}
     rs = tuple(a for a in partial if a in vaxes)
     ar = tuple(a for a in partial if a not in vaxes)
     if rs and t.lowering == "cpu":
-        colls.append(Need(AR, rs, lb, pgroup))
+        # one all-reduce of the whole per dim of the value the axes scatter over (XLA:CPU
+        # reduces a weight gradient scattered over data and expert on two dims over data,
+        # then over expert)
+        for part in (tuple(a for a in axes if a in rs) for axes in vspec):
+            if part:
+                colls.append(Need(AR, part, lb, pgroup))
         transient.append(Transient(j, lb, False))  # the all-reduced whole, before the slice
     elif rs:
         colls.append(Need(RS, rs, lb, pgroup))
@@ -189,6 +261,30 @@ def _reduce_partials(t: Tables, pat: Pattern, fax, partial, pgroup, vspec, ospec
 
 
 # ------------------------------------------------------- XLA's partitioner, corrected for
+
+def unheld_factors(pat: Pattern, dec, fax, spec: SpecFn) -> None:
+    """A factor sharded over an axis that none of the op's operands and results has on its
+    dims -- the step's own shardings hold each of them whole there (an explicit-mode value's
+    type, a constraint that replicates it) -- is not sharded by XLA: its partitioner reads
+    an op's sharding off its operands' and result's, so it computes that dim whole rather
+    than slicing the operands and gathering the result (a broadcast into an explicit-mode
+    value typed whole over the vocabulary, the plan sharding the vocabulary elsewhere).
+    Such axes are dropped from the factor (in place)."""
+    unheld = {k: set(axes) for k, axes in enumerate(fax) if axes}  # factor -> axes no tensor has there yet
+    for side, tensors in (("in", pat.operands), ("out", pat.results)):
+        for i, (sig, fmap) in enumerate(tensors):
+            if not unheld:
+                return
+            vspec = spec(sig, dec)
+            for d, k in enumerate(fmap):
+                for f in (k, *pat.minors.get((side, i, d), ())):
+                    if f in unheld:
+                        unheld[f].difference_update(vspec[d])
+                        if not unheld[f]:
+                            del unheld[f]
+    for k, axes in unheld.items():
+        fax[k] = [a for a in fax[k] if a not in axes]
+
 
 def unaligned_minors(axis_size: dict[str, int], pat: Pattern, fax) -> None:
     """A merged dim's blocks are its minor dims' blocks only where every factor before the

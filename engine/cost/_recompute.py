@@ -3,7 +3,8 @@
 ``build_edit`` makes the ``Edit`` (``_records``) of one set of recompute decisions,
 ``(unit, kind)`` pairs: the ops run again, by pattern, with the operands whose reshard the
 backward pass shares; the residuals' shortened lifetimes; the recomputed copies' own; the
-recomputation's temporaries; the weights re-taken in the backward pass. ``extra_cost`` is
+recomputation's temporaries; the weights re-taken in the backward pass; the ops with a
+workspace (``Tables.workspace``) run again and where. ``extra_cost`` is
 the time and collectives of an edit's re-run ops under some decisions. Which ops a unit
 re-runs is ``partex.analysis._recompute``'s (``plan_unit``); how XLA fuses the program
 under the decisions is ``_variants``'.
@@ -42,6 +43,9 @@ def build_edit(t: Tables, rc: tuple[tuple[int, str], ...], units, readers) -> Ed
     # offloaded residual is a saved one
     on_host = t.lowering != "cpu"
     host: list[tuple[int, float, int]] = []  # (value, copies, unit)
+    # the ops with a workspace, each run again at its recompute point: (op, point)
+    has_work = set(t.workspace[0].tolist()) if t.workspace else set()
+    work: list[tuple[int, int]] = []
 
     def back_at(v: int, i: int, at: int, boundary: int) -> None:
         """Intermediate ``v`` (its index ``i``) dies after its forward reads (those before
@@ -61,12 +65,14 @@ def build_edit(t: Tables, rc: tuple[tuple[int, str], ...], units, readers) -> Ed
                 _edit_loop(t, unit, cp, extra, mid_at, mid_end, (clone_v, clone_a, clone_b, clone_n), tmps,
                            host if on_host else None)
                 barrier += [(v, float(unit.layers)) for v in (*cp.stacked, *(v for v, _ in cp.reuse))]
+                work += [(o, cp.backward) for o in cp.ops if o in has_work]
                 continue
             if cp.at < 0:
                 continue
             for v in cp.weights:
                 late[v] = (unit.boundary, unit.until)
             _charge(t, cp.ops, set(cp.weights), extra)
+            work += [(o, cp.at) for o in cp.ops if o in has_work]
             rec = set(cp.recomputed)
             made = []
             for o in cp.ops:
@@ -104,7 +110,8 @@ def build_edit(t: Tables, rc: tuple[tuple[int, str], ...], units, readers) -> Ed
                 np.array(tmps.seg, dtype=np.int64), np.array(tmps.at, dtype=np.int64),
                 np.array([v for v, _, _ in host], dtype=np.int64), np.array([n for _, n, _ in host], dtype=np.float64),
                 tuple(u for _, _, u in host), np.array([v for v, _ in barrier], dtype=np.int64),
-                np.array([n for _, n in barrier], dtype=np.float64))
+                np.array([n for _, n in barrier], dtype=np.float64), np.array([o for o, _ in work], dtype=np.int64),
+                np.array([a for _, a in work], dtype=np.int64))
 
 
 def _release_fused_roots(t: Tables, rec: set, boundary: int, readers, mid_at, mid_end) -> None:

@@ -195,6 +195,13 @@ class Tables:
     pattern_keys: dict = dataclasses.field(default_factory=dict)
     same_pattern: np.ndarray | None = None
     reads: list | None = None  # per op, its kernel's reads (``_fusion.kernel_reads``; None: XLA:CPU)
+    # the ops that hold device memory while they run (``_facts.op_workspace``), one entry per
+    # part, as seven arrays: the op, the operand (or -1 - j: result j) the part is sized by,
+    # its bytes per byte of that operand as the op holds it, bytes whatever the plan,
+    # whether the part is made before the op runs (``Workspace.early``), whether it is a
+    # loop's copy of the operand (``Workspace.copies``), and the key of a part other ops
+    # compute alike (``Workspace.common``; -1: none)
+    workspace: tuple[np.ndarray, ...] = ()
 
 
 # ----------------------------------------------------------------------------- per plan
@@ -299,6 +306,9 @@ class Edit:
     # XLA copies each slice out of its stack into a buffer of its own, every trip
     barrier_v: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     barrier_n: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    # the ops with a workspace (``Tables.workspace``) the recomputation runs again, and where
+    work_op: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    work_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)

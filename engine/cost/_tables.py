@@ -25,7 +25,7 @@ from ..analysis._types import Analysis
 from ..analysis._recompute import backward_span
 from ..tracing._program import NO_PRODUCER
 from ._compile import compile_patterns
-from ._facts import having
+from ._facts import having, op_workspace
 from ._fusion import cpu_combined, fused_values, fusion_readers, kernel_reads
 from ._liveness import build_liveness
 from ._records import Tables
@@ -142,7 +142,33 @@ def build_tables(analysis: Analysis, mesh: MeshSpec, hardware: Hardware, donate,
         patterns=patterns, op_pattern=_read_only(op_pattern), pat_mask=pat_mask, mask_groups=_by_mask(pat_mask),
         total_flops=total_flops, fused=_read_only(fused), live=build_liveness(analysis, donate, fused, lowering),
         combined_until=cpu_combined(p, analysis.factors) if lowering == "cpu" else None, user_late=user_late,
-        views=views, pattern_keys=keys, reads=reads)
+        views=views, pattern_keys=keys, reads=reads, workspace=workspace_table(p, lowering))
+
+
+def workspace_table(p, lowering: str) -> tuple[np.ndarray, ...]:
+    """``Tables.workspace``: each op's workspace (``_facts.op_workspace``) under ``lowering``,
+    one entry per part (its fixed bytes an entry of their own)."""
+    rows: list[tuple] = []  # (op, slot, scale, fixed, early, copy, common key or -1)
+    keys: dict = {}  # (how a common part is made, from which values) -> its key
+    fusible = having("fusible")
+    for op in p.ops:
+        w = op_workspace(op, p.values, lowering == "cpu")
+        # (a part made from a value an elementwise chain makes is made from that chain, fused
+        # into it: alike only where XLA happens to fuse it alike, taken as not)
+        common = {slot: keys.setdefault((token, tuple(op.inputs[k] for k in made_from)), len(keys))
+                  for slot, token, made_from in w.common
+                  if p.values[op.inputs[slot]].producer == NO_PRODUCER
+                  or p.ops[p.values[op.inputs[slot]].producer].primitive not in fusible}
+        rows += [(op.id, slot, scale, 0.0, False, False, common.get(slot, -1)) for slot, scale in w.scaled if scale > 0]
+        rows += [(op.id, slot, scale, 0.0, True, slot in w.copies, -1) for slot, scale in w.early if scale > 0]
+        if w.fixed > 0:
+            rows.append((op.id, 0 if op.inputs else -1, 0.0, w.fixed, False, False, -1))
+    if not rows:
+        return ()
+    cols = list(zip(*rows))
+    return (np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
+            np.array(cols[2], dtype=np.float64), np.array(cols[3], dtype=np.float64), np.array(cols[4], dtype=bool),
+            np.array(cols[5], dtype=bool), np.array(cols[6], dtype=np.int64))
 
 
 def variant_tables(t: Tables, ignore: frozenset[tuple[int, int]], stand_ins: dict[int, int]) -> Tables:

@@ -14,6 +14,14 @@ instruction that produced it.
 A collective matches a predicted one of the same kind when a line of its call stack is the
 predicted op's source line (or, for a collective written in a shard_map body, that of the op
 that made its operand), or when it moves a parameter the predicted collective reshards.
+
+Some collectives are XLA's own choice, made where no plan decides: a Pallas kernel run
+interpreted (``pallas_call(..., interpret=...)``, as off TPU and GPU) is lowered to a loop
+over the kernel's grid, which the partitioner partitions like any loop, gathering the
+kernel's sharded operands and writing its result block by block on every grid step; TPU and
+GPU run the kernel as one custom call with its operands whole. Such a collective (one that
+runs inside the loop of a kernel's source line) is shown as XLA's choice, with that reason,
+not as a miss; ``backend_notes`` says the same on the verify report.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import re
 from typing import Any, Mapping
 
 from .._mesh import format_bytes
-from ._hlo import _OPCODE_KIND, _multipliers, _parse_module, shape_bytes
+from ._hlo import _OPCODE_KIND, _call_edges, _Instr, _Module, _multipliers, _parse_module, shape_bytes
 
 _TABLE = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\s*$")
 _ROW = re.compile(r"^(\d+)\s+(.*)$")
@@ -51,6 +59,8 @@ class XlaCollective:
     op_name: str
     stack: tuple[Frame, ...]  # innermost first
     param: str | None  # the parameter it moves, as partex's input path, if the HLO says so
+    # the call stacks of the while loops it runs inside, innermost loop first
+    loops: tuple[tuple[Frame, ...], ...] = ()
 
     @property
     def where(self) -> str:
@@ -143,6 +153,27 @@ def param_path(op_name: str, arg_names) -> str | None:
     return "/".join([head] + [k.strip("'\"") for k in keys])
 
 
+def _enclosing_loops(mod: _Module) -> dict[str, tuple[_Instr, ...]]:
+    """Per computation, the while instructions it runs inside, innermost first (through
+    every call: a loop body's called computations run inside the loop too)."""
+    parent: dict[str, tuple[str, _Instr]] = {}
+    for comp, instrs in mod.computations.items():
+        for ins in instrs:
+            for _, callee in _call_edges(ins):
+                if callee != comp:
+                    parent.setdefault(callee, (comp, ins))
+    out: dict[str, tuple[_Instr, ...]] = {}
+    for comp in mod.computations:
+        loops, seen, c = [], set(), comp
+        while c in parent and c not in seen:
+            seen.add(c)
+            c, ins = parent[c]
+            if ins.opcode == "while":
+                loops.append(ins)
+        out[comp] = tuple(loops)
+    return out
+
+
 def xla_collectives(text: str, arg_names=()) -> list[XlaCollective]:
     """The compiled module's collectives, trip-count weighted, each with its op name and call
     stack; a combined (tuple) collective split into its operands, each attributed to the
@@ -150,9 +181,11 @@ def xla_collectives(text: str, arg_names=()) -> list[XlaCollective]:
     frames = _tables(text)
     mod = _parse_module(text)
     mults = _multipliers(mod)
+    enclosing = _enclosing_loops(mod)
     out = []
     for comp, instrs in mod.computations.items():
         by_name = {ins.name: ins for ins in instrs}
+        loops = tuple(_metadata(w.raw, frames)[1] for w in enclosing.get(comp, ()))
         for ins in instrs:
             kind = _OPCODE_KIND.get(ins.opcode)
             if kind is None:
@@ -175,7 +208,7 @@ def xla_collectives(text: str, arg_names=()) -> list[XlaCollective]:
                 pieces.append((ins.name, total, src))
             for name, nbytes, (op_name, stack) in pieces:
                 out.append(XlaCollective(kind, float(nbytes) * trips, name, op_name, stack,
-                                         param_path(op_name, arg_names)))
+                                         param_path(op_name, arg_names), loops))
     return out
 
 
@@ -229,7 +262,9 @@ def predicted_collectives(cm, report, decisions_by_group: dict[str, str]) -> lis
 
 def explain(text: str, cm, report, plan, arg_names=()) -> dict:
     """XLA's collectives matched to partex's predictions: ``matched_fraction`` (the share of
-    XLA's collective bytes matched), and every collective of both sides."""
+    XLA's collective bytes matched), ``xla_choice_bytes`` (those XLA makes where no plan
+    decides, each such row's ``xla_choice`` giving the reason), and every collective of both
+    sides."""
     by_group = collections.defaultdict(list)
     for d in plan.decisions:
         by_group[d.group].append(f"{d.group}->{d.axis}")
@@ -243,6 +278,7 @@ def explain(text: str, cm, report, plan, arg_names=()) -> dict:
                 decisions[label] = f"{label}->{d.axis}: the pipeline {named}"
     xla = xla_collectives(text, arg_names)
     pred = predicted_collectives(cm, report, decisions)
+    kernels = {k: op.source for op in interpreted_kernels(cm.program) if (k := _line_key(op.source))}
     by_line: dict[tuple[str, tuple[str, int]], list[int]] = collections.defaultdict(list)
     by_param: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
     by_prim: dict[tuple[str, str], list[int]] = collections.defaultdict(list)  # ops with no source line
@@ -255,7 +291,7 @@ def explain(text: str, cm, report, plan, arg_names=()) -> dict:
             by_param[(p.kind, p.param)].append(i)
     used = set()
     rows = []
-    matched_bytes = 0.0
+    matched_bytes = choice_bytes = 0.0
     for x in sorted(xla, key=lambda x: -x.bytes):
         cands = set(by_param.get((x.kind, x.param), ())) if x.param else set()
         for f in x.stack:
@@ -273,24 +309,66 @@ def explain(text: str, cm, report, plan, arg_names=()) -> dict:
             p = pred[hit]
             matched_bytes += x.bytes
             row.update(predicted_bytes=p.bytes, cause=p.cause, decision=p.decision, predicted_source=p.source)
+        else:
+            kernel = next((kernels[(f[0], f[1])] for stack in x.loops for f in stack if (f[0], f[1]) in kernels),
+                          None)
+            if kernel is not None:
+                choice_bytes += x.bytes
+                row.update(where=x.where if x.where != "-" else kernel, xla_choice=INTERPRETED_KERNEL)
         rows.append(row)
     total = sum(x.bytes for x in xla)
     unmatched = [{"kind": p.kind, "bytes": p.bytes, "where": p.source, "param": p.param, "cause": p.cause,
                   "decision": p.decision} for i, p in enumerate(pred) if i not in used and p.bytes > 0]
     return {"matched_fraction": matched_bytes / total if total else 1.0, "xla_bytes": total,
-            "matched_bytes": matched_bytes, "collectives": rows,
+            "matched_bytes": matched_bytes, "xla_choice_bytes": choice_bytes, "collectives": rows,
             "unmatched_predicted": sorted(unmatched, key=lambda r: -r["bytes"])}
+
+
+INTERPRETED_KERNEL = ("inside a Pallas kernel run interpreted on this backend: XLA lowers it to a loop over the "
+                      "kernel's grid and partitions the loop, moving the kernel's sharded operands and result on "
+                      "every grid step; TPU and GPU run the kernel as one custom call, its operands gathered once")
+
+
+def interpreted_kernels(program) -> list:
+    """The step's Pallas kernels that run interpreted (``pallas_call(..., interpret=...)``, as
+    kernels are off TPU and GPU): XLA sees each as a loop over its grid, not one custom call."""
+    return [op for op in program.ops if op.primitive == "pallas_call" and op.params.get("interpret")]
+
+
+def backend_notes(program) -> tuple[str, ...]:
+    """What this backend's figures for ``program`` cannot say, one line each (a verify
+    report's ``notes``): its interpreted Pallas kernels."""
+    n = len(interpreted_kernels(program))
+    if not n:
+        return ()
+    kernels = "a Pallas kernel" if n == 1 else f"{n} Pallas kernels"
+    return (f"the step holds {kernels} run interpreted on this backend (pallas_call(interpret=...)): XLA lowers "
+            "each to a loop over its grid, moving the kernel's sharded operands and result on every grid step, so "
+            "XLA's collective and memory figures around them are not what TPU or GPU run (the kernel as one custom "
+            "call); verify there to check them (scripts/accelerator_check.py)",)
 
 
 def explain_table(ex: Mapping[str, Any], top: int = 25) -> list[str]:
     lines = [f"XLA's collectives by source line: {ex['matched_fraction']:.0%} of "
              f"{format_bytes(ex['xla_bytes'])} matched to a predicted collective",
              f"  {'kind':<18} {'bytes':>10}  {'source':<48} {'decision (predicted)':<28}"]
+    reasons: dict[str, int] = {}  # XLA's reasons for its own choices, numbered in order
+    for r in ex["collectives"]:
+        if not r["matched"] and r.get("xla_choice"):
+            reasons.setdefault(r["xla_choice"], len(reasons) + 1)
     for r in ex["collectives"][:top]:
-        dec = f"{r['decision']} ({format_bytes(r['predicted_bytes'])})" if r["matched"] else "UNMATCHED"
+        if r["matched"]:
+            dec = f"{r['decision']} ({format_bytes(r['predicted_bytes'])})"
+        elif r.get("xla_choice"):
+            dec = f"XLA's choice [{reasons[r['xla_choice']]}]"
+        else:
+            dec = "UNMATCHED"
         lines.append(f"  {r['kind']:<18} {format_bytes(r['bytes']):>10}  {_short(r['where']):<48} {dec:<28}")
     if len(ex["collectives"]) > top:
         lines.append(f"  ... {len(ex['collectives']) - top} more (--json lists every one)")
+    if ex.get("xla_choice_bytes"):
+        lines.append(f"XLA's choice, no plan's: {format_bytes(ex['xla_choice_bytes'])}")
+        lines += [f"  [{i}] {reason}" for reason, i in reasons.items()]
     if ex["unmatched_predicted"]:
         lines.append("predicted, not found in XLA's program:")
         for r in ex["unmatched_predicted"][:10]:
@@ -302,4 +380,4 @@ def _short(where: str, width: int = 48) -> str:
     return where if len(where) <= width else "..." + where[-(width - 3):]
 
 
-__all__ = ["explain", "explain_table", "xla_collectives"]
+__all__ = ["backend_notes", "explain", "explain_table", "interpreted_kernels", "xla_collectives"]

@@ -19,11 +19,12 @@ import time
 
 from .._errors import PartexError
 from .._loader import load_model
+from .._mesh import format_bytes
 from .._results import CollectiveCompared, Compared, VerifyReport, WorkCompared
 from ..cost import KINDS  # the one list of collective kinds
 from ..tracing._jax import cache_key_with_metadata
 from ..tracing._program import abstract, dynamic_args
-from ._explain import explain
+from ._explain import backend_notes, explain
 from ._export import RulesFunction, flax_rules, rules_context
 from ._hlo import collective_bytes_by_kind, memory_stats, parse_collectives
 # the numerics' figures, re-exported: callers compare runs with them
@@ -172,19 +173,32 @@ def _compile(lowered):
                           "a backend that can (scripts/accelerator_check.py runs plans on a GPU or TPU)") from e
 
 
-def _device_part(mem: dict, compiled, bound, decisions) -> float | None:
-    """On XLA:CPU, which ignores memory spaces, the device's share of XLA's figure (set as
-    ``mem["device"]``, beside ``mem["host_resident"]`` and ``mem["offloaded"]``): the total
-    less the arguments and results the plan keeps in pinned host memory (their shardings say
-    so: exact) and less the intermediates the step or the plan offloads to host memory, which
-    XLA:CPU keeps in device memory (at their predicted peak: XLA:CPU cannot tell them apart).
-    Returns the host memory per device the plan predicts, which nothing here can check (None
-    where it keeps nothing there)."""
-    host = bound.cost_model.evaluate(decisions).memory  # priced as the plan's hardware lowers it
+def _device_part(mem: dict, compiled, bound, decisions, on_cpu) -> tuple[float | None, tuple[str, ...]]:
+    """On XLA:CPU, which ignores memory spaces and lowers some ops unlike TPU and GPU, the
+    device's share of XLA's figure on the plan's own hardware (set as ``mem["device"]``):
+    XLA's total less the arguments and results the plan keeps in pinned host memory
+    (``mem["host_resident"]``: their shardings say so, exact), less the intermediates the
+    step or the plan offloads to host memory, which XLA:CPU keeps on the device
+    (``mem["offloaded"]``, at their predicted peak), and less what only XLA:CPU holds by the
+    prediction (``mem["cpu_only"]``: interpreted Pallas kernels' loop state, ``ragged_dot``
+    rolled out densely, threefry's rolled rounds, reduce-scatters as all-reduces: the CPU
+    prediction ``on_cpu`` less the hardware's, where above it). So the device part is the
+    hardware's prediction plus what XLA:CPU needs beyond its own prediction: the model's
+    error, measured. Returns the host memory per device the plan predicts, which nothing here
+    can check (None where it keeps nothing there), and a note when ``cpu_only`` counts."""
+    own = bound.cost_model.evaluate(decisions).memory  # priced as the plan's hardware lowers it
     mem["host_resident"] = host_resident_bytes(compiled)
-    mem["offloaded"] = host.host_offloaded
-    mem["device"] = mem["total"] - mem["host_resident"] - mem["offloaded"]
-    return host.host if host.host > 0 or mem["host_resident"] else None
+    mem["offloaded"] = own.host_offloaded
+    mem["cpu_only"] = max(0.0, on_cpu.peak - own.peak - mem["host_resident"] - mem["offloaded"])
+    mem["device"] = mem["total"] - mem["host_resident"] - mem["offloaded"] - mem["cpu_only"]
+    notes = ()
+    if mem["cpu_only"] > 0.01 * mem["total"]:
+        notes = (f"XLA:CPU holds about {format_bytes(mem['cpu_only'])} per device that "
+                 f"{bound.plan.hardware.name} does not, by the prediction (ops XLA:CPU lowers its own way); the "
+                 f"device part judged is {format_bytes(mem['device'])}: the {bound.plan.hardware.name} prediction "
+                 f"{format_bytes(own.peak)} plus XLA:CPU's {format_bytes(mem['total'] - on_cpu.peak)} beyond its "
+                 "own prediction",)
+    return (own.host if own.host > 0 or mem["host_resident"] else None), notes
 
 
 def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
@@ -207,7 +221,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     else:
         compiled = _compile(lowered)
     t2 = time.perf_counter()
-    mem = memory_stats(compiled)
+    mem: dict[str, float] = dict(memory_stats(compiled))
     text = compiled.as_text()
     assert text is not None  # XLA's executables carry their HLO text
     colls = parse_collectives(text, mesh)
@@ -216,12 +230,12 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
     bound = planned.bound  # the program apply traced and analysed, the plan's decisions on it
     assert bound is not None  # lower() built it
     program, decisions = bound.program, list(bound.decisions)
-    # on TPU and GPU XLA reports host memory apart already
-    mem.update(host_resident=0, offloaded=0.0, device=mem["total"])
-    host_unchecked = _device_part(mem, compiled, bound, decisions) if cpu else None
     # predicted as XLA lowers it here (XLA:CPU: reduce-scatter = all-reduce + slice)
     cm = bound.priced("cpu" if cpu else "tpu")
     report = cm.evaluate(decisions, detail=True)
+    # on TPU and GPU XLA reports host memory apart already, and lowers as the prediction does
+    mem.update(host_resident=0, offloaded=0.0, cpu_only=0.0, device=mem["total"])
+    host_unchecked, memory_notes = _device_part(mem, compiled, bound, decisions, report.memory) if cpu else (None, ())
     explained = None
     if spec.get("explain"):  # XLA's collectives by source line, matched to the predicted ones
 
@@ -247,7 +261,7 @@ def _verify_one(model, plan, spec: dict, n: int, mesh=None) -> VerifyReport:
         # on CPU, which XLA:CPU scheduler gave the memory figure (see CPU_SCHEDULE_FLAG)
         xla_cpu_scheduler=(("memory" if CPU_SCHEDULE_FLAG in os.environ.get("XLA_FLAGS", "") else "concurrency")
                            if cpu else None),
-        numerics=numerics(model, planned) if spec["run"] else None)
+        numerics=numerics(model, planned) if spec["run"] else None, notes=backend_notes(program) + memory_notes)
 
 
 def _xla_figures(lowered, mesh) -> dict:
