@@ -25,7 +25,6 @@ A hand plan's shardings column lists the plan's own decisions; the step's own sh
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
@@ -55,13 +54,7 @@ SIMULATIONS = 200
 ENGINE = os.path.dirname(os.path.abspath(partex.__file__))
 
 
-def load(form: str):
-    """scripts/forms/<form>.py as a module."""
-    spec = importlib.util.spec_from_file_location(f"partex_form_{form}", os.path.join(FORMS_DIR, f"{form}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+load = lc.load_form  # scripts/forms/<form>.py as a module
 
 
 def failure(e: BaseException) -> str:

@@ -17,17 +17,26 @@ import partex
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBMODELS = os.path.join(ROOT, "scripts", "libmodels")
+FORMS = os.path.join(ROOT, "scripts", "forms")
 MESH = "data=4,model=2"
 
 
-def load(lib: str):
-    """scripts/libmodels/<lib>.py as a module."""
-    path = os.path.join(LIBMODELS, f"{lib}.py")
-    spec = importlib.util.spec_from_file_location(f"partex_libmodel_{lib}", path)
+def _module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses in it look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def load(lib: str):
+    """scripts/libmodels/<lib>.py as a module."""
+    return _module(f"partex_libmodel_{lib}", os.path.join(LIBMODELS, f"{lib}.py"))
+
+
+def load_form(form: str):
+    """scripts/forms/<form>.py as a module."""
+    return _module(f"partex_form_{form}", os.path.join(FORMS, f"{form}.py"))
 
 
 def unpack(made) -> tuple[Any, tuple, Any]:

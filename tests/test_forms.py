@@ -11,28 +11,16 @@ half the replicated plan's memory fits per XLA (compiled, not run)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import jax.numpy as jnp
 import pytest
 
 import _libcheck as lc
 import partex
 
-FORMS = os.path.join(lc.ROOT, "scripts", "forms")
 FRACTION = 0.5  # the searched plan's budget: this share of the replicated plan's memory
 SIMULATIONS = 100
 
-
-def load(form: str):
-    """scripts/forms/<form>.py as a module."""
-    spec = importlib.util.spec_from_file_location(f"partex_form_{form}", os.path.join(FORMS, f"{form}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+load = lc.load_form
 
 
 def _analysed(mod):

@@ -13,28 +13,17 @@ collectives of bfloat16 moved as float32 by XLA:CPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import jax.numpy as jnp
 import pytest
 
 import _libcheck as lc
 import partex
 
-FORMS = os.path.join(lc.ROOT, "scripts", "forms")
 TOLERANCE = 0.25  # a collective kind priced within +-25% of XLA's bytes
 SHARE = 0.02  # ... where it carries at least this share of XLA's collective bytes
 
 
-def load(form: str):
-    """scripts/forms/<form>.py as a module."""
-    spec = importlib.util.spec_from_file_location(f"partex_form_{form}", os.path.join(FORMS, f"{form}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+load = lc.load_form
 
 
 def mispriced(out: partex.VerifyReport) -> dict[str, tuple[float, float]]:

@@ -12,26 +12,13 @@ kernel's."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
 import _libcheck as lc
 import partex
 from partex.cost import CostModel
 
-FORMS = os.path.join(lc.ROOT, "scripts", "forms")
-
-
-def load(form: str):
-    """scripts/forms/<form>.py as a module."""
-    spec = importlib.util.spec_from_file_location(f"partex_form_{form}", os.path.join(FORMS, f"{form}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+load = lc.load_form
 
 
 def _session(form: str) -> partex.Session:

@@ -6,26 +6,19 @@ memory spaces, nothing changes."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.custom_partitioning import custom_partitioning
 
+import _libcheck as lc
 import partex
 from partex.analysis._rules import FactorKind
 
-FORMS = pathlib.Path(__file__).parent.parent / "scripts" / "forms"
-
 
 def _form(name):
-    spec = importlib.util.spec_from_file_location(f"partex_test_form_{name}", FORMS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return lc.load_form(name)
 
 
 # --------------------------------------------------------------------------- custom_partitioning
