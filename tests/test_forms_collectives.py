@@ -103,8 +103,10 @@ def test_a_shard_map_moe_with_fsdp_experts_is_priced():
 def test_a_bfloat16_shard_map_bodys_collectives_cross_the_wire_in_float32_on_cpu(strategy):
     """moe_fsdp_experts computing in bfloat16: XLA:CPU gathers, all-to-alls and reduces the
     body's bfloat16 buffers as float32, twice their bytes, as it does outside a region (each
-    kind priced at half of XLA's bytes when taken at their own)."""
-    out = _verified("moe_fsdp_experts", strategy, run=False, dtype=jnp.bfloat16)
+    kind priced at half of XLA's bytes when taken at their own); run, computed in float32
+    (the region's body promoted with the rest), it has the unsharded step's numerics."""
+    out = _verified("moe_fsdp_experts", strategy, run=True, dtype=jnp.bfloat16)
+    assert out.numerics.ok and "promoted" in out.numerics.computed_in, out.numerics
     for kind in ("all-gather", "all-to-all", "reduce-scatter"):
         assert _ratio(out, kind) == pytest.approx(1.0, abs=TOLERANCE), kind
     assert not mispriced(out), out.collectives

@@ -278,7 +278,9 @@ class _Interpreter:
                 return out
         if name == "shard_map":
             eqn = self.regions.on_plan_mesh(eqn)
-            if partly_manual(eqn):
+            # promoted, the body is evaluated again here, its eqns widened (shard_map binds
+            # its jaxpr as a function, out of reach of the params promotion rewrites)
+            if partly_manual(eqn) or self.promote:
                 return self.regions.region(eqn, invals)
         return self._bind(eqn, op_id, invals)
 
