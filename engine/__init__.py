@@ -29,10 +29,10 @@ from ._mesh import HARDWARE, Hardware, MeshSpec, format_bytes, get_hardware, par
 from ._profile import Profile
 from ._results import (CollectiveCompared, Compared, Measured, Numerics, RootAction, SearchStats, VerifyReport,
                        WorkCompared)
-from ._meshes import MeshSearch, MeshTrial, ProgramSearch, Topology, candidate_meshes
+from ._meshes import MeshSearch, MeshSearcher, MeshTrial, ProgramSearch, Topology, candidate_meshes, effort_of
 from .plan._pipeline_decision import Pipeline
 from ._options import as_hardware, as_mesh
-from ._session import Candidate, Session, search_meshes
+from ._session import Candidate, Session, mesh_searcher, search_meshes
 from .analysis._types import Analysis, Conflict, Group, GroupInfo, NamedDim
 from .analysis._recompute import Unit
 from .analysis._rules import CONSERVATIVE, Factor, FactorKind, factor_rules
@@ -243,7 +243,8 @@ def export_table(verified: VerifyReport) -> str:
 __all__ = [
     # the public API
     "Session", "Plan", "PlannedFunction", "PlanDecision", "apply_plan", "plan_shardings", "shard_inputs", "analyze", "search", "verify", "PartexError",
-    "search_meshes", "candidate_meshes", "MeshSearch", "MeshTrial", "ProgramSearch", "Topology", "Pipeline",
+    "search_meshes", "mesh_searcher", "effort_of", "candidate_meshes", "MeshSearch", "MeshSearcher", "MeshTrial",
+    "ProgramSearch", "Topology", "Pipeline",
     "calibrate_numerics", "Calibration",
     "export", "flax_rules", "export_table", "EXPORT_FORMATS", "RulesExport",
     "MeshSpec", "Hardware", "HARDWARE", "Profile", "measure_devices", "get_hardware", "as_mesh", "as_hardware", "parse_bytes", "format_bytes",

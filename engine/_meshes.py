@@ -42,9 +42,13 @@ class Searched(Protocol):
     """What the mesh and program searches need of one candidate's search (``partex.Session``
     is one): run it, step it, stop it, and read its best plan and statistics."""
 
-    def run(self, seconds: float) -> Any: ...
+    def run(self, seconds: float, callback: Any = None, *, simulations: int | None = None) -> Any: ...
+
+    def warm_from(self, other: Any) -> float: ...  # another candidate's best plan, tried on this one
 
     def step(self, n: int = 1) -> Any: ...
+
+    def probe(self, evaluations: int) -> Any: ...
 
     def request_stop(self) -> None: ...
 
@@ -227,6 +231,12 @@ class MeshTrial:
     seconds: float = 0.0  # search seconds spent on it
     rounds: int = 0  # rounds of the halving it took part in (a ProgramSearch: visits of its tree)
     note: str = ""  # why it was not searched (a mesh the model cannot use)
+    tier: int = 0  # its tier of a MeshSearcher: the narrowest space is 0
+    lead: float = math.inf  # the plan last carried onto it, as ``Searched.warm_from`` rates it
+    # open (not reached yet), scored (its hand plans), searching, dropped (by the halving),
+    # converged, not searched (a mesh the model cannot use); where the search ended first:
+    # not reached (never built), time up or stopped (built, its search cut short)
+    status: str = "open"
     session: "Searched | None" = dataclasses.field(default=None, repr=False)
 
     @property
@@ -247,11 +257,19 @@ class MeshTrial:
                 "bubble": self.bubble, "warm_step_s": self.warm_step,
                 "step_time_s": self.step_time, "mfu": self.mfu, "memory_bytes": self.memory,
                 "simulations": self.simulations, "search_s": self.seconds, "rounds": self.rounds,
-                "note": self.note}
+                "note": self.note, "tier": self.tier, "status": self.status}
 
 
 def _score(trial: MeshTrial) -> float:
     return trial.step_time if trial.step_time is not None else math.inf
+
+
+def _lead(trial: MeshTrial) -> float:
+    """How promising a candidate is: its best plan that fits, or the plan last carried onto
+    it from another (``warm_from``) where that promises more: a plan over the memory budget
+    there counts its step time times how far over (the search's first polish often gets it
+    under, at a small cost in time)."""
+    return min(_score(trial), trial.lead)
 
 
 def _record(trial: MeshTrial) -> None:
@@ -266,43 +284,246 @@ def _record(trial: MeshTrial) -> None:
         trial.step_time, trial.mfu, trial.memory = r.step_time, r.mfu, r.memory.peak
 
 
+# The mesh search's schedule, in simulations, so that the same seed, candidates and effort
+# give the same plan however fast the machine (the time only caps it). In each tier every
+# candidate is screened by its hand plans and the best plan so far (translated onto it); the
+# leader is searched a simulation (its first polishes its best plan: most of what a search
+# finds), its plan tried on the rest, and the best SCREEN of them earn a simulation each; then
+# twice as many to the better half each round; the last one standing runs until its best has
+# not moved over PATIENCE simulations (or half of those it took to find it, where that is
+# more). SCREEN and PATIENCE scale with the search's effort.
+SCREEN = 0.125
+PROBE = 150  # plans scored by the screen's descent on each candidate
+PATIENCE = 32
+CALLBACK_EVERY = 0.25  # seconds: the most often a running search reports its trials
+
+
+def effort_of(seconds: float, reference: float = 60.0) -> float:
+    """The effort a search of ``seconds`` makes: its schedule's simulations scale with the
+    time given (``reference`` seconds: the schedule as written)."""
+    return max(0.25, float(seconds) / reference)
+
+
+class MeshSearcher:
+    """The anytime search over candidate meshes (and pipelines), one tier after another,
+    narrowest first: a tier is searched only once those before it are done, and its
+    candidates start from the best plan found so far (the incumbent, translated onto their
+    mesh and program: ``warm_from``), so that widening the space (pipelines, stages within
+    a slice, more axes) only adds candidates after the narrower search's own, and never
+    makes the answer worse. Within a tier: successive halving in simulations (module
+    docstring), the round's leader's plan shared with the rest before each cut, then the
+    last one searched until it converges.
+
+    ``make(mesh, pipeline)`` builds a candidate's session (its hand plans scored; a
+    PartexError for a mesh the model cannot use); ``tiers``: the candidates, by tier (a
+    mesh, or a mesh and the pipeline its step runs); ``effort`` scales the schedule.
+    ``run(seconds)`` searches until every tier is done or the time is spent, and
+    ``request_stop`` (signal-safe) ends it after the simulations in hand: the incumbent
+    (``best``) only ever improves, and ``result()`` at any moment gives the candidates
+    tried, best first."""
+
+    def __init__(self, make: Callable[[MeshSpec, Pipeline | None], Searched],
+                 tiers: Sequence[Sequence[MeshSpec | tuple[MeshSpec, Pipeline | None]]], *,
+                 topology: Topology | None = None, effort: float = 1.0):
+        self.tiers = [[MeshTrial(*m) if isinstance(m, tuple) else MeshTrial(m) for m in tier] for tier in tiers]
+        self.tiers = [tier for tier in self.tiers if tier]
+        if not self.tiers:
+            raise PartexError("no candidate meshes: give --devices a number the model's dimensions divide")
+        for k, tier in enumerate(self.tiers):
+            for t in tier:
+                t.tier = k
+        self.trials = [t for tier in self.tiers for t in tier]
+        self.make = make
+        self.topology = topology
+        self.screen = min(1.0, SCREEN * effort)
+        self.probe = round(PROBE * max(1.0, effort))
+        self.patience = round(PATIENCE * max(1.0, effort))  # at least one polish or kick (every 32)
+        self._short = False  # a candidate ran fewer simulations than the schedule gave it
+        self.best: MeshTrial | None = None  # the incumbent: the fastest plan that fits found so far
+        self.best_at: float | None = None  # search seconds when it was found
+        self.seconds = 0.0  # seconds run, sessions built and searched
+        self.converged = False  # every tier searched to the end of its schedule
+        self.stopped = False  # request_stop ended the search
+        self._stop = False
+        self._current: Searched | None = None
+        self._t0 = self._deadline = 0.0
+        self._callback: Callable[[list[MeshTrial]], None] | None = None
+        self._told = 0.0
+
+    def request_stop(self) -> None:
+        """End a running ``run`` after the simulations in hand (a flag: safe in a signal handler)."""
+        self._stop = True
+        s = self._current
+        if s is not None:
+            s.request_stop()
+
+    @property
+    def open(self) -> list[MeshTrial]:
+        """The candidates still to be searched or still searching."""
+        return [t for t in self.trials if t.status in ("open", "scored", "searching")]
+
+    def run(self, seconds: float, callback: Callable[[list[MeshTrial]], None] | None = None) -> "MeshSearch":
+        """Search for at most ``seconds`` (``callback(trials)`` as it goes, at most every
+        ``CALLBACK_EVERY`` seconds and after each round); returns ``result()``."""
+        self._t0 = time.perf_counter()
+        self._deadline = self._t0 + float(seconds)
+        self._callback, self._stop = callback, False
+        done = True
+        try:
+            for tier in self.tiers:
+                if self._left() <= 0:
+                    done = False
+                    break
+                done = self._tier(tier) and done
+        finally:
+            self.seconds = time.perf_counter() - self._t0
+            self._current = None
+        self.converged, self.stopped = done, self._stop
+        for t in self.trials:
+            if t.status == "open":
+                t.status = "not reached"
+            elif t.status in ("scored", "searching"):
+                t.status = "stopped" if self._stop else "time up"
+            if t is not self.best:  # the best one's session goes on (``use_mesh``); the rest are let go
+                t.session = None
+        self._tell(force=True)
+        return self.result()
+
+    def result(self) -> "MeshSearch":
+        """The candidates tried, best first, and the time to the best."""
+        return MeshSearch(_ranked(self.trials), self.seconds, self.topology, best_at=self.best_at,
+                          converged=self.converged, stopped=self.stopped)
+
+    # ------------------------------------------------------------------ the tiers
+    def _left(self) -> float:
+        return 0.0 if self._stop else self._deadline - time.perf_counter()
+
+    def _tell(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self._callback is not None and (force or now - self._told >= CALLBACK_EVERY):
+            self._told = now
+            self._callback(self.trials)
+
+    def _tier(self, tier: list[MeshTrial]) -> bool:
+        """Search one tier (class docstring); False where the time ran out or a stop came first."""
+        live = []
+        for t in tier:
+            if self._left() <= 0:
+                return False
+            self._build(t)
+            if t.session is not None:
+                live.append(t)
+            self._tell()
+        if not live:
+            return True
+        # the screen: a short descent on each, the leader's plan tried on the others, and
+        # the best of them earn simulations
+        live = self._cut(live, max(1, math.ceil(len(live) * self.screen)))
+        n = 1
+        while len(live) > 1 and self._left() > 0:
+            for t in live:
+                self._advance(t, n)
+            live = self._cut(live, math.ceil(len(live) / 2))
+            n *= 2
+        for t in live:  # the one left: until its best stops moving
+            while self._left() > 0 and not self._settled(t):
+                self._advance(t, self.patience)
+            if self._settled(t):
+                t.status = "converged"
+        self._tell(force=True)
+        return all(t.status == "converged" for t in live) and not self._short
+
+    def _cut(self, live: list[MeshTrial], kept: int) -> list[MeshTrial]:
+        """The leader's plan tried on the others' meshes, then the ``kept`` best of ``live``."""
+        leader = min(live, key=_score)
+        if leader.step_time is not None:
+            for t in live:
+                if t is not leader:
+                    self._warm(t, leader)
+        live = sorted(live, key=_lead)
+        for t in live[kept:]:
+            t.status = "dropped"
+            if t is not self.best:
+                t.session = None
+        self._tell(force=True)
+        return live[:kept]
+
+    def _build(self, t: MeshTrial) -> None:
+        """``t``'s session, its hand plans scored and the incumbent's plan tried on it."""
+        try:
+            t.session = self.make(t.mesh, t.pipeline)
+        except PartexError as e:  # an axis that divides no dimension of the model
+            t.note, t.status = str(e), "not searched"
+            return
+        best = t.session.best()
+        t.warm_step = best.report.step_time if best is not None else None
+        t.status = "scored"
+        t.session.probe(self.probe)  # its own start, before any plan carried from elsewhere
+        if self.best is not None and self.best.session is not None:
+            t.lead = t.session.warm_from(self.best.session)
+        _record(t)
+        self._offer(t, self.seconds_now(), 0.0)
+
+    def _warm(self, t: MeshTrial, source: MeshTrial) -> None:
+        assert t.session is not None and source.session is not None
+        t.lead = t.session.warm_from(source.session)
+        _record(t)
+        self._offer(t, self.seconds_now(), 0.0)
+
+    def seconds_now(self) -> float:
+        """Seconds since ``run`` began."""
+        return time.perf_counter() - self._t0
+
+    def _advance(self, t: MeshTrial, n: int) -> None:
+        """``n`` more simulations of ``t`` in the time left (where fewer ran, the search is
+        short of its schedule: not converged). Only the search's deadline cuts them: a
+        schedule in simulations, not shares of time, is what makes it reproducible."""
+        s = t.session
+        assert s is not None
+        if self._left() <= 0:
+            return
+        t.status = "searching"
+        self._current = s
+        start, before = self.seconds_now(), s.stats().seconds
+
+        def tick(_session) -> None:
+            _record(t)
+            self._offer(t, start, before)
+            self._tell()
+
+        sims = s.stats().simulations
+        s.run(max(0.0, self._left()), callback=tick, simulations=n)
+        self._current = None
+        t.rounds += 1
+        _record(t)
+        self._offer(t, start, before)
+        if s.stats().simulations - sims < n:
+            self._short = True
+
+    def _offer(self, t: MeshTrial, start: float, before: float) -> None:
+        """``t`` as the incumbent where it is faster; when it was found: ``start`` seconds
+        into the run, and its session's seconds then (``before``)."""
+        if t.step_time is not None and (self.best is None or t.step_time < self.best.step_time * (1 - 1e-9)):
+            found = t.session.best() if t.session is not None else None
+            at = start + max(0.0, found.seconds - before) if found is not None and before else self.seconds_now()
+            self.best, self.best_at = t, min(at, self.seconds_now())
+
+    def _settled(self, t: MeshTrial) -> bool:
+        """Whether ``t``'s search has converged: its best unchanged over ``patience``
+        simulations, or half of those it took to find it where that is more."""
+        s = t.session
+        assert s is not None
+        sims = s.stats().simulations
+        best = s.best()
+        found = best.simulation if best is not None else 0
+        return sims - found >= max(self.patience, found // 2)
+
+
 def search_meshes(make: Callable[[MeshSpec, Pipeline | None], Searched],
                   meshes: Sequence[MeshSpec | tuple[MeshSpec, Pipeline | None]], seconds: float, *,
-                  keep: int = 1, callback: Callable[[list[MeshTrial]], None] | None = None
-                  ) -> list[MeshTrial]:
-    """Successive halving over ``meshes`` (module docstring; a mesh, or a mesh and the
-    pipeline its step runs): ``make(mesh, pipeline)`` builds a session (its hand plans
-    scored), then rounds of MCTS share ``seconds`` until ``keep`` candidates are left.
-    Returns every trial, best first (one no plan fits on, or that the model cannot use,
-    last); the survivors keep their sessions, the rest drop them. ``callback(trials)`` after
-    each round."""
-    trials, live = _trials(make, meshes)
-    if callback is not None:
-        callback(trials)
-    rounds = max(1, math.ceil(math.log2(max(len(live), 1)))) if len(live) > keep else 1
-    deadline = time.perf_counter() + seconds
-    for r in range(rounds):
-        left = deadline - time.perf_counter()
-        if left <= 0 or not live:
-            break
-        share = left / (rounds - r) / len(live)
-        for t in live:
-            assert t.session is not None
-            t.session.run(share)
-            t.rounds += 1
-            _record(t)
-        live.sort(key=_score)
-        survivors = live[:max(keep, math.ceil(len(live) / 2))] if r < rounds - 1 else live[:keep]
-        for t in live[len(survivors):]:
-            t.session = None
-        live = survivors
-        if callback is not None:
-            callback(trials)
-    kept = {id(t) for t in live}
-    for t in trials:
-        if id(t) not in kept:
-            t.session = None
-    return _ranked(trials)
+                  callback: Callable[[list[MeshTrial]], None] | None = None) -> list[MeshTrial]:
+    """``meshes`` as one tier of a ``MeshSearcher`` run for at most ``seconds``: every trial, best first."""
+    return MeshSearcher(make, [meshes], effort=effort_of(seconds)).run(seconds, callback).trials
 
 
 def _trials(make: Callable[[MeshSpec, Pipeline | None], Searched],
@@ -318,10 +539,11 @@ def _trials(make: Callable[[MeshSpec, Pipeline | None], Searched],
         try:
             t.session = make(t.mesh, t.pipeline)
         except PartexError as e:  # an axis that divides no dimension of the model
-            t.note = str(e)
+            t.note, t.status = str(e), "not searched"
             continue
         best = t.session.best()
         t.warm_step = best.report.step_time if best is not None else None
+        t.status = "scored"
         _record(t)
         live.append(t)
     return trials, live
@@ -438,7 +660,21 @@ class MeshSearch:
     trials: list[MeshTrial]
     seconds: float  # wall seconds in all: sessions built and searched
     topology: Topology | None = None
-    best_at: float | None = None  # a ProgramSearch's search seconds to its best plan (time-to-best)
+    best_at: float | None = None  # seconds into the search when its best plan was found (time-to-best)
+    converged: bool = False  # a MeshSearcher's: every tier searched to the end of its schedule
+    stopped: bool = False  # a MeshSearcher's: request_stop ended it
+
+    def how(self) -> str:
+        """How the search ended, for people: converged, stopped, or the time up with
+        candidates still open; and when it found its best."""
+        at = f"; best found after {self.best_at:.1f} s" if self.best_at is not None else ""
+        if self.converged:
+            return "every candidate searched to convergence" + at
+        if self.stopped:
+            return "stopped: the best so far" + at
+        still = sum(t.status in ("time up", "not reached") for t in self.trials)
+        return (f"the time ran out with {still} candidate{'s' if still != 1 else ''} not searched to the end "
+                "(give it more time)" if still else "the time ran out") + at
 
     @property
     def best(self) -> MeshTrial | None:
@@ -468,6 +704,9 @@ class MeshSearch:
             if t.note:
                 rows.append(f"  {t.mesh.text():<34}{pipe} not searched: {t.note}")
                 continue
+            if t.status in ("open", "not reached"):
+                rows.append(f"  {t.mesh.text():<34}{pipe} not reached: the search ended first")
+                continue
             warm = f"{t.warm_step * 1e3:.2f} ms" if t.warm_step is not None else "none fits"
             step = f"{t.step_time * 1e3:.2f} ms" if t.step_time is not None else "none fits"
             mfu = f"{t.mfu:.1%}" if t.mfu is not None else "-"
@@ -480,26 +719,45 @@ class MeshSearch:
         trial (``MeshTrial.to_json``), best first."""
         best = self.best
         return {"topology": self.topology.text() if self.topology else None, "seconds": self.seconds,
-                "best_at_s": self.best_at,
+                "best_at_s": self.best_at, "converged": self.converged, "stopped": self.stopped,
                 "chosen": best.mesh.text() if best else None,
                 "chosen_pipeline": best.pipeline.text() if best and best.pipeline else None,
                 "meshes": [t.to_json() for t in self.trials]}
+
+
+def mesh_tiers(devices: int, link_bandwidth: float | None, *, topology: Topology | None = None, max_axes: int = 4,
+               stacks: Sequence[StackShape | tuple[str, int, int]] = (), pipelines: bool | None = None
+               ) -> list[list]:
+    """The candidates of a mesh search, by tier, narrowest first: the meshes of up to
+    ``max_axes`` axes, then the pipelined candidates (``pipelines``: None over the slices of
+    a topology of several, True within a slice too, False none). A search without pipelines
+    is a prefix of one with them."""
+    tiers: list[list] = [list(candidate_meshes(devices, topology, max_axes, link_bandwidth))]
+    if pipelines is not False and stacks and (pipelines or (topology is not None and topology.granules > 1)):
+        tiers.append(candidate_pipelines(stacks, devices, topology, max_axes, link_bandwidth, within=bool(pipelines)))
+    return [tier for tier in tiers if tier]
+
+
+def mesh_searcher(make: Callable[[MeshSpec, Pipeline | None], Searched], devices: int, link_bandwidth: float, *,
+                  topology: "str | Topology | None" = None, max_axes: int = 4, effort: float = 1.0,
+                  stacks: Sequence[StackShape | tuple[str, int, int]] = (), pipelines: bool | None = None
+                  ) -> MeshSearcher:
+    """The search over the meshes of ``devices`` (module docstring), built, not run:
+    ``make(mesh, pipeline)`` a session on one (``Session.search_meshes`` and
+    ``partex.search_meshes`` pass the model's); ``link_bandwidth``: bytes/s of the links
+    inside a slice; ``topology``: 'SLICESxDEVICES[@GB/s]' or a Topology. ``stacks``: the
+    model's stacks that may be pipelined (``StackShape``s); ``pipelines``: None tries them
+    over the slow axis of a topology of several slices, True within a slice too, False never.
+    ``effort``: the schedule's scale (``effort_of``)."""
+    topo = Topology.parse(topology, devices) if isinstance(topology, str) else topology
+    tiers = mesh_tiers(devices, link_bandwidth, topology=topo, max_axes=max_axes, stacks=stacks, pipelines=pipelines)
+    return MeshSearcher(make, tiers, topology=topo, effort=effort)
 
 
 def mesh_search(make: Callable[[MeshSpec, Pipeline | None], Searched], devices: int, link_bandwidth: float, *,
                 topology: "str | Topology | None" = None, seconds: float = 60.0, max_axes: int = 4,
                 callback: Callable[[list[MeshTrial]], None] | None = None,
                 stacks: Sequence[StackShape | tuple[str, int, int]] = (), pipelines: bool | None = None) -> MeshSearch:
-    """Search the meshes of ``devices`` with the plan (module docstring): ``make(mesh,
-    pipeline)`` a session on one (``Session.search_meshes`` and ``partex.search_meshes`` pass
-    the model's); ``link_bandwidth``: bytes/s of the links inside a slice; ``topology``:
-    'SLICESxDEVICES[@GB/s]' or a Topology. ``stacks``: the model's stacks that may be
-    pipelined (``StackShape``s); ``pipelines``: None tries them over the slow axis
-    of a topology of several slices, True within a slice too, False never."""
-    t0 = time.perf_counter()
-    topo = Topology.parse(topology, devices) if isinstance(topology, str) else topology
-    meshes: list = list(candidate_meshes(devices, topo, max_axes, link_bandwidth))
-    if pipelines is not False and stacks and (pipelines or (topo is not None and topo.granules > 1)):
-        meshes += candidate_pipelines(stacks, devices, topo, max_axes, link_bandwidth, within=bool(pipelines))
-    trials = search_meshes(make, meshes, seconds, callback=callback)
-    return MeshSearch(trials, time.perf_counter() - t0, topo)
+    """``mesh_searcher`` at the effort of ``seconds``, run for at most ``seconds``."""
+    return mesh_searcher(make, devices, link_bandwidth, topology=topology, max_axes=max_axes,
+                         effort=effort_of(seconds), stacks=stacks, pipelines=pipelines).run(seconds, callback)

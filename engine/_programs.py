@@ -10,13 +10,15 @@ imports no session), and the halving and UCT over them are ``_meshes``'.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Protocol, Sequence
 
 from ._decisions import Decision
 from ._errors import PartexError
 from ._loader import ModelAnalysis, ModelSpec
 from ._mesh import Hardware, MeshSpec
-from ._meshes import MeshSearch, MeshTrial, ProgramSearch, StackShape, mesh_search, pipelines_over
+from ._meshes import MeshSearch, MeshSearcher, MeshTrial, ProgramSearch, StackShape, effort_of, pipelines_over
+from ._meshes import mesh_searcher as _mesh_searcher
 from ._options import DEFAULT_HARDWARE, as_hardware, as_mesh
 from .analysis._pipeline_stacks import pipeline_stacks, pipeline_units
 from ._sessionstate import SessionState
@@ -55,15 +57,15 @@ def stack_sizes(model: ModelAnalysis) -> list[StackShape]:
             if not isinstance(st, str)]
 
 
-def search_meshes(model: ModelAnalysis, devices: int, *, session: Callable[..., Any], topology=None,
+def mesh_searcher(model: ModelAnalysis, devices: int, *, session: Callable[..., Any], topology=None,
                   hardware: str | Hardware = DEFAULT_HARDWARE, memory: str | float | None = None,
-                  seconds: float = 60.0, max_axes: int = 4, seed: int = 0, warm_start: bool = True,
-                  spec: ModelSpec | None = None, user_shardings: str = "keep", callback=None,
-                  pipelines: bool | None = None) -> MeshSearch:
-    """The meshes of ``devices`` searched with the plan for an analysed model:
+                  max_axes: int = 4, seed: int = 0, warm_start: bool = True, spec: ModelSpec | None = None,
+                  user_shardings: str = "keep", pipelines: bool | None = None, effort: float = 1.0) -> MeshSearcher:
+    """The search over the meshes of ``devices`` with the plan for an analysed model, built
+    and not run (``MeshSearcher``: ``run`` it, ``request_stop`` it):
     ``session(model, mesh=..., ...)`` (``Session.from_analysis``) makes each candidate's
     search; the pipelined steps, one per pipeline and stage count (``trace_mesh``), are
-    traced once and shared by the meshes. Returns a ``MeshSearch``."""
+    traced once and shared by the meshes."""
     hw = as_hardware(hardware, memory)
     traced: dict = {}
 
@@ -77,8 +79,14 @@ def search_meshes(model: ModelAnalysis, devices: int, *, session: Callable[..., 
         return session(m, mesh=mesh, hardware=hw, seed=seed, warm_start=warm_start, spec=spec,
                        user_shardings=user_shardings)
 
-    return mesh_search(make, devices, hw.link_bandwidth, topology=topology, seconds=seconds, max_axes=max_axes,
-                       callback=callback, stacks=stack_sizes(model), pipelines=pipelines)
+    return _mesh_searcher(make, devices, hw.link_bandwidth, topology=topology, max_axes=max_axes, effort=effort,
+                          stacks=stack_sizes(model), pipelines=pipelines)
+
+
+def search_meshes(model: ModelAnalysis, devices: int, *, seconds: float = 60.0, callback=None, **kwargs) -> MeshSearch:
+    """``mesh_searcher`` (its arguments) at the effort of ``seconds`` (``effort_of``), run
+    for at most ``seconds``, ``callback(trials)`` as it goes. Returns a ``MeshSearch``."""
+    return mesh_searcher(model, devices, effort=effort_of(seconds), **kwargs).run(seconds, callback)
 
 
 def search_pipelines(s: Any, seconds: float | None, simulations: int | None, callback=None) -> ProgramSearch:
@@ -207,6 +215,29 @@ class SessionPrograms:
                                       user_shardings=self.user_shardings, pipeline=pipeline)
         return other, other.apply_pins(self._portable(self.pins, other), self._portable(self.forbidden, other))
 
+    def warm_from(self: Forked, other: Any) -> float:
+        """Score ``other``'s best plan (another mesh's or program's session of this model)
+        as a candidate of this session's search, as it carries pins (``_portable``): the
+        decisions this mesh and program can take, the rest left out (an axis it lacks, a
+        size that does not divide). Returns what the plan promises here: its step time,
+        times how far over the memory budget it is where it does not fit (inf where
+        ``other`` has no plan)."""
+        best = other.best() if other is not self else None
+        if best is None:
+            return math.inf
+        items = other._portable(best.decisions, self)
+        decisions = []
+        for item in items:
+            try:
+                decisions.append(self._state.space.adopt(item) if isinstance(item, Decision) else
+                                 self._state.space.decision(*item))
+            except PartexError:  # a group or axis this session lacks, or a size its axis does not divide
+                continue
+        _, e = self._state.search.consider(decisions, self._state.pins)
+        hw = self.hardware
+        over = max(e.peak / hw.limit, (e.host / hw.host_limit if hw.host_limit > 0 else math.inf) if e.host else 0.0)
+        return e.step_time * max(1.0, over)
+
     def _portable(self: Forked, decisions: Sequence[Decision], other: Any) -> list:
         """This session's decisions as ``other`` takes them: as they are on the same program
         (another mesh), else by what they decide about and their slot (``ffn``, ``model``):
@@ -215,20 +246,32 @@ class SessionPrograms:
             return list(decisions)
         return [(self.analysis.subject_label(d), d.slot) for d in decisions]
 
+    def mesh_searcher(self: Forked, devices: int, *, topology=None, max_axes: int = 4, pipelines: bool | None = None,
+                      effort: float = 1.0) -> MeshSearcher:
+        """``search_meshes``'s search (its arguments), built and not run: ``run(seconds,
+        callback)`` it; ``request_stop`` (from a signal handler, say) ends it with the best
+        so far. ``effort`` scales its schedule of simulations (``search_meshes``: the
+        seconds given over 60)."""
+        return mesh_searcher(written(self.model), devices, session=type(self).from_analysis, topology=topology,
+                             hardware=self.hardware, max_axes=max_axes, seed=self.seed, warm_start=self.warm_start,
+                             spec=self.spec, user_shardings=self.user_shardings, pipelines=pipelines, effort=effort)
+
     def search_meshes(self: Forked, devices: int, *, topology=None, seconds: float = 60.0, max_axes: int = 4,
                       callback=None, pipelines: bool | None = None) -> MeshSearch:
         """The mesh as a decision: every factorisation of ``devices`` into up to
         ``max_axes`` axes (``topology``: 'SLICESxDEVICES[@GB/s]', one axis across the slow
-        network) searched with the plan by successive halving within ``seconds``, on this
-        session's model (as written: a pipeline is one of the candidates), hardware and
-        budget (``partex._meshes``). ``pipelines``: None tries the model's scanned stacks as
-        pipelines over the slices of a topology of several, True within a slice too, False
-        never. ``callback(trials)`` after each round, the ``MeshTrial``s so far. Returns a
+        network) searched with the plan, on this session's model (as written: a pipeline is
+        one of the candidates), hardware and budget (``partex._meshes.MeshSearcher``): one
+        tier of candidates after another, narrowest first (one axis, two, ... then the
+        pipelines), each candidate starting from the best plan so far, successive halving
+        in each tier; more candidates never give a worse plan. ``pipelines``: None tries the
+        model's scanned stacks as pipelines over the slices of a topology of several, True
+        within a slice too, False never. ``seconds`` caps the time and sets the effort
+        (``effort_of``): the search returns sooner where every tier converged.
+        ``callback(trials)`` as it goes, the ``MeshTrial``s so far. Returns a
         ``MeshSearch``: the candidates tried, best first; ``use_mesh`` takes one."""
-        return search_meshes(written(self.model), devices, session=type(self).from_analysis, topology=topology,
-                             hardware=self.hardware, seconds=seconds, max_axes=max_axes, seed=self.seed,
-                             warm_start=self.warm_start, spec=self.spec, user_shardings=self.user_shardings,
-                             callback=callback, pipelines=pipelines)
+        return self.mesh_searcher(devices, topology=topology, max_axes=max_axes, pipelines=pipelines,
+                                  effort=effort_of(seconds)).run(seconds, callback)
 
     def search_pipelines(self: Forked, seconds: float | None = 60.0, *, simulations: int | None = None,
                          callback=None) -> ProgramSearch:

@@ -38,7 +38,8 @@ from ._mesh import Hardware, MeshSpec
 from ._meshes import MeshSearch
 from ._options import DEFAULT_HARDWARE, as_hardware, as_mesh
 from ._programs import SessionPrograms, pipelined_model, stacks, written
-from ._programs import search_meshes as _search_meshes
+from ._meshes import MeshSearcher, effort_of
+from ._programs import mesh_searcher as _mesh_searcher
 from ._results import SearchStats
 from ._sessionfile import SessionFiles
 from ._sessionstate import Candidate, SessionState
@@ -285,12 +286,21 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
         self._state.search.step(int(n), self._state.pins)
         return self
 
-    def run(self, seconds: float, callback: Callable[["Session"], None] | None = None) -> "Session":
-        """Search for about ``seconds``; ``callback(session)`` after each chunk. Returns
-        early when ``request_stop`` is called (e.g. from a signal handler). Returns the session."""
+    def run(self, seconds: float, callback: Callable[["Session"], None] | None = None, *,
+            simulations: int | None = None) -> "Session":
+        """Search for about ``seconds``, or until ``simulations`` more have run where that
+        comes first; ``callback(session)`` after each chunk. Returns early when
+        ``request_stop`` is called (e.g. from a signal handler). Returns the session."""
         search = self._state.search
         search.stop_requested = False
-        search.run(seconds, self._state.pins, callback=None if callback is None else (lambda _s: callback(self)))
+        search.run(seconds, self._state.pins, callback=None if callback is None else (lambda _s: callback(self)),
+                   simulations=simulations)
+        return self
+
+    def probe(self, evaluations: int) -> "Session":
+        """A short descent from the best plan so far, of at most ``evaluations`` plans scored
+        (the mesh search's screen of a candidate: reproducible, unlike a slice of time)."""
+        self._state.search.probe(evaluations, self._state.pins)
         return self
 
     def request_stop(self) -> None:
@@ -394,6 +404,18 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
         return notes
 
 
+def mesh_searcher(model, devices: int, *, topology=None, hardware: str | Hardware = DEFAULT_HARDWARE,
+                  memory: str | float | None = None, max_axes: int = 4, seed: int = 0, warm_start: bool = True,
+                  spec: ModelSpec | None = None, user_shardings: str = "keep", pipelines: bool | None = None,
+                  effort: float = 1.0) -> MeshSearcher:
+    """``search_meshes``'s search (its arguments; ``effort`` scales its schedule of
+    simulations, ``effort_of``), built and not run: ``run(seconds, callback)`` it and
+    ``request_stop`` it (``partex search --devices`` does, on Ctrl-C, keeping the best so far)."""
+    return _mesh_searcher(model, devices, session=Session.from_analysis, topology=topology, hardware=hardware,
+                          memory=memory, max_axes=max_axes, seed=seed, warm_start=warm_start, spec=spec,
+                          user_shardings=user_shardings, pipelines=pipelines, effort=effort)
+
+
 def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardware = DEFAULT_HARDWARE,
                   memory: str | float | None = None, seconds: float = 60.0, max_axes: int = 4, seed: int = 0,
                   warm_start: bool = True, spec: ModelSpec | None = None, user_shardings: str = "keep",
@@ -409,16 +431,17 @@ def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardwar
         crosses the slow network between slices.
       hardware, memory, seed, warm_start, user_shardings: each candidate session's, as for
         ``Session``.
-      seconds: the search's time, shared by successive halving.
+      seconds: the most time the search takes; it sets the effort (``effort_of``), and the
+        search returns sooner where every tier of candidates converged.
       max_axes: the most axes a mesh has.
       spec: the ``ModelSpec`` the model was built from, if any.
-      callback: ``callback(trials)`` after each round, the ``MeshTrial``s so far.
+      callback: ``callback(trials)`` as the search goes, the ``MeshTrial``s so far.
       pipelines: None tries the model's scanned stacks as pipelines over the slices of a
         topology of several, True within a slice too, False never.
 
     Returns:
       A ``MeshSearch``: the candidates tried, best first.
     """
-    return _search_meshes(model, devices, session=Session.from_analysis, topology=topology, hardware=hardware,
-                          memory=memory, seconds=seconds, max_axes=max_axes, seed=seed, warm_start=warm_start,
-                          spec=spec, user_shardings=user_shardings, callback=callback, pipelines=pipelines)
+    return mesh_searcher(model, devices, topology=topology, hardware=hardware, memory=memory, max_axes=max_axes,
+                         seed=seed, warm_start=warm_start, spec=spec, user_shardings=user_shardings,
+                         pipelines=pipelines, effort=effort_of(seconds)).run(seconds, callback)

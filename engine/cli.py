@@ -18,7 +18,8 @@ from ._loader import analyze_model, demo_names, load_model
 from ._mesh import Hardware, format_bytes, get_hardware, parse_bytes
 from ._checks import verify_plan
 from ._loader import ModelSpec, analyze_spec, model_spec
-from ._session import Session, search_meshes
+from ._meshes import effort_of
+from ._session import Session, mesh_searcher
 from .plan._explain import explain_table
 from .plan._measure import measure
 from .plan._export import comparison_table, export_text
@@ -691,7 +692,8 @@ def _trials_progress(enabled: bool, what: str, name):
         if enabled:
             done = [t for t in trials if t.step_time is not None]
             best = min(done, key=lambda t: t.step_time) if done else None
-            sys.stderr.write(f"\rpartex: {len(trials)} {what}"
+            still = sum(t.status in ("open", "scored", "searching") for t in trials)
+            sys.stderr.write(f"\rpartex: {len(trials)} {what}" + (f", {still} open" if still else "")
                              + (f", best so far {name(best)} {best.step_time * 1e3:.3f} ms" if best else "") + "\033[K")
             sys.stderr.flush()
     return progress
@@ -713,11 +715,13 @@ def _mesh_search(args):
     hw = _hardware(args)
     tty = not args.json and sys.stderr.isatty()
     progress = _trials_progress(tty, "meshes", lambda t: t.text())
-    found = search_meshes(ma, args.devices, topology=args.topology, hardware=hw, seconds=args.budget,
-                        max_axes=args.max_axes, seed=args.seed or 0, warm_start=not args.cold,
-                        spec=model_spec(args.model, args.preset or "tiny", _overrides(args.config)),
-                        user_shardings=args.user_shardings or "keep", callback=progress,
-                        pipelines={"auto": None, "on": True, "off": False}[args.pipelines])
+    searcher = mesh_searcher(ma, args.devices, topology=args.topology, hardware=hw, max_axes=args.max_axes,
+                             seed=args.seed or 0, warm_start=not args.cold,
+                             spec=model_spec(args.model, args.preset or "tiny", _overrides(args.config)),
+                             user_shardings=args.user_shardings or "keep", effort=effort_of(args.budget),
+                             pipelines={"auto": None, "on": True, "off": False}[args.pipelines])
+    with _stop_on_signals(searcher):  # Ctrl-C: the best so far
+        found = searcher.run(args.budget, callback=progress)
     if tty:
         sys.stderr.write("\n")
     return found
@@ -780,7 +784,7 @@ def cmd_search(args) -> int:
         if not args.json:
             print(f"meshes of {args.devices} devices"
                   + (f" ({meshes.topology.text()})" if meshes.topology else "")
-                  + f", {meshes.seconds:.1f} s; chosen: {s.mesh.text()}"
+                  + f", {meshes.seconds:.1f} s ({meshes.how()}); chosen: {s.mesh.text()}"
                   + (f", pipeline {s.pipeline.text()}" if s.pipeline is not None else ""))
             print(meshes.table())
     else:
@@ -795,7 +799,7 @@ def cmd_search(args) -> int:
         _run_search(s, args, state_path)
     else:
         s.save(state_path)
-    interrupted = s.stop_requested
+    interrupted = s.stop_requested or (meshes is not None and meshes.stopped)
     best = s.best()
     hw = s.hardware
     if best is None:

@@ -10,7 +10,7 @@ from partex import PartexError, candidate_meshes
 from ._banner import MESH_SEARCH_FIELDS, Banner
 from ._engine import Workspace
 from ._format import fmt_bytes, fmt_time
-from ._meshes import MeshRequest, MeshSearchJob
+from ._meshes import MeshProgress, MeshRequest, MeshSearchJob
 from ._slice import ParamSlice
 
 
@@ -52,8 +52,9 @@ class MeshCard:
         self.job = MeshSearchJob(ws.session, request, name=self.name, lock=ws.lock)
         self._for = (ws.base, ws.config.hw)
         self.page.set(mesh_rows=[], mesh_status=(
-            f"searching the {len(meshes)} meshes of {request.text()} for {request.seconds:g} s: "
-            "a session on each from its hand plans, then rounds of successive halving"))
+            f"searching the {len(meshes)} meshes of {request.text()} (and their pipelines, where asked) for at most "
+            f"{request.seconds:g} s: narrowest first, each from its hand plans and the best plan so far, "
+            "rounds of successive halving"))
         self.mark("meshes", True)
 
     def stop(self) -> None:
@@ -84,10 +85,7 @@ class MeshCard:
             self.page.mesh_rows = list(p.rows)
         if not p.done:
             if p.rows:
-                live = sum(r.live for r in p.rows)
-                rounds = max(r.rounds for r in p.rows)
-                self.page.mesh_status = (f"searching: {len(p.rows)} meshes, {live} still in after round {rounds}"
-                                         if rounds else f"searching: {len(p.rows)} meshes scored by their hand plans")
+                self.page.mesh_status = progress_text(p)
             return
         self.mark("meshes", False)
         if p.error:
@@ -102,7 +100,7 @@ class MeshCard:
             self._end(f"{head}: no plan fits the budget of {fmt_bytes(self.page.config.hw.budget)} per device "
                       "on any: raise the budget or give more devices", "warning")
         else:
-            status = (f"{head}: the best is {best.label} at {fmt_time(best.step)} per step; pick a mesh "
+            status = (f"{head} ({p.how}): the best is {best.name} at {fmt_time(best.step)} per step; pick a mesh "
                       "and press Use this mesh to continue on it")
             self.page.mesh_status = status
             self.banner.notify(f"mesh search done: {status}", "success")
@@ -115,3 +113,17 @@ class MeshCard:
         if self.job is not None:
             self.job.close()
 
+
+
+def progress_text(p: MeshProgress) -> str:
+    """A running search in words: the incumbent (the best so far, and when it was found) and
+    the candidates still open."""
+    best = next((r for r in p.rows if r.step is not None), None)
+    still = sum(r.open for r in p.rows)
+    where = f"{p.seconds:.0f} s in: " if p.seconds else ""
+    head = (f"{where}best so far {best.name} at {fmt_time(best.step)} per step"
+            + (f" (found after {p.best_at:.1f} s)" if p.best_at is not None else "")
+            if best is not None else f"{where}no plan that fits yet")
+    searching = [r.name for r in p.rows if r.status == "searching"]
+    return (f"{head}; {still} of {len(p.rows)} candidates open"
+            + (f", searching {searching[0]}" if searching else ""))

@@ -23,7 +23,7 @@ import traceback
 import panel as pn
 import param
 
-from partex import MeshTrial, PartexError, Session, Topology
+from partex import MeshTrial, PartexError, Session, Topology, effort_of
 
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time
 from ._runner import CHILD_NICENESS, reap, start_forked
@@ -31,6 +31,11 @@ from ._tables import Table
 from ._widgets import bokeh_update, button, html, keyed, select, text_input
 
 log = logging.getLogger("partex.explorer")
+
+# a candidate's state (``MeshTrial.status``) in the card's words
+STATES = {"open": "open: not reached yet", "scored": "hand plans scored", "searching": "searching",
+          "dropped": "dropped", "converged": "searched to convergence", "not reached": "not reached: time was up",
+          "time up": "time was up", "stopped": "stopped"}
 
 DEFAULT_SECONDS = 20  # the form's search time: a few rounds on the tiny demos' meshes
 AXES = ("2", "3", "4")  # the most axes a candidate mesh may have
@@ -52,14 +57,20 @@ class MeshRow:
     simulations: int
     rounds: int
     note: str  # why it was not searched
-    live: bool  # still in the halving
+    status: str  # ``MeshTrial.status``: open, scored, searching, dropped, converged, ...
     pipeline: str = ""  # the pipeline its step runs (``Pipeline.text``), "" for the step as written
     bubble: float | None = None
+    tier: int = 0  # its tier of the search: the narrowest space is 0
 
     @classmethod
     def of(cls, t: MeshTrial) -> "MeshRow":
         return cls(t.mesh.text(links=True), t.mesh.text(), t.warm_step, t.step_time, t.mfu, t.memory, t.simulations,
-                   t.rounds, t.note, t.session is not None, t.pipeline.text() if t.pipeline else "", t.bubble)
+                   t.rounds, t.note, t.status, t.pipeline.text() if t.pipeline else "", t.bubble, t.tier)
+
+    @property
+    def open(self) -> bool:
+        """Still to be searched, or searching."""
+        return self.status in ("open", "scored", "searching")
 
     @property
     def key(self) -> str:
@@ -120,8 +131,10 @@ class MeshProgress:
 
     rows: tuple[MeshRow, ...]
     done: bool = False
-    seconds: float = 0.0
+    seconds: float = 0.0  # the search's seconds so far
     error: str | None = None
+    best_at: float | None = None  # seconds into the search when the best so far was found
+    how: str = ""  # how it ended (``MeshSearch.how``)
 
 
 class MeshSearchJob:
@@ -159,9 +172,9 @@ class MeshSearchJob:
                 break
             kind = msg[0]
             if kind == "round":
-                self.progress = MeshProgress(tuple(msg[1]))
+                self.progress = MeshProgress(tuple(msg[1]), seconds=msg[2], best_at=msg[3])
             elif kind == "done":
-                self.progress = MeshProgress(tuple(msg[1]), done=True, seconds=msg[2])
+                self.progress = MeshProgress(tuple(msg[1]), done=True, seconds=msg[2], best_at=msg[3], how=msg[4])
                 self._finish()
             elif kind == "error":
                 if msg[2]:  # not bad input: the child's own failure, logged whole
@@ -191,18 +204,26 @@ def _child_main(conn, parent_end, session: Session, request: MeshRequest) -> Non
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.nice(CHILD_NICENESS)
     gc.freeze()
-    t0 = time.perf_counter()
     try:
-        found = session.search_meshes(
-            request.devices, topology=request.topology, seconds=request.seconds, max_axes=request.max_axes,
-            pipelines=request.pipelines, callback=lambda trials: conn.send(("round", [MeshRow.of(t) for t in trials])))
-        conn.send(("done", [MeshRow.of(t) for t in found.trials], time.perf_counter() - t0))
+        searcher = session.mesh_searcher(request.devices, topology=request.topology, max_axes=request.max_axes,
+                                         pipelines=request.pipelines, effort=effort_of(request.seconds))
+        found = searcher.run(request.seconds, callback=lambda trials: conn.send(
+            ("round", ranked_rows(trials), searcher.seconds_now(), searcher.best_at)))
+        conn.send(("done", [MeshRow.of(t) for t in found.trials], found.seconds, found.best_at, found.how()))
     except PartexError as e:
         conn.send(("error", str(e), None))
     except (EOFError, OSError, KeyboardInterrupt):  # the server went away
         return
     except Exception as e:  # the process's boundary: one line on the page, the traceback logged
         conn.send(("error", f"internal error: {type(e).__name__}: {e}", traceback.format_exc()))
+
+
+def ranked_rows(trials) -> list[MeshRow]:
+    """The trials as rows, best first as ``MeshSearch`` ranks them (those not searched last)."""
+    def key(t: MeshTrial):
+        return (t.note != "", t.step_time if t.step_time is not None else float("inf"),
+                t.warm_step if t.warm_step is not None else float("inf"))
+    return [MeshRow.of(t) for t in sorted(trials, key=key)]
 
 
 def rows_table(rows, current: str | None, running: bool) -> list[tuple]:
@@ -221,12 +242,11 @@ def rows_table(rows, current: str | None, running: bool) -> list[tuple]:
         if r.note:
             out.append((mesh, "-", "-", "-", "-", "-", f"<span class='muted'>not searched: {esc(r.note)}</span>"))
             continue
-        if not r.rounds:
-            state = "hand plans scored" if running else "not searched: time was up"
-        elif r.live:
-            state = "searching" if running else f"kept after round {r.rounds}"
-        else:
-            state = f"dropped after round {r.rounds}"
+        state = STATES.get(r.status, r.status)
+        if r.status == "dropped":
+            state += f" after round {r.rounds}"
+        elif r.open and not running:  # the child is gone (stopped from the page)
+            state = "stopped"
         step = fmt_time(r.step) if r.step is not None else "<span class='bad'>none fits</span>"
         out.append((mesh, fmt_time(r.hand) if r.hand is not None else "none fits", step, fmt_pct(r.mfu),
                     fmt_bytes(r.memory) if r.memory is not None else "-", f"{r.simulations:,}",

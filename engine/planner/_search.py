@@ -105,6 +105,7 @@ class Search:
         self._kick_base: tuple[Decision, ...] | None = None  # the plan the kicks start from
         self._kicks = 0  # kicks tried from it (LocalSearch.kick)
         self._polish_evals = 0  # evaluations when the local search last ran
+        self._carried: set = set()  # the keys of plans carried from other searches (``consider``)
         self._deadline: float | None = None  # run(): polishing stops at the budget
         self._t0: float | None = None  # step(): when the simulations in hand began
         self.stop_requested = False  # set by request_stop() (a signal handler): run() returns
@@ -151,12 +152,35 @@ class Search:
             return
         if best.decisions != self._polished:
             if turn or len(ev.evals) - self._polish_evals >= POLISH_EVALS:
+                own = self._own_best() if self.simulations == 1 and ev.key(best.decisions) in self._carried else None
                 self._polished = best.decisions
                 self.local.polish(pins.pinned, pins.forbidden, self._deadline)
+                if own is not None:  # a plan carried from elsewhere leads: its basin, and this search's own
+                    self.local.descend(own, lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, self._deadline)
                 self._polish_evals = len(ev.evals)
         elif turn:  # the best is where the last polish left it: a kick, as often as a polish
             self._kick(best.decisions, pins)
             self._polish_evals = len(ev.evals)
+
+    def probe(self, evaluations: int, pins: Pins) -> None:
+        """A short descent, of at most ``evaluations`` plans scored, from the best plan so
+        far (a rollout first where none fits yet): how far a candidate gets in a little
+        time, reproducibly (a count of plans, not seconds)."""
+        ev = self.evaluator
+        if ev.best is None:  # a rollout first, as a simulation's: most often it finds a plan that fits
+            self.tree.simulate(pins.pinned, pins.forbidden)
+        start = ev.best.decisions if ev.best is not None else None
+        if start is None or any(p not in start for p in pins.pinned):
+            return
+        self.local.descend(tuple(start), lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, None,
+                           budget=int(evaluations))
+
+    def _own_best(self) -> tuple[Decision, ...] | None:
+        """The fastest plan that fits among those this search met itself (none carried from
+        elsewhere by ``consider``)."""
+        ev = self.evaluator
+        own = [(e.step_time, k) for k, e in ev.evals.items() if e.fits and k not in self._carried]
+        return ev.decisions_of(min(own)[1]) if own else None
 
     def _kick(self, best: tuple[Decision, ...], pins: Pins) -> None:
         """The next kick (``LocalSearch.kick``) from the kick base: the best plan when the
@@ -200,17 +224,37 @@ class Search:
         self.stop_requested = True
         self._deadline = time.perf_counter()
 
-    def run(self, seconds: float, pins: Pins, chunk: int = 16, callback=None) -> None:
-        """Simulate for about ``seconds`` (in chunks; callback(self) after each)."""
+    def run(self, seconds: float, pins: Pins, chunk: int = 16, callback=None, simulations: int | None = None) -> None:
+        """Simulate for about ``seconds`` (in chunks; callback(self) after each), or until
+        ``simulations`` more have run where that comes first."""
         end = time.perf_counter() + seconds
         self._deadline = end
+        left = float("inf") if simulations is None else int(simulations)
         try:
-            while time.perf_counter() < end and not self.stop_requested:
-                self.step(chunk, pins)
+            while left > 0 and time.perf_counter() < end and not self.stop_requested:
+                n = int(min(chunk, left))
+                before = self.simulations
+                self.step(n, pins)
+                left -= self.simulations - before
                 if callback is not None:
                     callback(self)
         finally:
             self._deadline = None
+
+    def consider(self, decisions: Sequence[Decision], pins: Pins) -> tuple[tuple[Decision, ...], Evaluation]:
+        """Score a plan from elsewhere (another mesh's best, translated) as a candidate of
+        this search, the way the hand plans are: the pins, then each of ``decisions`` this
+        space can take after those before it (the rest left out). A better plan becomes the
+        best, and the next polish starts from it. Returns the plan scored and its evaluation."""
+        plan = list(pins.pinned)
+        index = {d: i for i, d in enumerate(self.actions)}
+        for d in decisions:
+            i = index.get(d)
+            if i is not None and d not in plan and i in self.space.legal(plan, pins.forbidden):
+                plan.append(d)
+        self.evaluator.score(tuple(plan))
+        self._carried.add(self.evaluator.key(plan))
+        return tuple(plan), self.evaluator.evaluate(tuple(plan))
 
     def best(self) -> SearchResult | None:
         b = self.evaluator.best
