@@ -12,16 +12,21 @@ the slow axis, its size the slices (``stage``: each slice a stage, the activatio
 the slow network once a tick), or within one slice over a ``stage`` axis of 2 or 4 devices;
 ``candidate_pipelines`` gives those meshes with the pipelines to try on each (microbatches
 2S and 4S where the batch divides, each stage saving or recomputing its layers).
-``search_meshes`` runs one search per candidate (a ``Searched``: a ``Session`` each) by successive halving:
-every candidate starts from its hand plans, then rounds of MCTS, each giving the better half
-of the candidates still in twice the time, until one is left or the time is spent.
+``MeshSearcher`` runs one search per candidate (a ``Searched``: a ``Session`` each), in tiers
+narrowest first (the meshes, then the pipelined candidates: ``mesh_tiers``), each tier after
+the one before is done, every candidate starting from its hand plans and the best plan found so
+far translated onto it (``warm_from``); within a tier a short descent of each screens them, the
+best earn simulations, and successive halving gives the better half twice as many until one is
+left, searched until its best stops moving. The schedule counts simulations (reproducible for
+a seed), the time only caps it: a wider search runs the narrower one's schedule first, so it is
+never worse. ``search_meshes`` runs one at the effort of its seconds.
 
 On one mesh the pipeline is a decision of the search itself (``ProgramSearch``): the step as
 written and each of its pipelines over an axis of the mesh (``pipelines_over``) are the
 children of one root, each with its own tree, and UCT at the root decides which tree the next
 simulations go to, incrementally, as one session's search. Owns ``Topology``,
 ``candidate_meshes``, ``candidate_pipelines``, ``pipelines_over``, ``MeshTrial``,
-``search_meshes`` and ``ProgramSearch``.
+``MeshSearcher``, ``search_meshes`` and ``ProgramSearch``.
 """
 
 from __future__ import annotations
@@ -235,7 +240,8 @@ class MeshTrial:
     lead: float = math.inf  # the plan last carried onto it, as ``Searched.warm_from`` rates it
     # open (not reached yet), scored (its hand plans), searching, dropped (by the halving),
     # converged, not searched (a mesh the model cannot use); where the search ended first:
-    # not reached (never built), time up or stopped (built, its search cut short)
+    # not reached (never built), time up or stopped (built, its search cut short); left out
+    # (a wider tier's candidate farther from the best meshes than the effort reaches)
     status: str = "open"
     session: "Searched | None" = dataclasses.field(default=None, repr=False)
 
@@ -262,6 +268,11 @@ class MeshTrial:
 
 def _score(trial: MeshTrial) -> float:
     return trial.step_time if trial.step_time is not None else math.inf
+
+
+def _inner(mesh: MeshSpec) -> tuple:
+    """A mesh's axes past its first (the one across slices, or the stages), with their sizes."""
+    return tuple(zip(mesh.axes[1:], mesh.sizes[1:]))
 
 
 def _lead(trial: MeshTrial) -> float:
@@ -292,9 +303,11 @@ def _record(trial: MeshTrial) -> None:
 # twice as many to the better half each round; the last one standing runs until its best has
 # not moved over PATIENCE simulations (or half of those it took to find it, where that is
 # more). SCREEN and PATIENCE scale with the search's effort.
-SCREEN = 0.125
-PROBE = 150  # plans scored by the screen's descent on each candidate
-PATIENCE = 32
+SCREEN = 0.0625
+PROBE = 96  # plans scored by the screen's descent on each candidate
+PROBE_WITHIN = 2.5  # ... that promises a step within this factor of the incumbent's
+WIDER = 4  # a wider tier builds this many times the screen's share of its candidates
+PATIENCE = 8
 CALLBACK_EVERY = 0.25  # seconds: the most often a running search reports its trials
 
 
@@ -316,7 +329,8 @@ class MeshSearcher:
 
     ``make(mesh, pipeline)`` builds a candidate's session (its hand plans scored; a
     PartexError for a mesh the model cannot use); ``tiers``: the candidates, by tier (a
-    mesh, or a mesh and the pipeline its step runs); ``effort`` scales the schedule.
+    mesh, or a mesh and the pipeline its step runs); ``topology``: the ``Topology`` they
+    were made for (None: one slice), kept for the result; ``effort`` scales the schedule.
     ``run(seconds)`` searches until every tier is done or the time is spent, and
     ``request_stop`` (signal-safe) ends it after the simulations in hand: the incumbent
     (``best``) only ever improves, and ``result()`` at any moment gives the candidates
@@ -337,7 +351,7 @@ class MeshSearcher:
         self.topology = topology
         self.screen = min(1.0, SCREEN * effort)
         self.probe = round(PROBE * max(1.0, effort))
-        self.patience = round(PATIENCE * max(1.0, effort))  # at least one polish or kick (every 32)
+        self.patience = max(4, round(PATIENCE * effort))
         self._short = False  # a candidate ran fewer simulations than the schedule gave it
         self.best: MeshTrial | None = None  # the incumbent: the fastest plan that fits found so far
         self.best_at: float | None = None  # search seconds when it was found
@@ -407,6 +421,12 @@ class MeshSearcher:
     def _tier(self, tier: list[MeshTrial]) -> bool:
         """Search one tier (class docstring); False where the time ran out or a stop came first."""
         live = []
+        if tier[0].tier > 0:  # a wider tier: its candidates nearest the best meshes so far first, and
+            # only as many as the effort allows (the rest stay open: a longer search reaches them)
+            ranked = sorted(tier, key=self._near)
+            tier = ranked[:max(1, math.ceil(len(tier) * min(1.0, WIDER * self.screen)))]
+            for t in ranked[len(tier):]:
+                t.status = "left out"
         for t in tier:
             if self._left() <= 0:
                 return False
@@ -416,9 +436,24 @@ class MeshSearcher:
             self._tell()
         if not live:
             return True
-        # the screen: a short descent on each, the leader's plan tried on the others, and
-        # the best of them earn simulations
-        live = self._cut(live, max(1, math.ceil(len(live) * self.screen)))
+        # the screen: the incumbent's plan tried on each; a short descent of its own on each
+        # that no hand plan fits (not known to be poor: every one while none fits) and on the
+        # most promising, up to twice as many as the screen keeps, within PROBE_WITHIN of the
+        # incumbent; the leader's plan tried on the others; the best earn simulations
+        kept = max(1, math.ceil(len(live) * self.screen))
+        probed = 0
+        for t in sorted(live, key=_lead):
+            if self._left() <= 0:
+                return False
+            self._carry(t)
+            if self.best is None or self.best.step_time is None or t.warm_step is None or (
+                    probed < 2 * kept and _lead(t) <= PROBE_WITHIN * self.best.step_time):
+                probed += t.warm_step is not None
+                t.session.probe(self.probe)
+                _record(t)
+                self._offer(t, self.seconds_now(), 0.0)
+            self._tell()
+        live = self._cut(live, kept)
         n = 1
         while len(live) > 1 and self._left() > 0:
             for t in live:
@@ -432,6 +467,14 @@ class MeshSearcher:
                 t.status = "converged"
         self._tell(force=True)
         return all(t.status == "converged" for t in live) and not self._short
+
+    def _near(self, t: MeshTrial) -> tuple:
+        """How near ``t`` is to the best meshes searched so far: the best step time found on
+        a mesh of the same axes inside a slice (a pipelined candidate's inner axes are a plain
+        mesh's), then how its own hand plans... its place in the list."""
+        inner = _inner(t.mesh)
+        near = min((_score(o) for o in self.trials if o.tier < t.tier and _inner(o.mesh) == inner), default=math.inf)
+        return (near,)
 
     def _cut(self, live: list[MeshTrial], kept: int) -> list[MeshTrial]:
         """The leader's plan tried on the others' meshes, then the ``kept`` best of ``live``."""
@@ -458,9 +501,12 @@ class MeshSearcher:
         best = t.session.best()
         t.warm_step = best.report.step_time if best is not None else None
         t.status = "scored"
-        t.session.probe(self.probe)  # its own start, before any plan carried from elsewhere
-        if self.best is not None and self.best.session is not None:
-            t.lead = t.session.warm_from(self.best.session)
+        self._carry(t)
+
+    def _carry(self, t: MeshTrial) -> None:
+        """The incumbent's plan tried on ``t`` (where it is another's)."""
+        if t.session is not None and self.best is not None and self.best is not t and self.best.session is not None:
+            t.lead = min(t.lead, t.session.warm_from(self.best.session))
         _record(t)
         self._offer(t, self.seconds_now(), 0.0)
 
@@ -503,7 +549,7 @@ class MeshSearcher:
     def _offer(self, t: MeshTrial, start: float, before: float) -> None:
         """``t`` as the incumbent where it is faster; when it was found: ``start`` seconds
         into the run, and its session's seconds then (``before``)."""
-        if t.step_time is not None and (self.best is None or t.step_time < self.best.step_time * (1 - 1e-9)):
+        if t.step_time is not None and (self.best is None or t.step_time < _score(self.best) * (1 - 1e-9)):
             found = t.session.best() if t.session is not None else None
             at = start + max(0.0, found.seconds - before) if found is not None and before else self.seconds_now()
             self.best, self.best_at = t, min(at, self.seconds_now())
@@ -669,7 +715,10 @@ class MeshSearch:
         candidates still open; and when it found its best."""
         at = f"; best found after {self.best_at:.1f} s" if self.best_at is not None else ""
         if self.converged:
-            return "every candidate searched to convergence" + at
+            out = sum(t.status == "left out" for t in self.trials)
+            return ("searched to convergence" + (f", {out} pipelined candidate{'s' if out != 1 else ''} farther from "
+                                                 "the best meshes left out (a longer search tries them)" if out else "")
+                    + at)
         if self.stopped:
             return "stopped: the best so far" + at
         still = sum(t.status in ("time up", "not reached") for t in self.trials)
@@ -704,8 +753,10 @@ class MeshSearch:
             if t.note:
                 rows.append(f"  {t.mesh.text():<34}{pipe} not searched: {t.note}")
                 continue
-            if t.status in ("open", "not reached"):
-                rows.append(f"  {t.mesh.text():<34}{pipe} not reached: the search ended first")
+            if t.status in ("open", "not reached", "left out"):
+                rows.append(f"  {t.mesh.text():<34}{pipe} " + ("left out: farther from the best meshes than this "
+                                                              "search's effort reaches" if t.status == "left out" else
+                                                              "not reached: the search ended first"))
                 continue
             warm = f"{t.warm_step * 1e3:.2f} ms" if t.warm_step is not None else "none fits"
             step = f"{t.step_time * 1e3:.2f} ms" if t.step_time is not None else "none fits"

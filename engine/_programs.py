@@ -148,6 +148,9 @@ class Forked(Protocol):
 
     def fork(self, *, mesh: MeshSpec, pipeline: Pipeline | None) -> tuple[Any, list[str]]: ...
 
+    def mesh_searcher(self, devices: int, *, topology=None, max_axes: int = 4, pipelines: bool | None = None,
+                      effort: float = 1.0) -> MeshSearcher: ...
+
     def adopt(self, other: Any) -> list[str]: ...
 
     def apply_pins(self, pins: Sequence[Any] = (), forbidden: Sequence[Any] = ()) -> list[str]: ...
@@ -248,10 +251,11 @@ class SessionPrograms:
 
     def mesh_searcher(self: Forked, devices: int, *, topology=None, max_axes: int = 4, pipelines: bool | None = None,
                       effort: float = 1.0) -> MeshSearcher:
-        """``search_meshes``'s search (its arguments), built and not run: ``run(seconds,
-        callback)`` it; ``request_stop`` (from a signal handler, say) ends it with the best
-        so far. ``effort`` scales its schedule of simulations (``search_meshes``: the
-        seconds given over 60)."""
+        """``search_meshes``'s search, built and not run: ``run(seconds, callback)`` it;
+        ``request_stop`` (from a signal handler, say) ends it with the best so far.
+        ``devices``, ``topology``, ``max_axes`` and ``pipelines`` as for ``search_meshes``;
+        ``effort`` scales its schedule of simulations (``search_meshes``: the seconds given
+        over 60, ``effort_of``)."""
         return mesh_searcher(written(self.model), devices, session=type(self).from_analysis, topology=topology,
                              hardware=self.hardware, max_axes=max_axes, seed=self.seed, warm_start=self.warm_start,
                              spec=self.spec, user_shardings=self.user_shardings, pipelines=pipelines, effort=effort)

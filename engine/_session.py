@@ -408,9 +408,17 @@ def mesh_searcher(model, devices: int, *, topology=None, hardware: str | Hardwar
                   memory: str | float | None = None, max_axes: int = 4, seed: int = 0, warm_start: bool = True,
                   spec: ModelSpec | None = None, user_shardings: str = "keep", pipelines: bool | None = None,
                   effort: float = 1.0) -> MeshSearcher:
-    """``search_meshes``'s search (its arguments; ``effort`` scales its schedule of
-    simulations, ``effort_of``), built and not run: ``run(seconds, callback)`` it and
-    ``request_stop`` it (``partex search --devices`` does, on Ctrl-C, keeping the best so far)."""
+    """``search_meshes``'s search, built and not run: ``run(seconds, callback)`` it and
+    ``request_stop`` it (``partex search --devices`` does, on Ctrl-C, keeping the best so far).
+
+    Args:
+      model, devices, topology, hardware, memory, max_axes, seed, warm_start, spec,
+        user_shardings, pipelines: as for ``search_meshes``.
+      effort: the scale of its schedule of simulations (``effort_of(seconds)``).
+
+    Returns:
+      A ``MeshSearcher``.
+    """
     return _mesh_searcher(model, devices, session=Session.from_analysis, topology=topology, hardware=hardware,
                           memory=memory, max_axes=max_axes, seed=seed, warm_start=warm_start, spec=spec,
                           user_shardings=user_shardings, pipelines=pipelines, effort=effort)

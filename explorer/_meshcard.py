@@ -61,7 +61,11 @@ class MeshCard:
         """Stop the mesh search: the meshes tried so far stay in the card."""
         if self.job is not None and self.running:
             self.job.close()
-            self.page.mesh_status = f"stopped: {len(self.page.mesh_rows)} meshes tried so far"
+            rows = self.page.mesh_rows
+            best = next((r for r in rows if r.step is not None), None)
+            self.page.mesh_status = (f"stopped: best so far {best.name} at {fmt_time(best.step)} per step, "
+                                     f"of {len(rows)} candidates" if best is not None else
+                                     f"stopped: no plan that fits yet, of {len(rows)} candidates")
             self.mark("meshes", False)
 
     def keep_for(self, ws: Workspace) -> None:

@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 import traceback
 
 import panel as pn
@@ -35,7 +34,8 @@ log = logging.getLogger("partex.explorer")
 # a candidate's state (``MeshTrial.status``) in the card's words
 STATES = {"open": "open: not reached yet", "scored": "hand plans scored", "searching": "searching",
           "dropped": "dropped", "converged": "searched to convergence", "not reached": "not reached: time was up",
-          "time up": "time was up", "stopped": "stopped"}
+          "time up": "time was up", "stopped": "stopped",
+          "left out": "left out: farther from the best meshes than the search's effort reaches"}
 
 DEFAULT_SECONDS = 20  # the form's search time: a few rounds on the tiny demos' meshes
 AXES = ("2", "3", "4")  # the most axes a candidate mesh may have
@@ -242,7 +242,10 @@ def rows_table(rows, current: str | None, running: bool) -> list[tuple]:
         if r.note:
             out.append((mesh, "-", "-", "-", "-", "-", f"<span class='muted'>not searched: {esc(r.note)}</span>"))
             continue
-        state = STATES.get(r.status, r.status)
+        state: str = STATES.get(r.status) or r.status
+        if r.status in ("open", "not reached", "left out"):  # not built: nothing known of its plans yet
+            out.append((mesh, "-", "-", "-", "-", "-", f"<span class='muted'>{esc(state)}</span>"))
+            continue
         if r.status == "dropped":
             state += f" after round {r.rounds}"
         elif r.open and not running:  # the child is gone (stopped from the page)

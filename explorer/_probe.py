@@ -46,7 +46,7 @@ def probe_of(state) -> dict:
         "sessions": list(state.sessions),
         "meshes": {"status": state.mesh_status, "rows": [
             {"mesh": r.label, "form": r.mesh, "pipeline": r.pipeline or None, "bubble": r.bubble, "hand": r.hand,
-             "step": r.step, "note": r.note, "live": r.live}
+             "step": r.step, "note": r.note, "status": r.status}
             for r in state.mesh_rows]},
         "timings": {k: round(v, 1) for k, v in state.clock.timings.items()},
         "ping": state.ping,

@@ -300,6 +300,21 @@ def test_the_meshes_card_searches_the_meshes_and_continues_on_the_one_picked(tab
     _card(tab, "Named dimensions")
     tab.screenshot(path=SHOTS / "views_meshes_picked_graph.png")
 
+    # anytime: while the search runs the card says the best so far, when it was found and what
+    # is still open; Stop keeps the rows and that best
+    card = _card(tab, "Meshes")
+    tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-seconds').value = 120")
+    click(tab, "Search meshes")
+    s = wait_until(lambda: (lambda s: "meshes" in s["busy"] and "best so far" in s["meshes"]["status"]
+                            and "open" in s["meshes"]["status"] and s)(state(tab)), what="the incumbent streamed")
+    assert " s in: best so far " in s["meshes"]["status"] and "found after" in s["meshes"]["status"], s["meshes"]
+    card.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_meshes_streaming.png")
+    click(tab, "Stop")
+    s = wait_until(lambda: (lambda s: "meshes" not in s["busy"] and s)(state(tab)), what="the search to stop")
+    assert s["meshes"]["rows"] and s["meshes"]["status"].startswith("stopped: best so far"), s["meshes"]["status"]
+
 
 def test_a_pipeline_in_the_sidebar_and_among_the_meshes(tab):
     """The scanned transformer with its stack pipelined over a stage axis: the Pipeline field
@@ -343,7 +358,7 @@ def test_a_pipeline_in_the_sidebar_and_among_the_meshes(tab):
     card.evaluate("e => e.scrollIntoView({block: 'start'})")
     tab.mouse.move(0, 0)
     tab.screenshot(path=SHOTS / "views_meshes_pipelines.png")
-    pick = piped[-1]
+    pick = [r for r in piped if r["step"] is not None][-1]  # the pick lists the rows with a plan
     key = f"{pick['form']} | {pick['pipeline']}"
     set_model_value(tab, "partex-mesh-pick", key)
     wait_until(lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pick').value") == key,

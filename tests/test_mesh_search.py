@@ -54,7 +54,8 @@ def test_search_meshes_keeps_the_best_and_its_session():
     assert steps == sorted(steps) and found.best.step_time == steps[0]
     assert found.best.session is not None and all(t.session is None for t in trials[1:])
     assert all(t.warm_step is None or t.step_time <= t.warm_step * (1 + 1e-9) for t in trials if t.step_time)
-    assert found.best.rounds >= max(t.rounds for t in trials)
+    assert all(t.status not in ("open", "scored", "searching") for t in trials)  # each says how it ended
+    assert found.best_at is not None and 0 <= found.best_at <= found.seconds
     table = found.table()
     assert found.best.mesh.text() in table.splitlines()[1]
     s.use_mesh(found.best)
@@ -71,3 +72,30 @@ def test_cli_search_with_devices(tmp_path, capsys):
     assert plan.mesh.text() == d["mesh"]
     assert main(["search", "transformer", "--devices", "8", "--mesh", "data=8", "--out", str(out)]) == 2
     assert "--devices searches the mesh" in capsys.readouterr().err
+
+
+def test_more_candidates_never_make_a_worse_plan():
+    """Monotone by construction: with pipelines allowed, the mesh search first runs exactly the
+    search without them (the same simulations, the same plans: a schedule in simulations, not
+    shares of time), then the pipelined candidates, each from the best plan so far; its answer
+    is never worse. Anytime: the incumbent it reports only improves, and a stop keeps it."""
+    s = partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"], mesh="data=8",
+                                 hardware="tpu-v4")
+    narrow = s.mesh_searcher(8, topology="2x4@1.25", max_axes=3, pipelines=False, effort=0.25).run(600)
+    seen = []
+    wide_search = s.mesh_searcher(8, topology="2x4@1.25", max_axes=3, pipelines=None, effort=0.25)
+    wide = wide_search.run(600, callback=lambda trials: seen.append(
+        wide_search.best.step_time if wide_search.best is not None else math.inf))
+    assert narrow.converged and wide.converged and "convergence" in wide.how()
+    plain = {t.text(): (t.step_time, t.simulations, t.status) for t in narrow.trials}
+    assert {t.text(): (t.step_time, t.simulations, t.status) for t in wide.trials if t.pipeline is None} == plain
+    assert wide.best.step_time <= narrow.best.step_time
+    assert any(t.pipeline is not None and t.simulations > 0 for t in wide.trials)
+    assert seen and seen == sorted(seen, reverse=True) and seen[-1] == wide.best.step_time
+    assert 0 <= wide.best_at <= wide.seconds
+
+    stopping = s.mesh_searcher(8, topology="2x4@1.25", max_axes=3, effort=0.25)
+    cut = stopping.run(600, callback=lambda trials: stopping.request_stop() if stopping.best else None)
+    assert cut.stopped and not cut.converged and "stopped" in cut.how()
+    assert cut.best is not None and cut.best.session is not None
+    assert any(t.status in ("not reached", "stopped") for t in cut.trials)

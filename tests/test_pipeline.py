@@ -381,11 +381,15 @@ def test_the_mesh_search_tries_pipelines_over_the_slices(capsys):
     assert {m.text() for m, _ in within} == {"stage=2,fsdp=4", "stage=4,fsdp=2"}
 
     s = partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"], mesh="data=8")
-    found = s.search_meshes(8, topology=topo, seconds=4, max_axes=3)
+    found = s.mesh_searcher(8, topology=topo, max_axes=3, effort=2).run(600)
     piped = [t for t in found.trials if t.pipeline is not None]
     assert len(piped) == len(got) and len(found.trials) == len(got) + 4
+    assert all(t.tier == 1 for t in piped) and all(t.tier == 0 for t in found.trials if t.pipeline is None)
     assert all(t.bubble == pytest.approx(1 / (t.pipeline.microbatches + 1)) for t in piped)
-    assert all(t.note == "" and t.step_time is not None for t in piped)
+    tried = [t for t in piped if t.status != "left out"]  # the effort reaches half of them, nearest the best meshes
+    assert found.converged and len(tried) == len(piped) // 2
+    assert all(t.note == "" and t.step_time is not None for t in tried)
+    piped = tried
     lines = found.table().splitlines()
     assert "pipeline" in lines[0] and "bubble" in lines[0]
     assert any("stack0:stage:8:full" in ln and "11%" in ln for ln in lines)

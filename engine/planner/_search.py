@@ -152,24 +152,23 @@ class Search:
             return
         if best.decisions != self._polished:
             if turn or len(ev.evals) - self._polish_evals >= POLISH_EVALS:
-                own = self._own_best() if self.simulations == 1 and ev.key(best.decisions) in self._carried else None
                 self._polished = best.decisions
                 self.local.polish(pins.pinned, pins.forbidden, self._deadline)
-                if own is not None:  # a plan carried from elsewhere leads: its basin, and this search's own
-                    self.local.descend(own, lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, self._deadline)
                 self._polish_evals = len(ev.evals)
         elif turn:  # the best is where the last polish left it: a kick, as often as a polish
             self._kick(best.decisions, pins)
             self._polish_evals = len(ev.evals)
 
     def probe(self, evaluations: int, pins: Pins) -> None:
-        """A short descent, of at most ``evaluations`` plans scored, from the best plan so
-        far (a rollout first where none fits yet): how far a candidate gets in a little
-        time, reproducibly (a count of plans, not seconds)."""
+        """A short descent, of at most ``evaluations`` plans scored, from the best plan this
+        search met itself (not one carried by ``consider``; a rollout first where none fits
+        yet): how far a candidate gets in a little time on its own, reproducibly (a count of
+        plans, not seconds)."""
         ev = self.evaluator
-        if ev.best is None:  # a rollout first, as a simulation's: most often it finds a plan that fits
+        start = self._own_best()
+        if start is None:  # a rollout first, as a simulation's: most often it finds a plan that fits
             self.tree.simulate(pins.pinned, pins.forbidden)
-        start = ev.best.decisions if ev.best is not None else None
+            start = self._own_best()
         if start is None or any(p not in start for p in pins.pinned):
             return
         self.local.descend(tuple(start), lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, None,
@@ -179,6 +178,9 @@ class Search:
         """The fastest plan that fits among those this search met itself (none carried from
         elsewhere by ``consider``)."""
         ev = self.evaluator
+        b = ev.best
+        if b is not None and ev.key(b.decisions) not in self._carried:
+            return b.decisions
         own = [(e.step_time, k) for k, e in ev.evals.items() if e.fits and k not in self._carried]
         return ev.decisions_of(min(own)[1]) if own else None
 
