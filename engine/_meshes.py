@@ -304,6 +304,7 @@ def _record(trial: MeshTrial) -> None:
 # not moved over PATIENCE simulations (or half of those it took to find it, where that is
 # more). SCREEN and PATIENCE scale with the search's effort.
 SCREEN = 0.0625
+SCREEN_LEAST = 4  # ... but never fewer than this many
 PROBE = 96  # plans scored by the screen's descent on each candidate
 PROBE_WITHIN = 2.5  # ... that promises a step within this factor of the incumbent's
 WIDER = 4  # a wider tier builds this many times the screen's share of its candidates
@@ -440,7 +441,7 @@ class MeshSearcher:
         # that no hand plan fits (not known to be poor: every one while none fits) and on the
         # most promising, up to twice as many as the screen keeps, within PROBE_WITHIN of the
         # incumbent; the leader's plan tried on the others; the best earn simulations
-        kept = max(1, math.ceil(len(live) * self.screen))
+        kept = min(len(live), max(SCREEN_LEAST, math.ceil(len(live) * self.screen)))
         probed = 0
         for t in sorted(live, key=_lead):
             if self._left() <= 0:
@@ -493,15 +494,8 @@ class MeshSearcher:
 
     def _build(self, t: MeshTrial) -> None:
         """``t``'s session, its hand plans scored and the incumbent's plan tried on it."""
-        try:
-            t.session = self.make(t.mesh, t.pipeline)
-        except PartexError as e:  # an axis that divides no dimension of the model
-            t.note, t.status = str(e), "not searched"
-            return
-        best = t.session.best()
-        t.warm_step = best.report.step_time if best is not None else None
-        t.status = "scored"
-        self._carry(t)
+        if _start(t, self.make):
+            self._carry(t)
 
     def _carry(self, t: MeshTrial) -> None:
         """The incumbent's plan tried on ``t`` (where it is another's)."""
@@ -582,17 +576,24 @@ def _trials(make: Callable[[MeshSpec, Pipeline | None], Searched],
     trials = [MeshTrial(*m) if isinstance(m, tuple) else MeshTrial(m) for m in candidates]
     live = []
     for t in trials:
-        try:
-            t.session = make(t.mesh, t.pipeline)
-        except PartexError as e:  # an axis that divides no dimension of the model
-            t.note, t.status = str(e), "not searched"
-            continue
-        best = t.session.best()
-        t.warm_step = best.report.step_time if best is not None else None
-        t.status = "scored"
-        _record(t)
-        live.append(t)
+        if _start(t, make):
+            _record(t)
+            live.append(t)
     return trials, live
+
+
+def _start(t: MeshTrial, make: Callable[[MeshSpec, Pipeline | None], Searched]) -> bool:
+    """``t``'s session built (``make``) and its hand plans scored; False for a mesh the model
+    cannot use (``t.note`` says why)."""
+    try:
+        t.session = make(t.mesh, t.pipeline)
+    except PartexError as e:  # an axis that divides no dimension of the model
+        t.note, t.status = str(e), "not searched"
+        return False
+    best = t.session.best()
+    t.warm_step = best.report.step_time if best is not None else None
+    t.status = "scored"
+    return True
 
 
 def _ranked(trials: list[MeshTrial]) -> list[MeshTrial]:
