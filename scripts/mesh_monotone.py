@@ -48,6 +48,8 @@ def _search(session, topo, seconds: float, pipelines) -> dict:
 
 
 def _cell(r: dict) -> str:
+    if r["how"] == "-":
+        return "-"
     if r["step_s"] is None:
         return "none fits"
     at = f", best at {r['best_at_s']:.0f} s" if r["best_at_s"] is not None else ""
@@ -60,6 +62,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=10.0, help="the longer search's budget over --budget (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", help="problems, comma-separated (default: all of " + ", ".join(PROBLEMS) + ")")
+    ap.add_argument("--longer-only", action="store_true", help="only the longer search (with pipelines)")
     ap.add_argument("--json")
     args = ap.parse_args()
     names = args.only.split(",") if args.only else list(PROBLEMS)
@@ -72,8 +75,9 @@ def main() -> None:
         topo = partex.Topology.parse(topo_text)
 
         spec = dict(preset=preset, overrides=overrides, mesh=f"data={topo.devices}", hardware=hw, seed=args.seed)
-        narrow = _search(partex.Session.from_spec(model, **spec), topo, args.budget, False)
-        broad = _search(partex.Session.from_spec(model, **spec), topo, args.budget, wide)
+        skip = {"step_s": None, "candidate": None, "wall_s": 0.0, "best_at_s": None, "converged": False, "how": "-"}
+        narrow = skip if args.longer_only else _search(partex.Session.from_spec(model, **spec), topo, args.budget, False)
+        broad = skip if args.longer_only else _search(partex.Session.from_spec(model, **spec), topo, args.budget, wide)
         longer = _search(partex.Session.from_spec(model, **spec), topo, args.budget * args.scale, wide) \
             if args.scale > 0 else None
         ratio = broad["step_s"] / narrow["step_s"] if broad["step_s"] and narrow["step_s"] else None

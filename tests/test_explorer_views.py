@@ -347,7 +347,7 @@ def test_a_pipeline_in_the_sidebar_and_among_the_meshes(tab):
     topo = tab.locator("input[placeholder='one slice; or 4x64@6.25']")
     topo.fill("2x4@25")
     topo.press("Enter")
-    tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-seconds').value = 3")
+    tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-seconds').value = 60")  # converges sooner
     click(tab, "Search meshes")
     s = wait_until(lambda: (lambda s: s["meshes"]["rows"] and "meshes" not in s["busy"] and s)(state(tab)),
                    what="the mesh search to end")
