@@ -19,14 +19,14 @@ far translated onto it (``warm_from``); within a tier a short descent of each sc
 best earn simulations, and successive halving gives the better half twice as many until one is
 left, searched until its best stops moving. The schedule counts simulations (reproducible for
 a seed), the time only caps it: a wider search runs the narrower one's schedule first, so it is
-never worse. ``search_meshes`` runs one at the effort of its seconds.
+never worse. ``Session.search_meshes`` runs one at the effort of its seconds.
 
 On one mesh the pipeline is a decision of the search itself (``ProgramSearch``): the step as
 written and each of its pipelines over an axis of the mesh (``pipelines_over``) are the
 children of one root, each with its own tree, and UCT at the root decides which tree the next
 simulations go to, incrementally, as one session's search. Owns ``Topology``,
 ``candidate_meshes``, ``candidate_pipelines``, ``pipelines_over``, ``MeshTrial``,
-``MeshSearcher``, ``search_meshes`` and ``ProgramSearch``.
+``MeshSearcher``, ``mesh_searcher`` and ``ProgramSearch``.
 """
 
 from __future__ import annotations
@@ -469,13 +469,12 @@ class MeshSearcher:
         self._tell(force=True)
         return all(t.status == "converged" for t in live) and not self._short
 
-    def _near(self, t: MeshTrial) -> tuple:
+    def _near(self, t: MeshTrial) -> float:
         """How near ``t`` is to the best meshes searched so far: the best step time found on
-        a mesh of the same axes inside a slice (a pipelined candidate's inner axes are a plain
-        mesh's), then how its own hand plans... its place in the list."""
+        a mesh of a narrower tier with the same axes inside a slice (a pipelined candidate's
+        inner axes are a plain mesh's); inf where none."""
         inner = _inner(t.mesh)
-        near = min((_score(o) for o in self.trials if o.tier < t.tier and _inner(o.mesh) == inner), default=math.inf)
-        return (near,)
+        return min((_score(o) for o in self.trials if o.tier < t.tier and _inner(o.mesh) == inner), default=math.inf)
 
     def _cut(self, live: list[MeshTrial], kept: int) -> list[MeshTrial]:
         """The leader's plan tried on the others' meshes, then the ``kept`` best of ``live``."""
@@ -557,13 +556,6 @@ class MeshSearcher:
         best = s.best()
         found = best.simulation if best is not None else 0
         return sims - found >= max(self.patience, found // 2)
-
-
-def search_meshes(make: Callable[[MeshSpec, Pipeline | None], Searched],
-                  meshes: Sequence[MeshSpec | tuple[MeshSpec, Pipeline | None]], seconds: float, *,
-                  callback: Callable[[list[MeshTrial]], None] | None = None) -> list[MeshTrial]:
-    """``meshes`` as one tier of a ``MeshSearcher`` run for at most ``seconds``: every trial, best first."""
-    return MeshSearcher(make, [meshes], effort=effort_of(seconds)).run(seconds, callback).trials
 
 
 def _trials(make: Callable[[MeshSpec, Pipeline | None], Searched],
@@ -804,12 +796,3 @@ def mesh_searcher(make: Callable[[MeshSpec, Pipeline | None], Searched], devices
     topo = Topology.parse(topology, devices) if isinstance(topology, str) else topology
     tiers = mesh_tiers(devices, link_bandwidth, topology=topo, max_axes=max_axes, stacks=stacks, pipelines=pipelines)
     return MeshSearcher(make, tiers, topology=topo, effort=effort)
-
-
-def mesh_search(make: Callable[[MeshSpec, Pipeline | None], Searched], devices: int, link_bandwidth: float, *,
-                topology: "str | Topology | None" = None, seconds: float = 60.0, max_axes: int = 4,
-                callback: Callable[[list[MeshTrial]], None] | None = None,
-                stacks: Sequence[StackShape | tuple[str, int, int]] = (), pipelines: bool | None = None) -> MeshSearch:
-    """``mesh_searcher`` at the effort of ``seconds``, run for at most ``seconds``."""
-    return mesh_searcher(make, devices, link_bandwidth, topology=topology, max_axes=max_axes,
-                         effort=effort_of(seconds), stacks=stacks, pipelines=pipelines).run(seconds, callback)

@@ -83,12 +83,6 @@ def mesh_searcher(model: ModelAnalysis, devices: int, *, session: Callable[..., 
                           stacks=stack_sizes(model), pipelines=pipelines)
 
 
-def search_meshes(model: ModelAnalysis, devices: int, *, seconds: float = 60.0, callback=None, **kwargs) -> MeshSearch:
-    """``mesh_searcher`` (its arguments) at the effort of ``seconds`` (``effort_of``), run
-    for at most ``seconds``, ``callback(trials)`` as it goes. Returns a ``MeshSearch``."""
-    return mesh_searcher(model, devices, effort=effort_of(seconds), **kwargs).run(seconds, callback)
-
-
 def search_pipelines(s: Any, seconds: float | None, simulations: int | None, callback=None) -> ProgramSearch:
     """``Session.search_pipelines`` (its docstring), on the session ``s``: the step as written
     and every pipeline of its scanned stacks over an axis of its mesh, each a session made
@@ -265,10 +259,9 @@ class SessionPrograms:
         """The mesh as a decision: every factorisation of ``devices`` into up to
         ``max_axes`` axes (``topology``: 'SLICESxDEVICES[@GB/s]', one axis across the slow
         network) searched with the plan, on this session's model (as written: a pipeline is
-        one of the candidates), hardware and budget (``partex._meshes.MeshSearcher``): one
-        tier of candidates after another, narrowest first (one axis, two, ... then the
-        pipelines), each candidate starting from the best plan so far, successive halving
-        in each tier; more candidates never give a worse plan. ``pipelines``: None tries the
+        one of the candidates), hardware and budget (``partex._meshes.MeshSearcher``): the
+        meshes, then the pipelined candidates, each candidate starting from the best plan
+        so far, successive halving in each tier; allowing pipelines never gives a worse plan. ``pipelines``: None tries the
         model's scanned stacks as pipelines over the slices of a topology of several, True
         within a slice too, False never. ``seconds`` caps the time and sets the effort
         (``effort_of``): the search returns sooner where every tier converged.
