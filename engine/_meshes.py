@@ -55,6 +55,8 @@ class Searched(Protocol):
 
     def probe(self, evaluations: int) -> Any: ...
 
+    def settle(self, seconds: float) -> bool: ...  # the local search's polish and kicks of the best plan
+
     def request_stop(self) -> None: ...
 
     def best(self) -> Any: ...  # a ``SearchResult`` (``.report``, ``.seconds``) or None
@@ -302,7 +304,8 @@ def _record(trial: MeshTrial) -> None:
 # finds), its plan tried on the rest, and the best SCREEN of them earn a simulation each; then
 # twice as many to the better half each round; the last one standing runs until its best has
 # not moved over PATIENCE simulations (or half of those it took to find it, where that is
-# more). SCREEN and PATIENCE scale with the search's effort.
+# more) nor under the local search's last word (its polish and kicks: ``Searched.settle``).
+# SCREEN and PATIENCE scale with the search's effort.
 SCREEN = 0.0625
 SCREEN_LEAST = 4  # ... but never fewer than this many
 PROBE = 96  # plans scored by the screen's descent on each candidate
@@ -312,10 +315,11 @@ PATIENCE = 8
 CALLBACK_EVERY = 0.25  # seconds: the most often a running search reports its trials
 
 
-def effort_of(seconds: float, reference: float = 60.0) -> float:
+def effort_of(seconds: float | None, reference: float = 60.0) -> float:
     """The effort a search of ``seconds`` makes: its schedule's simulations scale with the
-    time given (``reference`` seconds: the schedule as written)."""
-    return max(0.25, float(seconds) / reference)
+    time given (``reference`` seconds: the schedule as written, and the effort of a search
+    given no time limit, which runs that schedule to its end)."""
+    return 1.0 if seconds is None else max(0.25, float(seconds) / reference)
 
 
 class MeshSearcher:
@@ -356,6 +360,7 @@ class MeshSearcher:
         self._short = False  # a candidate ran fewer simulations than the schedule gave it
         self.best: MeshTrial | None = None  # the incumbent: the fastest plan that fits found so far
         self.best_at: float | None = None  # search seconds when it was found
+        self._best_step = math.inf  # its step time then
         self.seconds = 0.0  # seconds run, sessions built and searched
         self.converged = False  # every tier searched to the end of its schedule
         self.stopped = False  # request_stop ended the search
@@ -377,11 +382,12 @@ class MeshSearcher:
         """The candidates still to be searched or still searching."""
         return [t for t in self.trials if t.status in ("open", "scored", "searching")]
 
-    def run(self, seconds: float, callback: Callable[[list[MeshTrial]], None] | None = None) -> "MeshSearch":
-        """Search for at most ``seconds`` (``callback(trials)`` as it goes, at most every
-        ``CALLBACK_EVERY`` seconds and after each round); returns ``result()``."""
+    def run(self, seconds: float | None, callback: Callable[[list[MeshTrial]], None] | None = None) -> "MeshSearch":
+        """Search for at most ``seconds`` (None: until every tier's schedule is done;
+        ``callback(trials)`` as it goes, at most every ``CALLBACK_EVERY`` seconds and after
+        each round); returns ``result()``."""
         self._t0 = time.perf_counter()
-        self._deadline = self._t0 + float(seconds)
+        self._deadline = self._t0 + (math.inf if seconds is None else float(seconds))
         self._callback, self._stop = callback, False
         done = True
         try:
@@ -462,12 +468,32 @@ class MeshSearcher:
             live = self._cut(live, math.ceil(len(live) / 2))
             n *= 2
         for t in live:  # the one left: until its best stops moving
-            while self._left() > 0 and not self._settled(t):
-                self._advance(t, self.patience)
-            if self._settled(t):
+            if self._finish(t):
                 t.status = "converged"
         self._tell(force=True)
         return all(t.status == "converged" for t in live) and not self._short
+
+    def _finish(self, t: MeshTrial) -> bool:
+        """The last candidate of a tier: simulations until its best stops moving, then the
+        local search's last word on it (``settle``: its polish and kicks), and again where
+        that moved it. True where it converged in the time left."""
+        s = t.session
+        assert s is not None
+        while self._left() > 0:
+            if not self._settled(t):
+                self._advance(t, self.patience)
+                continue
+            t.status = "searching"
+            self._current = s
+            start, before = self.seconds_now(), s.stats().seconds
+            moved = s.settle(self._left())
+            self._current = None
+            _record(t)
+            self._offer(t, start, before)
+            self._tell()
+            if not moved:
+                return self._left() > 0
+        return False
 
     def _near(self, t: MeshTrial) -> float:
         """How near ``t`` is to the best meshes searched so far: the best step time found on
@@ -542,10 +568,12 @@ class MeshSearcher:
     def _offer(self, t: MeshTrial, start: float, before: float) -> None:
         """``t`` as the incumbent where it is faster; when it was found: ``start`` seconds
         into the run, and its session's seconds then (``before``)."""
-        if t.step_time is not None and (self.best is None or t.step_time < _score(self.best) * (1 - 1e-9)):
+        # the incumbent's own step time as it was when it became the incumbent: a trial that
+        # betters itself is a new incumbent too (its ``step_time`` has already moved)
+        if t.step_time is not None and (self.best is None or t.step_time < self._best_step * (1 - 1e-9)):
             found = t.session.best() if t.session is not None else None
             at = start + max(0.0, found.seconds - before) if found is not None and before else self.seconds_now()
-            self.best, self.best_at = t, min(at, self.seconds_now())
+            self.best, self._best_step, self.best_at = t, t.step_time, min(at, self.seconds_now())
 
     def _settled(self, t: MeshTrial) -> bool:
         """Whether ``t``'s search has converged: its best unchanged over ``patience``

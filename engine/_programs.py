@@ -254,7 +254,7 @@ class SessionPrograms:
                              hardware=self.hardware, max_axes=max_axes, seed=self.seed, warm_start=self.warm_start,
                              spec=self.spec, user_shardings=self.user_shardings, pipelines=pipelines, effort=effort)
 
-    def search_meshes(self: Forked, devices: int, *, topology=None, seconds: float = 60.0, max_axes: int = 4,
+    def search_meshes(self: Forked, devices: int, *, topology=None, seconds: float | None = None, max_axes: int = 4,
                       callback=None, pipelines: bool | None = None) -> MeshSearch:
         """The mesh as a decision: every factorisation of ``devices`` into up to
         ``max_axes`` axes (``topology``: 'SLICESxDEVICES[@GB/s]', one axis across the slow
@@ -264,7 +264,8 @@ class SessionPrograms:
         so far, successive halving in each tier; allowing pipelines never gives a worse plan. ``pipelines``: None tries the
         model's scanned stacks as pipelines over the slices of a topology of several, True
         within a slice too, False never. ``seconds`` caps the time and sets the effort
-        (``effort_of``): the search returns sooner where every tier converged.
+        (``effort_of``): the search returns sooner where every tier converged; None (the
+        default) runs the schedule as written to its end, however long that takes.
         ``callback(trials)`` as it goes, the ``MeshTrial``s so far. Returns a
         ``MeshSearch``: the candidates tried, best first; ``use_mesh`` takes one."""
         return self.mesh_searcher(devices, topology=topology, max_axes=max_axes, pipelines=pipelines,

@@ -303,6 +303,11 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
         self._state.search.probe(evaluations, self._state.pins)
         return self
 
+    def settle(self, seconds: float) -> bool:
+        """The local search's last word on the best plan so far (``Search.settle``): its
+        polish and kicks, until none improves it or ``seconds`` pass; True where it moved."""
+        return self._state.search.settle(seconds, self._state.pins)
+
     def request_stop(self) -> None:
         """Ask a running ``run`` to return after the simulation in hand (signal-safe)."""
         self._state.search.request_stop()
@@ -425,7 +430,7 @@ def mesh_searcher(model, devices: int, *, topology=None, hardware: str | Hardwar
 
 
 def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardware = DEFAULT_HARDWARE,
-                  memory: str | float | None = None, seconds: float = 60.0, max_axes: int = 4, seed: int = 0,
+                  memory: str | float | None = None, seconds: float | None = None, max_axes: int = 4, seed: int = 0,
                   warm_start: bool = True, spec: ModelSpec | None = None, user_shardings: str = "keep",
                   callback=None, pipelines: bool | None = None) -> MeshSearch:
     """The meshes of ``devices`` searched with the plan for an analysed ``model`` (a
@@ -440,7 +445,8 @@ def search_meshes(model, devices: int, *, topology=None, hardware: str | Hardwar
       hardware, memory, seed, warm_start, user_shardings: each candidate session's, as for
         ``Session``.
       seconds: the most time the search takes; it sets the effort (``effort_of``), and the
-        search returns sooner where every tier of candidates converged.
+        search returns sooner where every tier of candidates converged. None (the default):
+        the schedule as written, run to its end (however long that takes).
       max_axes: the most axes a mesh has.
       spec: the ``ModelSpec`` the model was built from, if any.
       callback: ``callback(trials)`` as the search goes, the ``MeshTrial``s so far.

@@ -96,6 +96,7 @@ def _host_memory(text: str | None) -> float | None:
     return 0.0 if _SIZE_ZERO.match(text) else parse_bytes(text)
 
 
+SEARCH_SECONDS = 60.0  # a search's budget where --budget is not given (the mesh search: none)
 _SIZE_ZERO = re.compile(r"^\s*0*\.?0*\s*([KMGT]i?B|B)?\s*$")
 
 
@@ -214,7 +215,9 @@ def _search_parser(sub) -> None:
                          "--topology of several (auto, the default), within a slice too (on), or never (off); "
                          "with --mesh, on: the pipeline is one of the search's decisions (the step as written "
                          "and each stack pipelined over each axis of the mesh, one search tree each)")
-    se.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    se.add_argument("--budget", type=float,
+                    help=f"search seconds (default {SEARCH_SECONDS:g}; with --devices, none: the mesh search runs "
+                         "its schedule to the end)")
     se.add_argument("--simulations", type=int, help="run exactly this many simulations instead of --budget seconds "
                                                     "(reproducible with --seed)")
     se.add_argument("--seed", type=int, help="RNG seed (default 0)")
@@ -664,7 +667,8 @@ def _run_search(s: Session, args, state_path: str) -> None:
     terminal, the session saved every 10 s and at the end, and Ctrl-C / SIGTERM stopping
     after the simulation in hand."""
     s.save(state_path)  # a folder that is not there fails now, not after the search
-    progress = _Progress(args.budget, enabled=not args.json and sys.stderr.isatty())
+    budget = SEARCH_SECONDS if args.budget is None else args.budget
+    progress = _Progress(budget, enabled=not args.json and sys.stderr.isatty())
     saved = [time.perf_counter() - 9.0]
 
     def tick(session) -> None:
@@ -679,7 +683,7 @@ def _run_search(s: Session, args, state_path: str) -> None:
             if args.simulations is not None:
                 s.step(args.simulations)
             else:
-                s.run(args.budget, callback=tick)
+                s.run(budget, callback=tick)
     finally:
         progress.close()
         s.save(state_path)  # nothing lost: the search resumes from here
@@ -749,7 +753,7 @@ def _pipeline_search(args, pins, forbids):
         if args.simulations is not None:
             found.step(args.simulations)
         else:
-            found.run(args.budget, callback=progress)
+            found.run(SEARCH_SECONDS if args.budget is None else args.budget, callback=progress)
     if tty:
         sys.stderr.write("\n")
     result = found.result()

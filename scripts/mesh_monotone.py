@@ -1,10 +1,16 @@
 """More choices never make a worse plan: the mesh search without pipelines beside the same
 search with them allowed (same budget, same seed), and the search with them given ``--scale``
-times the budget, per problem: the step times, with / without, default / longer, and the
-time-to-best of each (``MeshSearch.best_at``).
+times the effort and the time, per problem: the step times, with / without, default / longer,
+and the time-to-best of each (``MeshSearch.best_at``).
 
-    JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/mesh_monotone.py [--budget 90] [--scale 10]
-        [--only t48-4x64@1.25,t48-256] [--json out.json]
+    JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/mesh_monotone.py [--budget S] [--scale 10]
+        [--only t48-4x64@1.25,t48-1x256] [--longer-only] [--json out.json]
+
+Without ``--budget`` each search runs its schedule (effort 1) to the end, as ``partex search
+--devices`` does by default; the longer search has ``--scale`` times the effort and at most
+``--scale`` times the seconds the default search with pipelines took. With ``--budget S`` each
+search is capped at S seconds at effort S / 60 (``effort_of``), and the longer one has
+``--scale`` times both.
 
 The problems: T48 (``transformer-scan --preset t48``) on TPU v4 as four slices of 64 joined by
 1.25 or 6.25 GB/s per chip, and on one slice of 256 with stages within it allowed; Llama-2-70B
@@ -37,14 +43,16 @@ PROBLEMS = {
 }
 
 
-def _search(session, topo, seconds: float, pipelines) -> dict:
+def _search(model: str, spec: dict, topo, effort: float, seconds: float | None, pipelines) -> dict:
+    """One mesh search on a fresh session: ``effort`` (``effort_of``), at most ``seconds``."""
+    session = partex.Session.from_spec(model, **spec)
     t0 = time.perf_counter()
-    found = session.search_meshes(topo.devices, topology=topo, seconds=seconds, pipelines=pipelines)
+    found = session.mesh_searcher(topo.devices, topology=topo, pipelines=pipelines, effort=effort).run(seconds)
     wall = time.perf_counter() - t0
     b = found.best
     return {"step_s": b.step_time if b else None, "candidate": b.text() if b else None, "wall_s": wall,
-            "best_at_s": found.best_at, "converged": found.converged, "how": found.how(),
-            "search": found.to_json()}
+            "best_at_s": found.best_at, "converged": found.converged, "how": found.how(), "effort": effort,
+            "cap_s": seconds, "search": found.to_json()}
 
 
 def _cell(r: dict) -> str:
@@ -58,8 +66,9 @@ def _cell(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=90.0, help="seconds per search")
-    ap.add_argument("--scale", type=float, default=10.0, help="the longer search's budget over --budget (0: none)")
+    ap.add_argument("--budget", type=float, help="seconds per search (default: none, the schedule to its end)")
+    ap.add_argument("--scale", type=float, default=10.0,
+                    help="the longer search's effort and time over the default's (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", help="problems, comma-separated (default: all of " + ", ".join(PROBLEMS) + ")")
     ap.add_argument("--longer-only", action="store_true", help="only the longer search (with pipelines)")
@@ -76,10 +85,12 @@ def main() -> None:
 
         spec = dict(preset=preset, overrides=overrides, mesh=f"data={topo.devices}", hardware=hw, seed=args.seed)
         skip = {"step_s": None, "candidate": None, "wall_s": 0.0, "best_at_s": None, "converged": False, "how": "-"}
-        narrow = skip if args.longer_only else _search(partex.Session.from_spec(model, **spec), topo, args.budget, False)
-        broad = skip if args.longer_only else _search(partex.Session.from_spec(model, **spec), topo, args.budget, wide)
-        longer = _search(partex.Session.from_spec(model, **spec), topo, args.budget * args.scale, wide) \
-            if args.scale > 0 else None
+        effort = partex.effort_of(args.budget)
+        narrow = skip if args.longer_only else _search(model, spec, topo, effort, args.budget, False)
+        broad = skip if args.longer_only else _search(model, spec, topo, effort, args.budget, wide)
+        cap = args.budget * args.scale if args.budget is not None else \
+            broad["wall_s"] * args.scale if broad["how"] != "-" else None
+        longer = _search(model, spec, topo, effort * args.scale, cap, wide) if args.scale > 0 else None
         ratio = broad["step_s"] / narrow["step_s"] if broad["step_s"] and narrow["step_s"] else None
         conv = broad["step_s"] / longer["step_s"] if longer and longer["step_s"] and broad["step_s"] else None
         print(f"| {name} | {_cell(narrow)} | {_cell(broad)} | {f'{ratio:.3f}' if ratio else '-'} | "

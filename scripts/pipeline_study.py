@@ -4,7 +4,7 @@ of its chips without pipelines beside the same search with pipelined candidates 
 one slice), the ILP on each winner's mesh, and the hand pipeline plan (MaxText's recipe:
 stages over the slow axis, FSDP inside, 4S microbatches), on one cost model.
 
-    JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/pipeline_study.py [--budget 90] [--only t48-4x64] [--json out.json]
+    JAX_NUM_CPU_DEVICES=8 .venv/bin/python scripts/pipeline_study.py [--budget S] [--only t48-4x64] [--json out.json]
 
 Prints one Markdown row per problem and search (best mesh, pipeline, bubble, predicted step,
 MFU, memory; ILP on that mesh; the hand pipeline plan), the ``partex bench`` command that
@@ -68,7 +68,8 @@ def _hand_pipeline(model, preset, overrides, hw, topo: partex.Topology, stack: s
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=90.0, help="seconds per mesh search")
+    ap.add_argument("--budget", type=float,
+                    help="seconds per mesh search (default: none, the search's schedule to its end)")
     ap.add_argument("--ilp-time", type=float, default=30.0)
     ap.add_argument("--only", help="problems, comma-separated (default: all of " + ", ".join(PROBLEMS) + ")")
     ap.add_argument("--json")

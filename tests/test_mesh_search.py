@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from types import SimpleNamespace
 
 import pytest
 
 import partex
 from partex._errors import PartexError
-from partex._meshes import Topology, candidate_meshes
+from partex._meshes import MeshSearcher, Topology, candidate_meshes
+from partex._results import SearchStats
 from partex.cli import main
 
 
@@ -74,6 +77,20 @@ def test_cli_search_with_devices(tmp_path, capsys):
     assert "--devices searches the mesh" in capsys.readouterr().err
 
 
+def test_without_a_budget_the_mesh_search_runs_its_schedule_to_the_end(tmp_path, capsys):
+    """No time limit (the default): the schedule as written, to its end, the same
+    candidates, simulations and plans on every run (nothing depends on the machine's speed)."""
+    s = partex.Session.from_spec("transformer", preset="tiny", mesh="data=8", hardware="tpu-v4", memory="2MiB")
+    runs = [s.search_meshes(8) for _ in range(2)]
+    assert all(r.converged and not r.stopped and "convergence" in r.how() for r in runs)
+    a, b = ([(t.text(), t.step_time, t.simulations, t.status) for t in r.trials] for r in runs)
+    assert a == b and sum(t[2] for t in a) > 0
+    out = str(tmp_path / "plan.json")
+    assert main(["search", "transformer", "--devices", "8", "--memory", "2MiB", "--out", out, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["meshes"]["converged"] and d["meshes"]["chosen"] == runs[0].best.mesh.text()
+
+
 def test_more_candidates_never_make_a_worse_plan():
     """Monotone by construction: with pipelines allowed, the mesh search first runs exactly the
     search without them (the same simulations, the same plans: a schedule in simulations, not
@@ -85,13 +102,14 @@ def test_more_candidates_never_make_a_worse_plan():
     seen = []
     wide_search = s.mesh_searcher(8, topology="2x4@1.25", max_axes=3, pipelines=None, effort=0.25)
     wide = wide_search.run(600, callback=lambda trials: seen.append(
-        wide_search.best.step_time if wide_search.best is not None else math.inf))
+        (wide_search.best.step_time, wide_search.best_at) if wide_search.best is not None else (math.inf, None)))
     assert narrow.converged and wide.converged and "convergence" in wide.how()
     plain = {t.text(): (t.step_time, t.simulations, t.status) for t in narrow.trials}
     assert {t.text(): (t.step_time, t.simulations, t.status) for t in wide.trials if t.pipeline is None} == plain
     assert wide.best.step_time <= narrow.best.step_time
     assert any(t.pipeline is not None and t.simulations > 0 for t in wide.trials)
-    assert seen and seen == sorted(seen, reverse=True) and seen[-1] == wide.best.step_time
+    steps = [step for step, _ in seen]
+    assert steps and steps == sorted(steps, reverse=True) and steps[-1] == wide.best.step_time
     assert 0 <= wide.best_at <= wide.seconds
 
     stopping = s.mesh_searcher(8, topology="2x4@1.25", max_axes=3, effort=0.25)
@@ -99,3 +117,64 @@ def test_more_candidates_never_make_a_worse_plan():
     assert cut.stopped and not cut.converged and "stopped" in cut.how()
     assert cut.best is not None and cut.best.session is not None
     assert any(t.status in ("not reached", "stopped") for t in cut.trials)
+
+
+class _Improving:
+    """A candidate's search (``Searched``) whose best improves with every simulation up to
+    ``until`` (a step time of ``base / (1 + simulations)``), each simulation taking ``pause``
+    seconds."""
+
+    def __init__(self, base: float, until: int, pause: float = 0.005):
+        self.base, self.until, self.pause = base, until, pause
+        self.sims, self.secs, self.found = 0, 0.0, (0, 0.0)
+
+    def _step(self) -> float:
+        return self.base / (1 + min(self.found[0], self.until))
+
+    def run(self, seconds, callback=None, *, simulations=None):
+        for _ in range(simulations or 1):
+            time.sleep(self.pause)
+            self.sims += 1
+            self.secs += self.pause
+            if self.sims <= self.until:
+                self.found = (self.sims, self.secs)
+            if callback is not None:
+                callback(self)
+        return self
+
+    def best(self):
+        report = SimpleNamespace(step_time=self._step(), mfu=0.5, memory=SimpleNamespace(peak=1.0))
+        return SimpleNamespace(report=report, simulation=self.found[0], seconds=self.found[1])
+
+    def stats(self):
+        return SearchStats(simulations=self.sims, seconds=self.secs)
+
+    def warm_from(self, other):
+        return math.inf
+
+    def probe(self, evaluations):
+        return self
+
+    def settle(self, seconds):
+        return False
+
+    def step(self, n=1):
+        return self.run(0, simulations=n)
+
+    def request_stop(self):
+        pass
+
+
+def test_the_time_to_best_moves_when_the_incumbent_betters_itself():
+    """``best_at`` is when the incumbent was found, whichever trial found it: the leading
+    mesh bettering its own best (as the last one standing does, simulation after
+    simulation) makes a new incumbent and a later time."""
+    sessions = {"data=4": _Improving(1.0, until=40), "data=2,fsdp=2": _Improving(10.0, until=0)}
+    searcher = MeshSearcher(lambda mesh, pipeline: sessions[mesh.text()],
+                            [[partex.MeshSpec.parse("data=4"), partex.MeshSpec.parse("data=2,fsdp=2")]], effort=0.25)
+    firsts = []
+    found = searcher.run(60, callback=lambda trials: firsts.append(searcher.best_at) if not firsts else None)
+    assert found.converged and found.best.mesh.text() == "data=4"
+    assert found.best.step_time == pytest.approx(1.0 / 41)
+    # the last of its 40 improvements, not the first: each simulation takes 5 ms
+    assert firsts[0] is not None and found.best_at >= firsts[0] + 30 * 0.005

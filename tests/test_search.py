@@ -367,3 +367,35 @@ def test_session_exhaustive_scores_several_budgets_in_one_pass():
         if all(n <= 2 for n in (sum(1 for d in ilp.decisions if d.slot == x) for x in ("data", "model"))):
             assert ilp.report.step_time >= one.report.step_time * (1 - 1e-9)
     assert both[1].report.step_time <= both[0].report.step_time
+
+
+
+def test_settle_ends_where_no_polish_or_kick_improves_the_best():
+    """``Session.settle`` (the mesh search's last word on a candidate): from the hand plans
+    alone it polishes the best (no simulation), it never makes the best worse, a second
+    settle finds nothing more, and where it returns none of the best plan's kicks descends
+    to a better plan."""
+    from partex.planner._local import KICK_EVALS
+    from partex.planner._search import KICKS
+
+    s = _session(analyze_model("moe"), memory="1MiB")
+    assert s.best() is None and s.settle(60.0) is False  # nothing fits yet: nothing to settle
+    s = _session(analyze_model("moe"), memory="2MiB")
+    hand = s.best().report.step_time
+    assert s.settle(0.0) is False and s.best().report.step_time == hand  # no time: nothing done
+    assert s.settle(120.0) is True and s.best().report.step_time < hand and s.stats().simulations == 0
+    s = _session(analyze_model("moe"), memory="1MiB")
+    s.step(3)
+    before = s.best().report.step_time
+    s.settle(120.0)
+    after = s.best()
+    assert after.report.step_time <= before
+    assert s.settle(120.0) is False and s.best().decisions == after.decisions
+    search = s._state.search
+    ev, local, pins = search.evaluator, search.local, s._state.pins
+    kicks = local.kicks(tuple(after.decisions), len(pins.pinned), pins.forbidden)[:KICKS]
+    assert kicks  # two groups sharded on two axes: their exchange is a kick
+    for kick in kicks:
+        end = local.descend(kick, lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, None, budget=KICK_EVALS)
+        e = ev.evaluate(end)
+        assert not e.fits or e.step_time >= after.report.step_time * (1 - 1e-9)

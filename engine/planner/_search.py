@@ -243,6 +243,42 @@ class Search:
         finally:
             self._deadline = None
 
+    def settle(self, seconds: float, pins: Pins) -> bool:
+        """The local search's last word on the best plan: its polish (where the last polish
+        did not start from it), then its kicks (``KICKS``, best scored first), and again
+        from any better plan a kick finds, until none improves it or ``seconds`` pass. Where
+        the descent stopped short, a kick most often finds the better plan that simulations
+        would reach only at the next local-search turn. True where the best moved."""
+        ev = self.evaluator
+        first = ev.best
+        if first is None:
+            return False
+        self._t0 = time.perf_counter()
+        self._deadline = end = self._t0 + seconds
+        args = (len(pins.pinned), pins.forbidden, end)
+        best = first.decisions
+        try:
+            while not self.stop_requested and time.perf_counter() < end:
+                if best != self._polished:
+                    self._polished = best
+                    self.local.polish(pins.pinned, pins.forbidden, end)
+                elif not any(self._kicked(best, k, args) for k in range(KICKS)):
+                    break
+                best = self._best_decisions()
+        finally:
+            self.seconds += time.perf_counter() - self._t0
+            self._t0 = self._deadline = None
+        return best != first.decisions
+
+    def _kicked(self, best: tuple[Decision, ...], k: int, args: tuple) -> bool:
+        """Whether the ``k``-th kick from ``best`` (``LocalSearch.kick``) found a better plan."""
+        return time.perf_counter() <= args[-1] and self.local.kick(best, k, *args) and self._best_decisions() != best
+
+    def _best_decisions(self) -> tuple[Decision, ...]:
+        b = self.evaluator.best
+        assert b is not None
+        return b.decisions
+
     def consider(self, decisions: Sequence[Decision], pins: Pins) -> tuple[tuple[Decision, ...], Evaluation]:
         """Score a plan from elsewhere (another mesh's best, translated) as a candidate of
         this search, the way the hand plans are: the pins, then each of ``decisions`` this
