@@ -160,19 +160,22 @@ class Search:
             self._polish_evals = len(ev.evals)
 
     def probe(self, evaluations: int, pins: Pins) -> None:
-        """A short descent, of at most ``evaluations`` plans scored, from the best plan this
-        search met itself (not one carried by ``consider``; a rollout first where none fits
-        yet): how far a candidate gets in a little time on its own, reproducibly (a count of
-        plans, not seconds)."""
+        """Short descents, of at most ``evaluations`` plans scored each, from the best plan
+        this search met itself (a rollout first where none fits yet) and from the best plan
+        carried to it (``consider``) where that is its best: how far a candidate gets in a
+        little time on its own and near the best plans found elsewhere, reproducibly (a
+        count of plans, not seconds). A mesh whose own start is poor (no hand plan fits it)
+        but which takes the incumbent's plan one axis further is seen to."""
         ev = self.evaluator
         start = self._own_best()
         if start is None:  # a rollout first, as a simulation's: most often it finds a plan that fits
             self.tree.simulate(pins.pinned, pins.forbidden)
             start = self._own_best()
-        if start is None or any(p not in start for p in pins.pinned):
-            return
-        self.local.descend(tuple(start), lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, None,
-                           budget=int(evaluations))
+        carried = ev.best.decisions if ev.best is not None and ev.key(ev.best.decisions) in self._carried else None
+        for plan in (start, carried):
+            if plan is not None and all(p in plan for p in pins.pinned):
+                self.local.descend(tuple(plan), lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, None,
+                                   budget=int(evaluations))
 
     def _own_best(self) -> tuple[Decision, ...] | None:
         """The fastest plan that fits among those this search met itself (none carried from
