@@ -249,10 +249,14 @@ def parse_bytes(text: str | float | int) -> float:
         _positive("memory size", text)
         return float(text)
     m = _SIZE.match(str(text))
-    if not m:
+    try:
+        value = float(m.group(1)) * _UNITS[m.group(2)] if m else math.nan
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
         raise PartexError(f"cannot read memory size {text!r}: write e.g. 16GiB, 512MiB or 1.5e9")
-    value = float(m.group(1)) * _UNITS[m.group(2)]
-    _positive(f"memory size {text!r}", value)
+    if not (math.isfinite(value) and value > 0):  # said as written: '-1GiB', not its bytes
+        raise PartexError(f"memory size {text.strip()!r} is not a positive size: write e.g. 16GiB, 512MiB or 1.5e9")
     return value
 
 

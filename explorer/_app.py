@@ -18,7 +18,7 @@ from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
 from ._teach import CompareChoice, TeachView
 from ._format import esc
-from ._widgets import CSS, bokeh_update, button, html
+from ._widgets import CSS, bokeh_update, button, html, page_callback
 
 log = logging.getLogger("partex.explorer")
 
@@ -75,15 +75,14 @@ class ProbeView(pn.viewable.Viewer):
         return self._panel
 
 
-# Scroll the main column to the card a walkthrough step points at (its title, before "|"),
-# outline it, and move the walkthrough's overlay (.px-teach) where that card is not: over the
-# sidebar left of it, below the sidebar's search controls (the Search step asks for Run); else
-# right of the card, below or above what shows of it. The overlay moves again whenever its
-# size changes (another step's text) or the window's does. A card not on the page yet is
-# looked for again (up to 30 s) while the step lasts; found, it is kept in view until the step
+# Scroll the main column to the card a walkthrough step points at (its title, before "|") and
+# outline it. Only the card's own column scrolls (the window never does: scrollIntoView would
+# scroll it too, leaving the page shifted under the header). The walkthrough's panel
+# (.px-teach) sits in the sidebar, below the search controls, where it covers nothing; it is
+# scrolled into the sidebar's view if it is out of it. A card not on the page yet is looked
+# for again (up to 30 s) while the step lasts; found, it is kept in view until the step
 # changes or the user scrolls, clicks or types (cards above it may still be laid out, a table
-# may scroll the page). An empty text clears the outline.
-# The cards sit in nested shadow roots.
+# may scroll the page). An empty text clears the outline. The cards sit in nested shadow roots.
 POINT_AT_CARD = """
 const want = cb_obj.text.split("|")[0];
 if (window._pxTeach) { window._pxTeach.style.outline = ""; window._pxTeach = null; }
@@ -95,7 +94,20 @@ function find(root, test) {
   }
   return null;
 }
+const up = (el) => el.parentElement || (el.getRootNode() instanceof ShadowRoot ? el.getRootNode().host : null);
 const has = (name) => (el) => el.classList && el.classList.contains(name);
+// the element's own scrolling column (the main column, the sidebar), never the window
+function column(el) {
+  for (let node = up(el); node && node !== document.body && node !== document.documentElement; node = up(node)) {
+    const overflow = getComputedStyle(node).overflowY;
+    if ((overflow === "auto" || overflow === "scroll") && node.scrollHeight > node.clientHeight) return node;
+  }
+  return null;
+}
+function reveal(el) {
+  const box = column(el);
+  if (box) box.scrollTop += el.getBoundingClientRect().top - box.getBoundingClientRect().top;
+}
 const step = cb_obj.text;
 const since = performance.now();
 // The card is pointed at once it is on the page (a busy page may still be drawing it), as
@@ -108,10 +120,9 @@ function point() {
     return;
   }
   let card = el;
-  while (card && !has("px-card")(card))
-    card = card.parentElement || (card.getRootNode() instanceof ShadowRoot ? card.getRootNode().host : null);
+  while (card && !has("px-card")(card)) card = up(card);
   card = card || el;
-  card.scrollIntoView({block: "start"});
+  reveal(card);
   card.style.outline = "3px solid #f59e0b";
   card.style.outlineOffset = "2px";
   window._pxTeach = card;
@@ -125,47 +136,17 @@ function point() {
   const keep = setInterval(() => {
     if (window._pxTeach !== card || userMoved) { clearInterval(keep); return; }
     const b = card.getBoundingClientRect();
-    if (b.top < -5 || b.top > window.innerHeight - 60) card.scrollIntoView({block: "start"});
+    if (b.top < -5 || b.top > window.innerHeight - 60) reveal(card);
   }, 250);
-  place();
 }
-
-function place() {
-  const target = window._pxTeach;
+function showPanel() {
   const pop = find(document, has("px-teach"));
-  if (!target || !pop || !pop.offsetWidth) return;
-  const vw = window.innerWidth, vh = window.innerHeight, gap = 8, least = 180;
-  const c = target.getBoundingClientRect();
-  const w = pop.offsetWidth;
-  const header = document.querySelector("#header");
-  const below = header ? header.getBoundingClientRect().bottom + gap : gap;
-  const controls = find(document, has("side-section"));
-  const r = controls ? controls.getBoundingClientRect() : null;
-  const free = r && r.width > 0 && r.bottom < vh / 2 ? Math.max(below, r.bottom + gap) : below;
-  let spot = null;
-  if (c.left - 2 * gap >= w) spot = {left: gap, top: free, bottom: vh - gap};
-  else if (vw - c.right - 2 * gap >= w) spot = {left: c.right + gap, top: below, bottom: vh - gap};
-  else if (vh - Math.max(c.bottom, below) - 2 * gap >= least)
-    spot = {left: Math.max(gap, c.left), top: Math.max(c.bottom, below) + gap, bottom: vh - gap};
-  else if (Math.min(c.top, vh) - below - gap >= least)
-    spot = {left: Math.max(gap, c.left), top: below, bottom: Math.min(c.top, vh) - gap};
-  else spot = {left: gap, top: free, bottom: vh - gap};  // no room anywhere: the sidebar's place
-  pop.style.bottom = "auto";
-  pop.style.left = spot.left + "px";
-  pop.style.top = spot.top + "px";
-  pop.style.maxHeight = (spot.bottom - spot.top) + "px";
-}
-window._pxTeachPlace = place;
-if (!window._pxTeachWatch) {
-  const pop = find(document, has("px-teach"));
-  if (pop && window.ResizeObserver) {
-    window._pxTeachWatch = new ResizeObserver(() => window._pxTeachPlace && window._pxTeachPlace());
-    window._pxTeachWatch.observe(pop);
-    window.addEventListener("resize", () => window._pxTeachPlace && window._pxTeachPlace());
-  }
+  if (!pop || !pop.offsetWidth) return;
+  const r = pop.getBoundingClientRect();
+  if (r.top < 0 || r.bottom > window.innerHeight) reveal(pop);
 }
 point();
-requestAnimationFrame(place);
+requestAnimationFrame(showPanel);
 """
 
 
@@ -203,7 +184,8 @@ class MessageView(pn.viewable.Viewer):
     """The state's message: a banner at the top of the main column (``partex-alert``) and,
     for a warning or an error, a toast fixed at the top right of the window for TOAST_MS
     (``partex-toast``): the main column scrolls on its own, and the user may be anywhere in
-    it. ``timed``: a server's page, where the toast's timer can run."""
+    it. A refused input has no toast: its field, where the user typed, says it. ``timed``: a
+    server's page, where the toast's timer can run."""
 
     def __init__(self, state: ExplorerState, timed: bool, **params):
         super().__init__(**params)
@@ -227,7 +209,7 @@ class MessageView(pn.viewable.Viewer):
 
     def _show(self, *_):
         state = self.state
-        icon = {"success": "✓", "info": "ℹ", "warning": "⚠", "danger": "✕"}[state.message_level]
+        icon = {"success": "✓", "info": "ℹ", "warning": "⚠", "danger": "✕", "refused": "✕"}[state.message_level]
         text = (f"<div class='alert {state.message_level}' role='alert'><b>{icon}</b> {esc(state.message)}</div>"
                 if state.message else "")
         self.alert.object = text
@@ -282,7 +264,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     compare = CompareView(state=state)
     teach = TeachView(state=state, compare=CompareChoice(compare))
     main = [
-        pn.Column(message, teach, TeachPointer(teach), KpiView(state=state), ProbeView(state),
+        pn.Column(message, TeachPointer(teach), KpiView(state=state), ProbeView(state),
                   sizing_mode="stretch_width", margin=(0, 0)),
         pn.Row(
             _card("Named dimensions", graph,
@@ -306,6 +288,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     ]
     sidebar = [
         SearchControls(state=state),
+        teach,  # below the search controls (the walkthrough's Search step asks for Run), covering nothing
         ModelControls(state=state),
         MeshControls(state=state),
         FileControls(state=state),
@@ -336,7 +319,11 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     template.config.css_files = [CSS]
     template.config.js_files = {"partex_offline": OFFLINE_JS}
     if ctx is not None:
-        pn.state.add_periodic_callback(state.poll, period=POLL_MS)
+        def poll():
+            with page_callback(state.clock, "the page's poll") as done:
+                done += state.poll()
+
+        pn.state.add_periodic_callback(poll, period=POLL_MS)
         pn.state.add_periodic_callback(lambda: state.clock.tick(TICK_MS / 1e3), period=TICK_MS)
 
         def destroyed(session_context):

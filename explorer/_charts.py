@@ -4,6 +4,7 @@ search's statistics (best step time over simulations, visits and value per root 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import panel as pn
 import param
@@ -140,9 +141,14 @@ def memory_figure(name: str, src: ColumnDataSource, height: int, bar: float) -> 
     # two text glyphs of one colour each, not one with a colour per row: Bokeh 3.8's text
     # renders a per-row colour array before it re-lays out its labels, so a source that
     # shrinks reads past the colours' end (RangeError from a DataView, once per redraw)
+    # The labels are drawn over the budget's line (the overlay level, above annotations),
+    # each on a white box: a label the line crosses stays legible, the line showing above and
+    # below it; the bars stay under the line
+    # (a dict: bokeh's stubs for text() list no background visuals, which it takes)
+    box: dict[str, Any] = dict(background_fill_color="#ffffff", background_fill_alpha=0.92, padding=2)
     for column, colour in (("note", "#334155"), ("note_over", OVER)):
         p.text(x="total", y="row", text=column, source=src, x_offset=6, text_baseline="middle",
-               text_font_size="12px", text_color=colour)
+               text_font_size="12px", text_color=colour, level="overlay", **box)
     budget = Span(location=0, dimension="height", line_color=OVER, line_dash="dashed", line_width=2)
     p.add_layout(budget)
     p.add_tools(HoverTool(renderers=[*bars], tooltips=[("plan", "@row"), *((k, f"@{k}_txt") for k in MEMORY_PARTS),

@@ -334,7 +334,8 @@ class CompareView(pn.viewable.Viewer):
             (" bad" if over else "", "Budget", f"<div class='k-value'>{verdict}</div>",
              f"{fmt_bytes(hw.budget)} per device{kept}"),
         ]
-        return "<div class='kpis'>" + "".join(
+        # its lines wrap (the page's headline cuts them: "2.5 MiB → 1.1 MiB per de…" said too little)
+        return "<div class='kpis wrap'>" + "".join(
             f"<div class='kpi{cls}'><div class='k-label'>{label}</div>{value}<div class='k-sub'>{sub}</div></div>"
             for cls, label, value, sub in tiles) + "</div>"
 

@@ -12,7 +12,7 @@ from partex import demo_models
 
 from ._engine import CUSTOM, hardware_names
 from ._format import esc, fmt_bytes
-from ._widgets import bind, button, html, keyed, select, text_input
+from ._widgets import bind, button, html, keyed, page_callback, select, text_input
 
 
 INVALID_CSS = (":host(.invalid) input, :host(.invalid) select { border-color: #dc2626 !important; "
@@ -20,9 +20,10 @@ INVALID_CSS = (":host(.invalid) input, :host(.invalid) select { border-color: #d
 
 
 class FieldErrors:
-    """A bad input's mark on the form fields of one section: the field outlined in red and
-    its message under the section's fields (``partex-field-error-<section>``). The state's
-    ``field_error`` names the field; a section shows only its own."""
+    """A refused input's marks on the form fields of one section: each field marked outlined in
+    red, and its message under the section's fields (``partex-field-error-<section>``): why the
+    field was refused and how to fix it, or that it is not applied (changed with a refused
+    one). The state's ``field_error`` names the fields; a section shows only its own."""
 
     def __init__(self, state, section: str, fields: dict, labels: dict[str, str] | None = None):
         self.state, self.fields, self.labels = state, fields, labels or {}
@@ -35,21 +36,22 @@ class FieldErrors:
         errors = {k: v for k, v in self.state.field_error.items() if k in self.fields}
         for name, w in self.fields.items():
             w.css_classes = ["invalid"] if name in errors else []
-        label, text = next(iter(errors.items()), ("", ""))
+        lines = "".join(f"<div>✕ {esc(self.labels.get(label, label))}: {esc(text)}</div>"
+                        for label, text in errors.items())
         self.note.object = (f"<div role='alert' style='color:#991b1b;background:#fef2f2;border:1px solid "
                             "#fecaca;border-radius:6px;padding:4px 8px;font-size:12.5px;line-height:1.3'>"
-                            f"✕ {esc(self.labels.get(label, label))}: {esc(text)}</div>" if text else "")
-        self.note.visible = bool(text)
+                            f"{lines}</div>" if lines else "")
+        self.note.visible = bool(lines)
 
 
 def pipeline_words(ws, best) -> str:
     """The sidebar's words on the pipeline: the one in effect (its stages, microbatches,
     schedule, bubble, recompute and the best plan's memory per device: one stage's), or
     which stacks the model may pipeline."""
-    c, session = ws.config, ws.session
+    c = ws.config
     p = c.pipeline
     if p is None:
-        stacks = session.pipeline_stacks()
+        stacks = ws.pipeline_stacks
         ok = [f"{k} ({st.layers} layers, batch {st.batch})" for k, st in stacks.items() if not isinstance(st, str)]
         text = ("may be pipelined: " + ", ".join(ok)) if ok else "no layer stack under scan to pipeline"
         return f"<div class='hint'>{esc(text)}</div>"
@@ -97,7 +99,7 @@ class SearchControls(pn.viewable.Viewer):
 
     def _timed(self, fn):
         def cb(event):
-            with self.state.clock.timed():
+            with page_callback(self.state.clock, f"the {event.obj.name} button"):
                 fn()
         return cb
 
@@ -131,17 +133,16 @@ class ModelControls(pn.viewable.Viewer):
                                  description="A callable returning (fn, example_args) or (fn, example_args, axis_names)")
         self.analyze = button("partex-analyze", "Analyze", button_type="primary", sizing_mode="stretch_width")
         self.analyze.on_click(lambda e: s.load())
-        # Enter in the overrides applies them as Analyze does (the text typed so far: the value
-        # itself may come after the key press)
+        # Enter in the overrides applies them to the model on the page (the text typed so far:
+        # the value itself may come after the key press); another model loads only on Analyze
         self.overrides.param.watch(self._on_enter, ["enter_pressed"])
         bind(self.model, s, "model_name")
         bind(self.overrides, s, "overrides")
         bind(self.custom, s, "custom_model")
-        s.param.watch(self._presets, ["model_name"])
+        s.param.watch(self._presets, ["model_name", "preset"])
         self._presets()
         # the preset's choices follow the model: take only values the state accepts
         self.preset.param.watch(self._on_preset, ["value"])
-        s.param.watch(lambda e: setattr(self.preset, "value", e.new), ["preset"])
         s.param.watch(lambda e: setattr(self.analyze, "loading", "load" in e.new), ["busy"])
         self.errors = FieldErrors(s, "model", {"overrides": self.overrides, "custom": self.custom},
                                   {"overrides": "config overrides", "custom": "your model"})
@@ -150,19 +151,21 @@ class ModelControls(pn.viewable.Viewer):
 
     def _on_enter(self, event):
         s = self.state
-        with s.clock.timed():
+        with page_callback(s.clock, "Enter in the config overrides"):
             s.overrides = self.overrides.value_input if self.overrides.value_input is not None else self.overrides.value
-            s.load()
+            s.apply_overrides()
 
     def _on_preset(self, event):
         if event.new in self.state.param.preset.objects:
             self.state.preset = event.new
 
     def _presets(self, *_):
+        """The preset picker shows the model's presets and the state's preset, set together:
+        a value set apart from its options is one the select does not offer, and the select
+        takes its first option instead (Panel's Select does), which the state would take."""
         s = self.state
         custom = s.model_name == CUSTOM
-        self.preset.options = list(s.param.preset.objects)
-        self.preset.value = s.preset
+        self.preset.param.update(options=list(s.param.preset.objects), value=s.preset)
         self.preset.disabled = self.overrides.disabled = custom
         self.custom.visible = custom
 
@@ -260,7 +263,7 @@ class FileControls(pn.viewable.Viewer):
 
     def _on_upload(self, event):
         if event.new:
-            with self.state.clock.timed():
+            with page_callback(self.state.clock, "a plan uploaded"):
                 self.state.upload_plan(event.new, self.upload.filename)
 
     def _sessions(self, event):

@@ -167,7 +167,7 @@ def parse_config(mesh_text: str, hardware: str, budget_text: str, margin_text: s
     pipe = _at("pipeline", Pipeline.parse, pipeline_text.strip()) if (pipeline_text or "").strip() else None
     if pipe is not None and pipe.axis not in mesh.axes:
         raise PartexError(f"pipeline {pipe.text()}: the mesh ({mesh.text()}) has no axis {pipe.axis!r}: add one "
-                          f"(e.g. {pipe.axis}=2) or name an axis it has", field="pipeline")
+                          f"(e.g. {pipe.axis}=2), name an axis it has, or clear the pipeline", field="pipeline")
     return Config(mesh, _at("margin", as_hardware, hw, None, margin) if margin is not None else hw, pipe)
 
 
@@ -242,6 +242,9 @@ class Workspace:
         self.choice, self.session = choice, session
         self.config = Config(session.mesh, session.hardware, session.pipeline)
         self.lock = threading.Lock()
+        # the layer stacks the step as written may pipeline (``Session.pipeline_stacks``): found
+        # here, in the load's worker thread; the sidebar says them with every new best
+        self.pipeline_stacks = session.pipeline_stacks() if session.pipeline is None else {}
 
     @property
     def an(self):

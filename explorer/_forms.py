@@ -4,16 +4,44 @@ from __future__ import annotations
 
 import param
 
-from partex import ModelSpec, PartexError, demo_models, parse_bytes
+from partex import ModelSpec, PartexError, Pipeline, as_mesh, demo_models, parse_bytes
 
 from ._banner import CONFIG_FIELDS, MODEL_FIELDS, Banner
 from ._engine import CUSTOM, Config, Workspace, demo_presets, hardware_of, parse_config, split_overrides
+from ._format import fmt_bytes
 from ._loading import budget_words, default_budget
 from ._slice import ParamSlice
 
 # the forms' parameters that ``Forms`` reads and writes (a saved session's forms name them all)
 FORM_PARAMS = ("model_name", "preset", "overrides", "custom_model", "mesh_text", "hardware", "budget_text",
                "margin_text", "pipeline_text", "seed")
+# the configuration's parameters (a change applies at once: ``ExplorerState.apply_config``)
+CONFIG_PARAMS = ("mesh_text", "hardware", "budget_text", "margin_text", "pipeline_text")
+
+
+def _read(fn):
+    """fn(), or None where what the form holds does not read."""
+    try:
+        return fn()
+    except (PartexError, ValueError):
+        return None
+
+
+def field_value(config: Config | None, field: str) -> str:
+    """The value in force of a configuration field (one of ``_banner.CONFIG_FIELDS``), as the
+    page says it; "" for another field."""
+    if config is None:
+        return "nothing loaded"
+    hw, pipe = config.hw, config.pipeline
+    return {"mesh": config.mesh.text(links=True), "hardware": hw.name, "budget": fmt_bytes(hw.budget),
+            "margin": f"{hw.memory_margin:g}", "pipeline": pipe.text() if pipe is not None else "none"}.get(field, "")
+
+
+def config_words(config: Config) -> str:
+    """A configuration in words: 'stage=2,fsdp=4 with pipeline stack0:stage:4 (tpu-v4, budget
+    16.0 MiB)'."""
+    pipe = f" with pipeline {config.pipeline.text()}" if config.pipeline is not None else ""
+    return f"{config.mesh.text(links=True)}{pipe} ({config.hw.name}, budget {fmt_bytes(config.hw.budget)})"
 
 
 class Forms:
@@ -52,6 +80,47 @@ class Forms:
         page = self.page
         return parse_config(page.mesh_text, page.hardware, page.budget_text, page.margin_text, page.pipeline_text)
 
+    def unapplied(self, config: Config | None) -> list[str]:
+        """The configuration fields whose value in the form is not the one in force in
+        ``config`` (a value that does not read at all is not), each read on its own."""
+        if config is None:
+            return []
+        page, hw = self.page, config.hw
+        chip = _read(lambda: hardware_of(page.hardware))  # its own budget and margin: the empty fields'
+        typed = {
+            "mesh": _read(lambda: as_mesh(page.mesh_text)),
+            "hardware": chip.name if chip is not None else page.hardware,
+            "budget": (_read(lambda: parse_bytes(page.budget_text)) if page.budget_text.strip() else
+                       chip.budget if chip is not None else None),
+            "margin": (_read(lambda: float(page.margin_text)) if page.margin_text.strip() else
+                       chip.memory_margin if chip is not None else None),
+            "pipeline": _read(lambda: Pipeline.parse(page.pipeline_text.strip())) if page.pipeline_text.strip() else None,
+        }
+        in_force = {"mesh": config.mesh, "hardware": hw.name, "budget": hw.budget, "margin": hw.memory_margin,
+                    "pipeline": config.pipeline}
+        unread = {f for f in ("mesh", "pipeline") if typed[f] is None and getattr(page, f"{f}_text").strip()}
+        return [f for f in CONFIG_FIELDS if f in unread or typed[f] != in_force[f]]
+
+    def names(self, choice: ModelSpec) -> bool:
+        """Whether the model picker names ``choice`` (its overrides aside)."""
+        page = self.page
+        if page.model_name == CUSTOM:
+            return choice.preset == "custom" and page.custom_model.strip() == choice.spec
+        return page.model_name == choice.spec and page.preset == choice.preset
+
+    def say_analyze(self, budget: str = "") -> None:
+        """Say that the model the form names loads only on Analyze (with the budget it comes
+        with, ``budget``), and which the page still shows; said aside: once the form names the
+        page's model again, the line it replaced comes back."""
+        page = self.page
+        ws = page.workspace
+        what = (page.custom_model or "your model" if page.model_name == CUSTOM else
+                f"{page.model_name} ({page.preset})")
+        overrides = split_overrides(page.overrides) if page.model_name != CUSTOM else []
+        with_overrides = f" with {','.join(overrides)}" if overrides else ""
+        self.banner.aside(f"press Analyze to load {what}{with_overrides}{budget}; the page still shows "
+                          f"{ws.choice.title if ws else 'nothing'}", "info")
+
     def write(self, form: dict) -> None:
         """Write the forms (name -> value); their watchers leave it be (what it loads or
         applies comes with it)."""
@@ -81,10 +150,14 @@ class Forms:
 
     # ------------------------------------------------------------------ the forms' watchers
     def model_named(self, event) -> None:
-        """Another model: the preset picker offers its presets."""
+        """Another model: the preset picker offers its presets; the model on the page named
+        again comes with its own preset."""
         presets = demo_presets(event.new)
         self.preset.objects = presets
-        if self.page.preset not in presets:
+        ws = self.page.workspace
+        if ws is not None and ws.choice.spec == event.new and ws.choice.preset in presets:
+            self.page.preset = ws.choice.preset
+        elif self.page.preset not in presets:
             self.page.preset = presets[0]
 
     def choice_changed(self, event) -> None:
@@ -103,10 +176,10 @@ class Forms:
             budget = ", " + budget_words(parse_bytes(page.budget_text) if page.budget_text else hbm,
                                          page.hardware, page.preset)
         ws = page.workspace
-        if ws is not None and ws.choice.spec == page.model_name and ws.choice.preset == page.preset:
+        if ws is not None and self.names(ws.choice):
             if budget:
-                self.banner.notify(f"press Analyze to load {ws.choice.title} again{budget}", "info")
+                self.banner.aside(f"press Analyze to load {ws.choice.title} again{budget}", "info")
+            else:
+                self.banner.back()  # the form names the page's model again: nothing waits for Analyze
             return
-        what = page.custom_model or "your model" if page.model_name == CUSTOM else f"{page.model_name} ({page.preset})"
-        self.banner.notify(f"press Analyze to load {what}{budget}; the page still shows "
-                           f"{ws.choice.title if ws else 'nothing'}", "info")
+        self.say_analyze(budget)

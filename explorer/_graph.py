@@ -7,6 +7,7 @@ it comes from, its conflicts, and the pin / forbid form). Node positions: ``_lay
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Any
 
 import panel as pn
@@ -19,9 +20,15 @@ from partex import RECOMPUTE_WHAT, GroupInfo, Recompute, Resolve, Shard
 from ._engine import short_source
 from ._format import esc, fmt_bytes
 from ._layout import PX_H, PX_W, X_RANGE, Y_RANGE, GraphLayout, graph_layout, label_dy, node_size, sub_line
-from ._widgets import bokeh_update, button, html, keyed, select
+from ._widgets import bokeh_update, button, html, keyed, page_callback, select, tip_left
 
-AXIS_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777", "#0891b2"]
+# A mesh axis's colour follows its name alone, the same on every mesh: the usual names have
+# their own; any other takes one of the palette by a hash of its name (crc32, the same in
+# every process).
+AXIS_COLORS = {"data": "#2563eb", "model": "#ea580c", "fsdp": "#059669", "stage": "#9333ea", "expert": "#db2777",
+               "seq": "#0891b2", "tensor": "#ca8a04", "pipeline": "#4f46e5", "replica": "#65a30d"}
+OTHER_AXIS_COLORS = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777", "#0891b2", "#ca8a04", "#4f46e5",
+                     "#65a30d", "#be185d")
 UNSHARDED = "#cbd5e1"
 CONFLICT = "#dc2626"
 PIN_LINE = "#0f172a"
@@ -31,8 +38,14 @@ NONE = -1  # a Select shows no option for a None value: the placeholder has a va
 SELECTED = "#f59e0b"  # the clicked (or found) node's outline  # the recompute chips' orange (explorer.css)
 
 
+def axis_color(axis: str) -> str:
+    """The colour of the mesh axis named ``axis``: its name's alone (``AXIS_COLORS``)."""
+    return AXIS_COLORS.get(axis) or OTHER_AXIS_COLORS[zlib.crc32(axis.encode()) % len(OTHER_AXIS_COLORS)]
+
+
 def axis_colors(axes) -> dict[str, str]:
-    return {a: AXIS_COLORS[i % len(AXIS_COLORS)] for i, a in enumerate(axes)}
+    """Axis name -> colour, for the axes of a mesh."""
+    return {a: axis_color(a) for a in axes}
 
 
 def recomputed(state) -> dict[int, tuple[str, str]]:
@@ -383,7 +396,7 @@ class DecisionView(pn.viewable.Viewer):
         self.pin_btn = button("partex-pin", "Pin", button_type="primary", sizing_mode="stretch_width")
         self.forbid_btn = button("partex-forbid", "Forbid", button_type="warning", sizing_mode="stretch_width")
         self.unpin_btn = button("partex-unpin", "Release", button_type="default", sizing_mode="stretch_width",
-                                description="Unpin, or allow again, the group on the axis")
+                                description=tip_left("Unpin, or allow again, the group on the axis"))
         self.pin_btn.on_click(lambda e: self._decide(s.pin))
         self.forbid_btn.on_click(lambda e: self._decide(s.forbid))
         self.unpin_btn.on_click(lambda e: self._decide(s.unpin))
@@ -408,7 +421,7 @@ class DecisionView(pn.viewable.Viewer):
         return self._panel
 
     def _decide(self, fn):
-        with self.state.clock.timed():
+        with page_callback(self.state.clock, f"{fn.__name__} a group"):
             fn(None if self.group.value == NONE else self.group.value, self.axis.value)
 
     def _options(self, *_):

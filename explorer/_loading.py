@@ -81,11 +81,13 @@ class Loading:
         self.forms_loaded = forms_loaded
         self.probe = probe
         self.held = Held()
+        self.coming: Config | None = None  # the configuration of the last build asked for (None: a saved one's)
 
     # ------------------------------------------------------------------ the page's actions
     def load(self, choice: ModelSpec, config: Config, seed: int) -> None:
         """Analyse ``choice`` on ``config``: a new model on the page."""
         self.page.phase = "loading"
+        self.coming = config
         self.submit("load", lambda: _build(choice, config, seed), self.install)
 
     def reconfigure(self, config: Config, seed: int) -> None:
@@ -97,6 +99,7 @@ class Loading:
         pins, forbidden = self.carried()
         if self.page.config is not None and config.pipeline != self.page.config.pipeline:
             pins, forbidden = (), ()  # another pipeline is another step: its groups are others
+        self.coming = config
         self.submit("load", lambda: _build(ws.choice, config, seed, ws.base, pins, forbidden), self.install)
 
     def reset(self, seed: int) -> None:
@@ -105,6 +108,7 @@ class Loading:
         ws = self.page.workspace
         pins, forbidden = self.carried()
         self.driver.pause()
+        self.coming = ws.config
         self.submit("load", lambda: _build(ws.choice, ws.config, seed, ws.res, pins, forbidden, same_step=True),
                     self.install)
 
@@ -112,6 +116,7 @@ class Loading:
         """Load the saved session ``name`` (its file ``path``), its search resumed."""
         self.driver.pause()
         self.page.phase = "loading"
+        self.coming = None
         self.submit("load", lambda: _restore(name, path), self.install)
 
     def failed(self) -> None:
@@ -138,7 +143,14 @@ class Loading:
             self.set_forms(loaded.form)
         if not same_model:
             # pins and forbids are group ids of the old model: gone before the new model comes,
-            # so no view ever reads them against it (the new model's come after it, below)
+            # so no view ever reads them against it (the new model's come after it, below);
+            # the page says which went
+            if old is not None:
+                before = Held((*page.pins, *self.held.pins), (*page.forbidden, *self.held.forbidden))
+                after = Held((*loaded.session.pins, *loaded.held.pins),
+                             (*loaded.session.forbidden, *loaded.held.forbidden))
+                dropped = dropped_words(old, ws, before, after)
+                loaded = dataclasses.replace(loaded, notes=(*loaded.notes, dropped) if dropped else loaded.notes)
             driver.drop_decisions()
             self.held = Held()
         with page.batch():
@@ -151,7 +163,6 @@ class Loading:
             self.plans.keep_shown(loaded.baselines)
         self.meshes.keep_for(ws)
         self.forms_loaded(ws)
-        settle_heap()  # the new page and model are long-lived: keep them out of later collections
         driver.start(loaded.session, ws)
         self.held = loaded.held
         text, level = loaded_message(loaded)
@@ -181,6 +192,32 @@ def budget_words(budget: float, hardware: str, preset: str) -> str:
     if source.startswith("the chip's HBM"):
         return "budget: " + source.replace("HBM", f"HBM, {fmt_bytes(budget)}", 1)
     return f"budget {fmt_bytes(budget)}" + (f" ({source})" if source else "")
+
+
+def dropped_words(old: Workspace, new: Workspace, before: Held, after: Held) -> str:
+    """What a new step on the page drops of the old one's, in words ("" for nothing): the pins
+    and forbids ``before`` (in force or set aside; decisions on the old step's groups) that
+    are not among those ``after`` (the new step's), and, on the same model, the old step's
+    own shardings the new one has not (a pipeline's layers on its stage axis)."""
+    now = {new.an.decision_label(d) for d in (*after.pins, *after.forbidden)}
+    lost = ([f"pin {label}" for label in map(old.an.decision_label, before.pins) if label not in now]
+            + [f"forbid {label}" for label in map(old.an.decision_label, before.forbidden) if label not in now])
+    if new.choice != old.choice:
+        why, own = f"another model: {old.choice.title}'s decisions do not carry over", []
+    else:
+        kept = {(f["group"], f["axis"]) for f in new.session.fixed}
+        own = [f"{_group_title(old.an, f['group'])}→{f['axis'] or 'unsharded'}" for f in old.session.fixed
+               if (f["group"], f["axis"]) not in kept]
+        why = "another pipeline is another step, with groups of its own"
+    said = ([f"dropped {', '.join(lost)} (pin again what still applies)"] if lost else []) + (
+        [f"the old step's own {', '.join(own)} went with it"] if own else [])
+    return f"{why}: {'; '.join(said)}" if said else ""
+
+
+def _group_title(an, label: str) -> str:
+    """A group's title from its label (the label itself where the analysis has no such group)."""
+    group = an.group_by_label(label)
+    return an.titles[group.id] if group is not None else label
 
 
 def loaded_message(loaded: Loaded) -> tuple[str, str]:
@@ -243,8 +280,10 @@ def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forb
     if not any(b.report.fits for b in baselines.values()):
         mesh, tried = fitting_mesh(res, config, tries=MESH_TRIES)
         fitting = mesh.text(links=True) if mesh else None
-    return Loaded(ws, *_details(session.model), baselines, session, tuple(notes), held=held, fitting_mesh=fitting,
-                  tried_devices=tried)
+    loaded = Loaded(ws, *_details(session.model), baselines, session, tuple(notes), held=held, fitting_mesh=fitting,
+                    tried_devices=tried)
+    settle_heap()  # here, not on the page's event loop: the new model is long-lived, out of later collections
+    return loaded
 
 
 def _restore(name: str, path: pathlib.Path) -> Loaded:
@@ -261,7 +300,9 @@ def _restore(name: str, path: pathlib.Path) -> Loaded:
         form.update(model_name=choice.spec, preset=choice.preset, overrides=",".join(choice.overrides))
     else:
         form.update(model_name=CUSTOM, custom_model=choice.spec)
-    return Loaded(ws, *_details(session.model), ws.baselines(), session, (), form, f"loaded session {name}")
+    loaded = Loaded(ws, *_details(session.model), ws.baselines(), session, (), form, f"loaded session {name}")
+    settle_heap()
+    return loaded
 
 
 def _budget_text(budget: float | None) -> str:

@@ -27,7 +27,7 @@ from partex import MeshTrial, PartexError, Session, Topology, effort_of
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time
 from ._runner import CHILD_NICENESS, reap, start_forked
 from ._tables import Table
-from ._widgets import bokeh_update, button, html, keyed, select, text_input
+from ._widgets import bokeh_update, button, html, keyed, select, text_input, tip_left
 
 log = logging.getLogger("partex.explorer")
 
@@ -274,8 +274,8 @@ class MeshesView(pn.viewable.Viewer):
         self.seconds = keyed(pn.widgets.IntInput)("partex-mesh-seconds", name="Seconds", start=1,
                                                    value=DEFAULT_SECONDS, width=100)
         self.go = button("partex-mesh-search", "Search meshes", button_type="primary", margin=(27, 10, 5, 10),
-                         description="Every factorisation of the devices into named axes, each searched with the "
-                                     "plan by successive halving, in its own process")
+                         description=tip_left("Every factorisation of the devices into named axes, each searched "
+                                              "with the plan by successive halving, in its own process"))
         self.pipelines = select("partex-mesh-pipelines", "Pipelines", options=list(PIPELINES),
                                 value=DEFAULT_PIPELINES, width=150,
                                 description="Candidates that run a scanned layer stack as a pipeline: a stage per "

@@ -113,7 +113,7 @@ class PlanCard:
         ws = self.page.workspace
         self.page.verify_status = (f"running: compiling the {summary.name} plan on {summary.plan.mesh.size} "
                                    "simulated devices")
-        self.page.verify_result = None
+        self.page.set(verify_result=None, verified_plan=summary.name)  # the plan whose result is awaited
 
         def work():
             # the page's copy of the session compiles; the search's own copy (in the runner)

@@ -17,10 +17,10 @@ import param
 
 from partex import PartexError, SearchStats, VerifyReport, demo_models
 
-from ._banner import CONFIG_FIELDS, Banner, one_line
+from ._banner import CONFIG_FIELDS, MESH_SEARCH_FIELDS, MODEL_FIELDS, Banner, one_line
 from ._driver import SearchDriver
 from ._engine import CUSTOM, PlanSummary, demo_presets, hardware_names
-from ._forms import FORM_PARAMS, Forms
+from ._forms import CONFIG_PARAMS, FORM_PARAMS, Forms, config_words, field_value
 from ._loading import DEFAULT_BUDGET, Held, Loading
 from ._loop import Jobs, PageClock
 from ._meshcard import MeshCard
@@ -75,7 +75,8 @@ class ExplorerState(param.Parameterized):
     busy = param.List(default=[], item_type=str, doc="Kinds of background jobs in flight.")
     running = param.Boolean(default=False)
     message = param.String(default="")
-    message_level = param.Selector(default="info", objects=["info", "success", "warning", "danger"])
+    # "refused": a refused input, said at its field too (``Banner.bad_input``)
+    message_level = param.Selector(default="info", objects=["info", "success", "warning", "danger", "refused"])
     # the form field a bad input came from (one of _banner.FORM_FIELDS) and its message: the field
     # shows it where the user typed it
     field_error = param.Dict(default={})
@@ -93,7 +94,7 @@ class ExplorerState(param.Parameterized):
     shown_plan = param.String(default="search", doc="The plan the plan view shows.")
     verify_status = param.String(default="")
     verify_result = param.ClassSelector(class_=VerifyReport, default=None, allow_None=True)
-    verified_plan = param.String(default="")  # the plan verify_result is of: "search" or a baseline
+    verified_plan = param.String(default="")  # the plan verify_result is of (or awaited for): "search", a baseline
     measure_status = param.String(default="")
     measured = param.Dict(default={}, doc="plan name -> (its plan's digest, Measured): run on this machine's devices")
     sessions = param.List(default=[], doc="Saved sessions in the sessions folder.")
@@ -108,12 +109,13 @@ class ExplorerState(param.Parameterized):
         self.jobs = Jobs(self.session_id)
         self.clock = PageClock(self.session_id, lambda: self.running)
         self.store = SessionStore(sessions_dir)
-        self.banner = Banner(ParamSlice(self, "field_error", reads=("message",)), self.notify,
-                             hidden=lambda: "overrides" if self.model_name == CUSTOM else "custom")
+        self.banner = Banner(ParamSlice(self, "field_error", reads=("message", "message_level")), self.notify,
+                             hidden=lambda: "overrides" if self.model_name == CUSTOM else "custom",
+                             in_force=self._in_force, kept=lambda field: field_value(self.config, field))
         self.forms = Forms(ParamSlice(self, *FORM_PARAMS, reads=("workspace",)), self.banner, self.param.preset)
         self.param.watch(self.forms.model_named, ["model_name"])
         self.param.watch(self.forms.choice_changed, ["model_name", "preset"])
-        self.param.watch(self._on_config_form, ["mesh_text", "hardware", "budget_text", "margin_text", "pipeline_text"])
+        self.param.watch(self._on_config_form, list(CONFIG_PARAMS))
         self.prober = Probe(self)
         probe = self.prober.update
         self.driver = SearchDriver(ParamSlice(self, "running", "best", "stats", "pins", "forbidden",
@@ -179,7 +181,9 @@ class ExplorerState(param.Parameterized):
         elif not on and kind in self.busy:
             self.busy = [b for b in self.busy if b != kind]
 
-    def _drain(self) -> None:
+    def _drain(self) -> list[str]:
+        """Apply the result of the first job finished (less those superseded; the next poll
+        applies the next); returns its kind, or nothing."""
         for kind, gen, done, status, value in self.jobs.finished():  # less the superseded
             if status == "ok":
                 try:
@@ -191,10 +195,12 @@ class ExplorerState(param.Parameterized):
                 failed = self._on_failure.get(kind)
                 if failed is not None:
                     failed()
-                self.banner.bad_input(value)
+                self.banner.bad_input(value, unapplied=self.forms.unapplied(self.config))
             # the job leaves ``busy`` once its result is in place: a page never sees it done
             # with the old model or configuration still shown
             self._done(kind, gen)
+            return [kind]
+        return []
 
     def _done(self, kind: str, gen: int) -> None:
         if self.jobs.latest(kind, gen):  # no newer job of its kind was started by its result
@@ -204,9 +210,23 @@ class ExplorerState(param.Parameterized):
         if not self.forms.quiet:
             self.apply_config()
 
+    def _in_force(self, field: str) -> str:
+        """What stays in force when the input of ``field`` is refused, in words."""
+        if field in MESH_SEARCH_FIELDS:
+            return "the Meshes card keeps what it shows"
+        if field == "session":
+            return "nothing was saved"
+        ws = self.workspace
+        if ws is None:
+            return "nothing is loaded yet: fix it and press Analyze"
+        if field in MODEL_FIELDS:
+            return f"the page stays on {ws.choice.title}"
+        return f"the page stays on {config_words(self.config)}"
+
     # ------------------------------------------------------------------ the model
     def load(self) -> None:
-        """Analyse the model in the forms on the mesh in the forms (Analyze button)."""
+        """Analyse the model in the forms on the mesh in the forms (Analyze button): the one
+        action that puts another model on the page."""
         try:
             choice = self.forms.choice()
             config = self.forms.config()
@@ -215,12 +235,24 @@ class ExplorerState(param.Parameterized):
             return
         self.loading.load(choice, config, self.seed)
 
+    def apply_overrides(self) -> None:
+        """Enter in the config overrides: the model on the page again, with them. Where the
+        model picker names another model, only Analyze loads it: the page stays, and says so."""
+        ws = self.workspace
+        if ws is not None and not self.forms.names(ws.choice):
+            self.forms.say_analyze()
+            return
+        self.load()
+
     def apply_config(self) -> None:
-        """The mesh / hardware / budget form changed: a new search on the same model."""
+        """The mesh / hardware / budget form changed: a new search on the same model. Refused,
+        the configuration in force stays (or the one a load in flight brings), and the fields
+        whose value is not its are marked as not applied."""
         try:
             config = self.forms.config()
         except PartexError as e:
-            self.banner.bad_input(e)  # the old mesh stays in effect
+            coming = self.loading.coming if "load" in self.busy else None
+            self.banner.bad_input(e, unapplied=self.forms.unapplied(coming or self.config))
             return
         # the job first: a page that sees the mark gone sees the new search being built
         self.loading.reconfigure(config, self.seed)
@@ -335,13 +367,17 @@ class ExplorerState(param.Parameterized):
         self.apply_config()
 
     # ------------------------------------------------------------------ the page's clock
-    def poll(self) -> None:
-        """Apply finished jobs, the mesh search's rounds and the search's latest snapshot
-        (called every ~200 ms)."""
-        with self.clock.timed():
-            self._drain()
-            self.mesh_card.poll()
+    def poll(self) -> list[str]:
+        """Apply a finished job's result, the mesh search's rounds and the search's latest
+        snapshot (called every ~200 ms, timed by the page: ``_app``); returns what it applied
+        of the jobs, in words. A poll that applied a job's result leaves the snapshot to the
+        next: each redraws most of the page, and one callback doing both held the page up
+        twice as long."""
+        applied = self._drain()
+        self.mesh_card.poll()
+        if not applied:
             self.driver.poll()
+        return [f"applying the {kind} job's result" for kind in applied]
 
     def close(self) -> None:
         """The tab closed: stop its searches."""

@@ -51,12 +51,13 @@ class Table:
         return (f"<div class='grid-wrap'{cap}><table class='grid'>"
                 f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
 
-    def update(self, rows: list[tuple]) -> None:
+    def update(self, rows: list[tuple], empty: str | None = None) -> None:
+        """Show ``rows``; none: the line ``empty`` (default: the table's own)."""
         rest = rows[self.max_rows:]
         more = (f"<details class='more-rows'><summary class='muted more' style='cursor:pointer'>"
                 f"{len(rest)} more row{'s' if len(rest) > 1 else ''}: show them</summary>"
                 f"{self._table(rest)}</details>" if rest else "")
-        self.view.object = self._table(rows[: self.max_rows], self.empty) + more
+        self.view.object = self._table(rows[: self.max_rows], self.empty if empty is None else empty) + more
 
 
 class PlanView(pn.viewable.Viewer):
@@ -262,7 +263,7 @@ class BaselinesView(pn.viewable.Viewer):
             decisions = decisions_by_axis(r.plan.decisions) or "nothing sharded"
             label = f"<b>{esc(name)}</b><div class='small muted'>{decisions}</div>"
             out.append((label, fmt_time(rep.step_time), fmt_pct(rep.mfu), f"{fmt_bytes(rep.memory.peak)} {fits}",
-                        measured_cell(s.measured.get(name), r.plan.digest())))
+                        measured_cell(s.measured.get(name), r.plan)))
         self.table.update(out)
         running = "measure" in s.busy
         self.spinner.value = self.spinner.visible = running
@@ -273,13 +274,15 @@ class BaselinesView(pn.viewable.Viewer):
                               "this machine's devices (on the CPU, simulated ones)</div>")
 
 
-def measured_cell(entry, digest: str) -> str:
+def measured_cell(entry, plan) -> str:
     """A plan's measured step time (and predicted / measured), '-' where not measured, and
-    'stale' where the plan changed since (the search's best moved on)."""
+    'stale' where the plan changed since (the search's best moved on). The plan's digest (its
+    JSON, hashed) is taken only for a plan measured: the table is drawn again with each new
+    best, on the page's event loop."""
     if entry is None:
         return "<span class='muted'>-</span>"
     was, m = entry
-    if was != digest:
+    if was != plan.digest():
         return "<span class='muted' title='the plan changed since it was measured'>stale</span>"
     if m.error is not None:
         return f"<span class='bad' title='{esc(m.error)}'>did not run</span>"
@@ -375,10 +378,12 @@ class VerifyView(pn.viewable.Viewer):
         self.status.object = f"<div class='muted' style='padding-top:8px'>{status}</div>"
         out = s.verify_result
         if not out:
-            self.table.update([])
+            # while XLA compiles, the tables say so (not "press Verify", which is done)
+            waiting = f"verifying the {s.verified_plan} plan: XLA is compiling it…" if running else None
+            self.table.update([], waiting)
             self.cpu_note.object = ""
             self.explain_head.object = ""
-            self.explain.update([])
+            self.explain.update([], waiting)
             return
         self._render_explain(out.explain)
         shown = s.plan_summary()

@@ -360,10 +360,10 @@ class CompareChoice:
 
 
 class TeachView(pn.viewable.Viewer):
-    """The walkthrough as an overlay: the step's number, title and text, and Back / Next /
-    Close. Hidden until ``start()``. Showing a step applies its action to the state (and its
-    plans to the Compare card) and sets ``target`` (the page scrolls to that card and
-    highlights it, and moves the overlay off it: see ``POINT_AT_CARD`` in ``_app``).
+    """The walkthrough as a panel in the sidebar: the step's number, title and text, and Back /
+    Next / Close. Hidden until ``start()``. Showing a step applies its action to the state (and
+    its plans to the Compare card) and sets ``target`` (the page scrolls to that card and
+    highlights it: see ``POINT_AT_CARD`` in ``_app``).
 
     What the steps change is put back when the walkthrough closes (Close, Finish on the last
     step, or another model loaded): the page is then as the user left it, but for what the
@@ -376,7 +376,8 @@ class TeachView(pn.viewable.Viewer):
         The title of the card the shown step points at; empty while closed. Triggered on every
         step shown, even when two steps in a row point at one card.""")
 
-    WIDTH = 314  # fits over the sidebar (330 px), where it covers none of the cards
+    WIDTH = 310  # fits in the sidebar (330 px)
+    BELOW = 330  # the header and the sidebar's search controls above it: the rest of the window's height
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -396,15 +397,15 @@ class TeachView(pn.viewable.Viewer):
         self.next_btn.on_click(lambda e: self.next())
         self.close_btn.on_click(lambda e: self.close())
         self.state.param.watch(self._on_model, ["workspace", "infos", "baselines"])
-        # fixed over the sidebar's lower part at first; the page then moves it where the
-        # card it points at is not (POINT_AT_CARD in _app)
-        # the buttons above the text: a long step scrolls in the overlay, they stay in view
+        # in the sidebar, below the search controls: it covers neither a card nor the sidebar's
+        # forms (they move down while it shows); the buttons above the text: a long step scrolls
+        # in the panel, they stay in view
         self._panel = pn.Column(
             self.head, pn.Row(self.back_btn, self.next_btn, pn.layout.HSpacer(), self.close_btn), self.body,
             visible=False, width=self.WIDTH, stylesheets=[CSS], css_classes=["px-card", "px-teach"],
-            styles={"position": "fixed", "bottom": "12px", "left": "8px", "z-index": "1001",
-                    "background": "#ffffff", "box-shadow": "0 8px 28px rgba(15, 23, 42, 0.25)",
-                    "border-radius": "10px", "overflow-y": "auto"})
+            styles={"background": "#ffffff", "box-shadow": "0 4px 16px rgba(15, 23, 42, 0.16)",
+                    "border": "2px solid #f59e0b", "border-radius": "10px", "overflow-y": "auto",
+                    "max-height": f"calc(100vh - {self.BELOW}px)"})
 
     def __panel__(self):
         return self._panel

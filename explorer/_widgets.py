@@ -4,11 +4,13 @@ find them with ``Bokeh.documents[0].get_model_by_name(key)`` (Panel uses a widge
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import Iterator
 
 import panel as pn
 from bokeh.core.enums import SizingModeType
-from bokeh.models import Div
+from bokeh.models import Div, Tooltip
 from panel.io import unlocked
 
 CSS = "assets/explorer.css"  # served by `panel serve --static-dirs assets=static`
@@ -25,6 +27,17 @@ def bokeh_update(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def page_callback(clock, what: str) -> Iterator[list[str]]:
+    """The body of one of the page's callbacks that does ``what``: timed on the page's clock
+    (``_loop.PageClock.timed``; the body may add what else it did to the list it is handed),
+    and the Bokeh changes of all its views sent to the page together, as one message, when it
+    ends (each view's change sent on its own, a new model on the page is some fifty messages,
+    each serialised on the event loop)."""
+    with clock.timed(what) as done, unlocked():
+        yield done
 
 
 @functools.cache
@@ -47,6 +60,12 @@ def button(key: str, label: str, **params) -> pn.widgets.Button:
     return keyed(pn.widgets.Button)(key, name=label, **params)
 
 
+def tip_left(text: str) -> Tooltip:
+    """A widget's description shown on its left: Panel shows a description on the right, off
+    the window for a widget near the window's right edge."""
+    return Tooltip(content=text, position="left", attachment="left")
+
+
 def text_input(key: str, label: str, **params) -> pn.widgets.TextInput:
     return keyed(pn.widgets.TextInput)(key, name=label, **params)
 
@@ -64,13 +83,17 @@ def bind(widget, state, name: str, attr: str = "value") -> None:
 
 class Html(pn.viewable.Viewer):
     """HTML styled by the explorer's stylesheet, as a plain Bokeh Div: replacing its text
-    is one string sent to the page. (Updating a pn.pane.HTML rebuilds its stylesheet
-    models, which makes Bokeh re-walk the whole document: ~100 ms on this page.)"""
+    is one string sent to the page, showing or hiding it one flag. (Updating a pn.pane.HTML
+    rebuilds its stylesheet models, which makes Bokeh re-walk the whole document: ~100 ms
+    on this page.)"""
 
     def __init__(self, text: str = "", *, name: str | None = None, sizing_mode: SizingModeType = "stretch_width",
-                 margin=(5, 10), **params):
+                 margin=(5, 10), visible: bool = True, styles: dict | None = None, **params):
         super().__init__()
-        self.div = Div(text=text, name=name, sizing_mode=sizing_mode, disable_math=True)
+        # visible and styles on the Div itself: the pane hands its own to the Div only when
+        # one of them changes (see ``visible``)
+        self.div = Div(text=text, name=name, sizing_mode=sizing_mode, disable_math=True, visible=visible,
+                       styles=styles or {})
         # Panel sets the model's stylesheets from the pane's
         self._pane = pn.pane.Bokeh(self.div, sizing_mode=sizing_mode, margin=margin, stylesheets=[CSS], **params)
 
@@ -91,8 +114,11 @@ class Html(pn.viewable.Viewer):
     @visible.setter
     @bokeh_update
     def visible(self, value: bool) -> None:
-        self.div.visible = value
-        self._pane.visible = value
+        # the Div alone (the pane's model): a pane's visible set anew makes Panel set all its
+        # overridden properties on the model again, its stylesheets among them, and Bokeh then
+        # walks the whole document (~130 ms, a toast shown)
+        if value != self.div.visible:
+            self.div.visible = value
 
     def __panel__(self):
         return self._pane

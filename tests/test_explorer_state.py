@@ -187,39 +187,91 @@ def test_the_pause_message_counts_what_the_page_shows_once_the_search_stopped(tm
         st.close()
 
 
-def test_bad_input_shows_once_at_its_field_and_clears_when_fixed(tmp_path):
-    """A bad mesh, budget, override or session name is said at the field it was typed in (the
-    banner keeps what it said); the field's mark goes when a good value is applied. A bad
-    input tied to no field (an upload) goes to the banner."""
+def test_a_refused_input_is_said_at_its_field_and_in_the_banner_until_fixed(tmp_path):
+    """One rule for a bad mesh, override or session name: the field is marked with why; the
+    banner says what was refused, why, and what stays in force (level "refused", no toast);
+    when a good value is applied, the mark goes and the banner says again what it said before.
+    A bad input tied to no field (an upload) goes to the banner as an error."""
     st = ExplorerState(sessions_dir=tmp_path)
     try:
         _settle(st, lambda: st.phase == "ready" and st.runner is not None and not st.busy, "the model to load")
         loaded = st.message
         st.mesh_text = "data=four"
-        assert "cannot parse mesh" in st.field_error["mesh"] and st.message == loaded
+        assert "cannot parse mesh" in st.field_error["mesh"] and st.config.mesh.text() == "data=4,model=2"
+        assert st.message_level == "refused", st.message
+        assert st.message.startswith("not applied: cannot parse mesh 'data=four'"), st.message
+        assert st.message.endswith("; the page stays on data=4,model=2 (tpu-v4, budget 3.0 MiB)"), st.message
         st.mesh_text = "data=4,model=2"  # the mesh in force again
         assert st.field_error == {} and st.message == loaded and st.message_level == "success"
 
         st.overrides = "layers"  # no key=value: refused at once
         st.load()
-        assert "malformed override 'layers'" in st.field_error["overrides"] and st.message == loaded
+        assert "malformed override 'layers'" in st.field_error["overrides"]
+        assert st.message.startswith("not analysed: malformed override 'layers'"), st.message
+        assert st.message.endswith("; the page stays on transformer (tiny)") and st.message_level == "refused"
         st.overrides = "layers=x"  # an unknown value: refused when the model builds
         st.load()
         _settle(st, lambda: not st.busy, "the load to fail")
         assert "bad value 'x' for transformer config key 'layers'" in st.field_error["overrides"], st.field_error
-        assert st.message == loaded and st.workspace.choice.overrides == ()
+        assert st.message.startswith("not analysed: bad value 'x'") and st.workspace.choice.overrides == ()
         st.overrides = "layers=1"
         st.load()
         _settle(st, lambda: not st.busy and st.workspace.choice.overrides == ("layers=1",), "the override")
-        assert st.field_error == {}
+        assert st.field_error == {} and st.message_level == "success", st.message
 
         st.session_name = "../x"
         st.save_session()
-        assert "session name" in st.field_error["session"] and st.message_level == "success"
+        assert "session name" in st.field_error["session"] and st.message_level == "refused"
+        assert st.message.startswith("not saved: session name") and st.message.endswith("; nothing was saved")
 
         st.upload_plan(b'{"format": "partex-plan", "ver', "broken.json")
         _settle(st, lambda: not st.busy, "the upload")
         assert st.message_level == "danger" and "broken.json" in st.message
+    finally:
+        st.close()
+
+
+def test_a_mesh_refused_with_the_pipeline_leaves_the_page_as_it_was_and_says_so(tmp_path):
+    """On a pipelined step (stack0 over stage), a mesh without a stage axis is refused: the
+    configuration in force stays, the pipeline field says why and how to fix it, the mesh
+    field is marked as not applied (still the mesh in force), and the banner says what was
+    refused and what stays; a budget typed meanwhile that reads as the one in force is not
+    marked. Clearing the pipeline applies both, and the banner says which pins the new step
+    dropped, and that the pipeline's own layers->stage went with the old step."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and not st.busy, "the model to load")
+        st.model_name, st.preset, st.overrides = "transformer-scan", "tiny", "layers=4"
+        st.budget_text = "16MiB"
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and st.workspace.choice.spec == "transformer-scan" and not st.busy,
+                "transformer-scan")
+        st.mesh_text = "stage=2,fsdp=4"
+        st.pipeline_text = "stack0:stage:4:full"
+        _settle(st, lambda: st.config.pipeline is not None and not st.busy, "the pipelined step")
+        ffn = next(g.id for g in st.workspace.an.decision_groups if g.label == "ffn")
+        st.pin(ffn, "fsdp")
+        _settle(st, lambda: st.pins, "the pin")
+        before = st.config
+
+        st.mesh_text = "data=2,fsdp=2,model=2"
+        assert st.config == before and not st.busy  # nothing was applied
+        assert set(st.field_error) == {"pipeline", "mesh"}, st.field_error
+        assert "has no axis 'stage'" in st.field_error["pipeline"] and "clear the pipeline" in st.field_error["pipeline"]
+        assert st.field_error["mesh"] == "not applied: still stage=2,fsdp=4"
+        assert st.message_level == "refused" and st.message.startswith(
+            "not applied: pipeline stack0:stage:4:full: the mesh (data=2,fsdp=2,model=2) has no axis 'stage'")
+        assert st.message.endswith("the page stays on stage=2,fsdp=4 with pipeline stack0:stage:4:full "
+                                   "(tpu-v4, budget 16.0 MiB)"), st.message
+        st.budget_text = "16 MiB"  # the budget in force, written otherwise: not marked
+        assert set(st.field_error) == {"pipeline", "mesh"}, st.field_error
+
+        st.pipeline_text = ""
+        _settle(st, lambda: st.config.pipeline is None and not st.busy, "the new mesh without the pipeline")
+        assert st.config.mesh.text() == "data=2,fsdp=2,model=2" and st.field_error == {}
+        assert st.message_level == "warning" and st.pins == [], st.message
+        assert ("another pipeline is another step, with groups of its own: dropped pin ffn->fsdp (pin again what "
+                "still applies); the old step's own layers→stage went with it") in st.message, st.message
     finally:
         st.close()
 

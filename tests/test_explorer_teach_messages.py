@@ -1,8 +1,9 @@
 """Browser tests of the walkthrough (Teach) and of the page's messages, driven as in
 tests/test_explorer.py (its server, browser, page-state probe and failure on any console
-error or request leaving the host): the walkthrough's overlay never covers the card a step
-points at and leaves the page as it found it; a bad input is said once, at its field; the
-pause's count is the KPI's; a full-size preset says its budget and a mesh that fits.
+error or request leaving the host): the walkthrough's panel never covers the card a step
+points at and leaves the page as it found it; a bad input is said at its field and in the
+banner, with no toast; the pause's count is the KPI's; a full-size preset says its budget
+and a mesh that fits.
 
 Screenshots of every step of the walkthrough land in tests/screenshots/teach_step_*.png.
 """
@@ -47,12 +48,6 @@ def _box(bb: dict) -> dict:
 
 def _text(page, name: str) -> str:
     return page.evaluate("(n) => Bokeh.documents[0].get_model_by_name(n).text", name)
-
-
-def _shown(page, text: str) -> int:
-    """How many visible elements of the page say ``text``."""
-    found = page.get_by_text(text)
-    return sum(found.nth(i).is_visible() for i in range(found.count()))
 
 
 def _value(page, name: str):
@@ -119,22 +114,25 @@ def test_teach_never_covers_its_target_says_what_compare_shows_and_leaves_the_pa
     assert after["selected"] == before["selected"]
 
 
-def test_a_bad_input_is_said_once_at_its_field_and_clears_when_fixed(tab):
-    """A bad mesh: the field is outlined with its message under it; no toast, and the banner
-    keeps the model's summary. The good mesh clears the mark. A bad config override shows
-    at the overrides field, and Enter there applies the overrides (as Analyze does)."""
+def test_a_bad_input_is_said_at_its_field_and_in_the_banner_and_clears_when_fixed(tab):
+    """A bad mesh: the field is outlined with its message under it, and the banner says it was
+    not applied and what stays (no toast: the field says it where the user typed). The good
+    mesh clears the mark and the banner says again what it said. A bad config override shows
+    at the overrides field, and Enter there applies the overrides to the model on the page."""
     loaded = alert_text(tab)
     mesh = tab.locator("input[placeholder='data=4,model=2']")
     mesh.fill("data=four")
     mesh.press("Enter")
-    note = tab.locator("[role=alert]", has_text="cannot parse mesh")
+    note = tab.locator("[role=alert]", has_text="mesh: cannot parse mesh")
     wait_until(lambda: note.count() == 1 and note.first.is_visible(), what="the mesh's message at its field")
     assert tab.locator("[data-toast]", has_text="cannot parse mesh").count() == 0
-    wait_until(lambda: _shown(tab, "cannot parse mesh") == 1, what="the mesh's message once on the page")
-    assert alert_text(tab) == loaded and state(tab)["level"] == "success"
+    banner = wait_until(lambda: (lambda t: "not applied: cannot parse mesh" in t and t)(alert_text(tab)),
+                        what="the refusal in the banner")
+    assert "the page stays on data=4,model=2" in banner and state(tab)["level"] == "refused", banner
     mesh.fill("data=4,model=2")
     mesh.press("Enter")
     wait_until(lambda: not state(tab)["field_error"] and note.count() == 0, what="the mark to clear")
+    wait_until(lambda: alert_text(tab) == loaded, what="the banner's line before the refusal")
 
     overrides = tab.locator("input[placeholder='e.g. layers=4,batch=16']")
     overrides.fill("layers=x")
@@ -142,10 +140,12 @@ def test_a_bad_input_is_said_once_at_its_field_and_clears_when_fixed(tab):
     s = wait_until(lambda: (lambda s: s["field_error"].get("overrides") and s)(state(tab)),
                    what="the override refused at its field")
     assert "bad value 'x'" in s["field_error"]["overrides"] and s["model"]["overrides"] == []
-    wait_until(lambda: tab.locator("[role=alert]", has_text="bad value 'x'").count() == 1, what="its message")
-    wait_until(lambda: _shown(tab, "bad value 'x'") == 1, what="the override's message once on the page")
+    wait_until(lambda: tab.locator("[role=alert]", has_text="config overrides: bad value 'x'").count() == 1,
+               what="its message")
+    assert s["message"].startswith("not analysed: bad value 'x'") and s["message"].endswith(
+        "the page stays on transformer (tiny)"), s["message"]
     overrides.fill("layers=1")
-    overrides.press("Enter")  # no Analyze: Enter applies it
+    overrides.press("Enter")  # no Analyze: Enter applies it to the model on the page
     wait_until(lambda: (lambda s: s["model"]["overrides"] == ["layers=1"] and s["phase"] == "ready"
                         and not s["field_error"])(state(tab)), what="the override applied by Enter")
 
