@@ -51,6 +51,8 @@ class Searched(Protocol):
 
     def warm_from(self, other: Any) -> float: ...  # another candidate's best plan, tried on this one
 
+    def portable(self, decisions: Sequence[Any]) -> list[tuple[str, str]]: ...  # a plan another session reads
+
     def step(self, n: int = 1) -> Any: ...
 
     def probe(self, evaluations: int) -> Any: ...
@@ -246,6 +248,9 @@ class MeshTrial:
     # (a wider tier's candidate farther from the best meshes than the effort reaches)
     status: str = "open"
     session: "Searched | None" = dataclasses.field(default=None, repr=False)
+    # its best plan that fits, as (group or layer stack label, slot) pairs (``Searched.portable``):
+    # kept when the session is let go, so that a new search on its mesh starts from it (``use_mesh``)
+    plan: tuple[tuple[str, str], ...] = ()
 
     @property
     def bubble(self) -> float | None:
@@ -295,6 +300,7 @@ def _record(trial: MeshTrial) -> None:
     if best is not None:
         r = best.report
         trial.step_time, trial.mfu, trial.memory = r.step_time, r.mfu, r.memory.peak
+        trial.plan = tuple(s.portable(best.decisions))
 
 
 # The mesh search's schedule, in simulations, so that the same seed, candidates and effort

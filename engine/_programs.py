@@ -151,6 +151,10 @@ class Forked(Protocol):
 
     def _portable(self, decisions: Sequence[Decision], other: Any) -> list: ...
 
+    def portable(self, decisions: Sequence[Decision]) -> list[tuple[str, str]]: ...
+
+    def consider(self, items: Sequence[Any]) -> float: ...
+
     def reconfigure(self, *, mesh: Any = None, pipeline: Any = ...) -> list[str]: ...
 
     _state: SessionState
@@ -214,15 +218,22 @@ class SessionPrograms:
 
     def warm_from(self: Forked, other: Any) -> float:
         """Score ``other``'s best plan (another mesh's or program's session of this model)
-        as a candidate of this session's search, as it carries pins (``_portable``): the
-        decisions this mesh and program can take, the rest left out (an axis it lacks, a
-        size that does not divide). Returns what the plan promises here: its step time,
-        times how far over the memory budget it is where it does not fit (inf where
-        ``other`` has no plan)."""
+        as a candidate of this session's search, as it carries pins (``_portable``; then as
+        ``consider``). Returns what the plan promises here (``consider``; inf where ``other``
+        has no plan)."""
         best = other.best() if other is not self else None
         if best is None:
             return math.inf
-        items = other._portable(best.decisions, self)
+        return self.consider(other._portable(best.decisions, self))
+
+    def consider(self: Forked, items: Sequence[Any]) -> float:
+        """Score a plan from elsewhere as a candidate of this session's search, the way the
+        hand plans are: ``items`` as ``Session.decisions`` reads them (``Decision``s of this
+        model, or (group or layer stack label, slot) pairs: another mesh's or program's plan,
+        ``portable``), after the pins, those this mesh and program can take (the rest left
+        out: an axis it lacks, a size that does not divide). A better plan becomes the best,
+        and the search goes on from it. Returns what the plan promises here: its step time,
+        times how far over the memory budget it is where it does not fit."""
         decisions = []
         for item in items:
             try:
@@ -237,10 +248,16 @@ class SessionPrograms:
 
     def _portable(self: Forked, decisions: Sequence[Decision], other: Any) -> list:
         """This session's decisions as ``other`` takes them: as they are on the same program
-        (another mesh), else by what they decide about and their slot (``ffn``, ``model``):
-        another program of the model (a pipelined step) numbers its groups its own way."""
+        (another mesh), else ``portable``."""
         if other.program is self.program:
             return list(decisions)
+        return self.portable(decisions)
+
+    def portable(self: Forked, decisions: Sequence[Decision]) -> list[tuple[str, str]]:
+        """``decisions`` by what each decides about and its slot (``("ffn", "model")``,
+        ``("stack0", "recompute:full")``): what another session of this model reads back
+        (``consider``, ``decisions``), on another mesh, another program of it (a pipelined
+        step numbers its groups its own way) or in another process."""
         return [(self.analysis.subject_label(d), d.slot) for d in decisions]
 
     def mesh_searcher(self: Forked, devices: int, *, topology=None, max_axes: int = 4, pipelines: bool | None = None,
@@ -289,8 +306,12 @@ class SessionPrograms:
     def use_mesh(self: Forked, trial: MeshTrial) -> list[str]:
         """Continue on ``trial``, a candidate ``search_meshes`` or ``search_pipelines`` tried
         (a ``MeshTrial``: a mesh and the pipeline, if any): its search as it stands where the
-        search kept it (``adopt``), else a new one on that mesh (``reconfigure``); pins kept
-        where they apply. Returns a note per pin or forbid dropped."""
+        search kept it (``adopt``), else a new one on that mesh (``reconfigure``) that starts
+        from the plan the trial found (``MeshTrial.plan``, ``consider``); pins kept where they
+        apply. Returns a note per pin or forbid dropped."""
         if trial.session is None:
-            return self.reconfigure(mesh=trial.mesh, pipeline=trial.pipeline)
+            notes = self.reconfigure(mesh=trial.mesh, pipeline=trial.pipeline)
+            if trial.plan:
+                self.consider(trial.plan)
+            return notes
         return self.adopt(trial.session)

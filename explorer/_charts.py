@@ -92,6 +92,9 @@ class KpiView(pn.viewable.Viewer):
             mem_cls = ""
             comm = ("—", "the step waits for it")
         state_txt = {"loading": "loading", "failed": "no model"}.get(s.phase, "running" if s.running else "paused")
+        # on a large model the first simulation (its local search) takes seconds: say what it does
+        sims_sub = ("the first under way: a local search from the best plan so far" if s.running and sims == 0
+                    else f"simulations · {rate:,.0f}/s")
         badge = f"<span class='badge {state_txt}'>{state_txt}</span>"
         model = esc(ws.choice.title) if ws else "—"
         where = esc(f"{ws.config.mesh.text()} · {ws.config.hw.name}") if ws else ""
@@ -112,7 +115,7 @@ class KpiView(pn.viewable.Viewer):
             f"<div class='kpi{mem_cls}'><div class='k-label'>Peak memory</div><div class='k-value'>{mem[0]}</div>"
             f"<div class='k-sub'>{esc(mem[1])}</div></div>"
             f"<div class='kpi'><div class='k-label'>Search {badge}</div><div class='k-value'>{sims:,}</div>"
-            f"<div class='k-sub'>simulations · {rate:,.0f}/s</div></div>"
+            f"<div class='k-sub' style='white-space:normal;overflow:visible'>{esc(sims_sub)}</div></div>"
             "</div>")
 
 
@@ -263,6 +266,11 @@ class SearchView(pn.viewable.Viewer):
                  x_range=Range1d(start=0, end=1), y_range=Range1d(start=0, end=1))
         h.step("sim", "ms", source=self.hist, mode="after", line_width=2.5, color="#2563eb")
         h.scatter("sim", "ms", source=self.hist, size=7, color="#2563eb")
+        # the plan the search starts from, scored before its first simulation (the warm start's
+        # hand plans, a plan carried from elsewhere): named where it is the best so far
+        self.start = ColumnDataSource(data=dict(sim=[], ms=[], text=[]))
+        h.text("sim", "ms", text="text", source=self.start, x_offset=8, y_offset=4, text_baseline="top",
+               text_font_size="11px", text_color="#475569", name="partex-history-start")
         self.hover = HoverTool(tooltips=self._tips(3))
         h.add_tools(self.hover)
         # ticks chosen here for the range shown, written with as many decimals as tell them
@@ -315,13 +323,18 @@ class SearchView(pn.viewable.Viewer):
             ys = [h[2] * 1e3 for h in hist] + [hist[-1][2] * 1e3]
             secs = [h[1] for h in hist] + [hist[-1][1]]
             self.hist.data = dict(sim=xs, ms=ys, secs=secs)
+            self.start.data = dict(sim=xs[:1], ms=ys[:1], text=["warm start"]) if xs[0] == 0 else \
+                dict(sim=[], ms=[], text=[])
             lo, hi = min(ys), max(ys)
             pad = (hi - lo) * 0.08 or hi * 0.05 or 1.0
-            self.hist_fig.x_range.update(start=0, end=max(xs[-1], 1) * 1.03)
+            end = max(xs[-1], 1) * 1.03
+            # a little room left of 0: the point the search starts from shows whole there
+            self.hist_fig.x_range.update(start=-0.02 * end, end=end)
             self.hist_fig.y_range.update(start=max(lo - pad, 0), end=hi + pad)
             self._y_axis(max(lo - pad, 0), hi + pad)
         else:
             self.hist.data = dict(sim=[], ms=[], secs=[])
+            self.start.data = dict(sim=[], ms=[], text=[])
             self.hist_fig.x_range.update(start=0, end=1)
             self.hist_fig.y_range.update(start=0, end=1)
             self._y_axis(0, 1)

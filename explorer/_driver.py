@@ -3,13 +3,15 @@ the search controls' actions, and the snapshots the page picks up from it."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
 from partex import PartexError, SearchStats, Session
 
 from ._banner import Banner
-from ._engine import Workspace
+from ._engine import PlanSummary, Workspace
+from ._format import fmt_time
 from ._runner import ProcessRunner, SearchSnapshot, ThreadRunner, make_runner
 from ._slice import ParamSlice
 
@@ -20,12 +22,23 @@ APPLY_SECONDS = 0.5  # while the search runs, the page shows its progress this o
 NO_FIT_SIMULATIONS = 200  # with no plan that fits after this many, the page says so
 
 
+def warm_start_name(best: PlanSummary, hand: dict[str, PlanSummary]) -> str | None:
+    """The hand plan (of ``hand``, the baselines) that ``best`` is, by its predicted step time
+    and peak (the warm start scores the hand plans before the first simulation); None where it
+    is none of them."""
+    for name, b in hand.items():
+        r, o = best.report, b.report
+        if o.fits and math.isclose(r.step_time, o.step_time, rel_tol=1e-9) and r.memory.peak == o.memory.peak:
+            return name
+    return None
+
+
 class SearchDriver:
     """Drives the page's search. Owns its runner (``ProcessRunner`` or ``ThreadRunner``) and
     what the page has taken from it: the last snapshot shown, whether the no-fit warning was
     said, and a pause's message, whose count waits for the search's last snapshot. ``page``
     sets the state's ``running``, ``best``, ``stats``, ``pins`` and ``forbidden`` and reads
-    ``workspace`` and ``config``; ``probe()`` updates the state's JSON; ``internal_error``
+    ``workspace``, ``config`` and ``baselines``; ``probe()`` updates the state's JSON; ``internal_error``
     reports partex's own bug on the page. ``name``: the session's id (the runner's name)."""
 
     def __init__(self, page: ParamSlice, banner: Banner, probe: Callable[[], None],
@@ -89,9 +102,23 @@ class SearchDriver:
             an = self.page.workspace.an
             pins = ", ".join(an.decision_label(d) for d in self.page.pins)
             self._pause_line = None
+            first = self.page.stats.simulations == 0
             self.banner.say(f"searching on {self.page.config.mesh.text()}"
                             + (f" from the pinned {pins}" if pins else "")
+                            + (f"; the first simulation: {self._first()}" if first else "")
                             + "; Pause to stop, pin or forbid a group any time")
+
+    def _first(self) -> str:
+        """What the first simulation does, in words (on a large model it takes seconds): a
+        rollout, then a local search from the best plan so far, named where it is the warm
+        start's (the best of the hand plans scored before the first simulation)."""
+        best, hand = self.page.best, self.page.baselines
+        if best is None:
+            return f"a rollout that looks for a plan that fits (none of the {len(hand)} hand plans does)"
+        name = warm_start_name(best, hand)
+        t = fmt_time(best.report.step_time)
+        start = f"the warm start's {name} at {t} (the best of its {len(hand)} hand plans)" if name else t
+        return f"a rollout, then a local search from the best plan so far, {start}"
 
     def pause(self) -> None:
         if self.runner:
@@ -100,12 +127,15 @@ class SearchDriver:
         self.page.running = False
         if was:  # the "searching on ..." message would outlive the search
             # the search stops between two chunks: the count is said again with its last snapshot
-            self._say_paused()
+            self._say_paused(pending=self.page.stats.simulations == 0)
             self._pause_line = self.banner.line if self.runner is not None else None
 
-    def _say_paused(self) -> None:
+    def _say_paused(self, pending: bool = False) -> None:
+        """Say the pause and its count; ``pending``: none has ended yet, and the first, under
+        way, ends first (on a large model it takes seconds): what it does is said."""
         self._pause_line = None
-        self.banner.say(f"paused after {self.page.stats.simulations:,} simulations; Run goes on, Reset "
+        first = f"; the first, under way, ends first: {self._first()}" if pending else ""
+        self.banner.say(f"paused after {self.page.stats.simulations:,} simulations{first}; Run goes on, Reset "
                         "starts afresh")
 
     def _pause_waits(self) -> bool:
@@ -139,6 +169,17 @@ class SearchDriver:
         self.banner.say(f"{verb} {lab}{tail}")
         self.page.pins, self.page.forbidden = pins, forbidden
         self.probe()
+
+    def consider(self, plan) -> None:
+        """Score ``plan`` ((label, slot) pairs: a Meshes card row's) as a candidate of the page's
+        search (``Session.consider``): a better plan becomes its best."""
+        r = self.need_runner()
+        if r is None:
+            return
+        try:
+            r.call("consider", list(plan))
+        except PartexError as e:
+            self.banner.notify(f"cannot start from the mesh search's plan: {e}", "danger")
 
     # ------------------------------------------------------------------ its snapshots
     def poll(self) -> None:

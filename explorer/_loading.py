@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 from partex import Decision, GroupInfo, ModelSpec, PartexError, Session, demo_models, parse_bytes
 
@@ -90,9 +90,10 @@ class Loading:
         self.coming = config
         self.submit("load", lambda: _build(choice, config, seed), self.install)
 
-    def reconfigure(self, config: Config, seed: int) -> None:
+    def reconfigure(self, config: Config, seed: int, start: Sequence[tuple[str, str]] = ()) -> None:
         """A new search on the page's model with ``config`` (another mesh, hardware or budget),
-        its pins carried over where they apply."""
+        its pins carried over where they apply; ``start``: a plan found there, (label, slot)
+        pairs, that the search starts from (``Session.consider``)."""
         ws = self.page.workspace
         if ws is None or config == self.page.config:
             return
@@ -100,7 +101,8 @@ class Loading:
         if self.page.config is not None and config.pipeline != self.page.config.pipeline:
             pins, forbidden = (), ()  # another pipeline is another step: its groups are others
         self.coming = config
-        self.submit("load", lambda: _build(ws.choice, config, seed, ws.base, pins, forbidden), self.install)
+        self.submit("load", lambda: _build(ws.choice, config, seed, ws.base, pins, forbidden, start=start),
+                    self.install)
 
     def reset(self, seed: int) -> None:
         """A fresh search on the page's model and mesh (there must be one); pins and forbids
@@ -255,9 +257,10 @@ def loaded_message(loaded: Loaded) -> tuple[str, str]:
 # --------------------------------------------------------------------------- jobs' bodies
 
 def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forbidden=(),
-           same_step: bool = False) -> Loaded:
+           same_step: bool = False, start: Sequence[tuple[str, str]] = ()) -> Loaded:
     """The page's session on ``config``. ``res``: the analysis (the model as written, or the
-    pipelined step itself where ``same_step``: a new search on the same step)."""
+    pipelined step itself where ``same_step``: a new search on the same step); ``start``: a
+    plan found on ``config`` that the search starts from, after the pins."""
     if res is None:
         res = ANALYSES.get(choice)
     pipeline = None if same_step else config.pipeline
@@ -269,6 +272,8 @@ def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forb
             raise
         raise PartexError(str(e), field="pipeline") from None
     notes = session.apply_pins(pins, forbidden)
+    if start:
+        session.consider(start)
     held = Held(pins=tuple(p for p in pins if p not in session.pins),
                 forbidden=tuple(f for f in forbidden if f not in session.forbidden))
     # a pin that does not apply on this mesh is set aside, not lost: it comes back with a

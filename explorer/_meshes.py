@@ -4,8 +4,9 @@ garbage collector with the server's event loop), sends the meshes tried after ea
 its successive halving down a pipe, and the page shows them in the Meshes card
 (``MeshesView``), where the user continues on one (``ExplorerState.use_mesh``).
 
-The child's sessions stay in the child: a mesh the user picks gets a new search on the page,
-from its hand plans, with the pins kept where they apply.
+The child's sessions stay in the child: a mesh the user picks gets a new search on the page
+that starts from the plan the mesh search found there (``MeshRow.plan``) and its hand plans,
+with the pins kept where they apply.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ class MeshRow:
     pipeline: str = ""  # the pipeline its step runs (``Pipeline.text``), "" for the step as written
     bubble: float | None = None
     tier: int = 0  # its tier of the search: the narrowest space is 0
+    plan: tuple[tuple[str, str], ...] = ()  # its best plan, as (label, slot) pairs (``MeshTrial.plan``)
 
     @classmethod
     def of(cls, t: MeshTrial) -> "MeshRow":
         return cls(t.mesh.text(links=True), t.mesh.text(), t.warm_step, t.step_time, t.mfu, t.memory, t.simulations,
-                   t.rounds, t.note, t.status, t.pipeline.text() if t.pipeline else "", t.bubble, t.tier)
+                   t.rounds, t.note, t.status, t.pipeline.text() if t.pipeline else "", t.bubble, t.tier, t.plan)
 
     @property
     def open(self) -> bool:
@@ -292,7 +294,8 @@ class MeshesView(pn.viewable.Viewer):
                            empty="press Search meshes: the meshes tried appear here, best first")
         self.pick = select("partex-mesh-pick", "Continue on", options=[], width=320, disabled=True)
         self.use = button("partex-mesh-use", "Use this mesh", button_type="success", margin=(27, 10, 5, 10),
-                          disabled=True, description="The page's search restarts on that mesh, pins kept")
+                          disabled=True, description="The page's search restarts on that mesh from the plan found "
+                                                     "there, pins kept")
         self.use.on_click(lambda e: s.use_mesh(self.pick.value))
         from ._controls import FieldErrors  # the sidebar's marks, on this card's fields
 

@@ -36,7 +36,7 @@ from ._engine import PlanSummary, Workspace
 
 log = logging.getLogger("partex.explorer")
 
-COMMANDS = ("pin", "forbid", "unpin", "save", "mark_infeasible")  # what ``call`` may ask of the session
+COMMANDS = ("pin", "forbid", "unpin", "save", "mark_infeasible", "consider")  # what ``call`` may ask of the session
 # Where cores are few, the page (server loop, browser) comes before the search: the child
 # runs at a lower priority. With a core to itself it runs at full speed all the same.
 CHILD_NICENESS = 5
@@ -65,7 +65,9 @@ class _Stepper:
         self.session = session
         self.workspace = workspace
         self.chunk_seconds = chunk_seconds
-        self.chunk = 4  # simulations per chunk, adapted
+        # simulations per chunk, adapted; the first is one: on a large model its local search
+        # takes seconds, and the page shows what it found once it ends
+        self.chunk = 1
         self.version = 0
         self._best_key = None
         self._best: PlanSummary | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import param
 
@@ -119,7 +119,7 @@ class ExplorerState(param.Parameterized):
         self.prober = Probe(self)
         probe = self.prober.update
         self.driver = SearchDriver(ParamSlice(self, "running", "best", "stats", "pins", "forbidden",
-                                              reads=("workspace", "config")),
+                                              reads=("workspace", "config", "baselines")),
                                    self.banner, probe, self.internal_error, self.session_id)
         self.plan_card = PlanCard(ParamSlice(self, "uploaded", "shown_plan", "verify_status", "verify_result",
                                              "verified_plan", "measure_status", "measured",
@@ -244,18 +244,22 @@ class ExplorerState(param.Parameterized):
             return
         self.load()
 
-    def apply_config(self) -> None:
-        """The mesh / hardware / budget form changed: a new search on the same model. Refused,
-        the configuration in force stays (or the one a load in flight brings), and the fields
-        whose value is not its are marked as not applied."""
+    def apply_config(self, start: Sequence[tuple[str, str]] = ()) -> None:
+        """The mesh / hardware / budget form changed: a new search on the same model.
+        ``start``: a plan found on that configuration ((label, slot) pairs: a Meshes card
+        row's), which the search starts from (the page's own search, where it is on that
+        configuration already). Refused, the configuration in force stays (or the one a load
+        in flight brings), and the fields whose value is not its are marked as not applied."""
         try:
             config = self.forms.config()
         except PartexError as e:
             coming = self.loading.coming if "load" in self.busy else None
             self.banner.bad_input(e, unapplied=self.forms.unapplied(coming or self.config))
             return
+        if start and config == self.config:
+            self.driver.consider(start)
         # the job first: a page that sees the mark gone sees the new search being built
-        self.loading.reconfigure(config, self.seed)
+        self.loading.reconfigure(config, self.seed, start)
         self.banner.clear(*CONFIG_FIELDS)  # the form reads well: a new search (whose failure may set it again)
         if self.workspace is None:
             self.load()
@@ -357,14 +361,15 @@ class ExplorerState(param.Parameterized):
 
     def use_mesh(self, text: str | None) -> None:
         """Continue on a candidate the mesh search tried (``MESH`` or ``MESH | PIPELINE``):
-        the mesh and pipeline forms take it, and the page's search starts again there (pins
-        kept where they apply: on the same step)."""
+        the mesh and pipeline forms take it, and the page's search starts again there from the
+        plan the mesh search found (pins kept where they apply: on the same step)."""
         if not text:
             self.notify("no mesh to use yet: search the meshes first", "warning")
             return
+        row = next((r for r in self.mesh_rows if r.key == text), None)
         mesh, _, pipe = text.partition("|")
         self.forms.write({"mesh_text": mesh.strip(), "pipeline_text": pipe.strip()})
-        self.apply_config()
+        self.apply_config(row.plan if row is not None else ())
 
     # ------------------------------------------------------------------ the page's clock
     def poll(self) -> list[str]:

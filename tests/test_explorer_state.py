@@ -582,3 +582,29 @@ def test_an_explicit_mode_step_with_its_state_pinned_to_host_memory_verifies_in_
         assert "host memory per device (not checked on this backend)" in table and "device part (fits" in table
     finally:
         st.close()
+
+
+def test_use_this_mesh_on_the_pages_own_mesh_brings_the_rows_plan_into_its_search(tmp_path):
+    """A Meshes card row on the mesh the page is on already: Use this mesh starts nothing new,
+    and the row's plan joins the page's search, which goes on from it (its best reads that
+    plan's step time before a simulation runs)."""
+    from partex.explorer._meshes import MeshRow
+
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None and st.best is not None, "the model to load")
+        warm = st.best.report.step_time
+        found = partex.Session.from_analysis(st.workspace.base, mesh=st.config.mesh, hardware=st.config.hw)
+        found.step(60)
+        plan = found.best()
+        assert plan.report.step_time < warm * (1 - 1e-9)
+        mesh = st.config.mesh.text(links=True)
+        st.mesh_rows = [MeshRow(mesh, st.config.mesh.text(), warm, plan.report.step_time, plan.report.mfu,
+                                plan.report.memory.peak, 60, 1, "", "converged", plan=tuple(found.portable(plan.decisions)))]
+        runner = st.runner
+        st.use_mesh(mesh)
+        _settle(st, lambda: st.best is not None and st.best.report.step_time < warm * (1 - 1e-9), "the row's plan")
+        assert st.runner is runner and st.stats.simulations == 0
+        assert st.best.report.step_time == pytest.approx(plan.report.step_time, rel=1e-12)
+    finally:
+        st.close()

@@ -13,14 +13,13 @@ import re
 
 import pytest
 
-from partex.explorer._format import fmt_versus, nice_ticks
+from partex.explorer._format import fmt_time, fmt_versus, nice_ticks
 from partex.explorer._layout import short
 from partex.explorer._tables import Table, unmatched_rows
 
 from test_explorer import (  # noqa: F401  (fixtures: pytest finds them by name here)
-    SHOTS, _graph_nodes, _load, analyze_on, chromium, click, console_summary, no_browser_errors, run_until,
-    select_group,
-    server, set_model_value, state, tab, verify_in_page, wait_until,
+    SHOTS, _graph_nodes, _load, analyze_on, choose, chromium, click, console_summary, no_browser_errors, pin,
+    run_until, select_group, server, set_model_value, state, tab, verify_in_page, wait_until,
 )
 
 PRIMITIVES = ("reshape", "broadcast_in_dim", "rev", "iota", "concatenate", "transpose", "dot_general")
@@ -113,6 +112,44 @@ def _card(page, title: str):
     card.evaluate("e => e.scrollIntoView({block: 'start'})")
     page.mouse.move(0, 0)
     return card
+
+
+def _chart(page) -> dict:
+    """The search chart's points (ms) and the label of the point it starts from."""
+    return page.evaluate("""() => {
+        const f = Bokeh.documents[0].get_model_by_name('partex-history');
+        const pts = f.renderers.find(r => r.data_source.data.ms !== undefined && r.data_source.data.secs !== undefined);
+        const start = f.renderers.find(r => r.data_source.data.text !== undefined);
+        return {ms: Array.from(pts.data_source.data.ms), sim: Array.from(pts.data_source.data.sim),
+                start: Array.from(start.data_source.data.text)} }""")
+
+
+def _headline(page) -> str:
+    """The headline's best step time, as written."""
+    kpis = page.evaluate("Bokeh.documents[0].get_model_by_name('kpis').text")
+    m = re.search(r"Best step time</div><div class='k-value'>([^<]*)<", kpis)
+    assert m, kpis
+    return _unescape(m.group(1))
+
+
+def _pinned_first(s: dict, group: str, axis: str) -> bool:
+    """Whether the search's best plan in the state ``s`` starts with the pin ``group->axis``."""
+    first = s["best"]["decisions"][0] if s["best"] and s["best"]["decisions"] else {}
+    return (first.get("group"), first.get("axis"), first.get("pinned")) == (group, axis, True)
+
+
+def _shows_one_best(page, ready=lambda s: True) -> dict:
+    """The state once the headline, the chart's last point and the search's best agree (the
+    page renders them from one snapshot), and ``ready(state)``."""
+    def agree():
+        s = state(page)
+        if s["best"] is None or not ready(s):
+            return None
+        chart = _chart(page)
+        ok = (_headline(page) == fmt_time(s["best"]["step_time"]) and chart["ms"]
+              and abs(chart["ms"][-1] - s["best"]["step_time"] * 1e3) <= 1e-9 * chart["ms"][-1])
+        return s if ok else None
+    return wait_until(agree, what="the headline and the chart to show the search's best")
 
 
 # --------------------------------------------------------------------------- the tests
@@ -368,3 +405,125 @@ def test_a_pipeline_in_the_sidebar_and_among_the_meshes(tab):
                         and s["config"]["mesh"] == pick["mesh"] and "load" not in s["busy"])(state(tab)),
                what="the picked pipeline to load")
     assert tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-pipeline').value") == pick["pipeline"]
+
+
+def test_a_pin_starts_the_search_from_the_best_plan_that_keeps_it_and_the_chart_agrees(tab):  # noqa: F811
+    """The default model and mesh: a short search, Pause, pin batch->data on the Decision
+    card, Run again. The search goes on from the best plan known that keeps the pin: at once
+    at or under dp (batch->data alone, which keeps it) and never above it after; its best
+    never rises while it runs; the headline, the chart's last point and the Baselines' search
+    row say one step time."""
+    s = run_until(tab, lambda s: s["simulations"] >= 76 and s["best"] is not None, what="a short search")
+    wait_until(lambda: not state(tab)["running"], what="the search to pause")
+    pin(tab, "batch", "data")
+    s = _shows_one_best(tab, lambda s: _pinned_first(s, "batch", "data"))
+    dp = s["baselines"]["dp"]
+    assert s["best"]["step_time"] <= dp * (1 + 1e-12), (s["best"], dp)
+    seen = [s["best"]["step_time"]]
+
+    def searched(st):
+        if st["best"] is not None:
+            seen.append(st["best"]["step_time"])
+        return st["simulations"] >= s["simulations"] + 300
+
+    run_until(tab, searched, what="the pinned search to run")
+    wait_until(lambda: not state(tab)["running"], what="the search to pause")
+    s = _shows_one_best(tab)
+    seen.append(s["best"]["step_time"])
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(seen, seen[1:])), seen
+    assert s["best"]["step_time"] <= dp * (1 + 1e-12)
+    kpis = _unescape(tab.evaluate("Bokeh.documents[0].get_model_by_name('kpis').text"))
+    assert "slower than the best baseline" not in kpis, kpis
+    table = _unescape(tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-baselines').text"))
+    row = table[table.index("search"):table.index("replicated")]
+    assert fmt_time(s["best"]["step_time"]) in row, row
+    tab.locator(".kpis").first.evaluate("e => e.scrollIntoView({block: 'end'})")  # the message too
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_pin_kpi.png")
+    _card(tab, "Search")
+    tab.screenshot(path=SHOTS / "views_pin_chart.png")
+
+
+def test_use_this_mesh_brings_the_plan_the_mesh_search_found_there(tab):  # noqa: F811
+    """The scanned transformer at 3 MiB, its meshes searched on 2 slices of 4 (pipelined
+    candidates too): a row whose searched plan beats its hand plans, a pipelined one where the
+    search reached one, is picked and used. The page's new search on that mesh starts from that
+    plan: at 0 simulations the headline and the chart say the row's step time, and the search
+    never reads worse from there."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    analyze_on(tab, "transformer-scan", "tpu-v4", "3MiB", "layers=4")
+    card = _card(tab, "Meshes")
+    topo = tab.locator("input[placeholder='one slice; or 4x64@6.25']")
+    topo.fill("2x4@25")
+    topo.press("Enter")
+    tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-seconds').value = 60")  # it returns once converged
+    click(tab, "Search meshes")
+    s = wait_until(lambda: (lambda s: s["meshes"]["rows"] and "meshes" not in s["busy"] and s)(state(tab)),
+                   what="the mesh search to end")
+    here = s["config"]["mesh"]
+    better = [r for r in s["meshes"]["rows"] if r["step"] is not None and r["hand"] is not None
+              and r["step"] < r["hand"] * (1 - 1e-9) and (r["mesh"], r["pipeline"]) != (here, None)]
+    assert better, s["meshes"]["rows"]
+    row = next((r for r in better if r["pipeline"]), better[0])
+    key = row["form"] + (f" | {row['pipeline']}" if row["pipeline"] else "")
+    set_model_value(tab, "partex-mesh-pick", key)
+    wait_until(lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pick').value") == key,
+               what="the pick")
+    click(tab, "Use this mesh")
+    wait_until(lambda: (lambda s: s["phase"] == "ready" and s["config"]["mesh"] == row["mesh"]
+                        and s["config"]["pipeline"] == row["pipeline"] and "load" not in s["busy"])(state(tab)),
+               what="the picked mesh to load")
+    s = _shows_one_best(tab)
+    assert s["simulations"] == 0
+    assert s["best"]["step_time"] == pytest.approx(row["step"], rel=1e-9), (s["best"], row)
+    assert _chart(tab)["start"] == ["warm start"]
+    card.evaluate("e => e.scrollIntoView({block: 'start'})")
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_meshes_used_plan.png")
+    tab.locator(".kpis").first.evaluate("e => e.scrollIntoView({block: 'end'})")  # the message too
+    tab.screenshot(path=SHOTS / "views_meshes_used_plan_kpi.png")
+    s = run_until(tab, lambda s: s["simulations"] >= 20, what="the search on the picked mesh")
+    assert s["best"]["step_time"] <= row["step"] * (1 + 1e-12)
+
+
+def test_a_large_model_says_what_its_first_simulation_does_and_shows_the_warm_start(tab):  # noqa: F811
+    """Llama 7B on the default mesh: its first simulation (a rollout, then a local search from
+    the warm start's best hand plan) takes seconds. Run says so and names the plan it starts
+    from; the headline and the chart show that plan as the best so far (the chart's point
+    labelled "warm start"); the Search tile says the first is under way; a Pause before it
+    ends says the first ends first, and once it has, the count and the better plan it found."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    choose(tab, "partex-model", "llama")
+    wait_until(lambda: "7b" in tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-preset').options"),
+               what="the llama presets")
+    choose(tab, "partex-preset", "7b")
+    click(tab, "Analyze")
+    s = wait_until(lambda: (lambda s: s["phase"] == "ready" and s["model"]["preset"] == "7b" and "load" not in s["busy"]
+                            and s["best"] is not None and s)(state(tab)), timeout=600, what="llama 7b and its warm start")
+    warm = s["best"]["step_time"]
+    name = min((t, n) for n, t in s["baselines"].items() if t == pytest.approx(warm, rel=1e-9))[1]
+    assert s["simulations"] == 0 and _headline(tab) == fmt_time(warm)
+    assert _chart(tab)["start"] == ["warm start"]
+    click(tab, "▶ Run")
+    s = wait_until(lambda: (lambda s: s["running"] and s)(state(tab)), what="the search to run")
+    said = (f"a rollout, then a local search from the best plan so far, the warm start's {name} at {fmt_time(warm)} "
+            f"(the best of its {len(s['baselines'])} hand plans)")
+    assert "; the first simulation: " + said in s["message"], s["message"]
+    kpis = tab.evaluate("Bokeh.documents[0].get_model_by_name('kpis').text")
+    assert "the first under way: a local search from the best plan so far" in kpis, kpis
+    tab.locator(".kpis").first.evaluate("e => e.scrollIntoView({block: 'end'})")  # the message too
+    tab.mouse.move(0, 0)
+    tab.screenshot(path=SHOTS / "views_first_simulation.png")
+    click(tab, "❚❚ Pause")
+    s = wait_until(lambda: (lambda s: not s["running"] and s)(state(tab)), what="the pause")
+    assert s["message"].startswith(f"paused after 0 simulations; the first, under way, ends first: {said}; Run goes on"), \
+        s["message"]
+    tab.screenshot(path=SHOTS / "views_first_simulation_pausing.png")
+    _card(tab, "Search")
+    tab.screenshot(path=SHOTS / "views_first_simulation_chart.png")
+    s = wait_until(lambda: (lambda s: s["simulations"] >= 1 and s["message"].startswith(
+        f"paused after {s['simulations']:,} simulations; Run goes on") and s)(state(tab)), timeout=600,
+        what="the first simulation to end")
+    assert s["best"]["step_time"] <= warm
+    _shows_one_best(tab)
+    tab.screenshot(path=SHOTS / "views_first_simulation_done.png")

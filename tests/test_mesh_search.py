@@ -66,6 +66,27 @@ def test_search_meshes_keeps_the_best_and_its_session():
     assert s.best().report.fits
 
 
+
+def test_continuing_on_a_mesh_the_search_let_go_starts_from_the_plan_it_found():
+    """The mesh search keeps only the best candidate's session; another one picked
+    (``use_mesh``) gets a new search on its mesh that starts from the plan the mesh search
+    found there (``MeshTrial.plan``), not from its hand plans: at 0 simulations its best is
+    that plan's step time, pipelined candidates included."""
+    def session():
+        return partex.Session.from_spec("transformer-scan", preset="tiny", overrides=["layers=4"], mesh="data=8",
+                                        hardware="tpu-v4", memory="3MiB")
+
+    found = session().search_meshes(8, topology="2x4@25", seconds=8)
+    let_go = [t for t in found.trials if t.session is None and t.step_time is not None]
+    # the case that matters: the search beat the hand plans there
+    assert any(t.step_time < t.warm_step * (1 - 1e-9) for t in let_go if t.warm_step is not None), found.table()
+    for t in let_go:
+        s = session()
+        s.use_mesh(t)
+        assert (s.mesh, s.pipeline) == (t.mesh, t.pipeline)
+        assert s.stats().simulations == 0
+        assert s.best().report.step_time == pytest.approx(t.step_time, rel=1e-12), t.text()
+
 def test_cli_search_with_devices(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["search", "transformer", "--devices", "8", "--budget", "3", "--out", str(out), "--json"]) == 0

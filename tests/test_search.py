@@ -87,6 +87,113 @@ def _per_axis(decisions):
     return out
 
 
+DEMOS = ("mlp", "transformer", "unet", "gns", "moe")  # DESIGN's five demo models
+
+
+def _keeps(decisions, pins, forbidden=()) -> bool:
+    """Whether a plan is one the pinned search may return: every pin in it, ahead of the
+    plan's other decisions on its mesh axis and of its group's other shardings (decisions on
+    one axis, and one group's axes, do not commute), and nothing forbidden."""
+    decisions = list(decisions)
+    if any(f in decisions for f in forbidden) or any(p not in decisions for p in pins):
+        return False
+    for p in pins:
+        before = [d for d in decisions[:decisions.index(p)] if d not in pins]
+        if any(d.slot == p.slot or isinstance(d, Shard) and isinstance(p, Shard) and d.group == p.group
+               for d in before):
+            return False
+    return True
+
+
+def _at_or_under(t: float, other: float) -> bool:
+    return t <= other * (1 + 1e-12)  # one plan priced twice: its sums may round apart
+
+
+def _never_rises(s: Session, rounds: int, n: int) -> None:
+    """``rounds`` steps of ``n`` simulations: the best never rises, and the chart's history
+    ends at the plan the headline shows."""
+    before = s.best().report.step_time
+    for _ in range(rounds):
+        s.step(n)
+        best, stats = s.best(), s.stats()
+        assert _at_or_under(best.report.step_time, before), (before, best.report.step_time)
+        assert stats.best_step_time == pytest.approx(best.report.step_time, rel=1e-12)
+        assert stats.best_history[-1][2] == pytest.approx(best.report.step_time, rel=1e-12)
+        history = [h[2] for h in stats.best_history]
+        assert history == sorted(history, reverse=True)
+        before = best.report.step_time
+
+
+def _starts_from_the_best_kept_plan(s: Session, previous) -> None:
+    """The incumbent right after a pin or forbid: within the pins and forbids, at or under
+    every hand plan that keeps them and the previous best with the pins applied."""
+    pins, forbidden = s.pins, s.forbidden
+    best = s.best()
+    assert best is not None and _keeps(best.decisions, pins, forbidden)
+    assert list(best.decisions[:len(pins)]) == pins
+    # the chart's point and the headline: one plan, one step time
+    assert s.stats().best_history == ((s.stats().simulations, s.stats().seconds, best.report.step_time),)
+    kept = {name: c.report.step_time for name, c in s.baselines().items()
+            if c.report.fits and _keeps(c.decisions, pins, forbidden)}
+    for name, t in kept.items():
+        assert _at_or_under(best.report.step_time, t), (name, t, best.report.step_time)
+    carried = s.evaluate(pins + [d for d in previous if d not in pins and d not in forbidden])
+    if carried.fits and _keeps(pins + [d for d in previous if d not in pins], pins, forbidden):
+        assert _at_or_under(best.report.step_time, carried.step_time)
+
+
+@pytest.mark.parametrize("model", DEMOS)
+def test_after_a_pin_or_forbid_the_search_starts_from_the_best_plan_that_keeps_them(model):
+    """A pin after a short search (the batch on the data axis, as dp takes it, not where the
+    search's best had it), then a forbid (the best's first decision after the pin): each time
+    the search goes on from the best plan known that keeps the pins and forbids -- at or under
+    every hand plan that keeps them, and the previous best with them applied -- and its best
+    never rises afterwards."""
+    s = Session.from_spec(model, mesh="data=4,model=2", memory="3MiB", seed=0)
+    s.step(40)
+    previous = s.best().decisions
+    pin = s.strategy("dp")[0]
+    s.pin(pin.group, pin.axis)
+    _starts_from_the_best_kept_plan(s, previous)
+    _never_rises(s, 3, 20)
+    previous = s.best().decisions
+    free = [d for d in previous if d not in s.pins]
+    if free:
+        s.forbid(free[0].id, free[0].slot)
+        _starts_from_the_best_kept_plan(s, previous)
+        _never_rises(s, 3, 20)
+
+
+def test_a_pin_the_best_plan_holds_behind_another_decision_is_not_taken_as_kept(tiny):
+    """The transformer after 76 simulations (the explorer's default model, mesh and budget):
+    its best plans shard the batch on the data axis behind other groups there, and the same
+    decisions with the batch first are another, slower plan. Pinning batch->data then starts
+    from a plan with the batch first that is faster than dp (batch->data alone), and the best
+    reads as what that plan costs."""
+    s = Session.from_analysis(tiny, mesh="data=4,model=2", memory="3MiB", seed=0)
+    s.step(76)
+    s.pin("batch", "data")
+    best = s.best()
+    dp = s.baselines()["dp"].report.step_time
+    assert best.report.step_time < dp
+    assert s.label(best.decisions[0]) == "batch->data"
+    assert s.stats().best_step_time == pytest.approx(best.report.step_time, rel=1e-12)
+
+
+def test_one_groups_axes_in_another_order_are_another_plan(tiny):
+    """ffn over (model, data) is cut otherwise than over (data, model): the search keys and
+    prices the two orders apart, and a key gives back the plan it was made of."""
+    s = _session(tiny, memory="3MiB")
+    ev = s._search.evaluator
+    a = tuple(s.decisions([("batch", "data"), ("ffn", "model"), ("ffn", "data")]))
+    b = tuple(s.decisions([("batch", "data"), ("ffn", "data"), ("ffn", "model")]))
+    assert ev.key(a) != ev.key(b)
+    assert ev.evaluate(a).step_time == s.evaluate(a).step_time != s.evaluate(b).step_time == ev.evaluate(b).step_time
+    s.step(60)
+    for key in ev.evals:
+        assert ev.key(ev.decisions_of(key)) == key
+
+
 def test_save_and_resume_continues_the_same_search(tmp_path, tiny):
     def session():
         return Session.from_analysis(tiny, mesh="data=4,model=2", memory="2MiB", seed=3,

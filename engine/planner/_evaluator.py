@@ -13,10 +13,14 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Collection, NamedTuple, Sequence
 
-from .._decisions import Decision
+from .._decisions import Decision, Shard
 from .._mesh import Hardware, format_bytes
 from ..analysis._space import DecisionSpace
 from ..cost import CostModel
+
+# A key's entry (``Evaluator.key``) for the groups sharded over several mesh axes in another
+# order than the slots': no slot has this name (mesh axes are identifiers).
+ORDER = "~order"
 
 # The most mark_infeasible scales every prediction by: the cost model's memory is within
 # +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
@@ -52,6 +56,7 @@ class Evaluator:
         self.space = space
         self.progress = progress
         self.slots = tuple(space.slots)
+        self._slot_index = {a: i for i, a in enumerate(self.slots)}
         self.evals: dict[Any, Evaluation] = {}  # by ``key``
         self.best: Best | None = None
         self.history: list[tuple[int, float, float]] = []  # (simulation, seconds, step time)
@@ -60,15 +65,53 @@ class Evaluator:
         self.t_ref = 1e-9  # the reference step time of the score (the replicated plan's)
 
     def key(self, decisions: Sequence[Decision]) -> tuple:
-        """The plan's key: per slot (in the space's order), its groups in decision order."""
+        """The plan's key: per slot (in the space's order), its groups in decision order; then,
+        where a group is sharded over several mesh axes in another order than the slots',
+        its axes in order (an ``ORDER`` entry, ``cross_order``). Decisions on different
+        axes commute but for that: a dim sharded over ``(model, data)`` is cut otherwise
+        than one over ``(data, model)`` (the first decision's axis is the major one), and
+        the cost model prices them apart."""
         per_axis: dict[str, list[int]] = {}
         for d in decisions:
             per_axis.setdefault(d.slot, []).append(d.id)
-        return tuple((a, tuple(per_axis[a])) for a in self.slots if a in per_axis)
+        key = tuple((a, tuple(per_axis[a])) for a in self.slots if a in per_axis)
+        order = self.cross_order(decisions)
+        return key + ((ORDER, order),) if order else key
+
+    def cross_order(self, decisions: Sequence[Decision]) -> tuple[int, ...]:
+        """Each group whose shardings come in another order than their slots' (in the
+        space's order), as ``group, count, slot index...`` (by group; empty where none)."""
+        axes: dict[int, list[int]] = {}
+        for d in decisions:
+            if isinstance(d, Shard):
+                axes.setdefault(d.group, []).append(self._slot_index[d.axis])
+        out: list[int] = []
+        for g in sorted(axes):
+            xs = axes[g]
+            if any(a > b for a, b in zip(xs, xs[1:])):
+                out += [g, len(xs), *xs]
+        return tuple(out)
 
     def decisions_of(self, key) -> tuple[Decision, ...]:
-        """The decisions of a key, by slot."""
-        return tuple(self.space.make(a, g) for a, gs in key for g in gs)
+        """The decisions of a key: by slot, merged so that each group sharded over several
+        axes takes them in the order the key's ``ORDER`` entry gives (else the slots' order)
+        and each slot's decisions keep theirs."""
+        queues = [[self.space.make(a, g) for g in gs] for a, gs in key if a != ORDER]
+        order = next((xs for a, xs in key if a == ORDER), ())
+        if not order:
+            return tuple(d for q in queues for d in q)
+        axes: dict[int, list[int]] = {}  # group -> its shardings' slots, in order
+        for d in (d for q in queues for d in q):
+            if isinstance(d, Shard):
+                axes.setdefault(d.group, []).append(self._slot_index[d.axis])
+        i = 0
+        while i < len(order):
+            g, n = order[i], order[i + 1]
+            axes[g] = list(order[i + 2:i + 2 + n])
+            i += 2 + n
+        before: dict[Decision, Decision] = {  # a sharding -> its group's sharding just before it
+            Shard(g, self.slots[b]): Shard(g, self.slots[a]) for g, xs in axes.items() for a, b in zip(xs, xs[1:])}
+        return _merged(queues, before)
 
     def evaluate(self, decisions: tuple[Decision, ...]) -> Evaluation:
         """The plan's evaluation, from the cache or the cost model (which may make a new best)."""
@@ -101,10 +144,8 @@ class Evaluator:
         hw = self.hw
         device_ok, host_ok, least_host, least_device = math.inf, math.inf, math.inf, math.inf
         for key, e in self.evals.items():
-            if pins or forbidden:
-                decisions = self.decisions_of(key)
-                if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
-                    continue
+            if (pins or forbidden) and not self.honours(self.decisions_of(key), pins, forbidden):
+                continue
             on_device, on_host = self.fits(e.peak), e.host <= hw.host_limit
             least_host, least_device = min(least_host, e.host), min(least_device, e.peak)
             if on_device and not on_host:  # the least host memory a plan within the budget needs
@@ -154,28 +195,39 @@ class Evaluator:
         self.evals[key] = Evaluation(was.step_time, max(measured_peak, self.hw.budget * (1 + 1e-9)), False)
         self.evals = {k: e._replace(fits=e.fits and self.fits(e.peak)) for k, e in self.evals.items()}
 
+    def honours(self, decisions: Sequence[Decision], pins: Sequence[Decision],
+                forbidden: Collection[Decision]) -> bool:
+        """Whether the plan of ``decisions`` is one the pinned search may return: it takes every
+        pin and no forbidden decision, and it is the plan it stays with the pins put first.
+        Decisions on one slot do not commute (where two of its groups meet in one tensor the
+        earlier keeps the axis), so a plan that has a pin behind another decision of its slot
+        is another plan than the pinned one: ``ffn->data, batch->data`` is not ``batch->data,
+        ffn->data``, and the cost model prices them apart."""
+        if any(f in decisions for f in forbidden) or any(p not in decisions for p in pins):
+            return False
+        pinned = tuple(pins) + tuple(d for d in decisions if d not in pins)
+        return self.key(pinned) == self.key(decisions)
+
     def rebest(self, pins: Sequence[Decision], forbidden: Collection[Decision], simulation: int,
                seconds: float) -> None:
-        """The best evaluated plan that honours the pins and forbids, pins first (the history
-        starts again from it)."""
+        """The best evaluated plan that honours the pins and forbids (``honours``), pins first;
+        the history starts again from it."""
         old, self.best = self.best, None
         self.history = []
-        pins = list(pins)
+        pins = tuple(pins)
         best = None
         for key, e in self.evals.items():
-            if not e.fits:
+            if not e.fits or (best is not None and e.step_time >= best[0]):
                 continue
             decisions = self.decisions_of(key)
-            if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
-                continue
-            if best is None or e.step_time < best[0]:
+            if self.honours(decisions, pins, forbidden):
                 best = (e.step_time, decisions)
         if best is not None:
             e = None if old is None else self.evals.get(self.key(old.decisions))
             if old is not None and e is not None and e.fits and e.step_time <= best[0] \
-                    and all(p in old.decisions for p in pins) and not any(f in old.decisions for f in forbidden):
+                    and self.honours(old.decisions, pins, forbidden):
                 best = (e.step_time, old.decisions)  # still the best (or as good): it keeps its order
-            ordered = tuple(pins) + tuple(d for d in best[1] if d not in pins)
+            ordered = pins + tuple(d for d in best[1] if d not in pins)
             self.best = Best(best[0], ordered, simulation, seconds)
             self.history.append((simulation, seconds, best[0]))
 
@@ -190,7 +242,7 @@ class Evaluator:
             if not e.fits or (round(e.step_time, 12), round(e.peak)) in seen:
                 continue
             decisions = self.decisions_of(key)
-            if any(p not in decisions for p in pins) or any(f in decisions for f in forbidden):
+            if not self.honours(decisions, pins, forbidden):
                 continue
             seen.add((round(e.step_time, 12), round(e.peak)))
             out.append((e.step_time, tuple(pins) + tuple(d for d in decisions if d not in pins)))
@@ -202,6 +254,26 @@ class Evaluator:
         """The fastest plan that fits among those scored with no recompute decision."""
         best = None
         for key, e in self.evals.items():
-            if e.fits and all(self.space.on_group(a) for a, _ in key) and (best is None or e.step_time < best[0]):
+            if e.fits and all(a == ORDER or self.space.on_group(a) for a, _ in key) and (best is None or e.step_time < best[0]):
                 best = (e.step_time, key)
         return None if best is None else self.decisions_of(best[1])
+
+
+def _merged(queues: list[list[Decision]], before: dict[Decision, Decision]) -> tuple[Decision, ...]:
+    """The decisions of ``queues`` (one per slot) in one order: each queue's kept, and each
+    decision in ``before`` after the one it names. Takes from the first queue whose next
+    decision may come now; a set of queues and constraints made of one plan always has one."""
+    out: list[Decision] = []
+    placed: set[Decision] = set()
+    heads = [0] * len(queues)
+
+    def may_come(d: Decision) -> bool:
+        return d not in before or before[d] in placed
+
+    for _ in range(sum(map(len, queues))):
+        ready = [k for k, q in enumerate(queues) if heads[k] < len(q)]
+        k = next((k for k in ready if may_come(queues[k][heads[k]])), ready[0])
+        out.append(queues[k][heads[k]])
+        placed.add(out[-1])
+        heads[k] += 1
+    return tuple(out)

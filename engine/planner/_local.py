@@ -173,7 +173,8 @@ class LocalSearch:
                 swap = {axes[x]: axes[y], axes[y]: axes[x]}
                 cand = current[:first] + tuple(Shard(d.group, swap.get(d.axis, d.axis)) if isinstance(d, Shard) else d
                                                for d in current[first:])
-                if cand != current and all(d in actions and d not in forbidden for d in cand[first:]):
+                if cand != current and len(set(cand)) == len(cand) \
+                        and all(d in actions and d not in forbidden for d in cand[first:]):
                     yield ("exchange", axes[x], axes[y]), cand
         for i in range(first, len(current)):
             # what could stand in place i: legal without the decision there (another kind for

@@ -31,6 +31,7 @@ from ..analysis._space import DecisionSpace
 from ..cost import CostModel, CostReport
 from ..plan._planned import default_donate
 from . import STOP, Best, Evaluation, Evaluator, LocalSearch, Node, TreeSearch
+from ._evaluator import ORDER
 from ._pins import Pins
 from ._strategies import baseline_names, strategy_decisions
 
@@ -127,13 +128,14 @@ class Search:
                                exploration=exploration, rollout_width=rollout_width)
         self.local = LocalSearch(ev, self.actions, prior, self.mesh.axes, space.legal)
         self.warm_start = warm_start
-        if warm_start:
-            # PartIR composes hand tactics with the search: the expert strategies are the
-            # first candidates, and the first polish starts from the best of them.
-            for name in baseline_names(self.an):
-                dec = tuple(d for d in strategy_decisions(name, self.an, self.mesh, cost_model.fixed)
-                            if d in self.actions)
-                ev.score(dec)
+        # PartIR composes hand tactics with the search: the expert strategies are the first
+        # candidates, and the first polish starts from the best of them (and after a pin,
+        # from the best of them with the pin applied: ``rebest``)
+        self.hand: list[tuple[Decision, ...]] = [
+            tuple(d for d in strategy_decisions(name, self.an, self.mesh, cost_model.fixed) if d in self.actions)
+            for name in baseline_names(self.an)] if warm_start else []
+        for dec in self.hand:
+            ev.score(dec)
 
     def _progress(self) -> tuple[int, float]:
         """(simulations, search seconds) now: a new best records when it was met."""
@@ -287,15 +289,21 @@ class Search:
         this search, the way the hand plans are: the pins, then each of ``decisions`` this
         space can take after those before it (the rest left out). A better plan becomes the
         best, and the next polish starts from it. Returns the plan scored and its evaluation."""
+        plan = self._pinned(decisions, pins)
+        self.evaluator.score(plan)
+        self._carried.add(self.evaluator.key(plan))
+        return plan, self.evaluator.evaluate(plan)
+
+    def _pinned(self, decisions: Sequence[Decision], pins: Pins) -> tuple[Decision, ...]:
+        """``decisions`` with the pins applied: the pins, then each of ``decisions`` this
+        space can take after those before it (not forbidden, legal there; the rest left out)."""
         plan = list(pins.pinned)
         index = {d: i for i, d in enumerate(self.actions)}
         for d in decisions:
             i = index.get(d)
             if i is not None and d not in plan and i in self.space.legal(plan, pins.forbidden):
                 plan.append(d)
-        self.evaluator.score(tuple(plan))
-        self._carried.add(self.evaluator.key(plan))
-        return tuple(plan), self.evaluator.evaluate(tuple(plan))
+        return tuple(plan)
 
     def best(self) -> SearchResult | None:
         b = self.evaluator.best
@@ -338,8 +346,15 @@ class Search:
         self.rebest(pins)
 
     def rebest(self, pins: Pins) -> None:
-        """The best evaluated plan that honours ``pins``, after they changed (statistics of
-        the tree stay: the re-rooted subtree keeps its visits)."""
+        """The incumbent after the pins or forbids changed: the best plan known that honours
+        them (``Evaluator.honours``: every plan scored that does, the hand plans among them),
+        the previous best and the hand plans with the pins applied (``_pinned``) scored first
+        as candidates, so that the search goes on from the best of them and its best never
+        reads worse than a plan it knew that keeps the pins. The tree's statistics stay (the
+        re-rooted subtree keeps its visits)."""
+        old = self.evaluator.best
+        for plan in ([old.decisions] if old is not None else []) + self.hand:
+            self.evaluator.evaluate(self._pinned(plan, pins))
         self.evaluator.rebest(pins.pinned, pins.forbidden, self.simulations, self.seconds)
 
     # ------------------------------------------------------------------ persistence
@@ -472,11 +487,26 @@ def _key_parse(text: str, space: DecisionSpace):
     for part in text.split("|") if text else ():
         a, _, gs = part.rpartition(":")
         groups = tuple(int(g) for g in gs.split(","))
-        n = space.id_count(a) if a in space.slots else 0
-        if not all(0 <= g < n for g in groups):
+        if a == ORDER:
+            _check_order(groups, space, text)
+        elif not all(0 <= g < (space.id_count(a) if a in space.slots else 0) for g in groups):
             raise ValueError(f"tree key {text!r} names no group or axis of this model and mesh")
         key.append((a, groups))
     return tuple(key)
+
+
+def _check_order(entry: tuple[int, ...], space: DecisionSpace, text: str) -> None:
+    """A key's ``ORDER`` entry read back: ``group, count, slot index...`` per group, each
+    group's and slot's index in range."""
+    i = 0
+    while i < len(entry):
+        g, n = entry[i], entry[i + 1] if i + 1 < len(entry) else 0
+        slots = entry[i + 2:i + 2 + n]
+        if n < 2 or len(slots) != n or not 0 <= g < len(space.an.groups) \
+                or not all(0 <= k < len(space.slots) for k in slots):
+            raise ValueError(f"tree key {text!r} has an axis order that names no group or axis of this model "
+                             "and mesh")
+        i += 2 + n
 
 
 def check_mesh_axes(space: DecisionSpace) -> None:

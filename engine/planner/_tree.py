@@ -16,6 +16,7 @@ from typing import Any, Callable, Collection, Sequence
 import numpy as np
 
 from .._decisions import Decision
+from ._evaluator import ORDER
 
 STOP = -1  # the stop action
 
@@ -134,4 +135,5 @@ class TreeSearch:
 
     def depth(self, pins: int) -> int:
         """The deepest state the tree holds, in decisions beyond the ``pins`` first."""
-        return max((sum(len(gs) for _, gs in k) for k in self.nodes if k and k[0] != "stop"), default=0) - pins
+        return max((sum(len(gs) for a, gs in k if a != ORDER) for k in self.nodes if k and k[0] != "stop"),
+                   default=0) - pins
