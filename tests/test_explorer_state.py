@@ -63,6 +63,17 @@ def _settle(st: ExplorerState, until, what: str, timeout: float = 120.0):
     return wait_for(check, timeout=timeout, what=what)
 
 
+def _load_scanned(st: ExplorerState) -> None:
+    """The page, once its first model is loaded, on the scanned transformer (tiny, four
+    layers) at a budget of 16 MiB."""
+    _settle(st, lambda: st.phase == "ready" and not st.busy, "the model to load")
+    st.model_name, st.preset, st.overrides = "transformer-scan", "tiny", "layers=4"
+    st.budget_text = "16MiB"
+    st.load()
+    _settle(st, lambda: st.phase == "ready" and st.workspace.choice.spec == "transformer-scan" and not st.busy,
+            "transformer-scan")
+
+
 def test_verify_in_the_explorer_marks_a_plan_over_budget_and_the_best_moves_on(tmp_path):
     """The explorer's Verify does what Session.verify and the CLI's --verify do: the
     search's best plan, which XLA puts over the budget, is marked infeasible in the search
@@ -240,12 +251,7 @@ def test_a_mesh_refused_with_the_pipeline_leaves_the_page_as_it_was_and_says_so(
     dropped, and that the pipeline's own layers->stage went with the old step."""
     st = ExplorerState(sessions_dir=tmp_path)
     try:
-        _settle(st, lambda: st.phase == "ready" and not st.busy, "the model to load")
-        st.model_name, st.preset, st.overrides = "transformer-scan", "tiny", "layers=4"
-        st.budget_text = "16MiB"
-        st.load()
-        _settle(st, lambda: st.phase == "ready" and st.workspace.choice.spec == "transformer-scan" and not st.busy,
-                "transformer-scan")
+        _load_scanned(st)
         st.mesh_text = "stage=2,fsdp=4"
         st.pipeline_text = "stack0:stage:4:full"
         _settle(st, lambda: st.config.pipeline is not None and not st.busy, "the pipelined step")
@@ -500,12 +506,7 @@ def test_a_pipeline_typed_or_picked_from_the_meshes_runs_the_pipelined_step(tmp_
 
     st = ExplorerState(sessions_dir=tmp_path)
     try:
-        _settle(st, lambda: st.phase == "ready" and not st.busy, "the model to load")
-        st.model_name, st.preset, st.overrides = "transformer-scan", "tiny", "layers=4"
-        st.budget_text = "16MiB"
-        st.load()
-        _settle(st, lambda: st.phase == "ready" and st.workspace.choice.spec == "transformer-scan" and not st.busy,
-                "transformer-scan")
+        _load_scanned(st)
         assert "may be pipelined: stack0 (4 layers, batch 8)" in pipeline_words(st.workspace, st.best)
         st.pipeline_text = "stack0:stage:4"
         assert "has no axis 'stage'" in st.field_error["pipeline"], st.field_error
