@@ -165,13 +165,16 @@ class _Improving:
 
     def best(self):
         report = SimpleNamespace(step_time=self._step(), mfu=0.5, memory=SimpleNamespace(peak=1.0))
-        return SimpleNamespace(report=report, simulation=self.found[0], seconds=self.found[1])
+        return SimpleNamespace(report=report, decisions=(), simulation=self.found[0], seconds=self.found[1])
 
     def stats(self):
         return SearchStats(simulations=self.sims, seconds=self.secs)
 
     def warm_from(self, other):
         return math.inf
+
+    def portable(self, decisions):
+        return []
 
     def probe(self, evaluations):
         return self
