@@ -305,7 +305,8 @@ def _record(trial: MeshTrial) -> None:
 
 # The mesh search's schedule, in simulations, so that the same seed, candidates and effort
 # give the same plan however fast the machine (the time only caps it). In each tier every
-# candidate is screened by its hand plans and the best plan so far (translated onto it); the
+# candidate is screened by its hand plans and the best plan so far (translated onto it), and
+# one that none of these fits gets simulations of its own until a plan does (PATIENCE at most); the
 # leader is searched a simulation (its first polishes its best plan: most of what a search
 # finds), its plan tried on the rest, and the best SCREEN of them earn a simulation each; then
 # twice as many to the better half each round; the last one standing runs until its best has
@@ -465,6 +466,8 @@ class MeshSearcher:
                 t.session.probe(self.probe)
                 _record(t)
                 self._offer(t, self.seconds_now(), 0.0)
+                if t.step_time is None:
+                    self._fit(t)
             self._tell()
         live = self._cut(live, kept)
         n = 1
@@ -478,6 +481,20 @@ class MeshSearcher:
                 t.status = "converged"
         self._tell(force=True)
         return all(t.status == "converged" for t in live) and not self._short
+
+    def _fit(self, t: MeshTrial) -> None:
+        """Simulations of ``t``'s own, one at a time, until a plan fits it or ``patience`` of
+        them found none: a candidate that neither its hand plans, the incumbent's plan nor
+        the probe's descent fits is not known to be poor (on a model far over the budget the
+        descent from a rollout stops at a local optimum over it, where a simulation's rollout
+        and polish most often find a plan that fits; a mesh the screen cannot score would be
+        dropped however fast its plans are)."""
+        for _ in range(self.patience):
+            if t.step_time is not None or self._left() <= 0:
+                break
+            self._advance(t, 1, round_=False)
+        if t.status == "searching":
+            t.status = "scored"
 
     def _finish(self, t: MeshTrial) -> bool:
         """The last candidate of a tier: simulations until its best stops moving, then the
@@ -545,10 +562,11 @@ class MeshSearcher:
         """Seconds since ``run`` began."""
         return time.perf_counter() - self._t0
 
-    def _advance(self, t: MeshTrial, n: int) -> None:
+    def _advance(self, t: MeshTrial, n: int, round_: bool = True) -> None:
         """``n`` more simulations of ``t`` in the time left (where fewer ran, the search is
-        short of its schedule: not converged). Only the search's deadline cuts them: a
-        schedule in simulations, not shares of time, is what makes it reproducible."""
+        short of its schedule: not converged), a round of its own where ``round_``. Only the
+        search's deadline cuts them: a schedule in simulations, not shares of time, is what
+        makes it reproducible."""
         s = t.session
         assert s is not None
         if self._left() <= 0:
@@ -565,7 +583,7 @@ class MeshSearcher:
         sims = s.stats().simulations
         s.run(max(0.0, self._left()), callback=tick, simulations=n)
         self._current = None
-        t.rounds += 1
+        t.rounds += round_
         _record(t)
         self._offer(t, start, before)
         if s.stats().simulations - sims < n:

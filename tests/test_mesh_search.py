@@ -202,3 +202,38 @@ def test_the_time_to_best_moves_when_the_incumbent_betters_itself():
     assert found.best.step_time == pytest.approx(1.0 / 41)
     # the last of its 40 improvements, not the first: each simulation takes 5 ms
     assert firsts[0] is not None and found.best_at >= firsts[0] + 30 * 0.005
+
+
+class _FitsAfter(_Improving):
+    """A candidate's search no plan of which fits (``best`` None: no hand plan, carried plan
+    or probe does) until its ``fits_after``-th simulation (None: never), then one of
+    ``base`` seconds."""
+
+    def __init__(self, base: float, fits_after: int | None):
+        super().__init__(base, until=0)
+        self.fits_after = fits_after
+
+    def best(self):
+        if self.fits_after is None or self.sims < self.fits_after:
+            return None
+        return super().best()
+
+
+def test_a_candidate_no_plan_fits_yet_gets_simulations_before_the_screen_drops_it():
+    """On a model far over the memory budget no hand plan fits most meshes, and the probe's
+    descent can stop over the budget too; such a mesh is not known to be poor. It gets
+    simulations of its own until a plan fits (here its second: the fastest mesh of all),
+    at most ``patience`` of them (a mesh that never fits is then dropped), before the screen
+    keeps the best few."""
+    meshes = ["data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8", "data=2,fsdp=2,tensor=2", "fsdp=4,tensor=2",
+              "fsdp=2,tensor=4"]
+    sessions = {m: _Improving(10.0 + k, until=0) for k, m in enumerate(meshes[:5])}
+    sessions["fsdp=4,tensor=2"] = _FitsAfter(1.0, fits_after=2)
+    sessions["fsdp=2,tensor=4"] = never = _FitsAfter(0.5, fits_after=None)
+    searcher = MeshSearcher(lambda mesh, pipeline: sessions[mesh.text()],
+                            [[partex.MeshSpec.parse(m) for m in meshes]], effort=0.25)
+    found = searcher.run(60)
+    assert found.converged and found.best.mesh.text() == "fsdp=4,tensor=2" and found.best.step_time == 1.0
+    never_trial = next(t for t in found.trials if t.mesh.text() == "fsdp=2,tensor=4")
+    assert never.sims == searcher.patience and never_trial.status == "dropped" and never_trial.step_time is None
+    assert never_trial.rounds == 0  # the screen's simulations are not a round of the halving
