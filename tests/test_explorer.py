@@ -323,13 +323,18 @@ def test_pin_a_decision_and_resume(tab):
     assert "from the pinned ffn->model" in s["message"]
 
 
+def download_plan(page: Page, path: pathlib.Path) -> pathlib.Path:
+    """Press Download plan JSON and save the file at ``path``."""
+    with page.expect_download() as dl:
+        page.get_by_text("Download plan JSON").click()
+    dl.value.save_as(path)
+    return path
+
+
 def test_downloaded_plan_is_valid_and_carries_the_pin(tab, tmp_path):
     pin(tab, "heads", "model")
     run_until(tab, lambda s: s["best"] is not None, what="a plan to download")
-    with tab.expect_download() as dl:
-        tab.get_by_text("Download plan JSON").click()
-    path = tmp_path / "plan.json"
-    dl.value.save_as(path)
+    path = download_plan(tab, tmp_path / "plan.json")
     data = json.loads(path.read_text())
     assert data["format"] == "partex-plan"
     plan = Plan.load(path)

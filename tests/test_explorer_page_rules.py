@@ -26,7 +26,7 @@ from PIL import Image
 from partex.explorer import PING_JS
 
 import test_explorer
-from test_explorer import (SHOTS, VIEWPORT, _record, alert_text, analyze_on, choose, click, pin, run_until, state,
+from test_explorer import (SHOTS, VIEWPORT, _record, alert_text, analyze_on, choose, click, download_plan, pin, run_until, state,
                            wait_until)
 
 # test_explorer's fixtures (its server, browser and tab; the check for console errors): pytest
@@ -145,10 +145,7 @@ def test_a_mesh_refused_with_the_pipeline_leaves_every_card_on_the_step_in_force
     _ready(tab, lambda s: s["config"]["pipeline"] == "stack0:stage:4:full", "the pipelined step")
     pin(tab, "ffn", "fsdp")
     run_until(tab, lambda s: s["best"] is not None, what="a plan of the pipelined step")
-    with tab.expect_download() as download:
-        tab.get_by_text("Download plan JSON").click()
-    plan = tmp_path / "plan.json"
-    download.value.save_as(plan)
+    plan = download_plan(tab, tmp_path / "plan.json")
     tab.locator("input[type=file]").set_input_files(str(plan))
     wait_until(lambda: "uploaded plan" in _banner(tab) and "stage=2,fsdp=4" in _banner(tab),
                what="the upload's message")

@@ -396,15 +396,21 @@ def test_a_pipeline_in_the_sidebar_and_among_the_meshes(tab):
     tab.mouse.move(0, 0)
     tab.screenshot(path=SHOTS / "views_meshes_pipelines.png")
     pick = [r for r in piped if r["step"] is not None][-1]  # the pick lists the rows with a plan
-    key = f"{pick['form']} | {pick['pipeline']}"
-    set_model_value(tab, "partex-mesh-pick", key)
-    wait_until(lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pick').value") == key,
-               what="the pick")
-    click(tab, "Use this mesh")
-    wait_until(lambda: (lambda s: s["phase"] == "ready" and s["config"]["pipeline"] == pick["pipeline"]
-                        and s["config"]["mesh"] == pick["mesh"] and "load" not in s["busy"])(state(tab)),
-               what="the picked pipeline to load")
+    _use_mesh_row(tab, pick)
     assert tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-pipeline').value") == pick["pipeline"]
+
+
+def _use_mesh_row(page, row: dict) -> None:
+    """Pick a row of the Meshes card (its mesh, and its pipeline where it has one) and press
+    Use this mesh; wait for the page to load it."""
+    key = row["form"] + (f" | {row['pipeline']}" if row["pipeline"] else "")
+    set_model_value(page, "partex-mesh-pick", key)
+    wait_until(lambda: page.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pick').value") == key,
+               what="the pick")
+    click(page, "Use this mesh")
+    wait_until(lambda: (lambda s: s["phase"] == "ready" and s["config"]["mesh"] == row["mesh"]
+                        and s["config"]["pipeline"] == row["pipeline"] and "load" not in s["busy"])(state(page)),
+               what="the picked mesh to load")
 
 
 def test_a_pin_starts_the_search_from_the_best_plan_that_keeps_it_and_the_chart_agrees(tab):  # noqa: F811
@@ -465,14 +471,7 @@ def test_use_this_mesh_brings_the_plan_the_mesh_search_found_there(tab):  # noqa
               and r["step"] < r["hand"] * (1 - 1e-9) and (r["mesh"], r["pipeline"]) != (here, None)]
     assert better, s["meshes"]["rows"]
     row = next((r for r in better if r["pipeline"]), better[0])
-    key = row["form"] + (f" | {row['pipeline']}" if row["pipeline"] else "")
-    set_model_value(tab, "partex-mesh-pick", key)
-    wait_until(lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-mesh-pick').value") == key,
-               what="the pick")
-    click(tab, "Use this mesh")
-    wait_until(lambda: (lambda s: s["phase"] == "ready" and s["config"]["mesh"] == row["mesh"]
-                        and s["config"]["pipeline"] == row["pipeline"] and "load" not in s["busy"])(state(tab)),
-               what="the picked mesh to load")
+    _use_mesh_row(tab, row)
     s = _shows_one_best(tab)
     assert s["simulations"] == 0
     assert s["best"]["step_time"] == pytest.approx(row["step"], rel=1e-9), (s["best"], row)
