@@ -4,6 +4,10 @@
 axis_names)``; example args may be ``jax.ShapeDtypeStruct`` pytrees. ``axis_names`` (optional)
 mirrors the args with one logical axis name per dim, like flax's logical partitioning, and
 only makes labels readable.
+
+A spec someone other than the operator names (the explorer's page) is confined to a folder
+(``models_dir``, ``file_spec_in``): a Python file inside it and a function that file defines,
+never a module by name nor anything the file imports.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import pathlib
 import sys
 import warnings
 from typing import Any, Callable, Mapping
@@ -62,10 +67,11 @@ def analyze_loaded(model: LoadedModel) -> ModelAnalysis:
     return ModelAnalysis(model, program, analysis, t1 - t0)
 
 
-def analyze_model(spec: str, preset: str = "tiny", overrides=None) -> ModelAnalysis:
-    """Load a MODEL ``spec`` (``load_model``, with ``preset`` and ``overrides``), trace it and
-    run the named-dimension analysis. Returns a ``ModelAnalysis``."""
-    return analyze_loaded(load_model(spec, preset, overrides))
+def analyze_model(spec: str, preset: str = "tiny", overrides=None, *,
+                  models_dir: str | os.PathLike | None = None) -> ModelAnalysis:
+    """Load a MODEL ``spec`` (``load_model``, with ``preset``, ``overrides`` and
+    ``models_dir``), trace it and run the named-dimension analysis. Returns a ``ModelAnalysis``."""
+    return analyze_loaded(load_model(spec, preset, overrides, models_dir=models_dir))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +86,14 @@ class ModelSpec:
     def to_json(self) -> dict:
         """``{"spec", "preset", "overrides"}`` as JSON data (a plan's ``model``, a session file's)."""
         return {"spec": self.spec, "preset": self.preset, "overrides": list(self.overrides)}
+
+    def within(self, folder: str | os.PathLike) -> "ModelSpec":
+        """This spec confined to ``folder``: a demo model as it is; any other as
+        ``REALPATH.py:attr`` of a Python file inside ``folder`` (``file_spec_in``, whose
+        PartexError says what was refused)."""
+        if self.spec in demo_models.MODELS:
+            return self
+        return dataclasses.replace(self, spec=file_spec_in(self.spec, folder))
 
     @property
     def title(self) -> str:
@@ -107,11 +121,15 @@ def demo_names() -> list[str]:
     return list(demo_models.MODELS)
 
 
-def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | None = None) -> LoadedModel:
+def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | None = None, *,
+               models_dir: str | os.PathLike | None = None) -> LoadedModel:
     """Resolve a MODEL ``spec`` to a function and example args, a ``LoadedModel``: a demo
     model's name, built at ``preset`` with ``overrides`` (``["layers=4"]`` or a dict), or
     ``module:attr`` / ``path/file.py:attr`` naming a callable that returns ``(fn,
-    example_args)`` or ``(fn, example_args, axis_names)`` (which takes no overrides). Bad
+    example_args)`` or ``(fn, example_args, axis_names)`` (which takes no overrides).
+    ``models_dir``: where a spec someone else named may come from (a server's page): then
+    only ``FILE.py:attr`` with FILE inside that folder (``file_spec_in``) and ``attr`` a
+    function the file defines itself; None: any spec (the operator's own command line). Bad
     input -> PartexError."""
     if not spec or not isinstance(spec, str):
         raise PartexError("no MODEL given: name a demo model "
@@ -123,6 +141,8 @@ def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | No
         except demo_models.DemoModelError as e:
             raise PartexError(str(e)) from None
         return LoadedModel(spec, m.fn, tuple(m.args), m.axis_names, m.preset, m.config)
+    if models_dir is not None:
+        spec = file_spec_in(spec, models_dir)
     if ":" not in spec:
         raise PartexError(
             f"unknown model {spec!r}: use a demo model ({', '.join(demo_names())}) "
@@ -137,6 +157,10 @@ def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | No
         if not hasattr(obj, part):
             raise PartexError(f"{target} has no attribute {attr!r}; check the name after ':'")
         obj = getattr(obj, part)
+    if models_dir is not None and getattr(obj, "__module__", None) != module.__name__:
+        # a name the file imports (``from os import abort``) is not the file's model
+        raise PartexError(f"{attr} is not defined in {target} (it comes from "
+                          f"{getattr(obj, '__module__', None) or 'elsewhere'}): name a function the file defines")
     if not callable(obj):
         raise PartexError(f"{spec} is a {type(obj).__name__}, not a callable: it must be a function "
                           "that returns (fn, example_args)")
@@ -157,6 +181,31 @@ def load_model(spec: str, preset: str = "tiny", overrides: list[str] | dict | No
     if not isinstance(args, (tuple, list)):
         args = (args,)
     return LoadedModel(spec, fn, tuple(args), rest[0] if rest else None, "custom", None)
+
+
+def file_spec_in(spec: str, folder: str | os.PathLike) -> str:
+    """``spec`` (``FILE.py:attr``; FILE relative to ``folder`` or absolute) as
+    ``REALPATH.py:attr``, where REALPATH is FILE's absolute path with every link resolved and
+    lies inside ``folder`` (its own links resolved too): how a server confines the models its
+    page names to the folder its operator chose. PartexError for a module name, a ``..``, a
+    file outside the folder (a link that leads out included) or missing, or an ``attr`` that
+    is not one public name."""
+    root = os.path.realpath(folder)
+    only = f"this server loads models of your own from {root} only"
+    target, colon, attr = str(spec or "").strip().rpartition(":")
+    if not colon or not target.endswith(".py") or "\0" in target:
+        raise PartexError(f"{spec!r} is not a Python file in the models folder: name one as FILE.py:function "
+                          f"({only}, never a module by name)")
+    if ".." in pathlib.PurePath(target).parts:
+        raise PartexError(f"{target}: '..' is not allowed here: name a file inside {root} ({only})")
+    if not attr.isidentifier() or attr.startswith("_"):
+        raise PartexError(f"{spec}: after ':' name one public function of the file, not {attr!r}")
+    path = os.path.realpath(os.path.join(root, target))  # an absolute target stays itself
+    if os.path.commonpath([root, path]) != root:
+        raise PartexError(f"{target} is outside {root} (links resolved): {only}")
+    if not os.path.isfile(path):
+        raise PartexError(f"model file {target} does not exist in {root}")
+    return f"{path}:{attr}"
 
 
 def _import(target: str):

@@ -153,13 +153,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     _search_parser(sub)
     _bench_parser(sub)
-    sv = sub.add_parser("serve", help="serve the explorer web app (panel) on 127.0.0.1:5006")
+    # no abbreviations: --insecure must be written out to count
+    sv = sub.add_parser("serve", help="serve the explorer web app (panel) on 127.0.0.1:5006", allow_abbrev=False)
     sv.add_argument("--port", type=int, default=5006)
-    sv.add_argument("--address", default="127.0.0.1")
+    sv.add_argument("--address", default="127.0.0.1",
+                    help="where to listen (default 127.0.0.1: this machine only); any other address needs "
+                         "--auth-file (or PARTEX_PASSWORD) or --insecure")
     sv.add_argument("--show", action="store_true", help="open a browser")
     sv.add_argument("--hardware-profile", action="append", default=[], metavar="FILE",
                     help="offer a hardware profile (`partex calibrate --out FILE`) in the hardware field beside the "
                          "presets (repeatable)")
+    sv.add_argument("--auth-file", metavar="FILE",
+                    help='ask for a password: FILE holds a JSON object {"user": "password", ...} or one line with '
+                         "a password (any user name); without it, the password in PARTEX_PASSWORD, if set")
+    sv.add_argument("--insecure", action="store_true",
+                    help="serve on an address other machines reach with no password (anyone reaching it runs "
+                         "work on this machine)")
+    sv.add_argument("--models-dir", metavar="DIR",
+                    help="let the page load models of your users' own: FILE.py:function inside DIR only "
+                         "(default: none, the demo models only)")
+    sv.add_argument("--max-upload", default="4MiB", metavar="SIZE",
+                    help="the largest plan file the page takes (default 4MiB)")
+    sv.add_argument("--allow-origin", action="append", default=[], metavar="HOST[:PORT]",
+                    help="a name or address browsers reach the server by (its websocket origin), beside "
+                         "--address and localhost (repeatable)")
 
     v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
     _add_model_args(v)
@@ -952,7 +969,14 @@ def cmd_serve(args) -> int:
         raise PartexError("the explorer is not installed next to the engine (explorer/ package missing)") from None
     for path in args.hardware_profile:  # a bad file: one line here, before the server starts
         Hardware.load(path)
-    return explorer.serve(port=args.port, address=args.address, show=args.show, profiles=args.hardware_profile)
+    try:
+        max_upload = int(parse_bytes(args.max_upload))
+    except PartexError:
+        raise PartexError(f"--max-upload {args.max_upload!r} is not a positive size: write e.g. 4MiB or 500KiB") \
+            from None
+    return explorer.serve(port=args.port, address=args.address, show=args.show, profiles=args.hardware_profile,
+                          auth_file=args.auth_file, insecure=args.insecure, models_dir=args.models_dir,
+                          max_upload=max_upload, origins=args.allow_origin)
 
 
 COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search,

@@ -3,15 +3,27 @@
 It opens on the demo transformer (tiny) on a simulated data=4,model=2 mesh and shows the
 named-dimension graph, memory against the budget, the search as it runs, the plan, the
 baselines and XLA's view of the plan. Importing this package does not import Panel.
+
+Served beyond this machine it asks for a password (``serve``'s ``auth_file``; a non-loopback
+address without one is refused unless ``insecure``); its page loads models of its users' own
+only from the folder ``models_dir`` names, and files up to ``max_upload`` bytes.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+
+from partex import PartexError, format_bytes
+
+from ._access import (MAX_UPLOAD, MAX_UPLOAD_ENV, MODELS_DIR_ENV, PASSWORD_ENV, check_exposure, credentials,
+                      is_loopback, write_credentials)
 
 HERE = pathlib.Path(__file__).resolve().parent
 APP = HERE / "app.py"
@@ -44,21 +56,37 @@ PING_JS = """async (n) => {
     return out }"""
 
 
+# Bokeh's own limit on one websocket message (its default): a file the page uploads travels
+# in one, base64-encoded (4/3 of its size), and a larger message closes the page's connection
+WEBSOCKET_MESSAGE = 20 * 2**20
+
+
 def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = False,
-                  session_lifetime_ms: int = 5000) -> list[str]:
+                  session_lifetime_ms: int = 5000, *, auth_file: str | None = None, origins=(),
+                  max_upload: int | None = None) -> list[str]:
     """The ``panel serve`` command line. The static folder is served at /assets (Bokeh
     reserves /static for its own files); a closed tab's session, and its search thread,
-    ends ``session_lifetime_ms`` after its connection closes."""
+    ends ``session_lifetime_ms`` after its connection closes. ``auth_file``: the path of a
+    credentials file (``_access.write_credentials``) that Panel's basic auth asks for (the
+    password itself is never on the command line); ``origins``: more ``HOST[:PORT]`` a
+    browser may reach the page by (its websocket's origin; PORT defaults to ``port``);
+    ``max_upload``: the largest file the page takes, whose websocket message must get
+    through for the page to say that it is too large."""
+    allowed = [f"{address}:{port}", f"localhost:{port}",
+               *(o if ":" in o.rsplit("]", 1)[-1] else f"{o}:{port}" for o in origins)]
     cmd = [
         sys.executable, "-m", "panel", "serve", str(APP),
         "--address", address, "--port", str(port),
         "--static-dirs", f"assets={STATIC}",
-        f"--allow-websocket-origin={address}:{port}",
-        f"--allow-websocket-origin=localhost:{port}",
+        *(f"--allow-websocket-origin={o}" for o in dict.fromkeys(allowed)),
         "--unused-session-lifetime", str(session_lifetime_ms),
         "--check-unused-sessions", str(max(500, session_lifetime_ms // 2)),
         "--warm",  # run the app once at start: imports done and the demo model traced before the first tab
     ]
+    if max_upload is not None:
+        cmd += ["--websocket-max-message-size", str(max(WEBSOCKET_MESSAGE, 2 * max_upload))]
+    if auth_file is not None:
+        cmd += ["--basic-auth", auth_file]
     if show:
         cmd.append("--show")
     return cmd
@@ -75,21 +103,64 @@ def _die_with_parent() -> None:
         pass
 
 
-def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, profiles=()) -> int:
+def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, profiles=(), *,
+          auth_file: str | os.PathLike | None = None, insecure: bool = False,
+          models_dir: str | os.PathLike | None = None, max_upload: int | None = None, origins=()) -> int:
     """Serve the explorer until interrupted (``partex serve``); returns panel's exit code.
     SIGTERM and SIGHUP are passed on to the panel server, which this process waits for, and
     the server ends with this process whatever ends it: a process manager or a test harness
-    stopping ``partex serve`` leaves no server holding the port."""
+    stopping ``partex serve`` leaves no server holding the port.
+
+    ``profiles``: hardware profile files the hardware field offers. ``auth_file``: a file of
+    credentials the page asks for (``_access.read_credentials``; None: ``$PARTEX_PASSWORD``,
+    else none asked); an ``address`` other machines reach is refused without them unless
+    ``insecure``. ``models_dir``: the folder the page may load models of its users' own from
+    (``FILE.py:function`` inside it; None: the demo models only). ``max_upload``: the largest
+    file the page takes, in bytes (None: ``_engine.MAX_UPLOAD``). ``origins``: more
+    ``HOST[:PORT]`` a browser reaches the page by (``serve_command``). PartexError, before
+    anything starts, for any of these that is wrong."""
+    creds = credentials(auth_file, dict(os.environ))
+    check_exposure(address, creds is not None, insecure)
+    if models_dir is not None and not os.path.isdir(models_dir):
+        raise PartexError(f"--models-dir {models_dir} is not a folder: name the folder the page may load models from")
+    max_upload = MAX_UPLOAD if max_upload is None else int(max_upload)
+    if max_upload <= 0:
+        raise PartexError(f"--max-upload must be a positive size, got {max_upload} bytes")
     env = dict(os.environ)
+    env.pop(PASSWORD_ENV, None)  # read here; nothing the server runs needs it
     # analysis and search need no accelerator; the plans the page measures run on the
     # machine's own devices (``partex.plan._measure.DEVICE_PLATFORMS``)
     env.setdefault("PARTEX_DEVICE_PLATFORMS", os.environ.get("JAX_PLATFORMS", ""))
     env.setdefault("JAX_PLATFORMS", "cpu")
     if profiles:  # offered in the hardware field (``_engine.PROFILES``)
         env["PARTEX_HARDWARE_PROFILES"] = os.pathsep.join(os.path.abspath(p) for p in profiles)
-    print(f"partex explorer on http://{address}:{port}/app", flush=True)
-    proc = subprocess.Popen(serve_command(port, address, show), env=env,
-                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    env.pop(MODELS_DIR_ENV, None)  # only the folder named here opens the page to models of its users' own
+    if models_dir is not None:
+        env[MODELS_DIR_ENV] = os.path.realpath(models_dir)
+    env[MAX_UPLOAD_ENV] = str(max_upload)
+    private = tempfile.mkdtemp(prefix="partex-serve-")  # this user's only (0700)
+    try:
+        auth_path = None
+        if creds is not None:
+            auth_path = write_credentials(creds, private)
+            env.pop("PANEL_BASIC_AUTH", None)  # Panel takes one or the other; ours is the one checked above
+            env["PANEL_COOKIE_SECRET"] = secrets.token_urlsafe(32)  # signs the login cookie; in no command line
+        print(f"partex explorer on http://{address}:{port}/app"
+              + (" (password asked)" if creds is not None else "")
+              + (f"; models of your own from {env[MODELS_DIR_ENV]}" if models_dir is not None else "")
+              + f"; uploads up to {format_bytes(max_upload)}", flush=True)
+        if creds is None and not is_loopback(address):
+            print(f"partex: warning: --insecure: anyone who reaches {address}:{port} uses the explorer, and this "
+                  "machine, with no password", file=sys.stderr, flush=True)
+        return _run_server(serve_command(port, address, show, auth_file=auth_path, origins=origins,
+                                         max_upload=max_upload), env)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _run_server(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the panel server ``cmd`` until it ends (``serve``), passing SIGTERM and SIGHUP on."""
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
     def forward(signum, frame):
         if proc.poll() is None:

@@ -1,19 +1,9 @@
-"""``python -m partex.explorer [--port 5006] [--address 127.0.0.1] [--show]``: serve the explorer."""
+"""``python -m partex.explorer [--port 5006] [--address 127.0.0.1] [--show] ...``: serve the
+explorer, as ``partex serve`` does (the same options)."""
 
-import argparse
 import sys
 
-from . import serve
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m partex.explorer", description="Serve the partex explorer.")
-    ap.add_argument("--port", type=int, default=5006)
-    ap.add_argument("--address", default="127.0.0.1")
-    ap.add_argument("--show", action="store_true", help="open it in a browser")
-    args = ap.parse_args(argv)
-    return serve(port=args.port, address=args.address, show=args.show)
-
+from partex.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["serve", *sys.argv[1:]]))

@@ -121,16 +121,15 @@ class ModelControls(pn.viewable.Viewer):
         super().__init__(**params)
         s = self.state
         names = {f"{n} (demo)": n for n in demo_models.MODELS}
-        names["your own model: module:attr"] = CUSTOM
+        names["your own model: file.py:function"] = CUSTOM
         about = "; ".join(f"**{n}**: {m.description}" for n, m in demo_models.MODELS.items())
         self.model = select("partex-model", "Model", options=names, sizing_mode="stretch_width",
                             description=about)
         self.preset = select("partex-preset", "Preset", options=list(s.param.preset.objects), sizing_mode="stretch_width")
         self.overrides = text_input("partex-overrides", "Config overrides", placeholder="e.g. layers=4,batch=16",
                                     sizing_mode="stretch_width")
-        self.custom = text_input("partex-custom", "Your model", placeholder="my_models.py:make_step or pkg.mod:attr",
-                                 sizing_mode="stretch_width",
-                                 description="A callable returning (fn, example_args) or (fn, example_args, axis_names)")
+        self.custom = text_input("partex-custom", "Your model", placeholder="my_model.py:make_step",
+                                 sizing_mode="stretch_width", description=s.models.about())
         self.analyze = button("partex-analyze", "Analyze", button_type="primary", sizing_mode="stretch_width")
         self.analyze.on_click(lambda e: s.load())
         # Enter in the overrides applies them to the model on the page (the text typed so far:
@@ -246,7 +245,8 @@ class FileControls(pn.viewable.Viewer):
         s.param.watch(self._plan_ready, ["best", "workspace"])
         self._panel = pn.Column(
             _section("Plan file", self.download,
-                     html("<div class='hint'>Upload a plan JSON to inspect and compare it:</div>", margin=(4, 10, 0, 10)),
+                     html(f"<div class='hint'>Upload a plan JSON (at most {fmt_bytes(s.upload_limit)}) to inspect and "
+                          "compare it:</div>", margin=(4, 10, 0, 10)),
                      self.upload),
             _section("Session", pn.Row(self.session, self.save, sizing_mode="stretch_width"), self.errors.note,
                      pn.Row(self.saved, self.load, sizing_mode="stretch_width")),

@@ -16,10 +16,12 @@ from typing import Any, Callable, Sequence
 
 from partex import (
     HARDWARE, CostReport, Decision, Hardware, Memory, MeshSpec, ModelAnalysis, ModelSpec, PartexError, Pipeline,
-    Plan, Recompute, Session, analyze_model, as_hardware, as_mesh, demo_models,
+    Plan, Recompute, Session, analyze_model, as_hardware, as_mesh, demo_models, format_bytes, parse_bytes,
 )
 
-CUSTOM = "custom"  # the model picker's entry for a user's own module:attr
+from ._access import MAX_UPLOAD, MAX_UPLOAD_ENV, MODELS_DIR_ENV
+
+CUSTOM = "custom"  # the model picker's entry for a user's own FILE.py:attr
 
 # Hardware profiles measured on the operator's devices (``partex serve --hardware-profile
 # FILE``, passed to the server in PARTEX_HARDWARE_PROFILES): the hardware field offers each by
@@ -73,9 +75,11 @@ class _AnalysisCache:
         self._key_locks: dict[ModelSpec, threading.Lock] = collections.defaultdict(threading.Lock)
         self._derived: dict[tuple[int, str], Any] = {}  # (id of a cached analysis, what) -> value
 
-    def get(self, spec: ModelSpec) -> ModelAnalysis:
+    def get(self, spec: ModelSpec, models_dir: str | None = None) -> ModelAnalysis:
+        """The analysis of ``spec``: a demo model's shared, a user's own (only from
+        ``models_dir``: ``_analyze``) made anew."""
         if spec.spec not in demo_models.MODELS:
-            return _analyze(spec)
+            return _analyze(spec, models_dir)
         with self._lock:
             key_lock = self._key_locks[spec]
         with key_lock:  # two sessions asking for one model trace it once
@@ -115,18 +119,84 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def _analyze(spec: ModelSpec) -> ModelAnalysis:
+def _analyze(spec: ModelSpec, models_dir: str | None = None) -> ModelAnalysis:
     """The model's analysis; its bad input names the form field that holds it: a user's
-    model ("custom", its module:attr) or a demo model's config ("overrides": the preset
-    itself is always valid, so a demo fails to build only on what the overrides made)."""
+    model ("custom", its FILE.py:attr) or a demo model's config ("overrides": the preset
+    itself is always valid, so a demo fails to build only on what the overrides made). A
+    user's model comes from ``models_dir`` only (None: from nowhere), whoever named it: the
+    form, or a saved session's file; and by its real path (``ModelSpec.within``), the name
+    that what runs it later (a verification, a measurement, in a process of its own) loads
+    again."""
     try:
-        return analyze_model(spec.spec, preset=spec.preset, overrides=list(spec.overrides))
+        if spec.spec not in demo_models.MODELS:
+            if models_dir is None:
+                raise PartexError(CUSTOM_OFF)
+            confined = spec.within(models_dir)
+            if confined != spec:
+                raise PartexError(f"{spec.spec}: the page loads that model only by its real path, "
+                                  f"{confined.spec}")
+        return analyze_model(spec.spec, preset=spec.preset, overrides=list(spec.overrides), models_dir=models_dir)
     except PartexError as e:
         field = e.field or ("overrides" if spec.overrides else None) if spec.spec in demo_models.MODELS else "custom"
         raise PartexError(str(e), field=field) from None
 
 
 ANALYSES = _AnalysisCache()
+
+CUSTOM_OFF = ("models of your own are off on this server: it loads the demo models only (its operator "
+              "allows a folder of models with `partex serve --models-dir DIR`)")
+
+
+class ModelFolder:
+    """Where a page may load its user's own models from: ``FILE.py:function`` inside
+    ``folder`` (None: ``$PARTEX_MODELS_DIR``, which ``partex serve --models-dir`` sets; unset:
+    nowhere, the demo models only). Every model a page loads comes through ``analysis``,
+    which checks the folder again whatever named the model (the form, a saved session)."""
+
+    def __init__(self, folder: str | os.PathLike | None = None):
+        folder = folder if folder is not None else os.environ.get(MODELS_DIR_ENV) or None
+        self.folder = os.path.realpath(folder) if folder is not None else None
+
+    def choice(self, text: str) -> ModelSpec:
+        """The user's own model the form names, as a ModelSpec of the file's real path
+        (PartexError at the "custom" field: off, or not a function of a file in the folder)."""
+        text = (text or "").strip()
+        if self.folder is None:
+            raise PartexError(CUSTOM_OFF, field="custom")
+        if not text:
+            raise PartexError(f"name your model as FILE.py:function, FILE in {self.folder} (a function that "
+                              "returns (fn, example_args))", field="custom")
+        try:
+            return ModelSpec(text, "custom", ()).within(self.folder)
+        except PartexError as e:
+            raise PartexError(str(e), field="custom") from None
+
+    def analysis(self, spec: ModelSpec) -> ModelAnalysis:
+        """The analysis of ``spec`` (``ANALYSES.get``): a user's own model only from the folder."""
+        return ANALYSES.get(spec, self.folder)
+
+    def about(self) -> str:
+        """Where the page's own models come from, in words (the field's tooltip)."""
+        if self.folder is None:
+            return "Off on this server: its operator allows a folder of models with partex serve --models-dir DIR"
+        return (f"A function in a Python file in {self.folder}, as FILE.py:function, returning (fn, example_args) "
+                "or (fn, example_args, axis_names)")
+
+
+def max_upload(limit: int | str | None = None) -> int:
+    """The largest file a page takes, in bytes: ``limit`` (None: ``$PARTEX_MAX_UPLOAD``,
+    which ``partex serve --max-upload`` sets; unset: ``MAX_UPLOAD``). PartexError for a size
+    that does not read."""
+    limit = limit if limit is not None else os.environ.get(MAX_UPLOAD_ENV) or MAX_UPLOAD
+    return int(parse_bytes(limit))
+
+
+def upload_refusal(size: int, limit: int, filename: str) -> str | None:
+    """Why a file of ``size`` bytes is refused (None: it is not): over ``limit``."""
+    if size <= limit:
+        return None
+    return (f"{filename} is {format_bytes(size)}, over the {format_bytes(limit)} this server takes: nothing was "
+            "uploaded (its operator sets the limit with `partex serve --max-upload`)")
 
 
 # --------------------------------------------------------------------------- mesh / hardware

@@ -7,7 +7,8 @@ import param
 from partex import ModelSpec, PartexError, Pipeline, as_mesh, demo_models, parse_bytes
 
 from ._banner import CONFIG_FIELDS, MODEL_FIELDS, Banner
-from ._engine import CUSTOM, Config, Workspace, demo_presets, hardware_of, parse_config, split_overrides
+from ._engine import (CUSTOM, Config, ModelFolder, Workspace, demo_presets, hardware_of, parse_config,
+                      split_overrides)
 from ._format import fmt_bytes
 from ._loading import budget_words, default_budget
 from ._slice import ParamSlice
@@ -50,23 +51,21 @@ class Forms:
     card) while their watchers stand by (``quiet``). Owns the budget that follows the preset
     while the user has not typed one, and the note that another model loads only on Analyze.
     ``page``: the forms' parameters (set) and ``workspace`` (read); ``preset``: the preset
-    selector, whose choices follow the model."""
+    selector, whose choices follow the model; ``models``: the folder a user's own model may
+    come from."""
 
-    def __init__(self, page: ParamSlice, banner: Banner, preset: param.Selector):
+    def __init__(self, page: ParamSlice, banner: Banner, preset: param.Selector, models: ModelFolder):
         self.page = page
         self.banner = banner
         self.preset = preset
+        self.models = models
         self.quiet = False  # set while the page writes the forms
 
     def choice(self) -> ModelSpec:
         """The model in the forms (PartexError, with its field, where it is malformed)."""
         page = self.page
         if page.model_name == CUSTOM:
-            spec = page.custom_model.strip()
-            if not spec:
-                raise PartexError("name your model as module:attr or path/file.py:attr (a callable that "
-                                  "returns (fn, example_args))", field="custom")
-            return ModelSpec(spec, "custom", ())
+            return self.models.choice(page.custom_model)
         overrides = split_overrides(page.overrides)
         try:  # malformed (no key=value) at once; unknown keys and bad values when it loads
             demo_models.parse_overrides(overrides)
@@ -105,7 +104,7 @@ class Forms:
         """Whether the model picker names ``choice`` (its overrides aside)."""
         page = self.page
         if page.model_name == CUSTOM:
-            return choice.preset == "custom" and page.custom_model.strip() == choice.spec
+            return choice.preset == "custom" and _read(lambda: self.models.choice(page.custom_model)) == choice
         return page.model_name == choice.spec and page.preset == choice.preset
 
     def say_analyze(self, budget: str = "") -> None:

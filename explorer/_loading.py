@@ -8,7 +8,7 @@ import dataclasses
 import pathlib
 from typing import Callable, NamedTuple, Sequence
 
-from partex import Decision, GroupInfo, ModelSpec, PartexError, Session, demo_models, parse_bytes
+from partex import Decision, GroupInfo, ModelAnalysis, ModelSpec, PartexError, Session, demo_models, parse_bytes
 
 from ._banner import Banner
 from ._driver import SearchDriver
@@ -20,6 +20,8 @@ from ._loop import Submit
 from ._meshcard import MeshCard
 from ._plancard import PlanCard
 from ._slice import ParamSlice
+
+Analyses = Callable[[ModelSpec], ModelAnalysis]  # a model's analysis (``ModelFolder.analysis``)
 
 # The tiny demo models need a few MiB per device: a budget in that range makes the
 # trade-offs visible (replicating the tiny transformer does not fit, sharding does).
@@ -66,12 +68,14 @@ class Loading:
     Installing a model also starts its search (``driver``), clears the plan and mesh cards
     (``plans``, ``meshes``) of what belonged to another, shows the forms a saved session was
     made with (``set_forms``) and lifts the marks of the forms that read well now
-    (``forms_loaded``). The builds run through ``submit``; ``probe()`` updates the state's JSON."""
+    (``forms_loaded``). The builds run through ``submit``; ``probe()`` updates the state's JSON;
+    every model comes from ``analyses`` (the one gate a user's own model passes)."""
 
     def __init__(self, page: ParamSlice, banner: Banner, driver: SearchDriver, plans: PlanCard, meshes: MeshCard,
                  submit: Submit, set_forms: Callable[[dict], None], forms_loaded: Callable[[Workspace], None],
-                 probe: Callable[[], None]):
+                 probe: Callable[[], None], analyses: Analyses):
         self.page = page
+        self.analyses = analyses
         self.banner = banner
         self.driver = driver
         self.plans = plans
@@ -88,7 +92,7 @@ class Loading:
         """Analyse ``choice`` on ``config``: a new model on the page."""
         self.page.phase = "loading"
         self.coming = config
-        self.submit("load", lambda: _build(choice, config, seed), self.install)
+        self.submit("load", lambda: _build(choice, config, seed, self.analyses), self.install)
 
     def reconfigure(self, config: Config, seed: int, start: Sequence[tuple[str, str]] = ()) -> None:
         """A new search on the page's model with ``config`` (another mesh, hardware or budget),
@@ -101,7 +105,8 @@ class Loading:
         if self.page.config is not None and config.pipeline != self.page.config.pipeline:
             pins, forbidden = (), ()  # another pipeline is another step: its groups are others
         self.coming = config
-        self.submit("load", lambda: _build(ws.choice, config, seed, ws.base, pins, forbidden, start=start),
+        self.submit("load", lambda: _build(ws.choice, config, seed, self.analyses, ws.base, pins, forbidden,
+                                           start=start),
                     self.install)
 
     def reset(self, seed: int) -> None:
@@ -111,7 +116,8 @@ class Loading:
         pins, forbidden = self.carried()
         self.driver.pause()
         self.coming = ws.config
-        self.submit("load", lambda: _build(ws.choice, ws.config, seed, ws.res, pins, forbidden, same_step=True),
+        self.submit("load", lambda: _build(ws.choice, ws.config, seed, self.analyses, ws.res, pins, forbidden,
+                                           same_step=True),
                     self.install)
 
     def restore(self, name: str, path: pathlib.Path) -> None:
@@ -119,7 +125,7 @@ class Loading:
         self.driver.pause()
         self.page.phase = "loading"
         self.coming = None
-        self.submit("load", lambda: _restore(name, path), self.install)
+        self.submit("load", lambda: _restore(name, path, self.analyses), self.install)
 
     def failed(self) -> None:
         """A load failed: the model before stays (if there was one)."""
@@ -256,13 +262,14 @@ def loaded_message(loaded: Loaded) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------- jobs' bodies
 
-def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forbidden=(),
+def _build(choice: ModelSpec, config: Config, seed: int, analyses: Analyses, res=None, pins=(), forbidden=(),
            same_step: bool = False, start: Sequence[tuple[str, str]] = ()) -> Loaded:
     """The page's session on ``config``. ``res``: the analysis (the model as written, or the
-    pipelined step itself where ``same_step``: a new search on the same step); ``start``: a
-    plan found on ``config`` that the search starts from, after the pins."""
+    pipelined step itself where ``same_step``: a new search on the same step; None: the
+    model's, from ``analyses``); ``start``: a plan found on ``config`` that the search starts
+    from, after the pins."""
     if res is None:
-        res = ANALYSES.get(choice)
+        res = analyses(choice)
     pipeline = None if same_step else config.pipeline
     try:
         session = Session.from_analysis(res, mesh=config.mesh, hardware=config.hw, seed=seed, spec=choice,
@@ -291,9 +298,10 @@ def _build(choice: ModelSpec, config: Config, seed: int, res=None, pins=(), forb
     return loaded
 
 
-def _restore(name: str, path: pathlib.Path) -> Loaded:
-    """A saved session (from the explorer or `partex search`), its search resumed."""
-    session = Session.load(path, analyses=ANALYSES.get)
+def _restore(name: str, path: pathlib.Path, analyses: Analyses) -> Loaded:
+    """A saved session (from the explorer or `partex search`), its search resumed; its model
+    from ``analyses`` (a user's own only from the page's models folder)."""
+    session = Session.load(path, analyses=analyses)
     choice = session.spec
     assert choice is not None  # Session.load without fn= loads MODEL-spec sessions only
     ws = Workspace(choice, session)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from partex import PartexError, VerifyReport
 
 from ._banner import Banner
-from ._engine import PlanSummary, Workspace, plan_rows
+from ._engine import PlanSummary, Workspace, plan_rows, upload_refusal
 from ._format import fmt_bytes, fmt_time
 from ._loop import Submit
 from ._slice import ParamSlice
@@ -22,15 +22,17 @@ class PlanCard:
     ``measured``): ``page`` sets these and reads ``best``, ``baselines``, ``workspace``,
     ``config`` and ``busy``. The slow work runs through ``submit(kind, work, done)``;
     ``runner()`` is the page's search (a plan XLA puts over the budget is marked infeasible
-    there); ``probe()`` updates the state's JSON after a result."""
+    there); ``probe()`` updates the state's JSON after a result; ``upload_limit``: the
+    largest plan file it reads, in bytes (a larger one is refused, said in the banner)."""
 
     def __init__(self, page: ParamSlice, banner: Banner, submit: Submit, runner: Callable[[], Any],
-                 probe: Callable[[], None]):
+                 probe: Callable[[], None], upload_limit: int):
         self.page = page
         self.banner = banner
         self.submit = submit
         self.runner = runner
         self.probe = probe
+        self.upload_limit = upload_limit
 
     def summary(self, name: str | None = None) -> PlanSummary | None:
         """The plan ``name`` ("search", "uploaded" or a baseline's; None: the one shown)."""
@@ -71,12 +73,17 @@ class PlanCard:
 
     # ------------------------------------------------------------------ upload
     def upload(self, data: bytes, filename: str) -> None:
-        """Read a plan file the user gave (in a worker thread) and list it as "uploaded"."""
+        """Read a plan file the user gave (in a worker thread) and list it as "uploaded"; one
+        over the upload limit is refused unread (the page keeps what it shows)."""
+        filename = filename or "uploaded plan"
+        refused = upload_refusal(len(data), self.upload_limit, filename)
+        if refused is not None:
+            self.banner.notify(refused, "danger")
+            return
         ws = self.page.workspace
         if ws is None:
             self.banner.notify("load a model before uploading a plan", "warning")
             return
-        filename = filename or "uploaded plan"
 
         def work():
             try:

@@ -19,7 +19,7 @@ from partex import PartexError, SearchStats, VerifyReport, demo_models
 
 from ._banner import CONFIG_FIELDS, MESH_SEARCH_FIELDS, MODEL_FIELDS, Banner, one_line
 from ._driver import SearchDriver
-from ._engine import CUSTOM, PlanSummary, demo_presets, hardware_names
+from ._engine import CUSTOM, ModelFolder, PlanSummary, demo_presets, hardware_names, max_upload
 from ._forms import CONFIG_PARAMS, FORM_PARAMS, Forms, config_words, field_value
 from ._loading import DEFAULT_BUDGET, Held, Loading
 from ._loop import Jobs, PageClock
@@ -53,14 +53,21 @@ class ExplorerState(param.Parameterized):
     - ``plan_card`` (``PlanCard``): the plan shown, an upload, verify and measure;
     - ``mesh_card`` (``MeshCard``): the Meshes card's search;
     - ``store`` (``SessionStore``): the sessions folder;
-    - ``prober`` (``Probe``): the state as JSON, for tests and scripts (``probe``)."""
+    - ``models`` (``ModelFolder``): the folder a user's own model may come from;
+    - ``prober`` (``Probe``): the state as JSON, for tests and scripts (``probe``).
+
+    What the server's operator allows (``partex serve``; None: the server's environment):
+    ``sessions_dir``, the sessions folder; ``models_dir``, the folder of models a user may
+    load (unset: the demo models only); ``upload_limit``, the largest file the page takes
+    (bytes or text such as ``4MiB``)."""
 
     # ---- the forms
     model_name = param.Selector(default=DEFAULT_MODEL, objects=[*demo_models.MODELS, CUSTOM], doc="""
-        A demo model, or 'custom' for a module:attr of your own.""")
+        A demo model, or 'custom' for a FILE.py:function of your own (from the server's models folder).""")
     preset = param.Selector(default="tiny", objects=demo_presets(DEFAULT_MODEL), doc="Demo model preset.")
     overrides = param.String(default="", doc="Demo config overrides, e.g. 'layers=4,batch=16'.")
-    custom_model = param.String(default="", doc="module:attr or path/file.py:attr returning (fn, example_args).")
+    custom_model = param.String(default="", doc="FILE.py:function in the server's models folder, returning "
+                                                "(fn, example_args).")
     mesh_text = param.String(default=DEFAULT_MESH, doc="Mesh axes as name=size pairs.")
     hardware = param.Selector(default=DEFAULT_HARDWARE, objects=hardware_names())
     budget_text = param.String(default=DEFAULT_BUDGET, doc="Per-device memory budget; empty: the chip's HBM.")
@@ -103,16 +110,20 @@ class ExplorerState(param.Parameterized):
     probe = param.String(default="{}", doc="JSON of the state, for tests and scripts.")
     ping = param.String(default="")
 
-    def __init__(self, sessions_dir: str | os.PathLike | None = None, session_id: str = "", **params):
+    def __init__(self, sessions_dir: str | os.PathLike | None = None, session_id: str = "", *,
+                 models_dir: str | os.PathLike | None = None, upload_limit: int | str | None = None, **params):
         super().__init__(**params)
         self.session_id = session_id or f"{id(self):x}"
         self.jobs = Jobs(self.session_id)
         self.clock = PageClock(self.session_id, lambda: self.running)
         self.store = SessionStore(sessions_dir)
+        self.models = ModelFolder(models_dir)
+        self.upload_limit = max_upload(upload_limit)
         self.banner = Banner(ParamSlice(self, "field_error", reads=("message", "message_level")), self.notify,
                              hidden=lambda: "overrides" if self.model_name == CUSTOM else "custom",
                              in_force=self._in_force, kept=lambda field: field_value(self.config, field))
-        self.forms = Forms(ParamSlice(self, *FORM_PARAMS, reads=("workspace",)), self.banner, self.param.preset)
+        self.forms = Forms(ParamSlice(self, *FORM_PARAMS, reads=("workspace",)), self.banner, self.param.preset,
+                           self.models)
         self.param.watch(self.forms.model_named, ["model_name"])
         self.param.watch(self.forms.choice_changed, ["model_name", "preset"])
         self.param.watch(self._on_config_form, list(CONFIG_PARAMS))
@@ -124,13 +135,13 @@ class ExplorerState(param.Parameterized):
         self.plan_card = PlanCard(ParamSlice(self, "uploaded", "shown_plan", "verify_status", "verify_result",
                                              "verified_plan", "measure_status", "measured",
                                              reads=("best", "baselines", "workspace", "config", "busy")),
-                                  self.banner, self._submit, lambda: self.driver.runner, probe)
+                                  self.banner, self._submit, lambda: self.driver.runner, probe, self.upload_limit)
         self.mesh_card = MeshCard(ParamSlice(self, "mesh_rows", "mesh_status", reads=("busy", "config")),
                                   self.banner, self._mark, self.session_id)
         self.loading = Loading(ParamSlice(self, "workspace", "config", "infos", "graph", "baselines",
                                           "selected_group", "phase", reads=("pins", "forbidden", "running")),
                                self.banner, self.driver, self.plan_card, self.mesh_card, self._submit,
-                               self.forms.write, self.forms.loaded, probe)
+                               self.forms.write, self.forms.loaded, probe, self.models.analysis)
         # what a failed job leaves on the page besides its message
         self._on_failure: dict[str, Callable[[], None]] = {
             "load": self.loading.failed, "verify": self.plan_card.verify_failed,

@@ -109,7 +109,8 @@ def start_server(tmp: pathlib.Path, sessions: pathlib.Path, **env_extra: str):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("explorer")
-    with start_server(tmp, tmp / "sessions") as s:
+    # models of the page's own from the repository (scripts/tower.py, scripts/constrained_mlp.py)
+    with start_server(tmp, tmp / "sessions", PARTEX_MODELS_DIR=str(ROOT)) as s:
         yield s
 
 
@@ -353,6 +354,13 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
     assert "Traceback" not in shown
     assert tab.get_by_role("alert").is_visible()
 
+    # a file over the server's upload limit (4 MiB unless partex serve --max-upload says otherwise)
+    tab.locator("input[type=file]").set_input_files(
+        files=[{"name": "huge.json", "mimeType": "application/json", "buffer": b" " * (5 * 2**20)}])
+    s = wait_until(lambda: (lambda s: "huge.json" in s["message"] and s)(state(tab)), what="the upload refused")
+    assert s["level"] == "danger" and "huge.json is 5.0 MiB, over the 4.0 MiB this server takes" in s["message"], s
+    wait_until(lambda: "over the 4.0 MiB" in alert_text(tab), what="the banner's message")
+
     mesh = tab.locator("input[placeholder='data=4,model=2']")
     mesh.fill("data=four")
     mesh.press("Enter")
@@ -373,14 +381,23 @@ def test_bad_input_shows_a_message_and_the_session_goes_on(tab):
     budget.press("Enter")
     wait_until(lambda: state(tab)["config"]["budget"] == 3 * 2**20, what="the budget to be restored")
 
-    choose(tab, "partex-model", "your own model: module:attr")
-    custom = tab.locator("input[placeholder='my_models.py:make_step or pkg.mod:attr']")
-    custom.fill("no_such_module:make_step")
-    custom.press("Enter")
-    click(tab, "Analyze")
-    s = wait_until(lambda: (lambda s: "cannot import module 'no_such_module'" in s["field_error"].get("custom", "")
-                            and s["phase"] == "ready" and s)(state(tab)), what="the import error")
-    assert s["model"]["spec"] == "transformer"  # the loaded model stays
+    # the page's own model: a file in the server's models folder (the repository here), and only there
+    choose(tab, "partex-model", "your own model: file.py:function")
+    custom = tab.locator("input[placeholder='my_model.py:make_step']")
+    for text, why in (("os:abort", "is not a Python file in the models folder"),
+                      ("/tmp/elsewhere.py:make", f"/tmp/elsewhere.py is outside {ROOT}"),
+                      ("scripts/no_such_file.py:make", "model file scripts/no_such_file.py does not exist")):
+        custom.fill(text)
+        custom.press("Enter")
+        click(tab, "Analyze")
+        def refused(why=why):
+            now = state(tab)
+            return now if why in now["field_error"].get("custom", "") and now["phase"] == "ready" else None
+
+        s = wait_until(refused, what=f"{text} refused")
+        assert s["model"]["spec"] == "transformer" and s["message"].startswith("not analysed: "), s  # the model stays
+        note = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-field-error-model').text")
+        assert why in note, note  # said at the field, in the page
 
     click(tab, "Step")
     wait_until(lambda: state(tab)["simulations"] >= 50, what="the session to go on")
@@ -537,8 +554,8 @@ def test_closing_a_tab_stops_its_search(chromium, server):
 
 
 def test_the_steps_own_shardings_show_as_the_users_pins(tab):
-    choose(tab, "partex-model", "your own model: module:attr")
-    custom = tab.locator("input[placeholder='my_models.py:make_step or pkg.mod:attr']")
+    choose(tab, "partex-model", "your own model: file.py:function")
+    custom = tab.locator("input[placeholder='my_model.py:make_step']")
     custom.fill(str(ROOT / "scripts" / "constrained_mlp.py") + ":make")
     custom.press("Enter")
     click(tab, "Analyze")
@@ -698,7 +715,7 @@ def _graph_nodes(page: Page) -> list[dict]:
 def _load(page: Page, model: str = "", custom: str = "", timeout: float = 2 * WAIT_S) -> dict:
     if custom:
         choose(page, "partex-model", "custom")
-        box = page.locator("input[placeholder='my_models.py:make_step or pkg.mod:attr']")
+        box = page.locator("input[placeholder='my_model.py:make_step']")
         box.fill(custom)
         box.press("Enter")
     else:

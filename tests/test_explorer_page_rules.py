@@ -222,7 +222,7 @@ def test_only_analyze_replaces_the_model_and_what_another_model_drops_is_said(ta
     assert s["message"] == "press Analyze to load llama (tiny); the page still shows llama (7b)", s["message"]
     _shot(tab, "", "enter_keeps_the_model")
 
-    choose(tab, "partex-model", "your own model: module:attr")
+    choose(tab, "partex-model", "your own model: file.py:function")
     wait_until(lambda: "press Analyze to load your model" in state(tab)["message"], what="your own model's note")
     choose(tab, "partex-model", "llama (demo)")
     wait_until(lambda: _value(tab, "partex-preset") == "7b", what="the page's preset again")

@@ -4,6 +4,7 @@ folder, and a failure in the search process reaches the server's log with its tr
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import logging
@@ -115,7 +116,7 @@ def test_the_explorer_says_which_arguments_are_static(tmp_path):
         "        act = jnp.tanh if state['act'] == 'tanh' else jnp.sin\n"
         "        return jnp.sum(act(x @ state['w']))\n"
         "    return step, ({'w': jnp.ones((8, 16)), 'act': 'tanh'}, jnp.ones((4, 8)))\n")
-    st = ExplorerState(sessions_dir=tmp_path)
+    st = ExplorerState(sessions_dir=tmp_path, models_dir=tmp_path)
     try:
         _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the demo model to load")
         st.model_name = "custom"
@@ -123,6 +124,138 @@ def test_the_explorer_says_which_arguments_are_static(tmp_path):
         st.load()
         _settle(st, lambda: st.phase == "ready" and "static_model" in st.message, "the custom model to load")
         assert "static argument left out of the plan: state/act" in st.message, st.message
+    finally:
+        st.close()
+
+
+# A models folder: a model, a file that imports a function it does not define, and a link
+# that leads out of the folder to a file beside it.
+MODEL = ("import jax.numpy as jnp\n"
+         "from os import abort\n"
+         "def make():\n"
+         "    return (lambda x: jnp.sum(jnp.tanh(x @ x.T)), (jnp.ones((8, 16)),))\n")
+
+
+def _models_folder(tmp_path):
+    models, beside = tmp_path / "models", tmp_path / "beside"
+    models.mkdir()
+    beside.mkdir()
+    (models / "mine.py").write_text(MODEL)
+    (beside / "theirs.py").write_text(MODEL)
+    (models / "link.py").symlink_to(beside / "theirs.py")
+    return models, beside
+
+
+def _refused(st: ExplorerState, text: str) -> str:
+    """The page's own model ``text`` analysed: refused at the "custom" field (its message),
+    the page staying on the model before."""
+    before = st.workspace.choice
+    st.model_name, st.custom_model = "custom", text
+    st.load()
+    _settle(st, lambda: not st.busy, f"{text} to be refused")
+    assert st.workspace.choice == before and st.phase == "ready", (text, st.message)
+    assert st.message_level == "refused" and st.message.startswith("not analysed: "), (text, st.message)
+    assert st.message.endswith(f"; the page stays on {before.title}"), (text, st.message)
+    return st.field_error["custom"]
+
+
+def test_without_a_models_folder_the_page_loads_no_model_of_its_own(tmp_path, monkeypatch):
+    """No --models-dir: any model of the user's own is refused at its field, a path as well as
+    a module; and a saved session that names a module (a file put in the sessions folder) is
+    refused too, before anything is imported: the gate is where every model loads, not in
+    the form."""
+    monkeypatch.delenv("PARTEX_MODELS_DIR", raising=False)
+    models, _ = _models_folder(tmp_path)
+    st = ExplorerState(sessions_dir=tmp_path / "sessions")
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None and not st.busy, "the demo model")
+        for text in (f"{models}/mine.py:make", "os:abort"):
+            why = _refused(st, text)
+            assert why.startswith("models of your own are off on this server") and "--models-dir DIR" in why, why
+        st.model_name = "transformer"  # the picker back on the page's model: the mark goes
+        assert st.field_error == {}, st.field_error
+        st.session_name = "mine"
+        st.save_session()
+        _settle(st, lambda: "saved session mine" in st.message, "the session to be saved")
+        saved = tmp_path / "sessions" / "mine.json"
+        doc = json.loads(saved.read_text())
+        doc["model"]["spec"] = "os:abort"
+        saved.write_text(json.dumps(doc))
+        st.load_session("mine")
+        _settle(st, lambda: not st.busy, "the session to be refused")
+        assert st.message_level == "danger" and "models of your own are off on this server" in st.message, st.message
+        assert st.workspace.choice.spec == "transformer" and st.phase == "ready"
+    finally:
+        st.close()
+
+
+def test_a_model_of_your_own_loads_only_from_the_models_folder(tmp_path):
+    """With a models folder, the page loads FILE.py:function inside it (a relative FILE is
+    taken there; the model is then named by its real path) and refuses, at the field, with
+    why: a module by name, a '..', a file outside the folder, a link that leads out of it, a
+    function the file only imports, a name that is not one public function."""
+    models, beside = _models_folder(tmp_path)
+    root = os.path.realpath(models)
+    st = ExplorerState(sessions_dir=tmp_path / "sessions", models_dir=models)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None and not st.busy, "the demo model")
+        for text, why in (("os:abort", f"is not a Python file in the models folder: name one as FILE.py:function "
+                                       f"(this server loads models of your own from {root} only, never a module"),
+                          ("../beside/theirs.py:make", f"'..' is not allowed here: name a file inside {root}"),
+                          (f"{beside}/theirs.py:make", f"theirs.py is outside {root} (links resolved)"),
+                          ("link.py:make", f"link.py is outside {root} (links resolved)"),
+                          ("mine.py:abort", f"abort is not defined in {root}/mine.py (it comes from posix)"),
+                          ("mine.py:jnp.sum", "after ':' name one public function of the file, not 'jnp.sum'"),
+                          ("nothere.py:make", f"model file nothere.py does not exist in {root}")):
+            said = _refused(st, text)
+            assert why in said, (text, said)
+        st.custom_model = "mine.py:make"
+        st.load()
+        _settle(st, lambda: st.phase == "ready" and not st.busy and st.workspace.choice.preset == "custom",
+                "the model from the folder")
+        assert st.workspace.choice.spec == f"{root}/mine.py:make" and st.field_error == {}, st.message
+        assert st.forms.names(st.workspace.choice)  # the form's relative name is the model on the page
+
+        # a saved session names its model by that real path, and loads again; one that names it
+        # otherwise (what a verification would load anew from elsewhere) or names a module does not
+        st.session_name = "mine"
+        st.save_session()
+        _settle(st, lambda: "saved session mine" in st.message, "the session to be saved")
+        saved = tmp_path / "sessions" / "mine.json"
+        doc = json.loads(saved.read_text())
+        assert doc["model"]["spec"] == f"{root}/mine.py:make"
+        st.model_name = "mlp"
+        st.load()
+        _settle(st, lambda: st.workspace.choice.spec == "mlp" and not st.busy, "the mlp")
+        st.load_session("mine")
+        _settle(st, lambda: "loaded session mine" in st.message and not st.busy, "the session to load")
+        for spec, why in (("mine.py:make", f"the page loads that model only by its real path, {root}/mine.py:make"),
+                          ("os:abort", "is not a Python file in the models folder")):
+            doc["model"]["spec"] = spec
+            saved.write_text(json.dumps(doc))
+            st.model_name = "mlp"
+            st.load()
+            _settle(st, lambda: st.workspace.choice.spec == "mlp" and not st.busy, "the mlp")
+            st.load_session("mine")
+            _settle(st, lambda: not st.busy, f"the session naming {spec} to be refused")
+            assert st.message_level == "danger" and why in st.message, st.message
+            assert st.workspace.choice.spec == "mlp"
+    finally:
+        st.close()
+
+
+def test_an_upload_over_the_limit_is_refused_unread(tmp_path):
+    """A plan file over the page's upload limit is refused with its size and the limit in the
+    banner; the page keeps what it shows and reads nothing."""
+    st = ExplorerState(sessions_dir=tmp_path, upload_limit="1KiB")
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None and not st.busy, "the model to load")
+        text = st.workspace.session.plan(strategy="megatron").dumps()
+        assert len(text) > 1024
+        st.upload_plan(text.encode(), "megatron.json")
+        assert st.message_level == "danger" and not st.busy and st.uploaded is None
+        assert st.message.startswith("megatron.json is ") and "over the 1.0 KiB this server takes" in st.message
+        assert "partex serve --max-upload" in st.message, st.message
     finally:
         st.close()
 
@@ -559,7 +692,7 @@ def test_an_explicit_mode_step_with_its_state_pinned_to_host_memory_verifies_in_
     from partex.explorer._tables import VerifyView
 
     root = __import__("os").path.dirname(__import__("os").path.dirname(__file__))
-    st = ExplorerState(sessions_dir=tmp_path)
+    st = ExplorerState(sessions_dir=tmp_path, models_dir=f"{root}/scripts")
     try:
         _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
         st.model_name = CUSTOM

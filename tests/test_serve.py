@@ -1,7 +1,10 @@
 """``partex serve`` starts ``panel serve`` as a child: stopping the command (SIGTERM, as a
 process manager or a test harness does, or SIGKILL) must stop the server too, leaving no
-orphan holding the port."""
+orphan holding the port. Served beyond this machine it asks for a password (or is refused,
+in one line, unless --insecure); the password never shows on a command line; a request
+without the login gets no session."""
 
+import json
 import os
 import pathlib
 import signal
@@ -68,3 +71,182 @@ def test_stopping_partex_serve_stops_its_panel_server(how):
             proc.wait()
         if server is not None and alive(server):  # the failure this test is about: do not leave it
             os.kill(server, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- beyond this machine
+
+def _serve(argv, monkeypatch):
+    """``partex serve ARGV`` in this process, the panel server replaced by a recorder: returns
+    the exit code and what the server would have been started with (None: not started)."""
+    import partex.explorer as explorer
+    from partex.cli import main
+
+    started = {}
+
+    def run_server(cmd, env):
+        auth = cmd[cmd.index("--basic-auth") + 1] if "--basic-auth" in cmd else None
+        started.update(cmd=cmd, env=env, auth=json.loads(pathlib.Path(auth).read_text()) if auth else None,
+                       mode=oct(os.stat(auth).st_mode & 0o777) if auth else None)
+        return 0
+
+    monkeypatch.setattr(explorer, "_run_server", run_server)
+    return main(["serve", *argv]), started or None
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "", "::", "192.168.1.5", "myhost.example"])
+def test_serving_beyond_this_machine_without_a_password_is_refused_in_one_line(address, monkeypatch, capsys):
+    monkeypatch.delenv("PARTEX_PASSWORD", raising=False)
+    code, started = _serve(["--address", address], monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and started is None, (code, err)
+    assert err.count("\n") == 1 and err.startswith(f"partex: error: --address {address or repr(address)} lets other machines reach"), err
+    assert "ask for a password with --auth-file FILE" in err and "or pass --insecure" in err, err
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_serving_on_this_machine_asks_for_nothing(address, monkeypatch, capsys):
+    monkeypatch.delenv("PARTEX_PASSWORD", raising=False)
+    code, started = _serve(["--address", address], monkeypatch)
+    assert code == 0 and started is not None and started["auth"] is None
+    assert "--basic-auth" not in started["cmd"] and capsys.readouterr().err == ""
+
+
+def test_insecure_must_be_written_out_and_is_said_on_start(monkeypatch, capsys):
+    monkeypatch.delenv("PARTEX_PASSWORD", raising=False)
+    with pytest.raises(SystemExit) as e:  # an abbreviation counts for nothing
+        _serve(["--address", "0.0.0.0", "--insec"], monkeypatch)
+    assert e.value.code == 2
+    capsys.readouterr()
+    code, started = _serve(["--address", "0.0.0.0", "--insecure"], monkeypatch)
+    assert code == 0 and started is not None and started["auth"] is None
+    assert "partex: warning: --insecure: anyone who reaches 0.0.0.0:5006" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, creds", [("s3cret-Pass\n", "s3cret-Pass"),
+                                            ('{"ada": "pw-1", "alan": "pw-2"}', {"ada": "pw-1", "alan": "pw-2"})])
+def test_the_password_reaches_the_server_in_a_private_file_never_its_command_line(content, creds, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """--auth-file (one password, or user: password): the panel server gets a copy only this
+    user reads, by its path; the command line holds no password, and the login cookie's
+    secret is in its environment. PARTEX_PASSWORD works as one password, and stays behind."""
+    monkeypatch.delenv("PARTEX_PASSWORD", raising=False)
+    auth = tmp_path / "auth"
+    auth.write_text(content)
+    code, started = _serve(["--address", "0.0.0.0", "--auth-file", str(auth)], monkeypatch)
+    assert code == 0 and started is not None and started["auth"] == creds and started["mode"] == "0o600"
+    words = creds.values() if isinstance(creds, dict) else [creds]
+    assert not any(w in " ".join(started["cmd"]) or w in capsys.readouterr().out for w in words)
+    assert len(started["env"]["PANEL_COOKIE_SECRET"]) >= 32
+    assert not pathlib.Path(started["cmd"][started["cmd"].index("--basic-auth") + 1]).exists()  # gone with it
+
+    monkeypatch.setenv("PARTEX_PASSWORD", "from-the-env")
+    code, started = _serve(["--address", "0.0.0.0"], monkeypatch)
+    assert code == 0 and started is not None and started["auth"] == "from-the-env"
+    assert "PARTEX_PASSWORD" not in started["env"] and "from-the-env" not in " ".join(started["cmd"])
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--auth-file", "/no/such/file"], "--auth-file /no/such/file: cannot read it"),
+    (["--auth-file", "TWO_LINES"], "holds 2 lines: give a JSON object"),
+    (["--auth-file", "EMPTY_USER"], "every user name and password must be a non-empty string"),
+    (["--models-dir", "/no/such/folder"], "--models-dir /no/such/folder is not a folder"),
+    (["--max-upload", "lots"], "--max-upload 'lots' is not a positive size"),
+    (["--max-upload", "0"], "--max-upload '0' is not a positive size"),
+])
+def test_bad_serving_options_are_one_line_before_anything_starts(argv, said, tmp_path, monkeypatch, capsys):
+    (tmp_path / "TWO_LINES").write_text("first-secret\nsecond-secret\n")
+    (tmp_path / "EMPTY_USER").write_text('{"ada": "", "alan": "a-secret"}')
+    argv = [str(tmp_path / a) if a in ("TWO_LINES", "EMPTY_USER") else a for a in argv]
+    code, started = _serve(argv, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and started is None and err.count("\n") == 1 and said in err, err
+    assert "secret" not in err  # the file's content is never echoed
+
+
+def test_the_page_gets_the_models_folder_and_upload_limit_and_nothing_else_opens_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARTEX_MODELS_DIR", str(tmp_path))  # a stray variable opens nothing
+    code, started = _serve(["--max-upload", "1MiB"], monkeypatch)
+    assert code == 0 and started is not None
+    assert "PARTEX_MODELS_DIR" not in started["env"] and started["env"]["PARTEX_MAX_UPLOAD"] == str(2**20)
+    code, started = _serve(["--models-dir", str(tmp_path)], monkeypatch)
+    assert started is not None and started["env"]["PARTEX_MODELS_DIR"] == os.path.realpath(tmp_path)
+
+
+def test_with_a_password_a_page_fetched_without_it_gets_no_session(tmp_path):
+    """A real server with --auth-file: the app, its files and its websocket answer a request
+    without the login cookie with the login page or 403, and never with a session (a page
+    with its session's token); a wrong password gets no cookie; the right one gets the app."""
+    import http.cookiejar
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    password = "Tr0ub4dor-and-3"
+    (tmp_path / "auth").write_text(json.dumps({"teacher": password}))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "PARTEX_PASSWORD"}
+    env.update(JAX_PLATFORMS="cpu", PARTEX_SESSIONS_DIR=str(tmp_path / "sessions"))
+    log = tmp_path / "server.log"
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None  # a redirect is an answer to look at, not to follow
+
+    def get(url, opener, data=None):
+        try:
+            with opener.open(url, data=data, timeout=60) as r:
+                return r.status, r.headers, r.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, ""
+
+    def login_page():
+        if proc.poll() is not None:
+            raise AssertionError(f"partex serve exited with {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            return get(f"{base}/login", urllib.request.build_opener(Stay))[0] == 200
+        except OSError:
+            return False
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "partex", "serve", "--port", str(port), "--auth-file",
+                                 str(tmp_path / "auth")], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(login_page, 180, "the login page")
+        stranger = urllib.request.build_opener(Stay)
+        for path in ("/app", "/assets/logo.svg"):
+            status, headers, body = get(base + path, stranger)
+            assert status == 302 and "login" in headers["Location"], (path, status, headers)
+            assert "token" not in body
+        assert get(f"{base}/app/ws", stranger)[0] == 403
+
+        jar = http.cookiejar.CookieJar()
+        user = urllib.request.build_opener(Stay, urllib.request.HTTPCookieProcessor(jar))
+        wrong = urllib.parse.urlencode({"username": "teacher", "password": "guess"}).encode()
+        status, headers, _ = get(f"{base}/login", user, wrong)
+        assert status == 302 and "error=" in headers["Location"] and not list(jar)
+        assert get(f"{base}/app", user)[0] == 302
+        right = urllib.parse.urlencode({"username": "teacher", "password": password}).encode()
+        assert get(f"{base}/login", user, right)[0] == 302 and {c.name for c in jar} >= {"user"}
+        status, _, body = get(f"{base}/app", user)
+        assert status == 200 and "token" in body  # the session the stranger never got
+
+        server = children(proc.pid)[0]
+        argv = pathlib.Path(f"/proc/{server}/cmdline").read_bytes().decode()
+        assert "--basic-auth" in argv and password not in argv and password not in log.read_text()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_browsers_reach_the_page_by_the_names_allowed():
+    from partex.explorer import serve_command
+
+    cmd = serve_command(5006, "0.0.0.0", origins=["partex.example.edu", "10.0.0.7:80", "[::1]:8080"], max_upload=2**25)
+    allowed = [c.split("=", 1)[1] for c in cmd if c.startswith("--allow-websocket-origin=")]
+    assert allowed == ["0.0.0.0:5006", "localhost:5006", "partex.example.edu:5006", "10.0.0.7:80", "[::1]:8080"]
+    assert cmd[cmd.index("--websocket-max-message-size") + 1] == str(2**26)  # twice a limit over Bokeh's 20 MiB
