@@ -14,6 +14,7 @@ from ._compare import CompareView
 from ._controls import FileControls, MeshControls, ModelControls, SearchControls
 from ._graph import DecisionView, GraphView
 from ._meshes import MeshesView
+from ._share import LinkControls
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
 from ._teach import CompareChoice, TeachView
@@ -254,7 +255,9 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         # catches any address that slips through).
         rel = pn.state.rel_path
         doc.template_variables.setdefault("dist_url", f"{rel}/{PANEL_DIST}" if rel else PANEL_DIST)
-    state = ExplorerState(sessions_dir=sessions_dir, session_id=session_id)
+    # a link's query (``_link``): the page opens on the state it names
+    state = ExplorerState(sessions_dir=sessions_dir, session_id=session_id,
+                          link=pn.state.session_args if ctx is not None else None)
     if doc is not None:
         _STATES[doc] = state
 
@@ -292,6 +295,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         ModelControls(state=state),
         MeshControls(state=state),
         FileControls(state=state),
+        LinkControls(state=state),
     ]
     busy = _busy_spinner(state)
     teach_btn = button("partex-teach", "Teach", button_type="light", button_style="outline", width=110,

@@ -89,6 +89,14 @@ class Banner:
         self.aside(f"{REFUSAL_VERBS[field]}: {e}; {self.in_force(field)}", REFUSED)
         self._refused = form
 
+    def mark(self, marks: dict[str, str]) -> None:
+        """Mark form fields whose value was refused where no one typed it (a link's, opened
+        with the page): each field with why, as ``bad_input`` marks one; what the page says of
+        it is the caller's line. Fields the form does not show are left out."""
+        shown = {f: text for f, text in marks.items() if f in FORM_FIELDS and f != self.hidden()}
+        if shown:
+            self.page.set(field_error={**self.page.field_error, **shown})
+
     def clear(self, *fields: str) -> None:
         """The inputs of ``fields`` are good (applied, or no longer shown): their marks go; with
         the last mark of the refused form, the refusal's line in the banner gives way to the line

@@ -28,6 +28,23 @@ def _read(fn):
         return None
 
 
+def read_choice(model_name: str, preset: str, overrides: str, custom_model: str) -> ModelSpec:
+    """The model the model form's values name (PartexError, with its field, where one is
+    malformed)."""
+    if model_name == CUSTOM:
+        spec = custom_model.strip()
+        if not spec:
+            raise PartexError("name your model as module:attr or path/file.py:attr (a callable that "
+                              "returns (fn, example_args))", field="custom")
+        return ModelSpec(spec, "custom", ())
+    items = split_overrides(overrides)
+    try:  # malformed (no key=value) at once; unknown keys and bad values when it loads
+        demo_models.parse_overrides(items)
+    except ValueError as e:
+        raise PartexError(str(e), field="overrides") from None
+    return ModelSpec(model_name, preset, tuple(items))
+
+
 def field_value(config: Config | None, field: str) -> str:
     """The value in force of a configuration field (one of ``_banner.CONFIG_FIELDS``), as the
     page says it; "" for another field."""
@@ -66,12 +83,7 @@ class Forms:
         page = self.page
         if page.model_name == CUSTOM:
             return self.models.choice(page.custom_model)
-        overrides = split_overrides(page.overrides)
-        try:  # malformed (no key=value) at once; unknown keys and bad values when it loads
-            demo_models.parse_overrides(overrides)
-        except ValueError as e:
-            raise PartexError(str(e), field="overrides") from None
-        return ModelSpec(page.model_name, page.preset, tuple(overrides))
+        return read_choice(page.model_name, page.preset, page.overrides, page.custom_model)
 
     def config(self) -> Config:
         """The mesh, hardware, budget, margin and pipeline in the forms (PartexError, with its

@@ -54,7 +54,11 @@ class Loaded:
     notes: tuple[str, ...] = ()
     form: dict | None = None  # form values to show (a loaded session)
     origin: str = ""  # "loaded session NAME" for a saved session
+    saved: str = ""  # the saved session's name, for a saved session
     held: Held = Held()  # pins and forbids that do not apply here, kept for later
+    # form fields whose value the load did not take (a link's, ``_link``), each with why: marked as
+    # a refused input's are, once the model is on the page
+    marks: tuple[tuple[str, str], ...] = ()
     # where no baseline fits: a larger mesh on which one does (None: none up to tried_devices)
     fitting_mesh: str | None = None
     tried_devices: int = 0
@@ -64,7 +68,8 @@ class Loading:
     """Puts a model on the page and keeps what carries over to the next one. Owns the pins and
     forbids set aside on a mesh where they do not apply (``held``). ``page`` sets the model's
     parameters (``workspace``, ``config``, ``infos``, ``graph``, ``baselines``,
-    ``selected_group``, ``phase``) and reads the search's pins, forbids and ``running``.
+    ``selected_group``, ``phase``; ``opened_session``: the saved session it is) and reads the
+    search's pins, forbids and ``running``.
     Installing a model also starts its search (``driver``), clears the plan and mesh cards
     (``plans``, ``meshes``) of what belonged to another, shows the forms a saved session was
     made with (``set_forms``) and lifts the marks of the forms that read well now
@@ -122,10 +127,15 @@ class Loading:
 
     def restore(self, name: str, path: pathlib.Path) -> None:
         """Load the saved session ``name`` (its file ``path``), its search resumed."""
+        self.open(lambda: _restore(name, path, self.analyses), None)
+
+    def open(self, build: Callable[[], Loaded], coming: Config | None) -> None:
+        """Put on the page what ``build()`` makes in a worker thread (a saved session, a link's
+        state); ``coming``: the configuration it brings (None: a saved session's own)."""
         self.driver.pause()
         self.page.phase = "loading"
-        self.coming = None
-        self.submit("load", lambda: _restore(name, path, self.analyses), self.install)
+        self.coming = coming
+        self.submit("load", build, self.install)
 
     def failed(self) -> None:
         """A load failed: the model before stays (if there was one)."""
@@ -163,7 +173,7 @@ class Loading:
             self.held = Held()
         with page.batch():
             page.set(workspace=ws, config=ws.config, infos=loaded.infos, graph=loaded.graph,
-                     baselines=loaded.baselines)
+                     baselines=loaded.baselines, opened_session=loaded.saved)
             driver.fresh()
             self.plans.keep_for(ws)
             if not same_model or page.selected_group not in loaded.infos:
@@ -171,6 +181,8 @@ class Loading:
             self.plans.keep_shown(loaded.baselines)
         self.meshes.keep_for(ws)
         self.forms_loaded(ws)
+        if loaded.marks:  # after the marks of the fields that read well went: these do not
+            self.banner.mark(dict(loaded.marks))
         driver.start(loaded.session, ws)
         self.held = loaded.held
         text, level = loaded_message(loaded)
@@ -306,26 +318,28 @@ def _restore(name: str, path: pathlib.Path, analyses: Analyses) -> Loaded:
     assert choice is not None  # Session.load without fn= loads MODEL-spec sessions only
     ws = Workspace(choice, session)
     form = {"mesh_text": session.mesh.text(links=True), "hardware": session.hardware.name,
-            "budget_text": _budget_text(session.hardware.memory_budget),
+            "budget_text": budget_text(session.hardware.memory_budget),
             "margin_text": f"{session.hardware.memory_margin:g}", "seed": session.seed,
             "pipeline_text": session.pipeline.text() if session.pipeline is not None else ""}
     if choice.spec in demo_models.MODELS:
         form.update(model_name=choice.spec, preset=choice.preset, overrides=",".join(choice.overrides))
     else:
         form.update(model_name=CUSTOM, custom_model=choice.spec)
-    loaded = Loaded(ws, *_details(session.model), ws.baselines(), session, (), form, f"loaded session {name}")
+    loaded = Loaded(ws, *_details(session.model), ws.baselines(), session, (), form, f"loaded session {name}",
+                    saved=name)
     settle_heap()
     return loaded
 
 
-def _budget_text(budget: float | None) -> str:
+def budget_text(budget: float | None) -> str:
     """A budget as the form shows it ('3MiB'); empty for the chip's HBM."""
     if budget is None:
         return ""
     for unit, n in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if budget >= n and budget % n == 0:
             return f"{int(budget // n)}{unit}"
-    return f"{budget:g}"
+    # every digit: the form (and a link) reads back the same budget
+    return f"{int(budget)}" if float(budget).is_integer() else repr(float(budget))
 
 
 def _details(res) -> tuple[dict[int, GroupInfo], GraphLayout]:

@@ -12,7 +12,7 @@ import param
 # measurement) change beside one of these, or are followed by ``Probe.update``.
 PROBED = ("ping", "message", "message_level", "field_error", "phase", "busy", "running", "best", "pins",
           "forbidden", "uploaded", "verify_status", "measure_status", "sessions", "selected_group", "workspace",
-          "baselines", "stats", "mesh_rows", "mesh_status")
+          "baselines", "stats", "mesh_rows", "mesh_status", "link", "opened_session")
 
 
 def probe_of(state) -> dict:
@@ -44,6 +44,8 @@ def probe_of(state) -> dict:
         "field_error": state.field_error,
         "selected": an.groups[state.selected_group].label if an and state.selected_group is not None else None,
         "sessions": list(state.sessions),
+        "opened_session": state.opened_session,
+        "link": state.link,
         "meshes": {"status": state.mesh_status, "rows": [
             {"mesh": r.label, "form": r.mesh, "pipeline": r.pipeline or None, "bubble": r.bubble, "hand": r.hand,
              "step": r.step, "note": r.note, "status": r.status}

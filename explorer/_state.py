@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import param
 
@@ -21,6 +21,7 @@ from ._banner import CONFIG_FIELDS, MESH_SEARCH_FIELDS, MODEL_FIELDS, Banner, on
 from ._driver import SearchDriver
 from ._engine import CUSTOM, ModelFolder, PlanSummary, demo_presets, hardware_names, max_upload
 from ._forms import CONFIG_PARAMS, FORM_PARAMS, Forms, config_words, field_value
+from ._link import Links
 from ._loading import DEFAULT_BUDGET, Held, Loading
 from ._loop import Jobs, PageClock
 from ._meshcard import MeshCard
@@ -54,6 +55,7 @@ class ExplorerState(param.Parameterized):
     - ``mesh_card`` (``MeshCard``): the Meshes card's search;
     - ``store`` (``SessionStore``): the sessions folder;
     - ``models`` (``ModelFolder``): the folder a user's own model may come from;
+    - ``links`` (``Links``): the page opened on a link's state, and the link to its own (``link``);
     - ``prober`` (``Probe``): the state as JSON, for tests and scripts (``probe``).
 
     What the server's operator allows (``partex serve``; None: the server's environment):
@@ -107,11 +109,18 @@ class ExplorerState(param.Parameterized):
     sessions = param.List(default=[], doc="Saved sessions in the sessions folder.")
     mesh_rows = param.List(default=[], doc="MeshRow per mesh the mesh search tried, best first.")
     mesh_status = param.String(default="", doc="The mesh search's progress or outcome, in words.")
+    opened_session = param.String(default="", doc="""
+        The saved session the page's search is (loaded, and no other search since); empty: none.""")
+    link = param.String(default="", doc="""
+        The query of a link that opens the page's state (``_link.link_query``); empty: no model yet.""")
     probe = param.String(default="{}", doc="JSON of the state, for tests and scripts.")
     ping = param.String(default="")
 
-    def __init__(self, sessions_dir: str | os.PathLike | None = None, session_id: str = "", *,
-                 models_dir: str | os.PathLike | None = None, upload_limit: int | str | None = None, **params):
+    def __init__(self, sessions_dir: str | os.PathLike | None = None, session_id: str = "",
+                 link: Mapping[str, Any] | None = None, *, models_dir: str | os.PathLike | None = None,
+                 upload_limit: int | str | None = None, **params):
+        """``link``: the query of the link the page was opened with (``pn.state.session_args``),
+        whose state it opens on (``open_link``); None or empty: the default page."""
         super().__init__(**params)
         self.session_id = session_id or f"{id(self):x}"
         self.jobs = Jobs(self.session_id)
@@ -139,15 +148,25 @@ class ExplorerState(param.Parameterized):
         self.mesh_card = MeshCard(ParamSlice(self, "mesh_rows", "mesh_status", reads=("busy", "config")),
                                   self.banner, self._mark, self.session_id)
         self.loading = Loading(ParamSlice(self, "workspace", "config", "infos", "graph", "baselines",
-                                          "selected_group", "phase", reads=("pins", "forbidden", "running")),
+                                          "selected_group", "phase", "opened_session",
+                                          reads=("pins", "forbidden", "running")),
                                self.banner, self.driver, self.plan_card, self.mesh_card, self._submit,
                                self.forms.write, self.forms.loaded, probe, self.models.analysis)
         # what a failed job leaves on the page besides its message
         self._on_failure: dict[str, Callable[[], None]] = {
             "load": self.loading.failed, "verify": self.plan_card.verify_failed,
             "measure": self.plan_card.measure_failed}
+        self.links = Links(ParamSlice(self, "link", reads=(*FORM_PARAMS, "sessions", "workspace", "pins",
+                                                           "forbidden", "opened_session")),
+                           {p: self.param[p].default for p in FORM_PARAMS}, self.store, self.forms.write,
+                           self.loading.open, models=self.models,
+                           hardware=list(self.param.hardware.objects))
+        self.param.watch(self.links.relink, ["workspace", "pins", "forbidden", "opened_session"])
         self.refresh_sessions()
-        self.load()
+        if link:
+            self.open_link(link)
+        else:
+            self.load()
 
     @property
     def runner(self):
@@ -322,6 +341,11 @@ class ExplorerState(param.Parameterized):
     def measure(self, steps: int = 3) -> None:
         """Run the listed plans that fit on this machine's devices (``PlanCard.measure``)."""
         self.plan_card.measure(steps)
+
+    # ------------------------------------------------------------------ links
+    def open_link(self, query: Mapping[str, Any]) -> None:
+        """Open the state a link's ``query`` names (``Links.open``)."""
+        self.links.open(query)
 
     # ------------------------------------------------------------------ sessions
     def refresh_sessions(self) -> None:
