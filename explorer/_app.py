@@ -19,7 +19,7 @@ from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
 from ._teach import CompareChoice, TeachView
 from ._format import esc
-from ._widgets import CSS, bokeh_update, button, html, page_callback
+from ._widgets import CSS, button, html, on_change, on_click, page_callback
 
 log = logging.getLogger("partex.explorer")
 
@@ -66,9 +66,14 @@ class ProbeView(pn.viewable.Viewer):
     def __init__(self, state: ExplorerState, **params):
         super().__init__(**params)
         self.div = Div(text=state.probe, name="partex-state", visible=False)
-        state.param.watch(bokeh_update(lambda e: setattr(self.div, "text", e.new)), ["probe"])
+        on_change(state, state.clock, "the state's probe", lambda e: setattr(self.div, "text", e.new), ["probe"])
         self.ping = Div(text="", name="partex-ping", visible=False)
-        self.ping.on_change("text", lambda attr, old, new: setattr(state, "ping", new))
+
+        def ping(attr, old, new):
+            with page_callback(state.clock, "a ping"):
+                state.ping = new
+
+        self.ping.on_change("text", ping)
         self._panel = pn.Row(pn.pane.Bokeh(self.div, visible=False), pn.pane.Bokeh(self.ping, visible=False),
                              visible=False, height=0, margin=0)
 
@@ -165,7 +170,7 @@ class TeachPointer(pn.viewable.Viewer):
             self._n += 1  # a new text every time: two steps in a row may point at one card
             self.div.text = f"{e.new}|{self._n}" if e.new else ""
 
-        teach.param.watch(bokeh_update(point), ["target"])
+        on_change(teach, teach.state.clock, "the walkthrough's pointer", point, ["target"])
         self._panel = pn.pane.Bokeh(self.div, visible=False, height=0, margin=0)
 
     def __panel__(self):
@@ -197,16 +202,19 @@ class MessageView(pn.viewable.Viewer):
                                   "max-width": "560px", "box-shadow": "0 6px 24px rgba(15, 23, 42, 0.18)",
                                   "border-radius": "8px"})
         self.shown = 0
-        state.param.watch(self._show, ["message", "message_level"])
+        on_change(state, state.clock, "the message", self._show, ["message", "message_level"])
         self._show()
         self._panel = pn.Column(self.alert, self.toast, sizing_mode="stretch_width", margin=0)
 
     def __panel__(self):
         return self._panel
 
-    def _hide_toast(self, n: int) -> None:
-        if self.shown == n:
-            self.toast.visible = False
+    def _hide_toast_later(self, n: int):
+        def hide():
+            with page_callback(self.state.clock, "the toast hidden"):
+                if self.shown == n:
+                    self.toast.visible = False
+        return hide
 
     def _show(self, *_):
         state = self.state
@@ -224,7 +232,7 @@ class MessageView(pn.viewable.Viewer):
             self.toast.visible = True
             if self.timed:
                 n = self.shown
-                pn.state.add_periodic_callback(lambda: self._hide_toast(n), period=TOAST_MS, count=1)
+                pn.state.add_periodic_callback(self._hide_toast_later(n), period=TOAST_MS, count=1)
         else:
             self.toast.visible = False
 
@@ -240,7 +248,7 @@ def _busy_spinner(state: ExplorerState):
         if busy.visible != value:
             busy.visible = value
 
-    state.param.watch(show_busy, ["busy", "running"])
+    on_change(state, state.clock, "the header's spinner", show_busy, ["busy", "running"])
     return busy
 
 
@@ -300,7 +308,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
     busy = _busy_spinner(state)
     teach_btn = button("partex-teach", "Teach", button_type="light", button_style="outline", width=110,
                        margin=(12, 8), description="A guided walkthrough of the model on the page, step by step")
-    teach_btn.on_click(lambda e: teach.start())
+    on_click(teach_btn, state.clock, "the Teach button", teach.start)
     template = pn.template.FastListTemplate(
         design=Fast,
         busy_indicator=None,

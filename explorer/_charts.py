@@ -16,7 +16,7 @@ from bokeh.plotting import figure
 
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time, fmt_versus, nice_ticks
 from ._engine import plan_rows
-from ._widgets import bokeh_update, html
+from ._widgets import bokeh_update, html, on_change
 
 MEMORY_PARTS = ("parameters", "optimizer", "activations", "temporaries")
 MEMORY_COLORS = ("#3b82f6", "#8b5cf6", "#14b8a6", "#f59e0b")
@@ -57,7 +57,8 @@ class KpiView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         self._pane = html(sizing_mode="stretch_width", margin=(0, 0, 6, 0), name="kpis")
-        self.state.param.watch(self._render, ["best", "stats", "running", "baselines", "phase", "workspace"])
+        on_change(self.state, self.state.clock, "the headline", self._render,
+                  ["best", "stats", "running", "baselines", "phase", "workspace"])
         self._render()
 
     # an Html viewer: Panel renders what __panel__ returns through pn.panel(), which unwraps viewers
@@ -178,7 +179,7 @@ class MemoryView(pn.viewable.Viewer):
         self.fig, self.budget = memory_figure("partex-memory", self.src, height=300, bar=0.62)
         p = self.fig
         self.caption = html(sizing_mode="stretch_width", margin=(0, 10))
-        self.state.param.watch(self._render, ["best", "baselines", "uploaded", "config"])
+        on_change(self.state, self.state.clock, "the memory bars", self._render, ["best", "baselines", "uploaded", "config"])
         self._render()
         self._panel = pn.Column(pn.pane.Bokeh(p, sizing_mode="stretch_width"), self.caption,
                                 sizing_mode="stretch_width")
@@ -269,8 +270,10 @@ class SearchView(pn.viewable.Viewer):
         # the plan the search starts from, scored before its first simulation (the warm start's
         # hand plans, a plan carried from elsewhere): named where it is the best so far
         self.start = ColumnDataSource(data=dict(sim=[], ms=[], text=[]))
-        h.text("sim", "ms", text="text", source=self.start, x_offset=8, y_offset=4, text_baseline="top",
-               text_font_size="11px", text_color="#475569", name="partex-history-start")
+        # on a white box over the line it starts (a label the step line crosses stays legible)
+        label_box: dict[str, Any] = dict(background_fill_color="#ffffff", background_fill_alpha=0.92, padding=2)
+        h.text("sim", "ms", text="text", source=self.start, x_offset=10, y_offset=4, text_baseline="top",
+               text_font_size="12px", text_color="#1e293b", level="overlay", name="partex-history-start", **label_box)
         self.hover = HoverTool(tooltips=self._tips(3))
         h.add_tools(self.hover)
         # ticks chosen here for the range shown, written with as many decimals as tell them
@@ -289,7 +292,7 @@ class SearchView(pn.viewable.Viewer):
         a.yaxis.major_label_text_font_size = "11px"
         self.acts_fig = a
         self.tiles = html(sizing_mode="stretch_width", name="search-stats")
-        self.state.param.watch(self._render, ["stats"])
+        on_change(self.state, self.state.clock, "the search chart", self._render, ["stats"])
         self._render()
         self._panel = pn.Row(
             pn.Column(chart_title("partex-history-title", "Best predicted step time"),

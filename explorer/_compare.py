@@ -25,7 +25,7 @@ from ._charts import MEMORY_PARTS, OVER, _unit, host_text, memory_columns, memor
 from ._engine import PlanSummary
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time
 from ._tables import Table
-from ._widgets import bokeh_update, button, html, select
+from ._widgets import bokeh_update, button, html, on_change, on_click, select
 
 # headline figures: where each is read in a CostReport
 FIGURES = {
@@ -224,10 +224,10 @@ class CompareView(pn.viewable.Viewer):
         self.src = ColumnDataSource(data=self._empty())
         self.fig, self.budget = memory_figure("partex-compare-memory", self.src, height=190, bar=0.6)
         self.caption = html(margin=(0, 10))
-        self.a.param.watch(self._on_pick, ["value"])
-        self.b.param.watch(self._on_pick, ["value"])
-        self.swap.on_click(self._on_swap)
-        s.param.watch(self._refresh, ["best", "baselines", "uploaded", "config"])
+        on_change(self.a, s.clock, "Compare's plan A", self._on_pick, ["value"])
+        on_change(self.b, s.clock, "Compare's plan B", self._on_pick, ["value"])
+        on_click(self.swap, s.clock, "Compare's swap button", lambda: self._on_swap(None))
+        on_change(s, s.clock, "the Compare card", self._refresh, ["best", "baselines", "uploaded", "config"])
         self._refresh()
         self._panel = pn.Column(
             pn.Row(self.a, self.swap, self.b, sizing_mode="stretch_width"),

@@ -12,7 +12,7 @@ from partex import demo_models
 
 from ._engine import CUSTOM, hardware_names
 from ._format import esc, fmt_bytes
-from ._widgets import bind, button, html, keyed, page_callback, select, text_input
+from ._widgets import bind, button, html, keyed, on_change, on_click, page_callback, select, text_input
 
 
 INVALID_CSS = (":host(.invalid) input, :host(.invalid) select { border-color: #dc2626 !important; "
@@ -30,7 +30,7 @@ class FieldErrors:
         for w in fields.values():  # the input inside the widget's shadow root, outlined
             w.stylesheets = [*w.stylesheets, INVALID_CSS]
         self.note = html(name=f"partex-field-error-{section}", margin=(0, 10), visible=False)
-        state.param.watch(self._show, ["field_error"])
+        on_change(state, state.clock, f"the {section} fields' marks", self._show, ["field_error"])
 
     def _show(self, *_):
         errors = {k: v for k, v in self.state.field_error.items() if k in self.fields}
@@ -82,13 +82,13 @@ class SearchControls(pn.viewable.Viewer):
         self.reset = button("partex-reset", "Reset", button_type="default", sizing_mode="stretch_width",
                             description="Start a fresh search (pins and forbids are kept)")
         for b, fn in ((self.run, s.run), (self.pause, s.pause), (self.step, s.step), (self.reset, s.reset)):
-            b.on_click(self._timed(fn))
+            on_click(b, s.clock, f"the {b.name} button", fn)
         self.step_size = keyed(pn.widgets.IntInput)("partex-step-size", name="Simulations per step", start=1,
                                                      end=100_000, sizing_mode="stretch_width")
         self.seed = keyed(pn.widgets.IntInput)("partex-seed", name="Seed", start=0, sizing_mode="stretch_width")
-        bind(self.step_size, s, "step_size")
-        bind(self.seed, s, "seed")
-        s.param.watch(self._sync, ["running", "phase"])
+        bind(self.step_size, s, "step_size", clock=s.clock)
+        bind(self.seed, s, "seed", clock=s.clock)
+        on_change(s, s.clock, "the search buttons", self._sync, ["running", "phase"])
         self._sync()
         self._panel = _section(
             "Search",
@@ -96,12 +96,6 @@ class SearchControls(pn.viewable.Viewer):
             pn.Row(self.step, self.reset, sizing_mode="stretch_width"),
             pn.Row(self.step_size, self.seed, sizing_mode="stretch_width"),
         )
-
-    def _timed(self, fn):
-        def cb(event):
-            with page_callback(self.state.clock, f"the {event.obj.name} button"):
-                fn()
-        return cb
 
     def _sync(self, *_):
         s = self.state
@@ -131,18 +125,19 @@ class ModelControls(pn.viewable.Viewer):
         self.custom = text_input("partex-custom", "Your model", placeholder="my_model.py:make_step",
                                  sizing_mode="stretch_width", description=s.models.about())
         self.analyze = button("partex-analyze", "Analyze", button_type="primary", sizing_mode="stretch_width")
-        self.analyze.on_click(lambda e: s.load())
+        on_click(self.analyze, s.clock, "the Analyze button", s.load)
         # Enter in the overrides applies them to the model on the page (the text typed so far:
         # the value itself may come after the key press); another model loads only on Analyze
-        self.overrides.param.watch(self._on_enter, ["enter_pressed"])
-        bind(self.model, s, "model_name")
-        bind(self.overrides, s, "overrides")
-        bind(self.custom, s, "custom_model")
-        s.param.watch(self._presets, ["model_name", "preset"])
+        on_change(self.overrides, s.clock, "Enter in the config overrides", self._on_enter, ["enter_pressed"])
+        bind(self.model, s, "model_name", clock=s.clock)
+        bind(self.overrides, s, "overrides", clock=s.clock)
+        bind(self.custom, s, "custom_model", clock=s.clock)
+        on_change(s, s.clock, "the preset picker", self._presets, ["model_name", "preset"])
         self._presets()
         # the preset's choices follow the model: take only values the state accepts
-        self.preset.param.watch(self._on_preset, ["value"])
-        s.param.watch(lambda e: setattr(self.analyze, "loading", "load" in e.new), ["busy"])
+        on_change(self.preset, s.clock, "the preset field", self._on_preset, ["value"])
+        on_change(s, s.clock, "the Analyze button's spinner", lambda e: setattr(self.analyze, "loading", "load" in e.new),
+                  ["busy"])
         self.errors = FieldErrors(s, "model", {"overrides": self.overrides, "custom": self.custom},
                                   {"overrides": "config overrides", "custom": "your model"})
         self._panel = _section("Model", self.model, pn.Row(self.preset, self.overrides, sizing_mode="stretch_width"),
@@ -150,9 +145,8 @@ class ModelControls(pn.viewable.Viewer):
 
     def _on_enter(self, event):
         s = self.state
-        with page_callback(s.clock, "Enter in the config overrides"):
-            s.overrides = self.overrides.value_input if self.overrides.value_input is not None else self.overrides.value
-            s.apply_overrides()
+        s.overrides = self.overrides.value_input if self.overrides.value_input is not None else self.overrides.value
+        s.apply_overrides()
 
     def _on_preset(self, event):
         if event.new in self.state.param.preset.objects:
@@ -186,22 +180,22 @@ class MeshControls(pn.viewable.Viewer):
                                            "(partex serve --hardware-profile FILE)")
         self.budget = text_input("partex-budget", "Budget / device", placeholder="empty: the chip's HBM",
                                  sizing_mode="stretch_width")
-        bind(self.mesh, s, "mesh_text")
-        bind(self.hardware, s, "hardware")
+        bind(self.mesh, s, "mesh_text", clock=s.clock)
+        bind(self.hardware, s, "hardware", clock=s.clock)
         self.margin = text_input("partex-margin", "Margin", placeholder="0.1", sizing_mode="stretch_width",
                                  description="Share of the budget a plan keeps free by the cost model's count")
-        bind(self.budget, s, "budget_text")
-        bind(self.margin, s, "margin_text")
+        bind(self.budget, s, "budget_text", clock=s.clock)
+        bind(self.margin, s, "margin_text", clock=s.clock)
         self.pipeline = text_input("partex-pipeline", "Pipeline", placeholder="none; e.g. stack0:stage:8",
                                    sizing_mode="stretch_width",
                                    description="A layer stack under scan run as a pipeline: STACK:AXIS:MICROBATCHES"
                                                "[:circular<R>][:full|dots] (the stages: the axis's devices)")
-        bind(self.pipeline, s, "pipeline_text")
+        bind(self.pipeline, s, "pipeline_text", clock=s.clock)
         self.pipe_info = html(name="partex-pipeline-info", margin=(0, 10))
         # a bad input's message under the field it came from, the field outlined in red
         self.errors = FieldErrors(s, "mesh", {"mesh": self.mesh, "hardware": self.hardware, "budget": self.budget,
                                               "margin": self.margin, "pipeline": self.pipeline})
-        s.param.watch(self._pipe_info, ["workspace", "best"])
+        on_change(s, s.clock, "the pipeline's words", self._pipe_info, ["workspace", "best"])
         self._pipe_info()
         self._panel = _section(
             "Mesh & hardware", self.mesh, pn.Row(self.hardware, self.budget, sizing_mode="stretch_width"),
@@ -232,17 +226,17 @@ class FileControls(pn.viewable.Viewer):
             button_type="primary", sizing_mode="stretch_width", disabled=True)
         self.upload = keyed(pn.widgets.FileInput)("partex-upload", accept=".json", multiple=False,
                                                   sizing_mode="stretch_width")
-        self.upload.param.watch(self._on_upload, ["value"])
+        on_change(self.upload, s.clock, "a plan uploaded", self._on_upload, ["value"])
         self.session = text_input("partex-session-name", "Session name", sizing_mode="stretch_width")
-        bind(self.session, s, "session_name")
+        bind(self.session, s, "session_name", clock=s.clock)
         self.save = button("partex-save", "Save", sizing_mode="stretch_width", margin=(27, 10, 5, 10))
-        self.save.on_click(lambda e: s.save_session())
+        on_click(self.save, s.clock, "the Save session button", s.save_session)
         self.saved = select("partex-sessions", "Saved sessions", options=list(s.sessions), sizing_mode="stretch_width")
         self.load = button("partex-load", "Load", sizing_mode="stretch_width", margin=(27, 10, 5, 10))
-        self.load.on_click(lambda e: s.load_session(self.saved.value))
+        on_click(self.load, s.clock, "the Load session button", lambda: s.load_session(self.saved.value))
         self.errors = FieldErrors(s, "session", {"session": self.session}, {"session": "session name"})
-        s.param.watch(self._sessions, ["sessions"])
-        s.param.watch(self._plan_ready, ["best", "workspace"])
+        on_change(s, s.clock, "the saved sessions' list", self._sessions, ["sessions"])
+        on_change(s, s.clock, "the Download plan button", self._plan_ready, ["best", "workspace"])
         self._panel = pn.Column(
             _section("Plan file", self.download,
                      html(f"<div class='hint'>Upload a plan JSON (at most {fmt_bytes(s.upload_limit)}) to inspect and "
@@ -254,7 +248,8 @@ class FileControls(pn.viewable.Viewer):
         )
 
     def _plan_file(self):
-        text = self.state.plan_json()
+        with page_callback(self.state.clock, "the plan downloaded"):
+            text = self.state.plan_json()
         return io.StringIO(text or "")
 
     def _plan_ready(self, *_):
@@ -263,8 +258,7 @@ class FileControls(pn.viewable.Viewer):
 
     def _on_upload(self, event):
         if event.new:
-            with page_callback(self.state.clock, "a plan uploaded"):
-                self.state.upload_plan(event.new, self.upload.filename)
+            self.state.upload_plan(event.new, self.upload.filename)
 
     def _sessions(self, event):
         self.saved.options = list(event.new)

@@ -7,7 +7,7 @@ import math
 import time
 from typing import Callable
 
-from partex import PartexError, SearchStats, Session
+from partex import SearchStats, Session
 
 from ._banner import Banner
 from ._engine import PlanSummary, Workspace
@@ -55,6 +55,10 @@ class SearchDriver:
         # the banner's line a pause left: its count is said again with the search's last
         # snapshot, unless a newer message has replaced it (None: no pause waits)
         self._pause_line: str | None = None
+        # the count a Step ends at (its line waits for it: a snapshot of the pause before the
+        # Step may come after it), and the count the pause line says (a later one is said anew)
+        self._step_to: int | None = None
+        self._said: int | None = None
 
     # ------------------------------------------------------------------ the runner's life
     def start(self, session: Session, ws: Workspace) -> None:
@@ -69,7 +73,7 @@ class SearchDriver:
         self.page.stats = SearchStats()
         self._seen_version = -1
         self._warned_budget = False
-        self._pause_line = None
+        self._pause_line = self._step_to = self._said = None
 
     def drop_decisions(self) -> None:
         """The pins and forbids go (together): they were of another model."""
@@ -98,6 +102,7 @@ class SearchDriver:
         r = self.need_runner()
         if r:
             r.run()
+            self._step_to = None
             self.page.running = True
             an = self.page.workspace.an
             pins = ", ".join(an.decision_label(d) for d in self.page.pins)
@@ -133,18 +138,29 @@ class SearchDriver:
     def _say_paused(self, pending: bool = False) -> None:
         """Say the pause and its count; ``pending``: none has ended yet, and the first, under
         way, ends first (on a large model it takes seconds): what it does is said."""
-        self._pause_line = None
+        self._step_to = None
         first = f"; the first, under way, ends first: {self._first()}" if pending else ""
         self.banner.say(f"paused after {self.page.stats.simulations:,} simulations{first}; Run goes on, Reset "
                         "starts afresh")
+        # a later count (the simulation under way when Pause was pressed) is said anew
+        self._pause_line, self._said = self.banner.line, self.page.stats.simulations
 
-    def _pause_waits(self) -> bool:
-        return self._pause_line is not None and self._pause_line == self.banner.line
+    def _pause_waits(self, snap: SearchSnapshot) -> bool:
+        """Whether the banner's line is a pause's (or a Step's) and ``snap`` has a count to say
+        in it: another than the one it says, and, after a Step, the count the Step ends at."""
+        n = snap.stats.simulations
+        return (self._pause_line is not None and self._pause_line == self.banner.line and n != self._said
+                and (self._step_to is None or n >= self._step_to))
 
     def step(self, n: int) -> None:
         r = self.need_runner()
         if r:
             r.step(n)
+            if not self.page.running:  # its count is said when its simulations have ended
+                start = self.page.stats.simulations
+                self._step_to = start + n
+                self.banner.say(f"stepping {n:,} simulations from {start:,}")
+                self._pause_line = self.banner.line
 
     def decide(self, how: str, group: int | None, axis: str | None) -> None:
         """Pin, forbid or release (``how``: "pin", "forbid", "unpin") ``group`` on ``axis``."""
@@ -156,19 +172,24 @@ class SearchDriver:
             return
         an = self.page.workspace.an
         lab = f"{an.groups[group].label}->{axis}"
-        try:
-            pins, forbidden = r.call(how, group, axis)
-        except PartexError as e:
-            text = str(e)
-            self.banner.notify(text if text.startswith("cannot") else f"cannot {how} {lab}: {text}", "danger")
-            return
-        self._warned_budget = False
-        verb = {"pin": "pinned", "forbid": "forbade", "unpin": "released"}[how]
-        tail = "" if self.page.running else "; press Run to resume the search from here"
-        # the message first: a page that sees the new pins also sees why
-        self.banner.say(f"{verb} {lab}{tail}")
-        self.page.pins, self.page.forbidden = pins, forbidden
-        self.probe()
+
+        def done(ok: bool, value) -> None:
+            if not ok:
+                self.banner.notify(value if value.startswith("cannot") else f"cannot {how} {lab}: {value}", "danger")
+                return
+            pins, forbidden = value
+            self._warned_budget = False
+            verb = {"pin": "pinned", "forbid": "forbade", "unpin": "released"}[how]
+            tail = "" if self.page.running else "; press Run to resume the search from here"
+            # the message first: a page that sees the new pins also sees why
+            self.banner.say(f"{verb} {lab}{tail}")
+            self.page.pins, self.page.forbidden = pins, forbidden
+            self.probe()
+
+        # the search takes it between two of its chunks: on a large model, seconds away
+        verb = {"pin": "pinning", "forbid": "forbidding", "unpin": "releasing"}[how]
+        self.banner.say(f"{verb} {lab}: the search takes it once its simulation under way ends")
+        r.ask(how, group, axis, done=done)
 
     def consider(self, plan) -> None:
         """Score ``plan`` ((label, slot) pairs: a Meshes card row's) as a candidate of the page's
@@ -176,17 +197,23 @@ class SearchDriver:
         r = self.need_runner()
         if r is None:
             return
-        try:
-            r.call("consider", list(plan))
-        except PartexError as e:
-            self.banner.notify(f"cannot start from the mesh search's plan: {e}", "danger")
+        def done(ok: bool, value) -> None:
+            if not ok:
+                self.banner.notify(f"cannot start from the mesh search's plan: {value}", "danger")
+
+        r.ask("consider", list(plan), done=done)
 
     # ------------------------------------------------------------------ its snapshots
     def poll(self) -> None:
-        """Show the search's latest snapshot: at once when it stopped or found a new best,
-        else every APPLY_SECONDS."""
+        """Hand the search's answers to their callers (``ask``); show its latest snapshot: at
+        once when it stopped or found a new best, else every APPLY_SECONDS."""
         r = self.runner
         snap = r.receive() if r is not None else None
+        for done, ok, value in r.answered() if r is not None else ():
+            try:
+                done(ok, value)
+            except Exception as e:
+                self.internal_error("taking the search's answer", e)
         now = time.perf_counter()
         if (r is not None and snap is not None and snap.version != self._seen_version
                 and (not snap.running or snap.best is not self.page.best
@@ -223,10 +250,10 @@ class SearchDriver:
             fix = "the host memory or the budget" if "host memory" in no_fit else "the budget"
             self.banner.standing = (f"no plan fits after {snap.stats.simulations} simulations: {no_fit}; raise "
                                     f"{fix}, grow the mesh or release a pin")
-            if self._pause_waits() and not snap.running:
+            if self._pause_waits(snap) and not snap.running:
                 self._say_paused()
             else:
                 self.banner.notify(self.banner.standing, "warning")
-        elif self._pause_waits() and not snap.running:
+        elif self._pause_waits(snap) and not snap.running:
             self._say_paused()  # the search has stopped: its count is the one the page shows
         self.probe()

@@ -20,7 +20,7 @@ from partex import RECOMPUTE_WHAT, GroupInfo, Recompute, Resolve, Shard
 from ._engine import short_source
 from ._format import esc, fmt_bytes
 from ._layout import PX_H, PX_W, X_RANGE, Y_RANGE, GraphLayout, graph_layout, label_dy, node_size, sub_line
-from ._widgets import bokeh_update, button, html, keyed, page_callback, select, tip_left
+from ._widgets import bokeh_update, button, html, keyed, on_change, on_click, page_callback, select, tip_left
 
 # A mesh axis's colour follows its name alone, the same on every mesh: the usual names have
 # their own; any other takes one of the palette by a hash of its name (crc32, the same in
@@ -110,17 +110,17 @@ class GraphView(pn.viewable.Viewer):
             "partex-graph-search", name="", placeholder="find a group: its label or a pytree path", options=[],
             case_sensitive=False, search_strategy="includes", min_characters=1, restrict=False,
             sizing_mode="stretch_width", margin=(0, 6))
-        self.search.param.watch(self._on_search, ["value"])
+        on_change(self.search, self.state.clock, "the graph's search box", self._on_search, ["value"])
         self.search_note = html(sizing_mode="stretch_width", margin=(0, 10), name="partex-graph-search-note")
         self.overview = button("partex-graph-overview", "Overview", width=100, margin=(0, 6),
                                description="Close the clusters opened since the model loaded")
-        self.overview.on_click(lambda e: self._show(None))
+        on_click(self.overview, self.state.clock, "the graph's Overview button", lambda: self._show(None))
         self._ringing = False  # set while the view sets the ring itself
-        self.node_src.selected.on_change("indices", self._on_tap)
+        self.node_src.selected.on_change("indices", self._tapped)
         s = self.state
-        s.param.watch(self._rebuild, ["graph"])
-        s.param.watch(self._restyle, ["best", "pins", "forbidden"])
-        s.param.watch(self._select_from_state, ["selected_group"])
+        on_change(s, s.clock, "the graph rebuilt", self._rebuild, ["graph"])
+        on_change(s, s.clock, "the graph restyled", self._restyle, ["best", "pins", "forbidden"])
+        on_change(s, s.clock, "the graph's selection", self._select_from_state, ["selected_group"])
         self._rebuild()
         self._panel = pn.Column(
             pn.Row(self.search, self.overview, sizing_mode="stretch_width"),
@@ -135,7 +135,7 @@ class GraphView(pn.viewable.Viewer):
     @staticmethod
     def _empty_nodes() -> dict:
         keys = ("key", "gid", "x", "y", "size", "ring", "marker", "label", "sub", "badge", "fill", "line",
-                "line_width", "conflict", "tip", "label_dy", "sub_dy", "ring_alpha", "sub_rc")
+                "line_width", "conflict", "tip", "label_dy", "sub_dy", "ring_alpha", "sub_rc", "badge_alpha")
         return {k: [] for k in keys}
 
     def _figure(self):
@@ -158,8 +158,13 @@ class GraphView(pn.viewable.Viewer):
                           # bokeh takes any selection_line_* visual; its stubs list colour and alpha only
                           selection_line_width=4,  # pyright: ignore[reportCallIssue]
                           nonselection_fill_alpha=0.6, nonselection_line_alpha=1.0)
+        # the axes' initials on a dark backdrop of their own: legible on any fill, and on a node
+        # smaller than its badge ("D+F+M" overflows a small group's circle onto the page)
+        badge_bg: dict[str, Any] = dict(background_fill_color="#0f172a", background_fill_alpha="badge_alpha", padding=2,
+                                        border_radius=3)
         p.text("x", "y", text="badge", source=self.node_src, text_align="center", text_baseline="middle",
-               text_color="white", text_font_size="11px", text_font_style="bold", nonselection_text_alpha=1.0)
+               text_color="white", text_font_size="11px", text_font_style="bold", nonselection_text_alpha=1.0,
+               **badge_bg)
         label_bg: dict[str, Any] = dict(background_fill_color="#ffffff", background_fill_alpha=0.8, padding=1,
                         nonselection_text_alpha=1.0)
         p.text("x", "y", text="label", source=self.node_src, y_offset="label_dy", text_align="center",
@@ -194,7 +199,9 @@ class GraphView(pn.viewable.Viewer):
         ws, lay = self.state.workspace, self.layout
         if ws is None or lay is None:
             return
-        self.layout = graph_layout(ws.an, self.state.infos, lay.tree, opened)
+        first = self.state.graph  # the first view, laid out with the model: taken again, not redone
+        self.layout = first if opened is None and first is not None else graph_layout(ws.an, self.state.infos,
+                                                                                      lay.tree, opened)
         self._restyle()
         if reveal:
             self._select_from_state()
@@ -251,6 +258,7 @@ class GraphView(pn.viewable.Viewer):
             d["sub"].append("" if rc else sub)
             d["sub_rc"].append(sub if rc else "")
             d["badge"].append("+".join(a[:1].upper() for a in mine))
+            d["badge_alpha"].append(0.72 if mine else 0.0)  # no backdrop where there is no badge
             d["fill"].append(colors[mine[0]] if mine else UNSHARDED)
             d["line"].append(PIN_LINE if is_pinned else "#ffffff")
             d["line_width"].append(3.5 if is_pinned else 1.5)
@@ -268,6 +276,11 @@ class GraphView(pn.viewable.Viewer):
         self.legend.object = _legend(lay, colors, len(s.infos), bool(remat))
 
     # ------------------------------------------------------------------ selection
+    def _tapped(self, attr, old, new):
+        """A click on the graph (Bokeh's selection of a node), as one of the page's callbacks."""
+        with page_callback(self.state.clock, "a click on the graph"):
+            self._on_tap(attr, old, new)
+
     def _on_tap(self, attr, old, new):
         lay = self.layout
         if self._ringing or lay is None:
@@ -397,16 +410,16 @@ class DecisionView(pn.viewable.Viewer):
         self.forbid_btn = button("partex-forbid", "Forbid", button_type="warning", sizing_mode="stretch_width")
         self.unpin_btn = button("partex-unpin", "Release", button_type="default", sizing_mode="stretch_width",
                                 description=tip_left("Unpin, or allow again, the group on the axis"))
-        self.pin_btn.on_click(lambda e: self._decide(s.pin))
-        self.forbid_btn.on_click(lambda e: self._decide(s.forbid))
-        self.unpin_btn.on_click(lambda e: self._decide(s.unpin))
+        on_click(self.pin_btn, s.clock, "the Pin button", lambda: self._decide(s.pin))
+        on_click(self.forbid_btn, s.clock, "the Forbid button", lambda: self._decide(s.forbid))
+        on_click(self.unpin_btn, s.clock, "the Release button", lambda: self._decide(s.unpin))
         self._quiet = False  # set while the form is set from the state: its events are not the user's
-        self.group.param.watch(self._on_group, ["value"])
+        on_change(self.group, s.clock, "the Decision card's group", self._on_group, ["value"])
         self.detail = html(sizing_mode="stretch_width", css_classes=["detail-scroll"], min_height=200,
                            name="decision-detail")
         self.chips = html(sizing_mode="stretch_width", margin=(0, 10))
-        s.param.watch(self._options, ["infos", "config"])
-        s.param.watch(self._render, ["selected_group", "best", "pins", "forbidden", "infos"])
+        on_change(s, s.clock, "the Decision card's choices", self._options, ["infos", "config"])
+        on_change(s, s.clock, "the Decision card", self._render, ["selected_group", "best", "pins", "forbidden", "infos"])
         self._options()
         self._render()
         self._panel = pn.Column(
@@ -421,8 +434,7 @@ class DecisionView(pn.viewable.Viewer):
         return self._panel
 
     def _decide(self, fn):
-        with page_callback(self.state.clock, f"{fn.__name__} a group"):
-            fn(None if self.group.value == NONE else self.group.value, self.axis.value)
+        fn(None if self.group.value == NONE else self.group.value, self.axis.value)
 
     def _options(self, *_):
         s = self.state

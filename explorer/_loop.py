@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, NamedTuple
@@ -20,6 +21,10 @@ from partex import PartexError
 log = logging.getLogger("partex.explorer")
 
 SLOW_CALLBACK_MS = 100
+# A job's thread and the page's loop share the GIL: each time the loop gives it up (a socket
+# call), it waits up to the switch interval to get it back while a job runs Python (5 ms by
+# default; a callback that applies a model then took several times its CPU time in wall time).
+SWITCH_INTERVAL = 0.0005
 
 # How a part of the page runs slow work: submit(kind, work, done) runs work() in a worker
 # thread; done(its result) runs later on the page's loop (``Jobs``).
@@ -50,6 +55,8 @@ class Jobs:
         """Run work() in a worker thread; ``finished`` then hands ``done`` its result."""
         self._gen[kind] += 1
         gen = self._gen[kind]
+        if sys.getswitchinterval() > SWITCH_INTERVAL:
+            sys.setswitchinterval(SWITCH_INTERVAL)
 
         def run():
             try:
@@ -75,17 +82,27 @@ class Jobs:
                 yield out
 
 
+SLOWEST_KEPT = 5  # the slowest callbacks the clock names (``PageClock.slowest``)
+NESTED_NOTED_MS = 10  # a callback run inside another is named in its log line from this long
+
+
 class PageClock:
     """How long the page waits on the server: its callbacks on the event loop (``timed``: the
     slowest, in wall time and in the loop thread's own CPU time, which other processes and
     threads on a busy machine do not inflate; a slow one is logged with what it did) and,
-    while a search runs (``running()``), the loop's lag (``timings``, in ms)."""
+    while a search runs (``running()``), the loop's lag (``timings``, in ms). ``slowest``: the
+    SLOWEST_KEPT slowest callbacks, slowest first, as (what, wall ms, CPU ms)."""
 
     def __init__(self, name: str, running: Callable[[], bool]):
         self.name = name
         self.running = running
         self.timings = {"max_callback_ms": 0.0, "max_callback_cpu_ms": 0.0, "max_loop_lag_ms": 0.0, "callbacks": 0}
+        self.slowest: list[tuple[str, float, float]] = []
         self._last_tick: float | None = None
+        # the callbacks running now on each thread, outermost first: one run inside another
+        # (a state's watcher, inside the button that set the state) is part of the outer one
+        self._open: dict[int, list[list[str]]] = {}
+        self._later: dict[object, Callable[[], Any]] = {}  # ``later``'s work, by key
 
     def tick(self, period: float) -> None:
         """The event-loop lag monitor: called every ``period`` s; a late call means the
@@ -100,16 +117,54 @@ class PageClock:
     def timed(self, what: str) -> Iterator[list[str]]:
         """Measure a callback on the server's event loop (the page waits on it) that does
         ``what``; the body may add what else it did to the list it is handed (the jobs' results
-        it applied), for the log line of a slow callback."""
+        it applied), for the log line of a slow callback. A callback run inside another is
+        counted as part of it: the outer one's list names it when it took NESTED_NOTED_MS or
+        more."""
+        stack = self._open.setdefault(threading.get_ident(), [])
         t0, cpu0 = time.perf_counter(), time.thread_time()
         done: list[str] = []
+        stack.append(done)
         try:
             yield done
         finally:
+            try:
+                while len(stack) == 1 and self._later:  # the outermost callback ends: what waited runs
+                    self._later.pop(next(iter(self._later)))()
+            finally:
+                stack.pop()
             ms, cpu = (time.perf_counter() - t0) * 1e3, (time.thread_time() - cpu0) * 1e3
-            t = self.timings
-            t["callbacks"] += 1
-            if ms > SLOW_CALLBACK_MS:
-                log.warning("partex: slow callback on the page's event loop: %.0f ms (%.0f ms of CPU): %s (session %s)",
-                            ms, cpu, "; ".join([what, *done]), self.name)
-            t["max_callback_ms"], t["max_callback_cpu_ms"] = max(t["max_callback_ms"], ms), max(t["max_callback_cpu_ms"], cpu)
+            if stack:
+                if ms >= NESTED_NOTED_MS:
+                    stack[-1].append(f"{what} {ms:.0f} ms" + (f" [{'; '.join(done)}]" if done else ""))
+            else:
+                self._record("; ".join([what, *done]), ms, cpu)
+
+    def later(self, key: object, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` once when the outermost callback running now ends (at once where none
+        runs): work that reads the whole state after all of a callback's changes, done once
+        however many of them ask for it (by ``key``: a later ask replaces an earlier one)."""
+        if self._open.get(threading.get_ident()):
+            self._later[key] = fn
+        else:
+            fn()
+
+    def watcher(self, what: str, fn: Callable[..., Any]) -> Callable[..., None]:
+        """``fn`` as a parameter watcher timed on this clock (``timed``), for the state's own
+        watchers (the views' go through ``_widgets.on_change``, which also sends their Bokeh
+        changes together)."""
+
+        def watch(*events) -> None:
+            with self.timed(what):
+                fn(*events)
+
+        return watch
+
+    def _record(self, what: str, ms: float, cpu: float) -> None:
+        t = self.timings
+        t["callbacks"] += 1
+        if ms > SLOW_CALLBACK_MS:
+            log.warning("partex: slow callback on the page's event loop: %.0f ms (%.0f ms of CPU): %s (session %s)",
+                        ms, cpu, what, self.name)
+        t["max_callback_ms"], t["max_callback_cpu_ms"] = max(t["max_callback_ms"], ms), max(t["max_callback_cpu_ms"], cpu)
+        if len(self.slowest) < SLOWEST_KEPT or ms > self.slowest[-1][1]:
+            self.slowest = sorted([*self.slowest, (what[:300], ms, cpu)], key=lambda c: -c[1])[:SLOWEST_KEPT]

@@ -28,7 +28,7 @@ from partex import MeshTrial, PartexError, Session, Topology, effort_of
 from ._format import esc, fmt_bytes, fmt_pct, fmt_time
 from ._runner import CHILD_NICENESS, reap, start_forked
 from ._tables import Table
-from ._widgets import bokeh_update, button, html, keyed, select, text_input, tip_left
+from ._widgets import bokeh_update, button, html, keyed, on_change, on_click, select, text_input, tip_left
 
 log = logging.getLogger("partex.explorer")
 
@@ -282,10 +282,11 @@ class MeshesView(pn.viewable.Viewer):
                                 value=DEFAULT_PIPELINES, width=150,
                                 description="Candidates that run a scanned layer stack as a pipeline: a stage per "
                                             "slice, also stages within a slice, or none")
-        self.go.on_click(lambda e: s.search_meshes(self.devices.value, self.topology.value, self.seconds.value,
-                                                   self.axes.value, self.pipelines.value))
+        on_click(self.go, s.clock, "the Search meshes button",
+                 lambda: s.search_meshes(self.devices.value, self.topology.value, self.seconds.value,
+                                         self.axes.value, self.pipelines.value))
         self.stop = button("partex-mesh-stop", "Stop", margin=(27, 10, 5, 0))
-        self.stop.on_click(lambda e: s.stop_meshes())
+        on_click(self.stop, s.clock, "the meshes' Stop button", s.stop_meshes)
         self.status = html(name="partex-mesh-status", sizing_mode="stretch_width")
         self.table = Table("partex-meshes", [("mesh", "mesh"), ("hand", "best hand plan"), ("step", "searched"),
                                              ("mfu", "MFU"), ("memory", "peak memory"), ("sims", "simulations"),
@@ -296,14 +297,14 @@ class MeshesView(pn.viewable.Viewer):
         self.use = button("partex-mesh-use", "Use this mesh", button_type="success", margin=(27, 10, 5, 10),
                           disabled=True, description="The page's search restarts on that mesh from the plan found "
                                                      "there, pins kept")
-        self.use.on_click(lambda e: s.use_mesh(self.pick.value))
+        on_click(self.use, s.clock, "the Use this mesh button", lambda: s.use_mesh(self.pick.value))
         from ._controls import FieldErrors  # the sidebar's marks, on this card's fields
 
         self.errors = FieldErrors(s, "meshes", {"devices": self.devices, "topology": self.topology,
                                                 "pipelines": self.pipelines, "seconds": self.seconds})
         self._rows_seen = None  # the rows the pick was last set from: new ones reset it to the best
-        s.param.watch(self._render, ["mesh_rows", "mesh_status", "config", "busy"])
-        s.param.watch(self._devices, ["config"])
+        on_change(s, s.clock, "the Meshes card", self._render, ["mesh_rows", "mesh_status", "config", "busy"])
+        on_change(s, s.clock, "the Meshes card's devices", self._devices, ["config"])
         self._devices()
         self._render()
         self._panel = pn.Column(

@@ -3,6 +3,7 @@ verification of a plan and a measurement of the plans on this machine's devices.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable
 
@@ -33,6 +34,10 @@ class PlanCard:
         self.runner = runner
         self.probe = probe
         self.upload_limit = upload_limit
+        # the model the upload was scored on (its decisions are that analysis's group ids) and
+        # its file's name
+        self._scored_on: Workspace | None = None
+        self._upload_name = ""
 
     def summary(self, name: str | None = None) -> PlanSummary | None:
         """The plan ``name`` ("search", "uploaded" or a baseline's; None: the one shown)."""
@@ -60,11 +65,18 @@ class PlanCard:
         return best.plan.dumps()
 
     def keep_for(self, ws: Workspace) -> None:
-        """The page shows ``ws`` now: an upload stays where it is of the same model; the
-        verification and the measurement were of the plans before, and go."""
-        uploaded = self.page.uploaded
-        self.page.set(uploaded=None if uploaded is None or not ws.same_model(uploaded) else uploaded,
+        """The page shows ``ws`` now: an upload stays where it is of the same model (its
+        inputs), scored again in a worker thread where ``ws`` is another step (another
+        pipeline, say: its decisions name another analysis's groups); the verification and the
+        measurement were of the plans before, and go."""
+        uploaded, scored_on = self.page.uploaded, self._scored_on
+        carried = uploaded is not None and ws.same_model(uploaded)
+        again = carried and scored_on is not None and scored_on.an is not ws.an
+        self.page.set(uploaded=uploaded if carried and not again else None,
                       verify_result=None, verify_status="", measured={}, measure_status="")
+        if again and uploaded is not None:
+            self._score(ws, uploaded.plan.dumps(), self._upload_name, self._carried,
+                        "the uploaded plan is no longer listed: it does not apply to the new step")
 
     def keep_shown(self, baselines: dict) -> None:
         """The plan shown stays where the page still lists it; else the search's is shown."""
@@ -85,17 +97,40 @@ class PlanCard:
             self.banner.notify("load a model before uploading a plan", "warning")
             return
 
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            self.banner.notify(f"{filename} is not a text file: a plan is JSON written by partex", "danger")
+            return
+        self._score(ws, text, filename, self._uploaded, "could not read the uploaded plan")
+
+    def _score(self, ws: Workspace, text: str, filename: str, done: Callable[[PlanSummary], None],
+               failed: str) -> None:
+        """Score the plan file ``text`` on ``ws``'s step in a worker thread; ``done`` gets its
+        summary where the page still shows that step (else it is scored again on the page's);
+        a plan that does not score is said after ``failed``."""
+
         def work():
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise PartexError(f"{filename} is not a text file: a plan is JSON written by partex") from None
             try:
                 return ws.uploaded(text, filename)
             except PartexError as e:
-                raise PartexError(f"could not read the uploaded plan: {e}") from None
+                raise PartexError(f"{failed}: {e}") from None
 
-        self.submit("upload", work, self._uploaded)
+        def scored(summary: PlanSummary) -> None:
+            now = self.page.workspace
+            if now is not None and now.an is not ws.an:  # the step changed meanwhile
+                if now.same_model(summary):
+                    self._score(now, text, filename, done, failed)
+                return
+            self._scored_on, self._upload_name = ws, filename
+            done(summary)
+
+        self.submit("upload", work, scored)
+
+    def _carried(self, summary: PlanSummary) -> None:
+        """The upload, scored again on the page's new step, listed as it was."""
+        self.page.uploaded = summary
+        self.probe()
 
     def _uploaded(self, summary: PlanSummary) -> None:
         r = summary.report
@@ -141,12 +176,13 @@ class PlanCard:
             summary = self.summary(name)
             r = self.runner()
             if name == "search" and summary is not None and r is not None and r.alive:
-                try:
-                    r.call("mark_infeasible", list(summary.decisions), device)
-                    text += ": marked infeasible, the search's best moves to the next plan that fits"
-                except PartexError as e:
-                    text += f"; could not mark it infeasible: {e}"
-            self.banner.notify(text, "warning")
+                def marked(ok: bool, value) -> None:
+                    self.banner.notify(text + (": marked infeasible, the search's best moves to the next plan that fits"
+                                               if ok else f"; could not mark it infeasible: {value}"), "warning")
+
+                r.ask("mark_infeasible", list(summary.decisions), device, done=marked)
+            else:
+                self.banner.notify(text, "warning")
         self.probe()
 
     def verify_failed(self) -> None:
@@ -164,6 +200,19 @@ class PlanCard:
         if not rows:
             self.banner.notify("nothing to measure yet: no plan listed fits the budget", "warning")
             return
+        host = host_memory() if measures_on_cpu() else None
+        if host is not None:  # simulated devices share this machine's memory: a plan over it is never run
+            least = min((r for _, r in rows), key=lambda r: r.report.memory.peak * r.plan.mesh.size)
+            need = least.report.memory.peak * least.plan.mesh.size
+            rows = [(name, r) for name, r in rows if r.report.memory.peak * r.plan.mesh.size <= host]
+            if not rows:
+                self.page.measure_status = f"not run: the smallest plan needs {fmt_bytes(need)} of this machine's memory"
+                self.banner.notify(f"cannot measure here: the plans run on simulated CPU devices, which share this "
+                                   f"machine's {fmt_bytes(host)} of memory, and the smallest needs {fmt_bytes(need)} "
+                                   f"({fmt_bytes(least.report.memory.peak)} on each of its {least.plan.mesh.size} "
+                                   "devices); measure a smaller preset here, or run `partex measure` on the devices "
+                                   "the plan is for", "warning")
+                return
         ws = self.page.workspace
         n = rows[0][1].plan.mesh.size
         self.page.measure_status = (f"running: {len(rows)} plan{'s' if len(rows) > 1 else ''} on {n} devices, "
@@ -199,6 +248,22 @@ class PlanCard:
 
     def measure_failed(self) -> None:
         self.page.measure_status = "failed"
+
+
+def measures_on_cpu() -> bool:
+    """Whether a measurement runs on simulated CPU devices (``partex.plan.measure``: the
+    platforms the server's devices are on, else the ones JAX finds)."""
+    platforms = os.environ.get("PARTEX_DEVICE_PLATFORMS", os.environ.get("JAX_PLATFORMS", ""))
+    if platforms:
+        return platforms.split(",")[0] == "cpu"
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+def host_memory() -> int:
+    """This machine's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _slug(text: str) -> str:

@@ -8,6 +8,8 @@ import os
 
 import param
 
+from ._loop import PageClock
+
 # The parameters whose change the probe shows at once. Others (a verification's report, a
 # measurement) change beside one of these, or are followed by ``Probe.update``.
 PROBED = ("ping", "message", "message_level", "field_error", "phase", "busy", "running", "best", "pins",
@@ -50,7 +52,8 @@ def probe_of(state) -> dict:
             {"mesh": r.label, "form": r.mesh, "pipeline": r.pipeline or None, "bubble": r.bubble, "hand": r.hand,
              "step": r.step, "note": r.note, "status": r.status}
             for r in state.mesh_rows]},
-        "timings": {k: round(v, 1) for k, v in state.clock.timings.items()},
+        "timings": {**{k: round(v, 1) for k, v in state.clock.timings.items()},
+                    "slowest": [[what, round(ms, 1), round(cpu, 1)] for what, ms, cpu in state.clock.slowest]},
         "ping": state.ping,
         "server_pid": os.getpid(),
         "search_pid": state.runner.pid if state.runner is not None else None,
@@ -61,14 +64,20 @@ def probe_of(state) -> dict:
 class Probe:
     """Keeps ``state.probe`` (the only parameter it sets) the JSON of ``probe_of(state)``: on a
     change of any parameter in PROBED, and on ``update``. ``state``: an ``ExplorerState``,
-    read whole (the probe shows all of it)."""
+    read whole (the probe shows all of it); ``clock``: its page's clock, which times the
+    watcher."""
 
-    def __init__(self, state: param.Parameterized):
-        self.state = state
-        state.param.watch(self._changed, list(PROBED))
+    def __init__(self, state: param.Parameterized, clock: PageClock):
+        self.state, self.clock = state, clock
+        state.param.watch(clock.watcher("the state's probe JSON", self._changed), list(PROBED))
 
     def _changed(self, *events) -> None:
         self.update()
 
     def update(self) -> None:
+        """Write the probe: once, when the page's callback running now ends (its changes all
+        made; at once where none runs)."""
+        self.clock.later(self, self._write)
+
+    def _write(self) -> None:
         self.state.param.update(probe=json.dumps(probe_of(self.state)))

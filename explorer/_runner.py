@@ -17,6 +17,7 @@ and logged whole, with its traceback, in the server's log.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import logging
@@ -28,7 +29,7 @@ import threading
 import time
 import traceback
 import warnings
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from partex import PartexError, SearchStats
 
@@ -40,6 +41,10 @@ COMMANDS = ("pin", "forbid", "unpin", "save", "mark_infeasible", "consider")  # 
 # Where cores are few, the page (server loop, browser) comes before the search: the child
 # runs at a lower priority. With a core to itself it runs at full speed all the same.
 CHILD_NICENESS = 5
+
+# What the page runs with the search's answer to ``ask``: done(ok, value), value the command's
+# result where ok, else the one line that says why it failed.
+Done = Callable[[bool, Any], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +140,8 @@ class ProcessRunner:
         self._running = False
         self._closed = False
         self._calls = 0
+        self._asked: dict[int, tuple[str, Done]] = {}  # ask's calls not answered yet, by id
+        self._answers: list[tuple[Done, bool, Any]] = []  # answered, not yet handed to their done
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, name=f"partex-search-{session}", daemon=True,
@@ -175,8 +182,23 @@ class ProcessRunner:
     def quiet(self, seconds: float) -> None:
         """Nothing to do: the child shares no GIL with the page."""
 
+    def ask(self, name: str, *args, done: Done) -> None:
+        """Ask the search to do ``name`` (one of COMMANDS) between two chunks, without waiting:
+        on a large model one chunk (a simulation) takes seconds, and the page's event loop
+        must not wait that long. ``done(ok, value)`` runs when ``answered`` hands it the
+        answer (the page's poll, on its loop)."""
+        self._calls += 1
+        self._asked[self._calls] = (name, done)
+        self._send("call", self._calls, name, args)
+
+    def answered(self) -> Iterator[tuple[Done, bool, Any]]:
+        """The answers to ``ask`` that came (read by ``receive``), each with its ``done``."""
+        while self._answers:
+            yield self._answers.pop(0)
+
     def call(self, name: str, *args, timeout: float = 10.0) -> Any:
-        """Ask the search to pin / forbid / unpin / save between two chunks; wait for it."""
+        """Ask the search to do ``name`` between two chunks; wait for it (up to ``timeout``
+        s: the caller waits, where the page's loop must not, use ``ask``)."""
         self._calls += 1
         ident = self._calls
         self._send("call", ident, name, args)
@@ -219,7 +241,12 @@ class ProcessRunner:
         except (EOFError, OSError):
             self._running = False
             return None
-        if msg[0] == "snapshot":
+        if msg[0] == "reply" and msg[1] in self._asked:
+            name, done = self._asked.pop(msg[1])
+            if not msg[2] and len(msg) > 4 and msg[4]:  # not bad input: the child's own failure, logged whole
+                log.error("partex: %s failed in the search process (session %s):\n%s", name, self.session, msg[4])
+            self._answers.append((done, msg[2], msg[3]))
+        elif msg[0] == "snapshot":
             snap = msg[1]
             if snap.best_unchanged:
                 snap = dataclasses.replace(snap, best=self.snapshot.best if self.snapshot else None,
@@ -351,6 +378,7 @@ class ThreadRunner:
         self._dirty = True
         self._closed = False
         self._quiet_until = 0.0
+        self._answers: collections.deque[tuple[Done, bool, Any]] = collections.deque()
         self.snapshot: SearchSnapshot | None = None  # replaced whole: readers need no lock
         if sys.getswitchinterval() > SWITCH_INTERVAL:
             sys.setswitchinterval(SWITCH_INTERVAL)
@@ -385,6 +413,26 @@ class ThreadRunner:
 
     def quiet(self, seconds: float) -> None:
         self._quiet_until = max(self._quiet_until, time.perf_counter() + seconds)
+
+    def ask(self, name: str, *args, done: Done) -> None:
+        """As ``ProcessRunner.ask``: the command runs in a thread of its own, which waits for
+        the search's chunk to end."""
+
+        def work():
+            try:
+                out = (done, True, self.call(name, *args))
+            except PartexError as e:
+                out = (done, False, str(e))
+            except Exception as e:  # a thread's boundary: one line on the page, the traceback logged
+                log.exception("partex: %s failed in the search (session %s)", name, self.session)
+                out = (done, False, f"internal error: {type(e).__name__}: {e}")
+            self._answers.append(out)
+
+        threading.Thread(target=work, name=f"partex-ask-{self.session}", daemon=True).start()
+
+    def answered(self) -> Iterator[tuple[Done, bool, Any]]:
+        while self._answers:
+            yield self._answers.popleft()
 
     def call(self, name: str, *args) -> Any:
         with self.lock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import panel as pn
 import param
 
-from ._widgets import button, html, keyed
+from ._widgets import button, html, keyed, on_change
 
 # The Copy link button, in the page: the clipboard where the browser allows it (a secure
 # context: https, or localhost), else the link selected in its field and copied the old way
@@ -77,10 +77,10 @@ class LinkControls(pn.viewable.Viewer):
         self.note = html(name="partex-link-note", margin=(0, 10))
         self.copy.js_on_click(args={"field": self.field, "note": self.note.div}, code=COPY_LINK)
         # the field shows the link, whatever is typed in it
-        self.field.param.watch(lambda e: self._show(), ["value"])
-        s.param.watch(lambda e: self._show(), ["link"])
+        on_change(self.field, s.clock, "the link field", lambda e: self._show(), ["value"])
+        on_change(s, s.clock, "the link", lambda e: self._show(), ["link"])
         if self.location is not None:
-            self.location.param.watch(lambda e: self._show(), ["href"])
+            on_change(self.location, s.clock, "the page's address", lambda e: self._show(), ["href"])
         self._show()
         self._panel = pn.Column(
             html("<div class='side-title'>Link</div>", margin=(10, 10, 0, 10)), self.field, self.copy, self.note,

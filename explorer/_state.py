@@ -133,10 +133,10 @@ class ExplorerState(param.Parameterized):
                              in_force=self._in_force, kept=lambda field: field_value(self.config, field))
         self.forms = Forms(ParamSlice(self, *FORM_PARAMS, reads=("workspace",)), self.banner, self.param.preset,
                            self.models)
-        self.param.watch(self.forms.model_named, ["model_name"])
-        self.param.watch(self.forms.choice_changed, ["model_name", "preset"])
-        self.param.watch(self._on_config_form, list(CONFIG_PARAMS))
-        self.prober = Probe(self)
+        self.param.watch(self.clock.watcher("the model named", self.forms.model_named), ["model_name"])
+        self.param.watch(self.clock.watcher("the model's choice", self.forms.choice_changed), ["model_name", "preset"])
+        self.param.watch(self.clock.watcher("the config's form", self._on_config_form), list(CONFIG_PARAMS))
+        self.prober = Probe(self, self.clock)
         probe = self.prober.update
         self.driver = SearchDriver(ParamSlice(self, "running", "best", "stats", "pins", "forbidden",
                                               reads=("workspace", "config", "baselines")),
@@ -161,7 +161,8 @@ class ExplorerState(param.Parameterized):
                            {p: self.param[p].default for p in FORM_PARAMS}, self.store, self.forms.write,
                            self.loading.open, models=self.models,
                            hardware=list(self.param.hardware.objects))
-        self.param.watch(self.links.relink, ["workspace", "pins", "forbidden", "opened_session"])
+        self.param.watch(self.clock.watcher("the link's state", self.links.relink),
+                         ["workspace", "pins", "forbidden", "opened_session"])
         self.refresh_sessions()
         if link:
             self.open_link(link)
@@ -362,16 +363,21 @@ class ExplorerState(param.Parameterized):
         r = self.driver.need_runner()
         if r is None:
             return
+        def done(ok: bool, value) -> None:
+            if not ok:
+                self.notify(f"could not save session {name}: {value}", "danger")
+                return
+            self.refresh_sessions()
+            self.notify(f"saved session {name} ({self.stats.simulations} simulations) to {path}; resume it here or "
+                        f"with `partex search {self.workspace.choice.spec} --resume {path} --out plan.json`", "success")
+
         try:
-            self.store.save(r, path)
-        except (OSError, PartexError) as e:
+            self.store.save(r, path, done)
+        except OSError as e:
             self.notify(f"could not save session {name}: {e}", "danger")
             return
-        self.refresh_sessions()
         self.banner.clear("session")
-        self.notify(f"saved session {name} ({self.stats.simulations} simulations) to {path}; "
-                    f"resume it here or with `partex search {self.workspace.choice.spec} --resume {path} --out plan.json`",
-                    "success")
+        self.notify(f"saving session {name}: the search writes it once its simulation under way ends", "info")
 
     def load_session(self, name: str | None) -> None:
         if not name:

@@ -32,8 +32,9 @@ class SessionStore:
             raise PartexError(f"session name {name!r}: use letters, digits, '-', '_' or '.' (up to 64)")
         return self.folder / f"{name}.json"
 
-    def save(self, runner, path: pathlib.Path) -> None:
+    def save(self, runner, path: pathlib.Path, done) -> None:
         """Have ``runner``'s search write its session to ``path`` (a ``path(name)``), making the
-        folder first. OSError or PartexError where it cannot."""
+        folder first (OSError where it cannot); ``done(ok, value)`` hears the search's answer
+        (the runner's ``ask``: the search writes it between two chunks)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        runner.call("save", str(path))
+        runner.ask("save", str(path), done=done)

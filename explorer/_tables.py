@@ -14,7 +14,7 @@ from partex import RECOMPUTE_WHAT, Memory, Recompute, Resolve
 from ._charts import plan_rows
 from ._engine import short_source
 from ._format import esc, fmt_bytes, fmt_pct, fmt_spec, fmt_time
-from ._widgets import button, html, keyed
+from ._widgets import button, html, keyed, on_change, on_click
 
 class Table:
     """An HTML table in a Div: replacing the rows sends one string. (Bokeh 3.9's DataTable
@@ -70,7 +70,7 @@ class PlanView(pn.viewable.Viewer):
         s = self.state
         self.which = keyed(pn.widgets.RadioButtonGroup)("partex-plan-choice", options=["search"], value="search",
                                                           button_type="primary", button_style="outline")
-        self.which.param.watch(self._on_which, ["value"])
+        on_change(self.which, s.clock, "the Plan card's choice", self._on_which, ["value"])
         self.header = html(sizing_mode="stretch_width", margin=(4, 10))
         self.specs = Table("partex-plan-specs", [("path", "pytree path"), ("shape", "shape"), ("dtype", "dtype"),
                                                  ("spec", "PartitionSpec"), ("local", "per device")], height=360,
@@ -81,9 +81,10 @@ class PlanView(pn.viewable.Viewer):
                                                        ("exposed", "exposed (the step waits)"), ("cause", "cause"),
                                                        ("source", "source")], height=360, wrap_fields=("source",),
                            empty="no communication: nothing is sharded, or nothing needs gathering")
-        s.param.watch(self._choices, ["best", "uploaded", "baselines"])
-        s.param.watch(self._render, ["shown_plan", "best", "uploaded", "baselines"])
-        s.param.watch(lambda e: setattr(self.which, "value", e.new), ["shown_plan"])
+        on_change(s, s.clock, "the Plan card's choices", self._choices, ["best", "uploaded", "baselines"])
+        on_change(s, s.clock, "the Plan card", self._render, ["shown_plan", "best", "uploaded", "baselines"])
+        on_change(s, s.clock, "the Plan card's choice shown", lambda e: setattr(self.which, "value", e.new),
+                  ["shown_plan"])
         self._choices()
         self._render()
         self._panel = pn.Column(
@@ -240,10 +241,11 @@ class BaselinesView(pn.viewable.Viewer):
         self.btn = button("partex-measure", "Measure on this machine", min_width=190,
                           description="Run each plan that fits for a few steps on this machine's devices (one "
                                       "process per plan) and show its step time beside the prediction")
-        self.btn.on_click(lambda e: s.measure())
+        on_click(self.btn, s.clock, "the Measure button", s.measure)
         self.spinner = pn.indicators.LoadingSpinner(value=False, size=22, visible=False, margin=(12, 4))
         self.status = html(sizing_mode="stretch_width", name="partex-measure-status")
-        s.param.watch(self._render, ["best", "uploaded", "baselines", "measured", "measure_status", "busy"])
+        on_change(s, s.clock, "the Baselines card", self._render,
+                  ["best", "uploaded", "baselines", "measured", "measure_status", "busy"])
         self._render()
         self._panel = pn.Column(self.table.pane, pn.Row(self.btn, self.spinner, self.status,
                                                         sizing_mode="stretch_width"),
@@ -302,7 +304,7 @@ class VerifyView(pn.viewable.Viewer):
         s = self.state
         self.btn = button("partex-verify", "Verify with XLA", button_type="primary", min_width=170,
                           description="Compile the plan shown above on simulated CPU devices in a subprocess")
-        self.btn.on_click(lambda e: s.verify())
+        on_click(self.btn, s.clock, "the Verify button", s.verify)
         self.status = html(sizing_mode="stretch_width", name="verify-status")
         self.spinner = pn.indicators.LoadingSpinner(value=False, size=22, visible=False, margin=(12, 4))
         self.table = Table("partex-verify-table", [("quantity", "quantity"), ("predicted", "predicted"),
@@ -324,7 +326,7 @@ class VerifyView(pn.viewable.Viewer):
                                                             ("where", "source line or parameter"),
                                                             ("why", "decision or cause")],
                                height=260, wrap_fields=("where", "why"), max_rows=5)
-        s.param.watch(self._render, ["verify_result", "verify_status", "busy", "shown_plan"])
+        on_change(s, s.clock, "the Verify card", self._render, ["verify_result", "verify_status", "busy", "shown_plan"])
         self._render()
         self._panel = pn.Column(pn.Row(self.btn, self.spinner, self.status, sizing_mode="stretch_width"),
                                 self.table.pane, self.cpu_note, self.explain_head, self.explain.pane,

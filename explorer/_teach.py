@@ -22,7 +22,7 @@ from partex import RESOLUTIONS, CostReport, Decision, Resolve, Shard
 
 from ._engine import PlanSummary, Workspace, short_source
 from ._format import esc, fmt_bytes, fmt_time
-from ._widgets import CSS, button, html
+from ._widgets import CSS, button, html, on_change, on_click
 
 # the titles of the page's cards a step can point at
 CARDS = ("Named dimensions", "Decision", "Search", "Memory per device", "Baselines", "Plan",
@@ -393,10 +393,11 @@ class TeachView(pn.viewable.Viewer):
         self.back_btn = button("partex-teach-back", "◀ Back", width=82)
         self.next_btn = button("partex-teach-next", "Next ▶", button_type="primary", width=92)
         self.close_btn = button("partex-teach-close", "Close", width=70)
-        self.back_btn.on_click(lambda e: self.back())
-        self.next_btn.on_click(lambda e: self.next())
-        self.close_btn.on_click(lambda e: self.close())
-        self.state.param.watch(self._on_model, ["workspace", "infos", "baselines"])
+        clock = self.state.clock
+        on_click(self.back_btn, clock, "the walkthrough's Back button", self.back)
+        on_click(self.next_btn, clock, "the walkthrough's Next button", self.next)
+        on_click(self.close_btn, clock, "the walkthrough's Close button", self.close)
+        on_change(self.state, clock, "the walkthrough's model", self._on_model, ["workspace", "infos", "baselines"])
         # in the sidebar, below the search controls: it covers neither a card nor the sidebar's
         # forms (they move down while it shows); the buttons above the text: a long step scrolls
         # in the panel, they stay in view

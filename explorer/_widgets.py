@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import panel as pn
 from bokeh.core.enums import SizingModeType
@@ -74,11 +74,41 @@ def select(key: str, label: str, **params) -> pn.widgets.Select:
     return keyed(pn.widgets.Select)(key, name=label, **params)
 
 
-def bind(widget, state, name: str, attr: str = "value") -> None:
-    """Two-way link between widget.<attr> and state.<name>."""
+def on_click(button, clock, what: str, fn: Callable[[], Any]) -> None:
+    """Run ``fn()`` when ``button`` is pressed, as one of the page's callbacks that does
+    ``what`` (``page_callback``: timed on ``clock``, a ``_loop.PageClock``)."""
+
+    def clicked(event):
+        with page_callback(clock, what):
+            fn()
+
+    button.on_click(clicked)
+
+
+def on_change(obj, clock, what: str, fn: Callable[..., Any], names: Iterable[str]) -> None:
+    """Run ``fn(*events)`` when any of the parameters ``names`` of ``obj`` (a widget, the
+    page's state, a view) changes, as one of the page's callbacks that does ``what``
+    (``page_callback``: timed on ``clock``; one run inside another callback, as a state's
+    watcher inside the button that set the state, counts as part of that one)."""
+
+    def changed(*events):
+        with page_callback(clock, what):
+            fn(*events)
+
+    obj.param.watch(changed, list(names))
+
+
+def bind(widget, state, name: str, attr: str = "value", *, clock=None) -> None:
+    """Two-way link between widget.<attr> and state.<name>; with a ``clock`` (a
+    ``_loop.PageClock``), each way is one of the page's timed callbacks (``on_change``)."""
     setattr(widget, attr, getattr(state, name))
-    widget.param.watch(lambda e: setattr(state, name, e.new), [attr])
-    state.param.watch(lambda e: setattr(widget, attr, e.new), [name])
+    to_state, to_widget = (lambda e: setattr(state, name, e.new)), (lambda e: setattr(widget, attr, e.new))
+    if clock is None:
+        widget.param.watch(to_state, [attr])
+        state.param.watch(to_widget, [name])
+    else:
+        on_change(widget, clock, f"the {name} field", to_state, [attr])
+        on_change(state, clock, f"the {name} field shown", to_widget, [name])
 
 
 class Html(pn.viewable.Viewer):

@@ -16,83 +16,41 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 from playwright.sync_api import sync_playwright
 
+from _browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, chromium_missing, free_port, page_state, served, wait
 from partex.explorer import PING_JS, serve_command
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def _state(page) -> dict:
-    text = page.evaluate("""() => { const d = window.Bokeh && Bokeh.documents[0];
-        const m = d && d.get_model_by_name('partex-state'); return m ? m.text : null }""")
-    return json.loads(text) if text else {}
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise SystemExit(f"explorer_latency: timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(runs: int, pings: int) -> dict:
-    port = _port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/app"
     tmp = tempfile.mkdtemp(prefix="partex-latency-")
     env = dict(os.environ, JAX_PLATFORMS="cpu", PARTEX_SESSIONS_DIR=tmp)
     t0 = time.monotonic()
-    server = subprocess.Popen(serve_command(port), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def up():  # a static file: each GET of /app would make a session that loads a model
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/assets/logo.svg", timeout=30) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    try:
-        _wait(up, 300, "panel serve to answer")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            page.goto(url)
-            _wait(lambda: _state(page).get("phase") == "ready", 300, "the model to load")
-            first_view = time.monotonic() - t0
-            trips: list[float] = []
-            sims = 0
-            for _ in range(runs):
-                before = _state(page).get("simulations", 0)
-                page.get_by_role("button", name="▶ Run", exact=True).click()
-                _wait(lambda: _state(page).get("simulations", 0) > before, 300, "the search to start")
-                trips += page.evaluate(PING_JS, pings)
-                s = _state(page)
-                page.get_by_role("button", name="❚❚ Pause", exact=True).click()
-                sims += s["simulations"] - before
-            timings = _state(page)["timings"]
-            browser.close()
-    finally:
-        server.terminate()
-        server.wait(30)
+    with served(serve_command(port), port, env), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(url)
+        wait(lambda: page_state(page).get("phase") == "ready", 300, "the model to load", "explorer_latency")
+        first_view = time.monotonic() - t0
+        trips: list[float] = []
+        sims = 0
+        for _ in range(runs):
+            before = page_state(page).get("simulations", 0)
+            page.get_by_role("button", name="▶ Run", exact=True).click()
+            wait(lambda before=before: page_state(page).get("simulations", 0) > before, 300, "the search to start", "explorer_latency")
+            trips += page.evaluate(PING_JS, pings)
+            s = page_state(page)
+            page.get_by_role("button", name="❚❚ Pause", exact=True).click()
+            sims += s["simulations"] - before
+        timings = page_state(page)["timings"]
+        browser.close()
     trips.sort()
     return {"first_view_s": round(first_view, 2), "pings": len(trips),
             "ping_ms_median": round(statistics.median(trips), 1),
@@ -107,8 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pings", type=int, default=30, help="pings per round (default 30)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
-    if not os.path.exists(CHROMIUM):
-        print(f"explorer_latency: {CHROMIUM} is missing: run `make chromium`", file=sys.stderr)
+    if missing := chromium_missing():
+        print(f"explorer_latency: {missing}", file=sys.stderr)
         return 2
     out = measure(args.runs, args.pings)
     if args.json:

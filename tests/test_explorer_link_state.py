@@ -180,7 +180,9 @@ def test_a_link_to_a_saved_session_resumes_it_with_the_links_pins(tmp_path):
             time.sleep(0.05)
         st.session_name = "run1"
         st.save_session()
-        assert "saved session run1" in st.message
+        while "saved session run1" not in st.message:  # the search writes it between two chunks
+            st.poll()
+            time.sleep(0.05)
     finally:
         st.close()
     # the session with the link's decisions in place of its own

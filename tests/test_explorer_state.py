@@ -99,7 +99,7 @@ def test_verify_in_the_explorer_marks_a_plan_over_budget_and_the_best_moves_on(t
         _settle(st, lambda: st.verify_status.startswith(("done", "failed")), "XLA's verdict")
         out = st.verify_result
         assert out is not None and out.memory.xla > budget and not out.fits, (st.message, out)
-        assert "marked infeasible" in st.message, st.message
+        _settle(st, lambda: "marked infeasible" in st.message, "the plan marked infeasible")
         _settle(st, lambda: st.best is None or st.best.decisions != best.decisions, "the best to move on")
     finally:
         st.close()
@@ -472,7 +472,7 @@ def test_an_uploaded_plan_then_another_model_loads_and_the_search_goes_on(tmp_pa
         _settle(st, lambda: st.config.mesh.text() == "data=2,model=4" and "load" not in st.busy, "the new mesh")
         assert st.uploaded is not None and st.phase == "ready"
         st.pin(st.workspace.an.group_by_label("heads").id, "model")  # a pin on a group the mlp lacks
-        assert st.pins
+        _settle(st, lambda: st.pins, "the pin")
         st.model_name = "mlp"
         st.load()
         _settle(st, lambda: st.workspace.choice.spec == "mlp" and st.phase == "ready" and "load" not in st.busy,
@@ -742,3 +742,177 @@ def test_use_this_mesh_on_the_pages_own_mesh_brings_the_rows_plan_into_its_searc
         assert st.best.report.step_time == pytest.approx(plan.report.step_time, rel=1e-12)
     finally:
         st.close()
+
+
+def test_the_page_clock_counts_a_callback_inside_another_as_part_of_it():
+    """A callback run inside another (a state's watcher inside the button that set the state)
+    is one callback on the page's clock: the outer one's time, named with the inner one's
+    part; the slowest callbacks are kept by name, slowest first."""
+    from partex.explorer._loop import SLOWEST_KEPT, PageClock
+
+    clock = PageClock("t", lambda: False)
+    with clock.timed("the Run button"):
+        with clock.timed("the headline"):
+            time.sleep(0.03)
+    assert clock.timings["callbacks"] == 1
+    (what, ms, cpu), = clock.slowest
+    assert what.startswith("the Run button; the headline ") and what.endswith(" ms") and ms >= 30 and cpu < ms
+    for i in range(SLOWEST_KEPT + 2):
+        with clock.timed(f"quick {i}"):
+            pass
+    assert clock.timings["callbacks"] == SLOWEST_KEPT + 3
+    assert len(clock.slowest) == SLOWEST_KEPT and clock.slowest[0][0].startswith("the Run button")
+    assert [c[1] for c in clock.slowest] == sorted((c[1] for c in clock.slowest), reverse=True)
+    assert clock.timings["max_callback_ms"] == clock.slowest[0][1]
+
+
+def test_every_change_a_view_hears_is_timed_on_the_page_clock(tmp_path):
+    """The state's own watchers and a view's (through ``_widgets.on_change`` / ``on_click``)
+    run as timed callbacks: a field typed in the sidebar, a button pressed, a state change
+    made outside any callback each count once, and the probe names the slowest."""
+    from partex.explorer._controls import MeshControls, SearchControls
+
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and not st.busy, "the model to load")
+        mesh, search = MeshControls(state=st), SearchControls(state=st)
+        before = st.clock.timings["callbacks"]
+        search.step_size.value = 7  # the page's widget: the bound state follows, in one callback
+        assert st.step_size == 7 and st.clock.timings["callbacks"] == before + 1
+        search.step.clicks += 1  # the Step button
+        assert st.clock.timings["callbacks"] == before + 2
+        st.hardware = mesh.hardware.options[-1]  # the state set apart from any callback: its watchers
+        assert mesh.hardware.value == st.hardware and st.clock.timings["callbacks"] > before + 2
+        st.prober.update()
+        timings = json.loads(st.probe)["timings"]
+        assert timings["slowest"][0][1] == timings["max_callback_ms"], timings
+        assert all(isinstance(w, str) and w for w, _, _ in timings["slowest"]), timings
+    finally:
+        st.close()
+
+
+def test_a_pin_asked_while_a_long_simulation_runs_never_holds_the_page():
+    """On a large model one simulation takes seconds: a pin asked meanwhile returns at once,
+    and its answer (the new pins) comes with a later poll, once the simulation ends."""
+    session = partex.Session.from_spec("mlp", mesh="data=4,model=2", memory="3MiB")
+    real_step = session.step
+
+    def slow_step(n=1):
+        time.sleep(1.5)
+        return real_step(n)
+
+    session.step = slow_step  # what the forked child will call
+    ws = Workspace(session.spec, session)
+    group = ws.an.decision_groups[0].id
+    runner = ProcessRunner(session, ws, session="t")
+    try:
+        runner.step(1)
+        time.sleep(0.3)  # the child is inside its simulation
+        answers: list[tuple[bool, object]] = []
+        t0 = time.perf_counter()
+        runner.ask("pin", group, "data", done=lambda ok, value: answers.append((ok, value)))
+        assert time.perf_counter() - t0 < 0.1
+        assert not answers and not list(runner.answered())
+
+        def answered():
+            runner.receive()
+            for done, ok, value in runner.answered():
+                done(ok, value)
+            return answers
+
+        (ok, (pins, forbidden)), = wait_for(answered, what="the pin's answer")
+        assert ok and [(p.group, p.slot) for p in pins] == [(group, "data")] and not forbidden
+        assert time.perf_counter() - t0 > 0.5  # it came after the simulation under way
+    finally:
+        runner.close()
+
+
+def test_a_step_says_the_count_its_simulations_end_at(tmp_path):
+    """Step on a paused search: the banner says it steps, then, once its simulations have
+    ended, the count the cards show (never the count of the pause before it)."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.step_size = 20
+        st.step()
+        assert st.message == "stepping 20 simulations from 0"
+        _settle(st, lambda: st.message.startswith("paused after"), "the first step's count")
+        first = st.stats.simulations
+        assert first >= 20 and st.message.startswith(f"paused after {first:,} simulations"), st.message
+        st.step()
+        _settle(st, lambda: st.stats.simulations >= first + 20 and not st.running
+                and st.message.startswith("paused after"), "the second step's count")
+        assert st.message.startswith(f"paused after {st.stats.simulations:,} simulations"), st.message
+    finally:
+        st.close()
+
+
+def test_an_upload_carried_to_another_step_is_scored_there_or_set_aside(tmp_path):
+    """An upload stays on the page when the model's step changes (here: its stack pipelined)
+    only as a plan scored on the new step: its decisions never name the old analysis's groups
+    (the Plan and Compare cards read them against the new one). One that does not apply there
+    is set aside with a message, and the search goes on."""
+    from partex.explorer._compare import CompareView
+    from partex.explorer._tables import PlanView
+
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _load_scanned(st)
+        st.step_size = 20
+        st.step()
+        _settle(st, lambda: st.best is not None and not st.running, "a plan")
+        st.upload_plan(st.plan_json().encode(), "best.json")
+        _settle(st, lambda: st.uploaded is not None, "the upload")
+        views = PlanView(state=st), CompareView(state=st)  # they render the upload on every change
+        st.shown_plan = "uploaded"
+        st.mesh_text = "stage=2,data=2,model=2"
+        st.pipeline_text = "stack0:stage:4"
+        _settle(st, lambda: st.config.pipeline is not None and not st.busy, "the pipelined step")
+        groups = len(st.workspace.an.groups)
+        if st.uploaded is not None:
+            assert all(d.group < groups for d in st.uploaded.decisions if hasattr(d, "group"))
+        else:
+            assert "the uploaded plan is no longer listed: it does not apply to the new step" in st.message
+        st.step()
+        _settle(st, lambda: st.stats.simulations >= 20 and not st.running, "a step on the pipelined step")
+        assert "internal error" not in st.message, st.message
+        assert views[0].which.value in views[0].which.options
+    finally:
+        st.close()
+
+
+def test_measure_refuses_plans_that_outgrow_this_machines_memory(tmp_path, monkeypatch):
+    """On simulated CPU devices every device's memory is this machine's: a plan whose peak on
+    each device times the devices is more than the machine has is never run (its process would
+    be killed minutes later); the page says what it needs and where to measure it."""
+    import partex.explorer._plancard as plancard
+
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and not st.busy, "the model to load")
+        monkeypatch.setattr(plancard, "measures_on_cpu", lambda: True)
+        monkeypatch.setattr(plancard, "host_memory", lambda: 1024)  # 1 KiB: no plan fits in it
+        st.measure()
+        assert "measure" not in st.busy and st.message_level == "warning", st.message
+        assert st.message.startswith("cannot measure here: the plans run on simulated CPU devices, which share this "
+                                     "machine's 1.0 KiB of memory"), st.message
+        assert "partex measure" in st.message and st.measure_status.startswith("not run: the smallest plan needs")
+    finally:
+        st.close()
+
+
+def test_the_probe_is_written_once_when_a_callback_ends():
+    """Work asked for ``later`` inside a callback (the state's JSON, asked for by each change
+    the callback makes) runs once, when the outermost callback ends; outside any, at once."""
+    from partex.explorer._loop import PageClock
+
+    clock = PageClock("t", lambda: False)
+    ran: list[str] = []
+    with clock.timed("the Run button"):
+        with clock.timed("the headline"):
+            clock.later("probe", lambda: ran.append("first"))
+            clock.later("probe", lambda: ran.append("second"))
+        assert ran == []
+    assert ran == ["second"]
+    clock.later("probe", lambda: ran.append("now"))
+    assert ran == ["second", "now"]

@@ -92,3 +92,18 @@ def partex_value_and_grad(w, x):
     import jax
 
     return jax.value_and_grad(lambda w: jnp.tanh(x @ w).sum())(w)
+
+
+def test_a_worker_killed_by_the_system_says_so_and_how_to_fix_it(tmp_path):
+    """A worker the system kills (SIGKILL: most often out of memory, as a 7b step on simulated
+    CPU devices) is bad luck with the machine, said in one line that teaches the fix, not a
+    crash of partex's own."""
+    import os
+
+    from partex.plan._worker import run_worker
+
+    (tmp_path / "killed_worker.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    with pytest.raises(partex.PartexError, match=r"measuring dp: its process was killed by SIGKILL \(the system's "
+                                                 r"out-of-memory killer.*try a smaller preset"):
+        run_worker("killed_worker", "measure", {}, env, 60, "measuring dp")

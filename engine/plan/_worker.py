@@ -10,6 +10,7 @@ parent raises ``PartexError``), or anything else with its traceback (``crash``).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from typing import Any, Callable
@@ -27,7 +28,12 @@ def run_worker(module: str, tag: str, spec: dict, env: dict, timeout: float, wha
         raise PartexError(f"{what} did not finish within {timeout:.0f} s") from None
     marker = f'{{"partex-{tag}"'
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(marker)]
-    if not lines:  # the worker died (killed, out of memory): everything it said
+    if not lines and r.returncode < 0:  # killed by a signal: the machine's doing, not partex's
+        name = signal.Signals(-r.returncode).name if -r.returncode in signal.Signals._value2member_map_ else str(-r.returncode)
+        why = (" (the system's out-of-memory killer, most often: the step needs more memory than this machine has; "
+               "try a smaller preset, or run it on the devices it is planned for)" if name == "SIGKILL" else "")
+        raise PartexError(f"{what}: its process was killed by {name}{why}")
+    if not lines:  # the worker died (out of memory in the runtime, a crash): everything it said
         raise RuntimeError(f"{tag}'s worker process exited with code {r.returncode} and no result; "
                            f"its output:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}")
     out = json.loads(lines[-1])[f"partex-{tag}"]
