@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--allow-origin", action="append", default=[], metavar="HOST[:PORT]",
                     help="a name or address browsers reach the server by (its websocket origin), beside "
                          "--address and localhost (repeatable)")
+    sv.add_argument("--search-workers", metavar="N",
+                    help="how many pages' searches run at once; the others wait in a queue, each page told its "
+                         "place, and take turns (default: PARTEX_SEARCH_WORKERS, else one fewer than this "
+                         "machine's cores, at least 1)")
 
     v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
     _add_model_args(v)
@@ -976,7 +980,7 @@ def cmd_serve(args) -> int:
             from None
     return explorer.serve(port=args.port, address=args.address, show=args.show, profiles=args.hardware_profile,
                           auth_file=args.auth_file, insecure=args.insecure, models_dir=args.models_dir,
-                          max_upload=max_upload, origins=args.allow_origin)
+                          max_upload=max_upload, origins=args.allow_origin, search_workers=args.search_workers)
 
 
 COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search,

@@ -6,7 +6,8 @@ baselines and XLA's view of the plan. Importing this package does not import Pan
 
 Served beyond this machine it asks for a password (``serve``'s ``auth_file``; a non-loopback
 address without one is refused unless ``insecure``); its page loads models of its users' own
-only from the folder ``models_dir`` names, and files up to ``max_upload`` bytes.
+only from the folder ``models_dir`` names, and files up to ``max_upload`` bytes; at most
+``search_workers`` pages' searches run at once, the others queued (``_pool``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import tempfile
 
 from partex import PartexError, format_bytes
 
-from ._access import (MAX_UPLOAD, MAX_UPLOAD_ENV, MODELS_DIR_ENV, PASSWORD_ENV, check_exposure, credentials,
-                      is_loopback, write_credentials)
+from ._access import (MAX_UPLOAD, MAX_UPLOAD_ENV, MODELS_DIR_ENV, PASSWORD_ENV, SEARCH_WORKERS_ENV, check_exposure,
+                      credentials, is_loopback, write_credentials)
+from ._pool import SLICE_SECONDS, default_workers, parse_workers
 
 HERE = pathlib.Path(__file__).resolve().parent
 APP = HERE / "app.py"
@@ -79,8 +81,10 @@ def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = Fal
         "--address", address, "--port", str(port),
         "--static-dirs", f"assets={STATIC}",
         *(f"--allow-websocket-origin={o}" for o in dict.fromkeys(allowed)),
+        # a closed tab's session ends within a second of its lifetime: its search process, and
+        # its memory, with it
         "--unused-session-lifetime", str(session_lifetime_ms),
-        "--check-unused-sessions", str(max(500, session_lifetime_ms // 2)),
+        "--check-unused-sessions", str(max(250, min(1000, session_lifetime_ms // 2))),
         "--warm",  # run the app once at start: imports done and the demo model traced before the first tab
     ]
     if max_upload is not None:
@@ -105,7 +109,8 @@ def _die_with_parent() -> None:
 
 def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, profiles=(), *,
           auth_file: str | os.PathLike | None = None, insecure: bool = False,
-          models_dir: str | os.PathLike | None = None, max_upload: int | None = None, origins=()) -> int:
+          models_dir: str | os.PathLike | None = None, max_upload: int | None = None, origins=(),
+          search_workers: int | str | None = None) -> int:
     """Serve the explorer until interrupted (``partex serve``); returns panel's exit code.
     SIGTERM and SIGHUP are passed on to the panel server, which this process waits for, and
     the server ends with this process whatever ends it: a process manager or a test harness
@@ -117,7 +122,9 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
     ``insecure``. ``models_dir``: the folder the page may load models of its users' own from
     (``FILE.py:function`` inside it; None: the demo models only). ``max_upload``: the largest
     file the page takes, in bytes (None: ``_engine.MAX_UPLOAD``). ``origins``: more
-    ``HOST[:PORT]`` a browser reaches the page by (``serve_command``). PartexError, before
+    ``HOST[:PORT]`` a browser reaches the page by (``serve_command``). ``search_workers``: how
+    many pages' searches run at once (None: ``$PARTEX_SEARCH_WORKERS``, else one fewer than the
+    machine's cores, at least 1); the others wait their turn (``_pool``). PartexError, before
     anything starts, for any of these that is wrong."""
     creds = credentials(auth_file, dict(os.environ))
     check_exposure(address, creds is not None, insecure)
@@ -126,6 +133,12 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
     max_upload = MAX_UPLOAD if max_upload is None else int(max_upload)
     if max_upload <= 0:
         raise PartexError(f"--max-upload must be a positive size, got {max_upload} bytes")
+    if search_workers is not None:
+        workers = parse_workers(search_workers)
+    elif os.environ.get(SEARCH_WORKERS_ENV, "").strip():
+        workers = parse_workers(os.environ[SEARCH_WORKERS_ENV], SEARCH_WORKERS_ENV)
+    else:
+        workers = default_workers()
     env = dict(os.environ)
     env.pop(PASSWORD_ENV, None)  # read here; nothing the server runs needs it
     # analysis and search need no accelerator; the plans the page measures run on the
@@ -138,6 +151,7 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
     if models_dir is not None:
         env[MODELS_DIR_ENV] = os.path.realpath(models_dir)
     env[MAX_UPLOAD_ENV] = str(max_upload)
+    env[SEARCH_WORKERS_ENV] = str(workers)
     private = tempfile.mkdtemp(prefix="partex-serve-")  # this user's only (0700)
     try:
         auth_path = None
@@ -148,7 +162,9 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
         print(f"partex explorer on http://{address}:{port}/app"
               + (" (password asked)" if creds is not None else "")
               + (f"; models of your own from {env[MODELS_DIR_ENV]}" if models_dir is not None else "")
-              + f"; uploads up to {format_bytes(max_upload)}", flush=True)
+              + f"; uploads up to {format_bytes(max_upload)}"
+              + f"; {workers} search{'es' if workers > 1 else ''} at once, the others queued in turns of "
+                f"{SLICE_SECONDS:.0f} s", flush=True)
         if creds is None and not is_loopback(address):
             print(f"partex: warning: --insecure: anyone who reaches {address}:{port} uses the explorer, and this "
                   "machine, with no password", file=sys.stderr, flush=True)

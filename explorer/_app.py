@@ -14,6 +14,7 @@ from ._compare import CompareView
 from ._controls import FileControls, MeshControls, ModelControls, SearchControls
 from ._graph import DecisionView, GraphView
 from ._meshes import MeshesView
+from ._pool import server_pool
 from ._share import LinkControls
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
@@ -244,11 +245,11 @@ def _busy_spinner(state: ExplorerState):
                                         visible=False)
 
     def show_busy(*_):
-        value = bool(state.busy) or state.running
+        value = bool(state.busy) or (state.running and not state.search_queue)  # queued: no work yet
         if busy.visible != value:
             busy.visible = value
 
-    on_change(state, state.clock, "the header's spinner", show_busy, ["busy", "running"])
+    on_change(state, state.clock, "the header's spinner", show_busy, ["busy", "running", "search_queue"])
     return busy
 
 
@@ -263,9 +264,11 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         # catches any address that slips through).
         rel = pn.state.rel_path
         doc.template_variables.setdefault("dist_url", f"{rel}/{PANEL_DIST}" if rel else PANEL_DIST)
-    # a link's query (``_link``): the page opens on the state it names
+    # a link's query (``_link``): the page opens on the state it names; a served page's search
+    # takes turns at the server's search slots
     state = ExplorerState(sessions_dir=sessions_dir, session_id=session_id,
-                          link=pn.state.session_args if ctx is not None else None)
+                          link=pn.state.session_args if ctx is not None else None,
+                          pool=server_pool() if ctx is not None else None)
     if doc is not None:
         _STATES[doc] = state
 

@@ -58,7 +58,7 @@ class KpiView(pn.viewable.Viewer):
         super().__init__(**params)
         self._pane = html(sizing_mode="stretch_width", margin=(0, 0, 6, 0), name="kpis")
         on_change(self.state, self.state.clock, "the headline", self._render,
-                  ["best", "stats", "running", "baselines", "phase", "workspace"])
+                  ["best", "stats", "running", "search_queue", "baselines", "phase", "workspace"])
         self._render()
 
     # an Html viewer: Panel renders what __panel__ returns through pn.panel(), which unwraps viewers
@@ -92,9 +92,12 @@ class KpiView(pn.viewable.Viewer):
             mem = ("—", f"of {budget} per device")
             mem_cls = ""
             comm = ("—", "the step waits for it")
-        state_txt = {"loading": "loading", "failed": "no model"}.get(s.phase, "running" if s.running else "paused")
+        queued = bool(s.search_queue)  # Run, or a Step, waiting for one of the server's search slots
+        state_txt = {"loading": "loading", "failed": "no model"}.get(
+            s.phase, "queued" if queued else "running" if s.running else "paused")
         # on a large model the first simulation (its local search) takes seconds: say what it does
-        sims_sub = ("the first under way: a local search from the best plan so far" if s.running and sims == 0
+        sims_sub = (s.search_queue.removeprefix("queued: ") if queued else
+                    "the first under way: a local search from the best plan so far" if s.running and sims == 0
                     else f"simulations · {rate:,.0f}/s")
         badge = f"<span class='badge {state_txt}'>{state_txt}</span>"
         model = esc(ws.choice.title) if ws else "—"

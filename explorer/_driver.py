@@ -1,5 +1,6 @@
 """The page's search (``SearchDriver``): its runner (``_runner``: a forked child, or a thread),
-the search controls' actions, and the snapshots the page picks up from it."""
+its turn at the server's search slots (``_pool``), the search controls' actions, and the
+snapshots the page picks up from it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from partex import SearchStats, Session
 from ._banner import Banner
 from ._engine import PlanSummary, Workspace
 from ._format import fmt_time
+from ._pool import SearchTurn, Standing, queue_words
 from ._runner import ProcessRunner, SearchSnapshot, ThreadRunner, make_runner
 from ._slice import ParamSlice
 
@@ -36,18 +38,24 @@ def warm_start_name(best: PlanSummary, hand: dict[str, PlanSummary]) -> str | No
 class SearchDriver:
     """Drives the page's search. Owns its runner (``ProcessRunner`` or ``ThreadRunner``) and
     what the page has taken from it: the last snapshot shown, whether the no-fit warning was
-    said, and a pause's message, whose count waits for the search's last snapshot. ``page``
-    sets the state's ``running``, ``best``, ``stats``, ``pins`` and ``forbidden`` and reads
+    said, and a pause's message, whose count waits for the search's last snapshot. Its runner
+    steps only while ``turn`` holds one of the server's search slots; waiting for one, the page
+    says its place in the queue (``search_queue``, and the banner). ``page`` sets the state's
+    ``running``, ``best``, ``stats``, ``pins``, ``forbidden`` and ``search_queue`` and reads
     ``workspace``, ``config`` and ``baselines``; ``probe()`` updates the state's JSON; ``internal_error``
     reports partex's own bug on the page. ``name``: the session's id (the runner's name)."""
 
     def __init__(self, page: ParamSlice, banner: Banner, probe: Callable[[], None],
-                 internal_error: Callable[[str, Exception], None], name: str):
+                 internal_error: Callable[[str, Exception], None], name: str, turn: SearchTurn):
         self.page = page
         self.banner = banner
         self.probe = probe
         self.internal_error = internal_error
         self.name = name
+        self.turn = turn
+        # the banner's line the turn last said (searching, or the place in the queue): the
+        # turn says its news again only while no newer message has replaced it
+        self._turn_line: str | None = None
         self.runner: ProcessRunner | ThreadRunner | None = None
         self._seen_version = -1
         self._last_apply = 0.0
@@ -63,7 +71,7 @@ class SearchDriver:
     # ------------------------------------------------------------------ the runner's life
     def start(self, session: Session, ws: Workspace) -> None:
         """A new search on ``session`` (the runner steps a copy); its pins and forbids shown."""
-        self.runner = make_runner(session, ws, session=self.name)
+        self.runner = make_runner(session, ws, session=self.name, held=True)  # until its turn
         self.page.pins = session.pins
         self.page.forbidden = session.forbidden
 
@@ -84,11 +92,34 @@ class SearchDriver:
         if self.runner is not None:
             self.runner.close(wait=0.2)
             self.runner = None
+        self.take_turn()
 
     def close(self) -> None:
-        """The tab closed: stop the search."""
+        """The tab closed: stop the search; its slot or place in the queue goes to the next."""
         if self.runner is not None:
             self.runner.close()
+        self.turn.leave()
+
+    # ------------------------------------------------------------------ its turn at the slots
+    def take_turn(self) -> Standing:
+        """Ask for a search slot while the search has work, give it up when it has none; the
+        runner steps only while it holds one. A change of standing is said on the page: the
+        place in the queue, the turn come or over."""
+        before = self.turn.standing
+        now = self.turn.sync(self.runner)
+        words = queue_words(now)
+        if words != self.page.search_queue:
+            self.page.search_queue = words
+        if now[:2] != before[:2] and self._turn_line is not None and self._turn_line == self.banner.line:
+            if now.state == "waiting":
+                again = "its turn is over, " if before.state == "running" else ""
+                self.banner.say(f"{again}{words}; the search goes on when its turn comes (Pause leaves the "
+                                "queue); pin, forbid, compare and verify meanwhile")
+                self._turn_line = self.banner.line
+            elif now.state == "running" and before.state == "waiting":
+                self.banner.say(self._searching())
+                self._turn_line = self.banner.line
+        return now
 
     # ------------------------------------------------------------------ the search controls
     def need_runner(self) -> ProcessRunner | ThreadRunner | None:
@@ -104,14 +135,20 @@ class SearchDriver:
             r.run()
             self._step_to = None
             self.page.running = True
-            an = self.page.workspace.an
-            pins = ", ".join(an.decision_label(d) for d in self.page.pins)
             self._pause_line = None
-            first = self.page.stats.simulations == 0
-            self.banner.say(f"searching on {self.page.config.mesh.text()}"
-                            + (f" from the pinned {pins}" if pins else "")
-                            + (f"; the first simulation: {self._first()}" if first else "")
-                            + "; Pause to stop, pin or forbid a group any time")
+            self.banner.say(self._searching())
+            self._turn_line = self.banner.line
+            self.take_turn()
+
+    def _searching(self) -> str:
+        """What the search does once it runs, in words."""
+        an = self.page.workspace.an
+        pins = ", ".join(an.decision_label(d) for d in self.page.pins)
+        first = self.page.stats.simulations == 0
+        return (f"searching on {self.page.config.mesh.text()}"
+                + (f" from the pinned {pins}" if pins else "")
+                + (f"; the first simulation: {self._first()}" if first else "")
+                + "; Pause to stop, pin or forbid a group any time")
 
     def _first(self) -> str:
         """What the first simulation does, in words (on a large model it takes seconds): a
@@ -128,6 +165,8 @@ class SearchDriver:
     def pause(self) -> None:
         if self.runner:
             self.runner.pause()
+        self._turn_line = None
+        self.take_turn()  # the slot goes to the next (a Step's simulations still to make keep it)
         was = self.page.running
         self.page.running = False
         if was:  # the "searching on ..." message would outlive the search
@@ -161,6 +200,8 @@ class SearchDriver:
                 self._step_to = start + n
                 self.banner.say(f"stepping {n:,} simulations from {start:,}")
                 self._pause_line = self.banner.line
+            self._turn_line = self.banner.line  # a Step that waits for a slot says so
+            self.take_turn()
 
     def decide(self, how: str, group: int | None, axis: str | None) -> None:
         """Pin, forbid or release (``how``: "pin", "forbid", "unpin") ``group`` on ``axis``."""
@@ -214,6 +255,7 @@ class SearchDriver:
                 done(ok, value)
             except Exception as e:
                 self.internal_error("taking the search's answer", e)
+        self.take_turn()
         now = time.perf_counter()
         if (r is not None and snap is not None and snap.version != self._seen_version
                 and (not snap.running or snap.best is not self.page.best

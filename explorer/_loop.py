@@ -86,17 +86,48 @@ SLOWEST_KEPT = 5  # the slowest callbacks the clock names (``PageClock.slowest``
 NESTED_NOTED_MS = 10  # a callback run inside another is named in its log line from this long
 
 
+class LagHistogram:
+    """Lags in ms, counted in 1 ms bins up to ``LAG_BINS`` ms (the last bin holds all beyond):
+    a percentile in constant memory, however long the page is open."""
+
+    def __init__(self):
+        self.counts = [0] * LAG_BINS
+        self.n = 0
+
+    def add(self, ms: float) -> None:
+        self.counts[min(LAG_BINS - 1, max(0, int(ms)))] += 1
+        self.n += 1
+
+    def percentile(self, q: float) -> float:
+        """The lag (ms, the upper edge of its bin) that ``q`` (0-1) of the lags are under; 0
+        with none counted."""
+        if not self.n:
+            return 0.0
+        want, seen = q * self.n, 0
+        for ms, c in enumerate(self.counts):
+            seen += c
+            if seen >= want:
+                return float(ms + 1)
+        return float(LAG_BINS)
+
+
+LAG_BINS = 2000
+P95_EVERY = 10  # ticks between two updates of the p95 in ``timings`` (1 s at the page's 100 ms)
+
+
 class PageClock:
     """How long the page waits on the server: its callbacks on the event loop (``timed``: the
     slowest, in wall time and in the loop thread's own CPU time, which other processes and
-    threads on a busy machine do not inflate; a slow one is logged with what it did) and,
-    while a search runs (``running()``), the loop's lag (``timings``, in ms). ``slowest``: the
-    SLOWEST_KEPT slowest callbacks, slowest first, as (what, wall ms, CPU ms)."""
+    threads on a busy machine do not inflate; a slow one is logged with what it did) and the
+    loop's lag, measured all the time the page is open (``tick``): its largest and its 95th
+    percentile (``timings``, in ms). ``slowest``: the SLOWEST_KEPT slowest callbacks, slowest
+    first, as (what, wall ms, CPU ms)."""
 
-    def __init__(self, name: str, running: Callable[[], bool]):
+    def __init__(self, name: str):
         self.name = name
-        self.running = running
-        self.timings = {"max_callback_ms": 0.0, "max_callback_cpu_ms": 0.0, "max_loop_lag_ms": 0.0, "callbacks": 0}
+        self.timings = {"max_callback_ms": 0.0, "max_callback_cpu_ms": 0.0, "max_loop_lag_ms": 0.0,
+                        "p95_loop_lag_ms": 0.0, "callbacks": 0}
+        self.lags = LagHistogram()
         self.slowest: list[tuple[str, float, float]] = []
         self._last_tick: float | None = None
         # the callbacks running now on each thread, outermost first: one run inside another
@@ -106,11 +137,16 @@ class PageClock:
 
     def tick(self, period: float) -> None:
         """The event-loop lag monitor: called every ``period`` s; a late call means the
-        server's loop was blocked for that long."""
+        server's loop was blocked for that long (an early one, after a late one, counts as
+        none)."""
         now = time.perf_counter()
-        if self._last_tick is not None and self.running():
-            lag = (now - self._last_tick - period) * 1e3
-            self.timings["max_loop_lag_ms"] = max(self.timings["max_loop_lag_ms"], lag)
+        if self._last_tick is not None:
+            lag = max(0.0, (now - self._last_tick - period) * 1e3)
+            self.lags.add(lag)
+            t = self.timings
+            t["max_loop_lag_ms"] = max(t["max_loop_lag_ms"], lag)
+            if self.lags.n % P95_EVERY == 0:
+                t["p95_loop_lag_ms"] = self.lags.percentile(0.95)
         self._last_tick = now
 
     @contextlib.contextmanager

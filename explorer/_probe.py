@@ -12,7 +12,7 @@ from ._loop import PageClock
 
 # The parameters whose change the probe shows at once. Others (a verification's report, a
 # measurement) change beside one of these, or are followed by ``Probe.update``.
-PROBED = ("ping", "message", "message_level", "field_error", "phase", "busy", "running", "best", "pins",
+PROBED = ("ping", "message", "message_level", "field_error", "phase", "busy", "running", "search_queue", "best", "pins",
           "forbidden", "uploaded", "verify_status", "measure_status", "sessions", "selected_group", "workspace",
           "baselines", "stats", "mesh_rows", "mesh_status", "link", "opened_session")
 
@@ -28,6 +28,7 @@ def probe_of(state) -> dict:
         "model": ws.choice.to_json() if ws else None,
         "config": ws.config.to_json() if ws else None,
         "running": state.running,
+        "queue": {"words": state.search_queue, **state.driver.turn.standing.to_json()},
         "simulations": state.stats.simulations,
         "best": None if best is None else {
             "step_time": best.report.step_time, "peak": best.report.memory.peak, "fits": best.report.fits,

@@ -10,6 +10,11 @@ child inherits the page's ``partex.Session`` by fork (its analysed model, its se
 nothing is traced or pickled twice. Where there is no fork, ``ThreadRunner`` steps the
 session in a thread instead.
 
+A runner may be held (``hold``): its search stops between two chunks, its state kept, and
+goes on when let go; what it was asked to do (Run, the simulations of a Step) waits. The
+server's pool of search slots holds the searches of the pages waiting for a slot
+(``_pool``); ``busy`` says whether a search has work, held or not.
+
 A Session is not thread-safe; each runner calls it from one place only (the child's loop,
 or the thread under ``lock``). A failure in the child is reported on the page in one line
 and logged whole, with its traceback, in the server's log.
@@ -60,6 +65,7 @@ class SearchSnapshot:
     # from the child process: ``best`` is left out (None), being the one sent before (the
     # parent puts that back in before anyone reads the snapshot)
     best_unchanged: bool = False
+    seen: int = 0  # from the child process: the messages it had read when it sent this one
 
 
 class _Stepper:
@@ -94,9 +100,10 @@ class _Stepper:
         return s.pins, s.forbidden
 
     def snapshot(self, running: bool, error: str | None = None, *, changes_only: bool = False,
-                 tb: str | None = None) -> SearchSnapshot:
+                 tb: str | None = None, seen: int = 0) -> SearchSnapshot:
         """The search's state now. changes_only: ``best`` is left out (``best_unchanged``)
-        when it is the one sent before (a pipe need not carry the plan again)."""
+        when it is the one sent before (a pipe need not carry the plan again); ``seen``: the
+        commands read so far."""
         s = self.session
         stats = s.stats()
         pins = tuple(s.pins)
@@ -112,14 +119,15 @@ class _Stepper:
         self.version += 1
         unchanged = changes_only and not changed
         return SearchSnapshot(self.version, running, stats, None if unchanged else self._best, pins, forbidden,
-                              error, tb, best_unchanged=unchanged)
+                              error, tb, best_unchanged=unchanged, seen=seen)
 
 
-def make_runner(search_session, workspace: Workspace, session: str = ""):
-    """A runner stepping ``search_session`` (a partex.Session); ``session`` names the tab."""
+def make_runner(search_session, workspace: Workspace, session: str = "", *, held: bool = False):
+    """A runner stepping ``search_session`` (a partex.Session); ``session`` names the tab;
+    ``held``: it starts held (``hold``)."""
     if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin":
-        return ProcessRunner(search_session, workspace, session=session)
-    return ThreadRunner(search_session, workspace, session=session)
+        return ProcessRunner(search_session, workspace, session=session, held=held)
+    return ThreadRunner(search_session, workspace, session=session, held=held)
 
 
 # --------------------------------------------------------------------------- in a child process
@@ -131,22 +139,26 @@ class ProcessRunner:
 
     chunk_seconds: target wall time of one ``step(k)``: the longest a command waits.
     publish_seconds: least time between two snapshots while running.
+    held: the child starts held (``hold``).
     """
 
     def __init__(self, search_session, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.05,
-                 publish_seconds: float = 0.25):
+                 publish_seconds: float = 0.25, held: bool = False):
         self.session = session
         self.snapshot: SearchSnapshot | None = None
         self._running = False
         self._closed = False
+        self._held = held
         self._calls = 0
         self._asked: dict[int, tuple[str, Done]] = {}  # ask's calls not answered yet, by id
         self._answers: list[tuple[Done, bool, Any]] = []  # answered, not yet handed to their done
+        self._sent = 0  # messages sent down the pipe (the child counts those it read: ``SearchSnapshot.seen``)
+        self._steps_until = 0  # a Step's message's number, until a snapshot says its simulations are made
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, name=f"partex-search-{session}", daemon=True,
                                  args=(child, self._conn, _Stepper(search_session, workspace, chunk_seconds),
-                                       publish_seconds))
+                                       publish_seconds, held))
         start_forked(self._proc)
         child.close()
 
@@ -162,7 +174,25 @@ class ProcessRunner:
     def alive(self) -> bool:
         return not self._closed and self._proc.is_alive()
 
+    @property
+    def busy(self) -> bool:
+        """Whether the search has work, held or not: Run pressed, or a Step whose simulations
+        are not all made (until a snapshot sent after the child read the Step says so)."""
+        if self._running:
+            return True
+        snap = self.snapshot
+        if self._steps_until and snap is not None and snap.seen >= self._steps_until and not snap.running:
+            self._steps_until = 0
+        return self._steps_until > 0
+
+    def hold(self, held: bool) -> None:
+        """Hold the search between two chunks (True), or let it go on (False)."""
+        if held != self._held:
+            self._held = held
+            self._send("hold", held)
+
     def _send(self, *msg) -> None:
+        self._sent += 1
         try:
             self._conn.send(msg)
         except (OSError, ValueError):  # the child is gone: ``alive`` says so
@@ -178,6 +208,7 @@ class ProcessRunner:
 
     def step(self, n: int) -> None:
         self._send("step", int(n))
+        self._steps_until = self._sent
 
     def quiet(self, seconds: float) -> None:
         """Nothing to do: the child shares no GIL with the page."""
@@ -292,32 +323,38 @@ def reap(proc, conn, wait: float) -> None:
     conn.close()
 
 
-def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float) -> None:
-    """The child's loop: commands between chunks; a snapshot now and then. It ends on
-    "close", or when the server goes away (end of file on the pipe)."""
+def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float, held: bool = False) -> None:
+    """The child's loop: commands between chunks; a snapshot now and then. Held, it steps
+    nothing and waits for the next command. It ends on "close", or when the server goes away
+    (end of file on the pipe)."""
     parent_end.close()  # its copy of the server's end would hide the server's exit
     # the server's handlers (Bokeh stops its event loop on SIGTERM) mean nothing here
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.nice(CHILD_NICENESS)
     gc.freeze()  # what it inherited is never garbage here: keep collections short
-    running, pending, last = False, 0, 0.0
+    running, pending, last, seen = False, 0, 0.0, 0
 
     def publish(error=None, tb=None):
         nonlocal last
-        conn.send(("snapshot", stepper.snapshot(running or pending > 0, error, changes_only=True, tb=tb)))
+        conn.send(("snapshot", stepper.snapshot(running or pending > 0, error, changes_only=True, tb=tb, seen=seen)))
         last = time.perf_counter()
 
     try:
         publish()
         while True:
-            busy = running or pending > 0
+            busy = (running or pending > 0) and not held
             if conn.poll(0 if busy else None):
                 msg = conn.recv()
+                seen += 1
                 kind = msg[0]
                 if kind == "close":
                     return
-                if kind == "run":
+                if kind == "hold":
+                    held = msg[1]
+                    if held:
+                        publish()  # the count it stopped at
+                elif kind == "run":
                     running = True
                 elif kind == "pause":
                     running = False
@@ -365,8 +402,9 @@ class ThreadRunner:
     and stays off the GIL while the page renders a snapshot (``quiet``)."""
 
     def __init__(self, search_session, workspace: Workspace, *, session: str = "", chunk_seconds: float = 0.02,
-                 yield_seconds: float = 0.02, publish_seconds: float = 0.25):
+                 yield_seconds: float = 0.02, publish_seconds: float = 0.25, held: bool = False):
         self.session = session
+        self._held = held
         self.yield_seconds = yield_seconds
         self.publish_seconds = publish_seconds
         self.lock = threading.Lock()
@@ -392,6 +430,17 @@ class ThreadRunner:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        """Whether the search has work, held or not: Run pressed, or a Step not all made."""
+        return self._running or self._pending > 0
+
+    def hold(self, held: bool) -> None:
+        """Hold the search between two chunks (True), or let it go on (False)."""
+        if held != self._held:
+            self._held = held
+            self._wake.set()
 
     @property
     def pid(self) -> int:
@@ -456,7 +505,7 @@ class ThreadRunner:
         error = None
         while not self._closed:
             self._wake.clear()
-            if self._running or self._pending > 0:
+            if (self._running or self._pending > 0) and not self._held:
                 try:
                     with self.lock:
                         n = self._stepper.step(None if self._running else self._pending)

@@ -27,6 +27,7 @@ from ._loop import Jobs, PageClock
 from ._meshcard import MeshCard
 from ._meshes import DEFAULT_PIPELINES
 from ._plancard import PlanCard
+from ._pool import SearchPool, SearchTurn
 from ._probe import Probe
 from ._slice import ParamSlice
 from ._store import SessionStore
@@ -61,7 +62,8 @@ class ExplorerState(param.Parameterized):
     What the server's operator allows (``partex serve``; None: the server's environment):
     ``sessions_dir``, the sessions folder; ``models_dir``, the folder of models a user may
     load (unset: the demo models only); ``upload_limit``, the largest file the page takes
-    (bytes or text such as ``4MiB``)."""
+    (bytes or text such as ``4MiB``); ``pool``, the server's search slots the page's search
+    takes turns at (``_pool``; None: a slot of the page's own, as where there is no server)."""
 
     # ---- the forms
     model_name = param.Selector(default=DEFAULT_MODEL, objects=[*demo_models.MODELS, CUSTOM], doc="""
@@ -83,6 +85,8 @@ class ExplorerState(param.Parameterized):
     phase = param.Selector(default="loading", objects=["loading", "ready", "failed"], constant=False)
     busy = param.List(default=[], item_type=str, doc="Kinds of background jobs in flight.")
     running = param.Boolean(default=False)
+    search_queue = param.String(default="", doc="""
+        The page's place in the queue for one of the server's search slots, in words; empty: not waiting.""")
     message = param.String(default="")
     # "refused": a refused input, said at its field too (``Banner.bad_input``)
     message_level = param.Selector(default="info", objects=["info", "success", "warning", "danger", "refused"])
@@ -118,13 +122,13 @@ class ExplorerState(param.Parameterized):
 
     def __init__(self, sessions_dir: str | os.PathLike | None = None, session_id: str = "",
                  link: Mapping[str, Any] | None = None, *, models_dir: str | os.PathLike | None = None,
-                 upload_limit: int | str | None = None, **params):
+                 upload_limit: int | str | None = None, pool: SearchPool | None = None, **params):
         """``link``: the query of the link the page was opened with (``pn.state.session_args``),
         whose state it opens on (``open_link``); None or empty: the default page."""
         super().__init__(**params)
         self.session_id = session_id or f"{id(self):x}"
         self.jobs = Jobs(self.session_id)
-        self.clock = PageClock(self.session_id, lambda: self.running)
+        self.clock = PageClock(self.session_id)
         self.store = SessionStore(sessions_dir)
         self.models = ModelFolder(models_dir)
         self.upload_limit = max_upload(upload_limit)
@@ -138,9 +142,10 @@ class ExplorerState(param.Parameterized):
         self.param.watch(self.clock.watcher("the config's form", self._on_config_form), list(CONFIG_PARAMS))
         self.prober = Probe(self, self.clock)
         probe = self.prober.update
-        self.driver = SearchDriver(ParamSlice(self, "running", "best", "stats", "pins", "forbidden",
+        self.driver = SearchDriver(ParamSlice(self, "running", "best", "stats", "pins", "forbidden", "search_queue",
                                               reads=("workspace", "config", "baselines")),
-                                   self.banner, probe, self.internal_error, self.session_id)
+                                   self.banner, probe, self.internal_error, self.session_id,
+                                   SearchTurn(pool if pool is not None else SearchPool(1), self.session_id))
         self.plan_card = PlanCard(ParamSlice(self, "uploaded", "shown_plan", "verify_status", "verify_result",
                                              "verified_plan", "measure_status", "measured",
                                              reads=("best", "baselines", "workspace", "config", "busy")),

@@ -750,7 +750,7 @@ def test_the_page_clock_counts_a_callback_inside_another_as_part_of_it():
     part; the slowest callbacks are kept by name, slowest first."""
     from partex.explorer._loop import SLOWEST_KEPT, PageClock
 
-    clock = PageClock("t", lambda: False)
+    clock = PageClock("t")
     with clock.timed("the Run button"):
         with clock.timed("the headline"):
             time.sleep(0.03)
@@ -906,7 +906,7 @@ def test_the_probe_is_written_once_when_a_callback_ends():
     the callback makes) runs once, when the outermost callback ends; outside any, at once."""
     from partex.explorer._loop import PageClock
 
-    clock = PageClock("t", lambda: False)
+    clock = PageClock("t")
     ran: list[str] = []
     with clock.timed("the Run button"):
         with clock.timed("the headline"):
@@ -916,3 +916,60 @@ def test_the_probe_is_written_once_when_a_callback_ends():
     assert ran == ["second"]
     clock.later("probe", lambda: ran.append("now"))
     assert ran == ["second", "now"]
+
+
+def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_path):
+    """Two pages on a server with one search slot: the second's Run waits in the queue, and the
+    page says its place (banner, the KPI's badge, the probe); it pins meanwhile. The first's
+    turn over, the second searches while the first waits, its search held, not lost; a page
+    that pauses leaves the queue, and one that closes gives its slot to the next."""
+    from partex.explorer._charts import KpiView
+    from partex.explorer._pool import SearchPool
+
+    pool = SearchPool(1, slice_seconds=3.0)
+    first = ExplorerState(sessions_dir=tmp_path, pool=pool)
+    second = ExplorerState(sessions_dir=tmp_path, pool=pool)
+    both = (first, second)
+
+    def settle(until, what):
+        def check():
+            for st in both:
+                st.poll()
+            return until()
+        return wait_for(check, timeout=120, what=what)
+
+    try:
+        settle(lambda: all(st.phase == "ready" and st.runner is not None and not st.busy for st in both),
+               "both models to load")
+        first.run()
+        settle(lambda: first.stats.simulations > 0, "the first page's search")
+        second.run()
+        place = "queued: 1st of 1 waiting for a search slot (one runs at a time on this server)"
+        assert second.running and second.search_queue == place and second.message.startswith(place), second.message
+        probe = json.loads(second.probe)["queue"]
+        assert probe == {"words": place, "state": "waiting", "place": 1, "waiting": 1, "slots": 1}, probe
+        assert "badge queued" in KpiView(state=second)._pane.object
+        heads = next(g.id for g in second.workspace.an.decision_groups if g.label == "heads")
+        second.pin(heads, "model")  # the queued search still takes a pin
+        assert [second.workspace.an.decision_label(p) for p in second.pins] == ["heads->model"]
+        assert second.stats.simulations == 0
+        # the first's turn (3 s) over: the second searches, the first waits with its search kept
+        settle(lambda: second.stats.simulations > 0 and first.search_queue.startswith("queued: 1st of 1"),
+               "the turns to rotate")
+        assert first.message.startswith("its turn is over, queued: 1st of 1"), first.message
+        pool.slice_seconds = 600.0  # the second's turn lasts
+        settle(lambda: second.stats.simulations > 10, "the second page's search to go on")
+        held = first.runner.receive().stats.simulations
+        now = second.stats.simulations
+        settle(lambda: second.stats.simulations > now + 10, "the second page's search to go on")
+        assert first.runner.receive().stats.simulations == held  # held: no simulation while it waits
+        first.pause()  # leaves the queue
+        assert first.search_queue == "" and pool.waiting == []
+        first.run()
+        assert first.search_queue.startswith("queued: 1st of 1")
+        second.close()  # its slot goes to the first at once
+        settle(lambda: first.search_queue == "" and first.stats.simulations > held, "the first page's search back")
+        assert pool.running == [first.session_id]
+    finally:
+        for st in both:
+            st.close()

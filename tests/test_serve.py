@@ -152,6 +152,8 @@ def test_the_password_reaches_the_server_in_a_private_file_never_its_command_lin
     (["--models-dir", "/no/such/folder"], "--models-dir /no/such/folder is not a folder"),
     (["--max-upload", "lots"], "--max-upload 'lots' is not a positive size"),
     (["--max-upload", "0"], "--max-upload '0' is not a positive size"),
+    (["--search-workers", "0"], "--search-workers '0' is not a positive whole number"),
+    (["--search-workers", "two"], "--search-workers 'two' is not a positive whole number"),
 ])
 def test_bad_serving_options_are_one_line_before_anything_starts(argv, said, tmp_path, monkeypatch, capsys):
     (tmp_path / "TWO_LINES").write_text("first-secret\nsecond-secret\n")
@@ -170,6 +172,23 @@ def test_the_page_gets_the_models_folder_and_upload_limit_and_nothing_else_opens
     assert "PARTEX_MODELS_DIR" not in started["env"] and started["env"]["PARTEX_MAX_UPLOAD"] == str(2**20)
     code, started = _serve(["--models-dir", str(tmp_path)], monkeypatch)
     assert started is not None and started["env"]["PARTEX_MODELS_DIR"] == os.path.realpath(tmp_path)
+
+
+def test_the_server_gets_its_search_workers_and_says_them(monkeypatch, capsys):
+    """--search-workers, else PARTEX_SEARCH_WORKERS, else one fewer than the cores: the panel
+    server gets the count in its environment, and the start line says it."""
+    from partex.explorer._pool import default_workers
+
+    monkeypatch.delenv("PARTEX_SEARCH_WORKERS", raising=False)
+    code, started = _serve(["--search-workers", "3"], monkeypatch)
+    assert code == 0 and started is not None and started["env"]["PARTEX_SEARCH_WORKERS"] == "3"
+    assert "; 3 searches at once, the others queued in turns of 15 s" in capsys.readouterr().out
+    monkeypatch.setenv("PARTEX_SEARCH_WORKERS", "5")
+    code, started = _serve([], monkeypatch)
+    assert started is not None and started["env"]["PARTEX_SEARCH_WORKERS"] == "5"
+    monkeypatch.delenv("PARTEX_SEARCH_WORKERS")
+    code, started = _serve([], monkeypatch)
+    assert started is not None and started["env"]["PARTEX_SEARCH_WORKERS"] == str(default_workers())
 
 
 def test_with_a_password_a_page_fetched_without_it_gets_no_session(tmp_path):
