@@ -950,8 +950,9 @@ def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_pat
         assert probe == {"words": place, "state": "waiting", "place": 1, "waiting": 1, "slots": 1}, probe
         assert "badge queued" in KpiView(state=second)._pane.object
         heads = next(g.id for g in second.workspace.an.decision_groups if g.label == "heads")
-        second.pin(heads, "model")  # the queued search still takes a pin
-        assert [second.workspace.an.decision_label(p) for p in second.pins] == ["heads->model"]
+        second.pin(heads, "model")  # the queued search still takes a pin (answered by the page's poll)
+        settle(lambda: [second.workspace.an.decision_label(p) for p in second.pins] == ["heads->model"],
+               "the queued page's pin")
         assert second.stats.simulations == 0
         # the first's turn (3 s) over: the second searches, the first waits with its search kept
         settle(lambda: second.stats.simulations > 0 and first.search_queue.startswith("queued: 1st of 1"),
