@@ -20,6 +20,7 @@ from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
 from ._teach import CompareChoice, TeachView
 from ._format import esc
+from ._loop import server_loop_lag
 from ._widgets import CSS, button, html, on_change, on_click, page_callback
 
 log = logging.getLogger("partex.explorer")
@@ -339,7 +340,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
                 done += state.poll()
 
         pn.state.add_periodic_callback(poll, period=POLL_MS)
-        pn.state.add_periodic_callback(lambda: state.clock.tick(TICK_MS / 1e3), period=TICK_MS)
+        state.clock.lag = server_loop_lag(TICK_MS)
 
         def destroyed(session_context):
             state.close()

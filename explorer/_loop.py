@@ -110,44 +110,79 @@ class LagHistogram:
                 return float(ms + 1)
         return float(LAG_BINS)
 
+    def sparse(self, width: int = 10) -> dict[int, int]:
+        """{ms: lags counted from ms to ms + width}, the bins where any fell (a reader's
+        percentile over a window: the difference of two of these)."""
+        out: dict[int, int] = {}
+        for ms, c in enumerate(self.counts):
+            if c:
+                out[ms - ms % width] = out.get(ms - ms % width, 0) + c
+        return out
+
 
 LAG_BINS = 2000
-P95_EVERY = 10  # ticks between two updates of the p95 in ``timings`` (1 s at the page's 100 ms)
+
+
+class LoopLag:
+    """The event loop's lag: ``tick`` called every ``period`` s on the loop; a late call means
+    the loop was blocked for that long (an early one, after a late one, counts as none). One
+    per server (``server_loop_lag``): every page on it waits on the same loop."""
+
+    def __init__(self):
+        self.hist = LagHistogram()
+        self.max_ms = 0.0
+        self._last: float | None = None
+
+    def tick(self, period: float) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            lag = max(0.0, (now - self._last - period) * 1e3)
+            self.hist.add(lag)
+            self.max_ms = max(self.max_ms, lag)
+        self._last = now
+
+
+_SERVER_LAG: tuple[object, LoopLag] | None = None
+
+
+def server_loop_lag(period_ms: int) -> LoopLag:
+    """The lag monitor of the event loop running now (the server's), started on it on first
+    use: one periodic callback for the whole server, not one per page (twenty pages ticking
+    ten times a second are two hundred callbacks a second on the loop they measure)."""
+    global _SERVER_LAG
+    from tornado.ioloop import IOLoop, PeriodicCallback
+
+    loop = IOLoop.current()
+    if _SERVER_LAG is None or _SERVER_LAG[0] is not loop:
+        lag = LoopLag()
+        PeriodicCallback(lambda: lag.tick(period_ms / 1e3), period_ms).start()
+        _SERVER_LAG = (loop, lag)
+    return _SERVER_LAG[1]
 
 
 class PageClock:
     """How long the page waits on the server: its callbacks on the event loop (``timed``: the
     slowest, in wall time and in the loop thread's own CPU time, which other processes and
     threads on a busy machine do not inflate; a slow one is logged with what it did) and the
-    loop's lag, measured all the time the page is open (``tick``): its largest and its 95th
-    percentile (``timings``, in ms). ``slowest``: the SLOWEST_KEPT slowest callbacks, slowest
+    loop's lag (``lag``: the server's one monitor, ``server_loop_lag``; ``report`` gives both,
+    in ms). ``slowest``: the SLOWEST_KEPT slowest callbacks, slowest
     first, as (what, wall ms, CPU ms)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, lag: "LoopLag | None" = None):
         self.name = name
-        self.timings = {"max_callback_ms": 0.0, "max_callback_cpu_ms": 0.0, "max_loop_lag_ms": 0.0,
-                        "p95_loop_lag_ms": 0.0, "callbacks": 0}
-        self.lags = LagHistogram()
+        self.timings = {"max_callback_ms": 0.0, "max_callback_cpu_ms": 0.0, "callbacks": 0}
+        self.lag = lag if lag is not None else LoopLag()
         self.slowest: list[tuple[str, float, float]] = []
-        self._last_tick: float | None = None
         # the callbacks running now on each thread, outermost first: one run inside another
         # (a state's watcher, inside the button that set the state) is part of the outer one
         self._open: dict[int, list[list[str]]] = {}
         self._later: dict[object, Callable[[], Any]] = {}  # ``later``'s work, by key
 
-    def tick(self, period: float) -> None:
-        """The event-loop lag monitor: called every ``period`` s; a late call means the
-        server's loop was blocked for that long (an early one, after a late one, counts as
-        none)."""
-        now = time.perf_counter()
-        if self._last_tick is not None:
-            lag = max(0.0, (now - self._last_tick - period) * 1e3)
-            self.lags.add(lag)
-            t = self.timings
-            t["max_loop_lag_ms"] = max(t["max_loop_lag_ms"], lag)
-            if self.lags.n % P95_EVERY == 0:
-                t["p95_loop_lag_ms"] = self.lags.percentile(0.95)
-        self._last_tick = now
+    def report(self) -> dict:
+        """The timings (``timings``) with the server's loop lag (``lag``) beside them: its
+        largest, its 95th percentile and its histogram ({ms: ticks} where any fell)."""
+        return {**self.timings, "max_loop_lag_ms": self.lag.max_ms, "p95_loop_lag_ms": self.lag.hist.percentile(0.95),
+                "lag_histogram": self.lag.hist.sparse()}
 
     @contextlib.contextmanager
     def timed(self, what: str) -> Iterator[list[str]]:

@@ -53,7 +53,7 @@ def probe_of(state) -> dict:
             {"mesh": r.label, "form": r.mesh, "pipeline": r.pipeline or None, "bubble": r.bubble, "hand": r.hand,
              "step": r.step, "note": r.note, "status": r.status}
             for r in state.mesh_rows]},
-        "timings": {**{k: round(v, 1) for k, v in state.clock.timings.items()},
+        "timings": {**{k: round(v, 1) if isinstance(v, float) else v for k, v in state.clock.report().items()},
                     "slowest": [[what, round(ms, 1), round(cpu, 1)] for what, ms, cpu in state.clock.slowest]},
         "ping": state.ping,
         "server_pid": os.getpid(),
