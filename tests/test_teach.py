@@ -13,6 +13,7 @@ from bokeh.document import Document
 from partex import RESOLUTIONS
 from partex.explorer._engine import short_source
 from partex.explorer._format import esc, fmt_bytes, fmt_time
+from partex.explorer._loop import PageClock
 from partex.explorer._state import ExplorerState
 from partex.explorer._compare import CompareView
 from partex.explorer._teach import CARDS, CompareChoice, TeachView, walkthrough
@@ -304,6 +305,7 @@ def test_the_compare_step_says_what_the_compare_card_shows(state):
 def test_before_a_model_is_loaded_the_walkthrough_does_not_open():
     st = ExplorerState.__new__(ExplorerState)  # the params alone: no model loaded, no search
     ExplorerState.__base__.__init__(st)
+    st.clock = PageClock("t")  # the page's clock, which times the view's callbacks
     assert walkthrough(st) == []
     view = TeachView(state=st)
     view.start()
