@@ -271,12 +271,14 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
                             for name in baseline_names(self.analysis) for dec in [self.strategy(name)]}
         return dict(st.baselines)
 
-    def scored(self, plan: Plan, name: str = "uploaded") -> Candidate:
-        """``plan`` (e.g. uploaded) for this model, scored on its own mesh and hardware: a
-        ``Candidate`` called ``name``. Raises PartexError for a plan made for another model."""
+    def scored(self, plan: Plan, name: str = "uploaded", *, hardware: Hardware | None = None) -> Candidate:
+        """``plan`` (e.g. uploaded) for this model, scored on its own mesh and on ``hardware``
+        (None: the hardware its file names; the explorer passes its own, so an upload is priced
+        like the plans beside it): a ``Candidate`` called ``name``. Raises PartexError for a
+        plan made for another model."""
         check_signature(plan, self.program)
         decisions = resolve_decisions(plan, self.analysis)
-        cm = CostModel(self.analysis, plan.mesh, plan.hardware, donate=plan.donate,
+        cm = CostModel(self.analysis, plan.mesh, plan.hardware if hardware is None else hardware, donate=plan.donate,
                        user_shardings=plan.user_shardings)
         return Candidate(name, tuple(decisions), cm.evaluate(decisions, detail=True))
 

@@ -352,10 +352,11 @@ class Workspace:
         return {name: self.summarize(name, c.decisions, report=c.report) for name, c in scored.items()}
 
     def uploaded(self, text: str, filename: str) -> PlanSummary:
-        """An uploaded plan, scored on its own mesh and hardware against this model."""
+        """An uploaded plan, scored against this model on its own mesh and on the page's
+        hardware and budget, as the plans listed beside it are."""
         plan = Plan.loads(text, where=filename)
         with self.lock:
-            c = self.session.scored(plan)
+            c = self.session.scored(plan, hardware=self.session.hardware)
         pinned = {d for d, pd in zip(c.decisions, plan.decisions) if pd.pinned}
         return PlanSummary("uploaded", c.decisions, frozenset(pinned), c.report, plan)
 

@@ -67,11 +67,13 @@ class PlanCard:
     def keep_for(self, ws: Workspace) -> None:
         """The page shows ``ws`` now: an upload stays where it is of the same model (its
         inputs), scored again in a worker thread where ``ws`` is another step (another
-        pipeline, say: its decisions name another analysis's groups); the verification and the
-        measurement were of the plans before, and go."""
+        pipeline, say: its decisions name another analysis's groups) or prices on other
+        hardware or budget; the verification and the measurement were of the plans before, and
+        go."""
         uploaded, scored_on = self.page.uploaded, self._scored_on
         carried = uploaded is not None and ws.same_model(uploaded)
-        again = carried and scored_on is not None and scored_on.an is not ws.an
+        again = carried and scored_on is not None and (scored_on.an is not ws.an
+                                                       or scored_on.session.hardware != ws.session.hardware)
         self.page.set(uploaded=uploaded if carried and not again else None,
                       verify_result=None, verify_status="", measured={}, measure_status="")
         if again and uploaded is not None:
@@ -118,7 +120,8 @@ class PlanCard:
 
         def scored(summary: PlanSummary) -> None:
             now = self.page.workspace
-            if now is not None and now.an is not ws.an:  # the step changed meanwhile
+            if now is not None and (now.an is not ws.an  # the step or the prices changed meanwhile
+                                    or now.session.hardware != ws.session.hardware):
                 if now.same_model(summary):
                     self._score(now, text, filename, done, failed)
                 return
@@ -135,8 +138,10 @@ class PlanCard:
     def _uploaded(self, summary: PlanSummary) -> None:
         r = summary.report
         # the message first: a page that sees the uploaded plan also sees what it is
+        page_hw, file_hw = self.page.workspace.session.hardware.name, summary.plan.hardware.name
+        priced = f" on {page_hw} (its file says {file_hw})" if file_hw != page_hw else ""
         self.banner.notify(f"uploaded plan: {len(summary.decisions)} decisions on {summary.plan.mesh.text()}, "
-                           f"predicted step {fmt_time(r.step_time)}, peak {fmt_bytes(r.memory.peak)} per device",
+                           f"predicted step {fmt_time(r.step_time)}{priced}, peak {fmt_bytes(r.memory.peak)} per device",
                            "success")
         self.page.uploaded = summary
         self.page.shown_plan = "uploaded"

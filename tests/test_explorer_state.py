@@ -881,6 +881,34 @@ def test_an_upload_carried_to_another_step_is_scored_there_or_set_aside(tmp_path
         st.close()
 
 
+def test_an_upload_is_priced_on_the_pages_hardware_like_the_plans_beside_it(tmp_path):
+    """An uploaded plan is listed beside the search's best and the baselines, so it is priced
+    on the page's hardware and budget: after another hardware it is scored again there, and a
+    file made for other hardware says so in the banner."""
+    st = ExplorerState(sessions_dir=tmp_path)
+    try:
+        _settle(st, lambda: st.phase == "ready" and st.runner is not None, "the model to load")
+        st.step_size = 10
+        st.step()
+        _settle(st, lambda: st.best is not None and not st.running, "a plan")
+        text = st.plan_json()
+        st.upload_plan(text.encode(), "best.json")
+        _settle(st, lambda: st.uploaded is not None, "the upload")
+        on_file, file_hw = st.uploaded.report.step_time, partex.Plan.loads(text).hardware.name
+        assert file_hw == st.config.hw.name != "h100-80gb" and "(its file says" not in st.message, st.message
+        st.hardware = "h100-80gb"
+        _settle(st, lambda: st.config.hw.name == "h100-80gb" and not st.busy and st.uploaded is not None
+                and st.uploaded.report.step_time != on_file, "the upload priced on h100-80gb")
+        session = st.workspace.session
+        expected = session.scored(partex.Plan.loads(text), hardware=session.hardware).report.step_time
+        assert st.uploaded.report.step_time == pytest.approx(expected)
+        st.upload_plan(text.encode(), "best.json")
+        _settle(st, lambda: "uploaded plan" in st.message and not st.busy, "the upload again")
+        assert f"on h100-80gb (its file says {file_hw})" in st.message, st.message
+    finally:
+        st.close()
+
+
 def test_measure_refuses_plans_that_outgrow_this_machines_memory(tmp_path, monkeypatch):
     """On simulated CPU devices every device's memory is this machine's: a plan whose peak on
     each device times the devices is more than the machine has is never run (its process would
