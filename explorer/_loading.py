@@ -184,6 +184,7 @@ class Loading:
         if loaded.marks:  # after the marks of the fields that read well went: these do not
             self.banner.mark(dict(loaded.marks))
         driver.start(loaded.session, ws)
+        self.plans.score_again()
         self.held = loaded.held
         text, level = loaded_message(loaded)
         self.banner.standing = text if level == "warning" else ""

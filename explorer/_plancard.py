@@ -38,6 +38,7 @@ class PlanCard:
         # its file's name
         self._scored_on: Workspace | None = None
         self._upload_name = ""
+        self._again: tuple[Workspace, str] | None = None  # an upload to score on a new step (``keep_for``)
 
     def summary(self, name: str | None = None) -> PlanSummary | None:
         """The plan ``name`` ("search", "uploaded" or a baseline's; None: the one shown)."""
@@ -66,7 +67,7 @@ class PlanCard:
 
     def keep_for(self, ws: Workspace) -> None:
         """The page shows ``ws`` now: an upload stays where it is of the same model (its
-        inputs), scored again in a worker thread where ``ws`` is another step (another
+        inputs), scored again (``score_again``) where ``ws`` is another step (another
         pipeline, say: its decisions name another analysis's groups) or prices on other
         hardware or budget; the verification and the measurement were of the plans before, and
         go."""
@@ -76,8 +77,14 @@ class PlanCard:
                                                        or scored_on.session.hardware != ws.session.hardware)
         self.page.set(uploaded=uploaded if carried and not again else None,
                       verify_result=None, verify_status="", measured={}, measure_status="")
-        if again and uploaded is not None:
-            self._score(ws, uploaded.plan.dumps(), self._upload_name, self._carried,
+        self._again = (ws, uploaded.plan.dumps()) if again and uploaded is not None else None
+
+    def score_again(self) -> None:
+        """Score the upload ``keep_for`` set aside on the page's new step (in a worker thread:
+        asked after the new search's child is forked, which waits for the workspace's lock)."""
+        if self._again is not None:
+            (ws, text), self._again = self._again, None
+            self._score(ws, text, self._upload_name, self._carried,
                         "the uploaded plan is no longer listed: it does not apply to the new step")
 
     def keep_shown(self, baselines: dict) -> None:

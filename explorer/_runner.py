@@ -159,7 +159,10 @@ class ProcessRunner:
         self._proc = ctx.Process(target=_child_main, name=f"partex-search-{session}", daemon=True,
                                  args=(child, self._conn, _Stepper(search_session, workspace, chunk_seconds),
                                        publish_seconds, held))
-        start_forked(self._proc)
+        # forked while no thread of the server is inside the workspace's cost model (its
+        # caches whole in the child); the child's copy of the lock, held at the fork, is replaced
+        with workspace.lock:
+            start_forked(self._proc)
         child.close()
 
     @property
@@ -333,6 +336,7 @@ def _child_main(conn, parent_end, stepper: _Stepper, publish_seconds: float, hel
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.nice(CHILD_NICENESS)
     gc.freeze()  # what it inherited is never garbage here: keep collections short
+    stepper.workspace.lock = threading.Lock()  # the server held its copy at the fork
     running, pending, last, seen = False, 0, 0.0, 0
 
     def publish(error=None, tb=None):

@@ -36,7 +36,7 @@ from playwright.sync_api import Page, sync_playwright
 from _browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, chromium_missing, free_port, page_state, served, wait
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LONG = 900.0  # s: the longest any step may wait for the page (a 7b model's load or compile on a busy machine)
+LONG = float(os.environ.get("WALK_LONG", 900.0))  # s: the longest any step may wait for the page (a 7b model's load or compile on a busy machine)
 
 
 class Walk:
@@ -124,7 +124,8 @@ class Walk:
         self.page.wait_for_timeout(300)  # the last changes drawn
         self.page.screenshot(path=shot)
         s = self.state()
-        self.steps.append({"step": name, "wall_s": round(wall, 2), "shot": shot.name,
+        lag = s.get("timings", {}).get("max_loop_lag_ms")  # the largest so far: where it rises, this step
+        self.steps.append({"step": name, "wall_s": round(wall, 2), "max_loop_lag_ms": lag, "shot": shot.name,
                            "errors": self.errors[errors_before:], "message": s.get("message", ""),
                            "level": s.get("level", ""), "note": note if isinstance(note, str) else ""})
         print(f"{len(self.steps):>3}  {name:<34} {wall:7.2f} s  {s.get('level', ''):<8} {s.get('message', '')[:90]}",
@@ -356,9 +357,9 @@ def main(argv=None) -> int:
     }
     (args.out / "walk.json").write_text(json.dumps(result, indent=1))
     print()
-    print(f"{'step':<36} {'wall s':>8}  errors")
+    print(f"{'step':<36} {'wall s':>8}  errors  {'loop lag so far ms':>18}")
     for s in w.steps:
-        print(f"{s['step']:<36} {s['wall_s']:>8.2f}  {len(s['errors'])}")
+        print(f"{s['step']:<36} {s['wall_s']:>8.2f}  {len(s['errors']):>6}  {s['max_loop_lag_ms'] or 0:>18.1f}")
     print(f"\nconsole errors: {len(w.errors)}")
     for e in w.errors:
         print(f"  {e[:300]}")

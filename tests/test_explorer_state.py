@@ -29,6 +29,43 @@ def wait_for(predicate, timeout=60.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def test_a_search_forked_while_a_plan_is_being_scored_on_its_workspace_still_runs():
+    """The page scores plans on its workspace in worker threads (an upload, say) under the
+    workspace's lock, and the search's child summarizes its best plan under its copy of that
+    lock: a child forked while a thread held it must still make and summarize plans (the fork
+    waits for the lock; the child takes a lock of its own)."""
+    import threading
+
+    session = partex.Session.from_spec("mlp", mesh="data=4,model=2", memory="3MiB")
+    ws = Workspace(session.spec, session)
+    held = threading.Event()
+    real_step = session.step
+
+    def step(n=1):  # what the forked child calls: scores under the lock, as a summary may
+        with ws.lock:
+            return real_step(n)
+
+    session.step = step
+
+    def scoring():
+        with ws.lock:
+            held.set()
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=scoring)
+    thread.start()
+    held.wait()
+    runner = ProcessRunner(session, ws, session="t")
+    try:
+        runner.step(5)
+        snap = wait_for(lambda: (lambda s: s is not None and s.stats.simulations >= 5 and s)(runner.receive()),
+                        timeout=60, what="the child's five simulations")
+        assert not snap.error
+    finally:
+        runner.close()
+        thread.join()
+
+
 def test_a_failure_in_the_search_process_is_logged_with_its_traceback(caplog):
     session = partex.Session.from_spec("mlp", mesh="data=4,model=2", memory="3MiB")
 
