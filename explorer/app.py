@@ -18,4 +18,12 @@ if not _log.handlers:  # the server's log shows the explorer's own lines (thread
     _log.propagate = False
 
 pn.extension(notifications=False, exception_handler=on_exception)
-create_app().servable(title="partex explorer")
+# The page's models join the document at once: Bokeh recomputes the document's model graph
+# once, not once per root the template adds (about half of a page's build on the server's
+# event loop, which every other page waits on)
+_doc = pn.state.curdoc
+if _doc is not None:
+    with _doc.models.freeze():
+        create_app().servable(title="partex explorer")
+else:
+    create_app().servable(title="partex explorer")
