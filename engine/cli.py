@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how many pages' searches run at once; the others wait in a queue, each page told its "
                          "place, and take turns (default: PARTEX_SEARCH_WORKERS, else one fewer than this "
                          "machine's cores, at least 1)")
+    sv.add_argument("--max-pages", metavar="N",
+                    help="how many pages may be open at once; one more is told the server is full (default: "
+                         "PARTEX_MAX_PAGES, else as many as three quarters of this machine's memory holds at "
+                         "512 MiB a page)")
 
     v = sub.add_parser("verify", help="compile a plan with XLA on simulated devices; compare with the prediction")
     _add_model_args(v)
@@ -980,7 +984,7 @@ def cmd_serve(args) -> int:
             from None
     return explorer.serve(port=args.port, address=args.address, show=args.show, profiles=args.hardware_profile,
                           auth_file=args.auth_file, insecure=args.insecure, models_dir=args.models_dir,
-                          max_upload=max_upload, origins=args.allow_origin, search_workers=args.search_workers)
+                          max_upload=max_upload, origins=args.allow_origin, search_workers=args.search_workers, max_pages=args.max_pages)
 
 
 COMMANDS = {"analyze": cmd_analyze, "plan": cmd_plan, "verify": cmd_verify, "search": cmd_search,

@@ -23,9 +23,9 @@ import tempfile
 
 from partex import PartexError, format_bytes
 
-from ._access import (MAX_UPLOAD, MAX_UPLOAD_ENV, MODELS_DIR_ENV, PASSWORD_ENV, SEARCH_WORKERS_ENV, check_exposure,
+from ._access import (MAX_PAGES_ENV, MAX_UPLOAD, MAX_UPLOAD_ENV, MODELS_DIR_ENV, PASSWORD_ENV, SEARCH_WORKERS_ENV, check_exposure,
                       credentials, is_loopback, write_credentials)
-from ._pool import SLICE_SECONDS, default_workers, parse_workers
+from ._pool import SLICE_SECONDS, default_max_pages, default_workers, parse_workers
 
 HERE = pathlib.Path(__file__).resolve().parent
 APP = HERE / "app.py"
@@ -110,7 +110,7 @@ def _die_with_parent() -> None:
 def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, profiles=(), *,
           auth_file: str | os.PathLike | None = None, insecure: bool = False,
           models_dir: str | os.PathLike | None = None, max_upload: int | None = None, origins=(),
-          search_workers: int | str | None = None) -> int:
+          search_workers: int | str | None = None, max_pages: int | str | None = None) -> int:
     """Serve the explorer until interrupted (``partex serve``); returns panel's exit code.
     SIGTERM and SIGHUP are passed on to the panel server, which this process waits for, and
     the server ends with this process whatever ends it: a process manager or a test harness
@@ -124,8 +124,10 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
     file the page takes, in bytes (None: ``_engine.MAX_UPLOAD``). ``origins``: more
     ``HOST[:PORT]`` a browser reaches the page by (``serve_command``). ``search_workers``: how
     many pages' searches run at once (None: ``$PARTEX_SEARCH_WORKERS``, else one fewer than the
-    machine's cores, at least 1); the others wait their turn (``_pool``). PartexError, before
-    anything starts, for any of these that is wrong."""
+    machine's cores, at least 1); the others wait their turn (``_pool``). ``max_pages``: how
+    many pages may be open at once (None: ``$PARTEX_MAX_PAGES``, else what the machine's memory
+    holds, ``_pool.default_max_pages``); a page past it is told the server is full. PartexError,
+    before anything starts, for any of these that is wrong."""
     creds = credentials(auth_file, dict(os.environ))
     check_exposure(address, creds is not None, insecure)
     if models_dir is not None and not os.path.isdir(models_dir):
@@ -139,6 +141,12 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
         workers = parse_workers(os.environ[SEARCH_WORKERS_ENV], SEARCH_WORKERS_ENV)
     else:
         workers = default_workers()
+    if max_pages is not None:
+        pages = parse_workers(max_pages, "--max-pages")
+    elif os.environ.get(MAX_PAGES_ENV, "").strip():
+        pages = parse_workers(os.environ[MAX_PAGES_ENV], MAX_PAGES_ENV)
+    else:
+        pages = default_max_pages()
     env = dict(os.environ)
     env.pop(PASSWORD_ENV, None)  # read here; nothing the server runs needs it
     # analysis and search need no accelerator; the plans the page measures run on the
@@ -152,6 +160,7 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
         env[MODELS_DIR_ENV] = os.path.realpath(models_dir)
     env[MAX_UPLOAD_ENV] = str(max_upload)
     env[SEARCH_WORKERS_ENV] = str(workers)
+    env[MAX_PAGES_ENV] = str(pages)
     private = tempfile.mkdtemp(prefix="partex-serve-")  # this user's only (0700)
     try:
         auth_path = None
@@ -164,7 +173,7 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
               + (f"; models of your own from {env[MODELS_DIR_ENV]}" if models_dir is not None else "")
               + f"; uploads up to {format_bytes(max_upload)}"
               + f"; {workers} search{'es' if workers > 1 else ''} at once, the others queued in turns of "
-                f"{SLICE_SECONDS:.0f} s", flush=True)
+                f"{SLICE_SECONDS:.0f} s; at most {pages} page{'s' if pages > 1 else ''} open", flush=True)
         if creds is None and not is_loopback(address):
             print(f"partex: warning: --insecure: anyone who reaches {address}:{port} uses the explorer, and this "
                   "machine, with no password", file=sys.stderr, flush=True)

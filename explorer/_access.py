@@ -20,10 +20,12 @@ PASSWORD_ENV = "PARTEX_PASSWORD"  # one password (any user name), where no --aut
 # What the operator allows the page, passed to the server in its environment: the folder the
 # page may load models of its users' own from (``--models-dir``; unset: none, the demo
 # models only), the largest file it takes (``--max-upload``, bytes) and how many pages'
-# searches run at once (``--search-workers``; unset: one fewer than the machine's cores).
+# searches run at once (``--search-workers``; unset: one fewer than the machine's cores) and
+# how many pages may be open at once (``--max-pages``; unset: what the machine's memory holds).
 MODELS_DIR_ENV = "PARTEX_MODELS_DIR"
 MAX_UPLOAD_ENV = "PARTEX_MAX_UPLOAD"
 SEARCH_WORKERS_ENV = "PARTEX_SEARCH_WORKERS"
+MAX_PAGES_ENV = "PARTEX_MAX_PAGES"
 MAX_UPLOAD = 4 * 2**20  # a plan file of a large model is a few hundred KiB
 AUTH_FILE_FORM = 'a JSON object {"user": "password", ...} or one line holding a password'
 

@@ -14,7 +14,7 @@ from ._compare import CompareView
 from ._controls import FileControls, MeshControls, ModelControls, SearchControls
 from ._graph import DecisionView, GraphView
 from ._meshes import MeshesView
-from ._pool import server_pool
+from ._pool import server_pages, server_pool
 from ._share import LinkControls
 from ._state import ExplorerState
 from ._tables import BaselinesView, PlanView, VerifyView
@@ -254,9 +254,53 @@ def _busy_spinner(state: ExplorerState):
     return busy
 
 
-def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
+TITLE = "partex explorer"
+FULL_TITLE = "partex explorer: the server is full"
+
+
+class FullPage(pn.viewable.Viewer):
+    """What a page past the server's limit of open pages shows (``PageLimit``): why, and
+    what to do; no model, no search. Its window's title says it too (``page_title``)."""
+
+    def __init__(self, limit: int, **params):
+        super().__init__(**params)
+        bg, border, fg = TOAST_COLOURS["warning"]  # inline: this page has none of the explorer's stylesheet
+        self._panel = pn.Column(html(
+            f"<div role='alert' style='background:{bg};border:1px solid {border};color:{fg};border-radius:8px;"
+            f"padding:14px 18px;font:15px/1.45 Inter, system-ui, sans-serif;max-width:720px;margin:48px auto'>"
+            f"<b>⚠ This partex explorer is full.</b> {limit} page{'s are' if limit > 1 else ' is'} open, the most "
+            "its server serves at once (its operator sets <code>partex serve --max-pages</code>). Close a tab "
+            "of it, or reload this page in a minute.</div>", name="partex-full"), sizing_mode="stretch_width")
+
+    def __panel__(self):
+        return self._panel
+
+
+def page_title(page) -> str:
+    """The window's title of a page ``create_app`` made."""
+    return FULL_TITLE if isinstance(page, FullPage) else TITLE
+
+
+def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate | FullPage:
+    """One browser session's page; on a server, a page past its limit of open pages
+    (``--max-pages``) gets a ``FullPage`` instead."""
     doc = pn.state.curdoc
     ctx = getattr(doc, "session_context", None) if doc is not None else None
+    if ctx is not None:
+        pages = server_pages()
+        if not pages.open(ctx.id):
+            log.warning("partex: a page refused: %d %s open, the most this server serves at once (--max-pages)",
+                        pages.limit, "pages are" if pages.limit > 1 else "page is")
+            return FullPage(pages.limit)
+        try:
+            return _page(ctx, doc, sessions_dir)
+        except BaseException:
+            pages.close(ctx.id)
+            raise
+    return _page(None, doc, sessions_dir)
+
+
+def _page(ctx, doc, sessions_dir: str | None) -> pn.template.FastListTemplate:
     session_id = ctx.id[:8] if ctx is not None else ""
     if doc is not None:
         # Panel resolves a component's stylesheets against the page's dist_url, which it sets
@@ -317,7 +361,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
         design=Fast,
         busy_indicator=None,
         header=[pn.Row(teach_btn, busy)],
-        title="partex explorer",
+        title=TITLE,
         logo="assets/logo.svg",
         favicon="assets/logo.svg",
         sidebar=sidebar,
@@ -344,6 +388,7 @@ def create_app(sessions_dir: str | None = None) -> pn.template.FastListTemplate:
 
         def destroyed(session_context):
             state.close()
+            server_pages().close(ctx.id)
 
         pn.state.on_session_destroyed(destroyed)
     return template

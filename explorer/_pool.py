@@ -25,7 +25,7 @@ from typing import Callable, Literal, NamedTuple, Protocol
 
 from partex import PartexError
 
-from ._access import SEARCH_WORKERS_ENV
+from ._access import MAX_PAGES_ENV, SEARCH_WORKERS_ENV
 
 log = logging.getLogger("partex.explorer")
 
@@ -33,6 +33,12 @@ log = logging.getLogger("partex.explorer")
 # shorter than the first simulation of a large model (seconds) would stop it before it shows
 # anything; a longer one leaves the twentieth page waiting minutes for its first plan.
 SLICE_SECONDS = 15.0
+
+# What one open page may hold on the server, for the default page limit: its model's analysis
+# and views in the server (~60 MiB on the demo models) and its search's own process (75-460 MiB
+# there, growing with the search's tree; more on a full-size preset).
+PAGE_MEMORY = 512 * 2**20
+PAGE_MEMORY_SHARE = 0.75  # of the machine's memory, for the pages together
 
 Clock = Callable[[], float]
 TurnState = Literal["idle", "waiting", "running"]
@@ -52,8 +58,17 @@ def default_workers(cores: int | None = None) -> int:
     return max(1, (machine_cores() if cores is None else cores) - 1)
 
 
+def default_max_pages(memory: int | None = None) -> int:
+    """Pages open at once by default: as many as ``PAGE_MEMORY_SHARE`` of the machine's
+    memory holds at ``PAGE_MEMORY`` each, at least one."""
+    if memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, int(memory * PAGE_MEMORY_SHARE // PAGE_MEMORY))
+
+
 def parse_workers(text: str | int, where: str = "--search-workers") -> int:
-    """A count of searches run at once (a positive whole number); PartexError naming ``where``."""
+    """A count (of searches run at once, of pages open at once): a positive whole number;
+    PartexError naming ``where``."""
     try:
         n = int(str(text).strip())
     except ValueError:
@@ -198,21 +213,70 @@ _SERVER_POOL: SearchPool | None = None
 _SERVER_POOL_LOCK = threading.Lock()
 
 
+def _count_from_env(name: str, default: Callable[[], int], what: str) -> int:
+    """A count the server reads from ``$name`` (``partex serve`` sets it); unset: ``default()``.
+    One set by hand for ``panel serve`` that is not a count: the default, said in the log."""
+    text = os.environ.get(name, "").strip()
+    try:
+        return parse_workers(text, name) if text else default()
+    except PartexError as e:
+        n = default()
+        log.error("partex: %s; %d %s", e, n, what)
+        return n
+
+
 def server_pool() -> SearchPool:
     """The server's one pool, made on first use with ``$PARTEX_SEARCH_WORKERS`` slots (which
     ``partex serve --search-workers`` sets; unset: ``default_workers()``)."""
     global _SERVER_POOL
     with _SERVER_POOL_LOCK:
         if _SERVER_POOL is None:
-            text = os.environ.get(SEARCH_WORKERS_ENV, "").strip()
-            try:
-                slots = parse_workers(text, SEARCH_WORKERS_ENV) if text else default_workers()
-            except PartexError as e:  # set by hand for `panel serve`: the server goes on with the default
-                slots = default_workers()
-                log.error("partex: %s; %d searches run at once", e, slots)
+            slots = _count_from_env(SEARCH_WORKERS_ENV, default_workers, "searches run at once")
             _SERVER_POOL = SearchPool(slots)
             log.info("partex: %d search%s at once on this server", slots, "es run" if slots > 1 else " runs")
         return _SERVER_POOL
+
+
+class PageLimit:
+    """The pages open on this server against the most it serves at once (``limit``): a page
+    past it is told the server is full instead of getting a model, a search and their
+    memory. A page counts from its session's start to its end (``open``, ``close``)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._open: set[str] = set()
+        self._lock = threading.Lock()
+
+    def open(self, session: str) -> bool:
+        """Count ``session`` as open, where there is room; False where the server is full."""
+        with self._lock:
+            if len(self._open) >= self.limit:
+                return False
+            self._open.add(session)
+            return True
+
+    def close(self, session: str) -> None:
+        with self._lock:
+            self._open.discard(session)
+
+    @property
+    def count(self) -> int:
+        return len(self._open)
+
+
+_SERVER_PAGES: PageLimit | None = None
+
+
+def server_pages() -> PageLimit:
+    """The server's one page count, its limit ``$PARTEX_MAX_PAGES`` (which ``partex serve
+    --max-pages`` sets; unset: ``default_max_pages()``)."""
+    global _SERVER_PAGES
+    with _SERVER_POOL_LOCK:
+        if _SERVER_PAGES is None:
+            limit = _count_from_env(MAX_PAGES_ENV, default_max_pages, "pages open at once at most")
+            _SERVER_PAGES = PageLimit(limit)
+            log.info("partex: at most %d pages open at once on this server", limit)
+        return _SERVER_PAGES
 
 
 # --------------------------------------------------------------------------- a page's side

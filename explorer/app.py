@@ -7,7 +7,7 @@ import logging
 
 import panel as pn
 
-from partex.explorer._app import create_app, on_exception
+from partex.explorer._app import create_app, on_exception, page_title
 
 _log = logging.getLogger("partex.explorer")
 if not _log.handlers:  # the server's log shows the explorer's own lines (threads ending, slow callbacks)
@@ -24,6 +24,8 @@ pn.extension(notifications=False, exception_handler=on_exception)
 _doc = pn.state.curdoc
 if _doc is not None:
     with _doc.models.freeze():
-        create_app().servable(title="partex explorer")
+        _page = create_app()
+        _page.servable(title=page_title(_page))
 else:
-    create_app().servable(title="partex explorer")
+    _page = create_app()
+    _page.servable(title=page_title(_page))

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from partex import PartexError
-from partex.explorer._pool import (SearchPool, SearchTurn, Standing, default_workers, ordinal, parse_workers,
+from partex.explorer._pool import (PageLimit, SearchPool, SearchTurn, Standing, default_workers, ordinal, parse_workers,
                                    queue_words)
 
 
@@ -201,3 +201,15 @@ def test_a_step_holds_its_slot_until_its_simulations_are_made_then_gives_it_up()
         assert runner.snapshot.stats.simulations == 30 and not runner.busy and turn.standing.state == "idle"
     finally:
         runner.close()
+
+
+def test_pages_past_the_limit_are_refused_until_one_closes():
+    """``PageLimit``: a page is counted from its session's start to its end; one past the
+    limit is refused, and a page may open again once another closes (the same session
+    closed twice frees one place)."""
+    pages = PageLimit(2)
+    assert pages.open("a") and pages.open("b") and pages.count == 2
+    assert not pages.open("c") and pages.count == 2
+    pages.close("a")
+    pages.close("a")
+    assert pages.count == 1 and pages.open("c") and not pages.open("d")

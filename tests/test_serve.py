@@ -40,6 +40,16 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie has ended: only its exit status is left
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """End a ``partex serve`` started by a test (SIGTERM, then SIGKILL after 30 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -154,6 +164,7 @@ def test_the_password_reaches_the_server_in_a_private_file_never_its_command_lin
     (["--max-upload", "0"], "--max-upload '0' is not a positive size"),
     (["--search-workers", "0"], "--search-workers '0' is not a positive whole number"),
     (["--search-workers", "two"], "--search-workers 'two' is not a positive whole number"),
+    (["--max-pages", "0"], "--max-pages '0' is not a positive whole number"),
 ])
 def test_bad_serving_options_are_one_line_before_anything_starts(argv, said, tmp_path, monkeypatch, capsys):
     (tmp_path / "TWO_LINES").write_text("first-secret\nsecond-secret\n")
@@ -174,21 +185,78 @@ def test_the_page_gets_the_models_folder_and_upload_limit_and_nothing_else_opens
     assert started is not None and started["env"]["PARTEX_MODELS_DIR"] == os.path.realpath(tmp_path)
 
 
-def test_the_server_gets_its_search_workers_and_says_them(monkeypatch, capsys):
-    """--search-workers, else PARTEX_SEARCH_WORKERS, else one fewer than the cores: the panel
-    server gets the count in its environment, and the start line says it."""
-    from partex.explorer._pool import default_workers
+@pytest.mark.parametrize("flag, variable, said", [
+    ("--search-workers", "PARTEX_SEARCH_WORKERS", "; 3 searches at once, the others queued in turns of 15 s"),
+    ("--max-pages", "PARTEX_MAX_PAGES", "; at most 3 pages open"),
+])
+def test_the_server_gets_its_search_workers_and_page_limit_and_says_them(flag, variable, said, monkeypatch,
+                                                                           capsys):
+    """--search-workers (--max-pages), else PARTEX_SEARCH_WORKERS (PARTEX_MAX_PAGES), else
+    the default (one fewer than the cores; what three quarters of the machine's memory holds
+    at 512 MiB a page): the panel server gets the count in its environment, and the start
+    line says it."""
+    from partex.explorer._pool import default_max_pages, default_workers
 
-    monkeypatch.delenv("PARTEX_SEARCH_WORKERS", raising=False)
-    code, started = _serve(["--search-workers", "3"], monkeypatch)
-    assert code == 0 and started is not None and started["env"]["PARTEX_SEARCH_WORKERS"] == "3"
-    assert "; 3 searches at once, the others queued in turns of 15 s" in capsys.readouterr().out
-    monkeypatch.setenv("PARTEX_SEARCH_WORKERS", "5")
+    default = {"PARTEX_SEARCH_WORKERS": default_workers, "PARTEX_MAX_PAGES": default_max_pages}[variable]
+    monkeypatch.delenv(variable, raising=False)
+    code, started = _serve([flag, "3"], monkeypatch)
+    assert code == 0 and started is not None and started["env"][variable] == "3"
+    assert said in capsys.readouterr().out
+    monkeypatch.setenv(variable, "5")
     code, started = _serve([], monkeypatch)
-    assert started is not None and started["env"]["PARTEX_SEARCH_WORKERS"] == "5"
-    monkeypatch.delenv("PARTEX_SEARCH_WORKERS")
+    assert started is not None and started["env"][variable] == "5"
+    monkeypatch.delenv(variable)
     code, started = _serve([], monkeypatch)
-    assert started is not None and started["env"]["PARTEX_SEARCH_WORKERS"] == str(default_workers())
+    assert started is not None and started["env"][variable] == str(default())
+
+
+def test_the_default_page_limit_is_what_the_machines_memory_holds():
+    from partex.explorer._pool import default_max_pages
+
+    assert default_max_pages(4 * 2**30) == 6 and default_max_pages(int(23.5 * 2**30)) == 35
+    assert default_max_pages(2**20) == 1
+
+
+def test_a_page_past_the_servers_limit_is_told_it_is_full_until_one_closes(tmp_path):
+    """A real server with --max-pages 1: a first page gets the explorer (its session, its
+    model); a second, while the first is open, gets the server-is-full message and nothing
+    else; once the first page's session ends (it never connected: the server ends it within
+    seconds), a page gets the explorer again."""
+    import urllib.request
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PARTEX_SESSIONS_DIR=str(tmp_path / "sessions"))
+    env.pop("PARTEX_PASSWORD", None)
+    log = tmp_path / "server.log"
+
+    def get(path):
+        with urllib.request.urlopen(base + path, timeout=120) as r:
+            return r.status, r.read().decode(errors="replace")
+
+    def up():
+        if proc.poll() is not None:
+            raise AssertionError(f"partex serve exited with {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            return get("/assets/logo.svg")[0] == 200
+        except OSError:
+            return False
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "partex", "serve", "--port", str(port), "--max-pages", "1"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(up, 180, "the server")
+        status, first = get("/app")
+        assert status == 200 and "<title>partex explorer</title>" in first
+        assert "a page refused" not in log.read_text()
+        status, second = get("/app")
+        assert status == 200 and "<title>partex explorer: the server is full</title>" in second
+        assert "partex: a page refused: 1 page is open, the most this server serves at once" in log.read_text()
+        wait_for(lambda: "<title>partex explorer</title>" in get("/app")[1], 120,
+                 "a page once the first one's session ended")
+    finally:
+        stop(proc)
 
 
 def test_with_a_password_a_page_fetched_without_it_gets_no_session(tmp_path):
@@ -254,12 +322,7 @@ def test_with_a_password_a_page_fetched_without_it_gets_no_session(tmp_path):
         argv = pathlib.Path(f"/proc/{server}/cmdline").read_bytes().decode()
         assert "--basic-auth" in argv and password not in argv and password not in log.read_text()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def test_browsers_reach_the_page_by_the_names_allowed():
