@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from typing import Callable
 
 from partex import PartexError, format_bytes
 
@@ -135,18 +136,8 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
     max_upload = MAX_UPLOAD if max_upload is None else int(max_upload)
     if max_upload <= 0:
         raise PartexError(f"--max-upload must be a positive size, got {max_upload} bytes")
-    if search_workers is not None:
-        workers = parse_workers(search_workers)
-    elif os.environ.get(SEARCH_WORKERS_ENV, "").strip():
-        workers = parse_workers(os.environ[SEARCH_WORKERS_ENV], SEARCH_WORKERS_ENV)
-    else:
-        workers = default_workers()
-    if max_pages is not None:
-        pages = parse_workers(max_pages, "--max-pages")
-    elif os.environ.get(MAX_PAGES_ENV, "").strip():
-        pages = parse_workers(os.environ[MAX_PAGES_ENV], MAX_PAGES_ENV)
-    else:
-        pages = default_max_pages()
+    workers = _count(search_workers, "--search-workers", SEARCH_WORKERS_ENV, default_workers)
+    pages = _count(max_pages, "--max-pages", MAX_PAGES_ENV, default_max_pages)
     env = dict(os.environ)
     env.pop(PASSWORD_ENV, None)  # read here; nothing the server runs needs it
     # analysis and search need no accelerator; the plans the page measures run on the
@@ -181,6 +172,16 @@ def serve(port: int = 5006, address: str = "127.0.0.1", show: bool = False, prof
                                          max_upload=max_upload), env)
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _count(value: int | str | None, flag: str, name: str, default: Callable[[], int]) -> int:
+    """A count given by ``flag`` (``value``), else in ``$name``, else ``default()``;
+    PartexError naming where a bad one came from."""
+    if value is not None:
+        return parse_workers(value, flag)
+    if os.environ.get(name, "").strip():
+        return parse_workers(os.environ[name], name)
+    return default()
 
 
 def _run_server(cmd: list[str], env: dict[str, str]) -> int:

@@ -13,6 +13,7 @@ from ._banner import Banner
 from ._engine import PlanSummary, Workspace, plan_rows, upload_refusal
 from ._format import fmt_bytes, fmt_time
 from ._loop import Submit
+from ._pool import host_memory
 from ._slice import ParamSlice
 
 
@@ -271,11 +272,6 @@ def measures_on_cpu() -> bool:
     import jax
 
     return jax.default_backend() == "cpu"
-
-
-def host_memory() -> int:
-    """This machine's physical memory, in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _slug(text: str) -> str:

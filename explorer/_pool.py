@@ -58,11 +58,16 @@ def default_workers(cores: int | None = None) -> int:
     return max(1, (machine_cores() if cores is None else cores) - 1)
 
 
+def host_memory() -> int:
+    """This machine's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def default_max_pages(memory: int | None = None) -> int:
     """Pages open at once by default: as many as ``PAGE_MEMORY_SHARE`` of the machine's
     memory holds at ``PAGE_MEMORY`` each, at least one."""
     if memory is None:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        memory = host_memory()
     return max(1, int(memory * PAGE_MEMORY_SHARE // PAGE_MEMORY))
 
 
