@@ -26,6 +26,7 @@ from .plan._export import comparison_table, export_text
 from .plan._plan import Plan
 from .plan._specs import check_divisible
 from .plan._verify import KINDS
+from .planner._scorers import default_processes
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -998,6 +999,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in ("search", "bench"):
+            default_processes()  # a bad PARTEX_PROCESSES is said before the model is traced
         return COMMANDS[args.command](args)
     except PartexError as e:
         print(f"partex: error: {e}", file=sys.stderr)

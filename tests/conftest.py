@@ -14,6 +14,9 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_compilation_cache_dir", str(ROOT / ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 os.environ.setdefault("PARTEX_TEST", "1")
+# the suite runs on one pytest-xdist worker per core: its searches score their plans in their
+# own process (tests/test_scorers.py forks scoring processes on purpose)
+os.environ.setdefault("PARTEX_PROCESSES", "1")
 
 
 def pytest_addoption(parser):

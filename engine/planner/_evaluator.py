@@ -17,6 +17,7 @@ from .._decisions import Decision, Shard
 from .._mesh import Hardware, format_bytes
 from ..analysis._space import DecisionSpace
 from ..cost import CostModel
+from ._scorers import Raw, Scorers, raw
 
 # A key's entry (``Evaluator.key``) for the groups sharded over several mesh axes in another
 # order than the slots': no slot has this name (mesh axes are identifiers).
@@ -63,6 +64,7 @@ class Evaluator:
         self.smallest_memory: tuple[float, tuple[Decision, ...]] = (math.inf, ())
         self.xla_scale = 1.0  # XLA's / the model's memory, the most seen (mark_infeasible)
         self.t_ref = 1e-9  # the reference step time of the score (the replicated plan's)
+        self.ahead: dict[Any, Raw] = {}  # by ``key``: plans scored ahead, not yet asked for (``prefetch``)
 
     def key(self, decisions: Sequence[Decision]) -> tuple:
         """The plan's key: per slot (in the space's order), its groups in decision order; then,
@@ -114,21 +116,36 @@ class Evaluator:
         return _merged(queues, before)
 
     def evaluate(self, decisions: tuple[Decision, ...]) -> Evaluation:
-        """The plan's evaluation, from the cache or the cost model (which may make a new best)."""
+        """The plan's evaluation, from the cache or the cost model (which may make a new best).
+        A plan scored ahead (``prefetch``) enters the cache here, when it is asked for: the
+        cache, the best and its history are what scoring one plan at a time makes."""
         key = self.key(decisions)
         e = self.evals.get(key)
         if e is None:
-            r = self.cm.evaluate(decisions)
-            e = self.evals[key] = Evaluation(r.step_time, r.memory.peak,
-                                             self.fits(r.memory.peak) and r.memory.host <= self.hw.host_limit,
-                                             r.memory.host)
-            if r.memory.peak < self.smallest_memory[0]:
-                self.smallest_memory = (r.memory.peak, decisions)
-            if e.fits and (self.best is None or r.step_time < self.best.step_time * (1 - 1e-9)):
+            step, peak, host = self.ahead.pop(key, None) or raw(self.cm, decisions)
+            e = self.evals[key] = Evaluation(step, peak, self.fits(peak) and host <= self.hw.host_limit, host)
+            if peak < self.smallest_memory[0]:
+                self.smallest_memory = (peak, decisions)
+            if e.fits and (self.best is None or step < self.best.step_time * (1 - 1e-9)):
                 simulation, seconds = self.progress()
-                self.best = Best(r.step_time, decisions, simulation, seconds)
-                self.history.append((simulation, seconds, r.step_time))
+                self.best = Best(step, decisions, simulation, seconds)
+                self.history.append((simulation, seconds, step))
         return e
+
+    def prefetch(self, plans: Sequence[tuple[Decision, ...]], scorers: Scorers) -> None:
+        """Score those of ``plans`` not scored yet on ``scorers`` (several processes), to be
+        taken by ``evaluate`` when asked for; ``drop_ahead`` forgets those never asked for."""
+        todo: dict = {}
+        for p in plans:
+            k = self.key(p)
+            if k not in self.evals and k not in self.ahead:
+                todo.setdefault(k, p)
+        if todo:
+            self.ahead.update(zip(todo, scorers.score(list(todo.values()))))
+
+    def drop_ahead(self) -> None:
+        """Forget the plans scored ahead that nobody asked for (``prefetch``)."""
+        self.ahead.clear()
 
     def score(self, decisions: tuple[Decision, ...]) -> float:
         """The reward in [0, 1]: a plan that fits in [0.2, 1) by its step time against the

@@ -8,25 +8,38 @@ limit, weighted ``PENALTIES`` times the best step time per unit of relative exce
 that grows: first the plan drifts over the limit to faster plans, then the penalty pulls it
 back to fit elsewhere. Every fitting plan met on the way is a candidate (the evaluator keeps
 the best).
+
+Where several processes score (``scoring``, ``_scorers``), the descent asks for the next few
+plans it will try at once (``Evaluator.prefetch``) and tries them in its own order: the same
+descent, the plans of a batch scored side by side.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import time
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .._decisions import Decision, Resolve, Shard
 from ._evaluator import Best, Evaluator
+from ._scorers import Scorers, default_processes
 
 PENALTIES = (0.3, 1.0, 3.0, 10.0, 100.0)  # oscillate: memory penalty weights, in turn
 KICK_EVALS = 200  # a kick's descent gives up after scoring this many plans
+# The moves the descent looks ahead for plans not scored yet, per scoring process: a batch
+# is one plan per process, found within this many moves of each (most are scored already)
+LOOKAHEAD = 4
+FORK_AFTER = 0.25  # seconds a polish, kick or descent scores on its own before it forks scorers
 
 
 class LocalSearch:
     """Descent and oscillation over ``actions`` (``legal(decisions, forbidden)`` the indices
-    a plan may add; ``prior`` orders them) on the mesh axes ``axes``."""
+    a plan may add; ``prior`` orders them) on the mesh axes ``axes``. Its plans are scored on
+    ``PARTEX_PROCESSES`` processes, else the cores (``scoring``, ``_scorers``)."""
 
     def __init__(self, evaluator: Evaluator, actions: Sequence[Decision], prior: np.ndarray, axes: Sequence[str],
                  legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]]):
@@ -35,6 +48,61 @@ class LocalSearch:
         self.prior = prior
         self.axes = tuple(axes)
         self.legal = legal
+        self._scoring: tuple[int, float] | None = None  # in ``scoring``: (processes, since when)
+        self._scorers: Scorers | None = None  # forked in ``scoring`` (``_open_scorers``)
+
+    @contextlib.contextmanager
+    def scoring(self) -> Iterator[None]:
+        """The local search's work inside may score on several processes (``_open_scorers``;
+        one set for nested calls); on exit they end and the plans they scored ahead that
+        nobody asked for are forgotten."""
+        if self._scoring is not None:
+            yield
+            return
+        self._scoring = (default_processes(), time.perf_counter())
+        try:
+            yield
+        finally:
+            if self._scorers is not None:
+                self._scorers.close()
+                self._scorers = None
+            self._scoring = None
+            self.evaluator.drop_ahead()
+
+    def _open_scorers(self) -> Scorers | None:
+        """The scoring processes of the work in hand (``scoring``): forked once it has taken
+        ``FORK_AFTER`` seconds on this process alone (a fork and its end take tens of
+        milliseconds, more than a small model's whole descent), with the cost model's memo
+        tables as they are then."""
+        if self._scorers is None and self._scoring is not None:
+            n, since = self._scoring
+            if n >= 2 and time.perf_counter() - since >= FORK_AFTER:
+                self._scorers = Scorers(self.evaluator.cm, n)
+        return self._scorers
+
+    def _ahead(self, moves: Iterable) -> Iterator:
+        """``moves`` in order, the plans of the next few scored side by side before they are
+        tried (``Evaluator.prefetch``): one per scoring process, within ``LOOKAHEAD`` moves of
+        each."""
+        ev = self.evaluator
+
+        def unscored(plan) -> bool:
+            k = ev.key(plan)
+            return k not in ev.evals and k not in ev.ahead
+
+        buf: collections.deque = collections.deque()
+        it = iter(moves)
+        while True:
+            if not buf:
+                nxt = next(it, None)
+                if nxt is None:
+                    return
+                buf.append(nxt)
+            sc = self._open_scorers()
+            if sc is not None and sc.processes > 1 and unscored(buf[0][1]):
+                buf.extend(itertools.islice(it, LOOKAHEAD * sc.processes - len(buf)))
+                ev.prefetch([c for _, c in buf if unscored(c)][:sc.processes], sc)
+            yield buf.popleft()
 
     def polish(self, pins: Sequence[Decision], forbidden: Collection[Decision], deadline: float | None) -> None:
         """From the best plan: the first single change that improves it, until none does;
@@ -43,11 +111,12 @@ class LocalSearch:
         if ev.best is None:
             return
         first = len(pins)
-        self.descend(tuple(ev.best.decisions), lambda d: -ev.score(d), first, forbidden, deadline)
-        start = ev.best
-        self.oscillate(start, first, forbidden, deadline)
-        if ev.best is not None and ev.best.decisions != start.decisions:
+        with self.scoring():
             self.descend(tuple(ev.best.decisions), lambda d: -ev.score(d), first, forbidden, deadline)
+            start = ev.best
+            self.oscillate(start, first, forbidden, deadline)
+            if ev.best is not None and ev.best.decisions != start.decisions:
+                self.descend(tuple(ev.best.decisions), lambda d: -ev.score(d), first, forbidden, deadline)
 
     def kicks(self, current: tuple[Decision, ...], first: int, forbidden: Collection[Decision]
               ) -> list[tuple[Decision, ...]]:
@@ -68,6 +137,9 @@ class LocalSearch:
                         or y in current:
                     continue
                 out.append(current[:i] + (x,) + current[i + 1:j] + (y,) + current[j + 1:])
+        sc = self._open_scorers()
+        if sc is not None and sc.processes > 1:
+            ev.prefetch(out, sc)
         scores = [ev.score(c) for c in out]
         return [out[k] for k in sorted(range(len(out)), key=lambda k: -scores[k])]
 
@@ -76,11 +148,12 @@ class LocalSearch:
         """Iterated local search where the descent is stuck: from the ``k``-th of ``kicks``
         of ``current`` (a best plan), the descent again, for ``KICK_EVALS`` plans at most;
         every fitting plan on the way is a candidate. False where there is no ``k``-th."""
-        kicks = self.kicks(current, first, forbidden)
-        if k >= len(kicks):
-            return False
-        ev = self.evaluator
-        self.descend(kicks[k], lambda d: -ev.score(d), first, forbidden, deadline, budget=KICK_EVALS)
+        with self.scoring():
+            kicks = self.kicks(current, first, forbidden)
+            if k >= len(kicks):
+                return False
+            ev = self.evaluator
+            self.descend(kicks[k], lambda d: -ev.score(d), first, forbidden, deadline, budget=KICK_EVALS)
         return True
 
     def oscillate(self, best: Best, first: int, forbidden: Collection[Decision], deadline: float | None) -> None:
@@ -108,26 +181,26 @@ class LocalSearch:
         descent goes on (a change elsewhere seldom makes it pay: "don't look bits", as in
         2-opt); a pass that finds nothing so is repeated with every move, so that the
         descent still ends at a local optimum of all of them."""
-        value = objective(current)
-        scored = 0
-        failed: set = set()
-        for _ in range(4 * len(self.actions)):
-            improved, full = False, not failed
-            for key, cand in self.moves(current, first, forbidden):
-                if key in failed:
-                    continue
-                scored += 1
-                if deadline is not None and time.perf_counter() > deadline or budget is not None and scored > budget:
-                    return current
-                v = objective(cand)
-                if v < value - 1e-9 * abs(value):
-                    current, value, improved = cand, v, True
-                    break
-                failed.add(key)
-            if not improved:
-                if full:
-                    break
-                failed = set()  # nothing but the moves that failed before: try them all once more
+        with self.scoring():
+            value = objective(current)
+            scored = 0
+            failed: set = set()
+            for _ in range(4 * len(self.actions)):
+                improved, full = False, not failed
+                for key, cand in self._ahead(m for m in self.moves(current, first, forbidden) if m[0] not in failed):
+                    scored += 1
+                    if deadline is not None and time.perf_counter() > deadline \
+                            or budget is not None and scored > budget:
+                        return current
+                    v = objective(cand)
+                    if v < value - 1e-9 * abs(value):
+                        current, value, improved = cand, v, True
+                        break
+                    failed.add(key)
+                if not improved:
+                    if full:
+                        break
+                    failed = set()  # nothing but the moves that failed before: try them all once more
         return current
 
     def moves(self, current: tuple[Decision, ...], first: int, forbidden: Collection[Decision]):
