@@ -1,5 +1,5 @@
-"""The local search's plans scored on several processes (``partex.planner._scorers``): the
-same answers as one process, children that really score, their failures raised."""
+"""The search's plans scored on several processes (``partex.planner._scorers``): the same
+answers as one process, children that really score, their failures raised."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from partex import PartexError, Session, analyze_model, get_hardware, parse_bytes
-from partex.planner import _local, _scorers
+from partex.planner import _evaluator, _scorers
 from partex.planner._scorers import PROCESSES_ENV, Scorers, ScorerError, default_processes, raw
 
 pytestmark = pytest.mark.skipif(not _scorers.can_fork(), reason="scoring processes are forked (Linux)")
@@ -54,7 +54,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_search_on_two_processes_is_the_search_on_one(tiny, monkeypatch):
     """Same seed, same simulations: the same plans scored, the same best, found at the same
-    simulation, where the local search's plans were scored side by side."""
+    simulation, where the search's plans were scored side by side."""
     batches = []
     score = Scorers.score
 
@@ -63,7 +63,7 @@ def test_a_search_on_two_processes_is_the_search_on_one(tiny, monkeypatch):
         return score(self, plans)
 
     monkeypatch.setattr(Scorers, "score", counted)
-    monkeypatch.setattr(_local, "FORK_AFTER", 0.0)  # this small model's polishes take less: fork at once
+    monkeypatch.setattr(_evaluator, "FORK_AFTER", 0.0)  # this small model's polishes take less: fork at once
     runs = []
     for processes in ("1", "2"):
         monkeypatch.setenv(PROCESSES_ENV, processes)
@@ -73,15 +73,16 @@ def test_a_search_on_two_processes_is_the_search_on_one(tiny, monkeypatch):
         runs.append((s.best().decisions, s.best().simulation, s.stats().evaluations, dict(ev.evals)))
         assert not ev.ahead  # what was scored ahead and never asked for is forgotten
     assert runs[0] == runs[1]
-    assert batches and max(batches) == 2  # two plans at a time, only with two processes
+    # only with two processes, batches of a run of plans per process (kicks: all their plans)
+    assert batches and min(batches) > 1 and 2 * _evaluator.RUN in batches
 
 
 def test_a_short_polish_scores_on_its_own_process(tiny, monkeypatch):
     """Nothing forked for a polish shorter than ``FORK_AFTER`` (the fork would cost more)."""
     monkeypatch.setenv(PROCESSES_ENV, "2")
-    monkeypatch.setattr(_local, "FORK_AFTER", 3600.0)
+    monkeypatch.setattr(_evaluator, "FORK_AFTER", 3600.0)
     forked = []
-    monkeypatch.setattr(_local, "Scorers", lambda *a: forked.append(a))
+    monkeypatch.setattr(_evaluator, "Scorers", lambda *a: forked.append(a))
     s = _session(tiny)
     s.run(3600, simulations=30)
     assert s.best() is not None and not forked

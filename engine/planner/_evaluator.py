@@ -10,14 +10,16 @@ fitting from then on, and the memory model is calibrated by it.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable, Collection, NamedTuple, Sequence
+import time
+from typing import Any, Callable, Collection, Iterator, NamedTuple, Sequence
 
 from .._decisions import Decision, Shard
 from .._mesh import Hardware, format_bytes
 from ..analysis._space import DecisionSpace
 from ..cost import CostModel
-from ._scorers import Raw, Scorers, raw
+from ._scorers import Raw, Scorers, default_processes, raw
 
 # A key's entry (``Evaluator.key``) for the groups sharded over several mesh axes in another
 # order than the slots': no slot has this name (mesh axes are identifiers).
@@ -26,6 +28,14 @@ ORDER = "~order"
 # The most mark_infeasible scales every prediction by: the cost model's memory is within
 # +-35% of XLA's on the plans it is checked on (1 / 0.65 ~ 1.5).
 XLA_SCALE_CAP = 1.5
+
+# Scoring on several processes (``Evaluator.scoring``, ``_scorers``): the seconds work scores
+# on its own before it forks them, and the plans per process a batch asks for (``batch``).
+# A batch's plans are the next a search will try: a local search's improving moves are few
+# (one plan in a hundred), so the plans after one are seldom wasted, and a run of four shares
+# more of its process's memo tables.
+FORK_AFTER = 0.25
+RUN = 4
 
 
 class Evaluation(NamedTuple):
@@ -65,6 +75,8 @@ class Evaluator:
         self.xla_scale = 1.0  # XLA's / the model's memory, the most seen (mark_infeasible)
         self.t_ref = 1e-9  # the reference step time of the score (the replicated plan's)
         self.ahead: dict[Any, Raw] = {}  # by ``key``: plans scored ahead, not yet asked for (``prefetch``)
+        self._scoring: tuple[int, float] | None = None  # in ``scoring``: (processes, since when)
+        self._scorers: Scorers | None = None  # forked in ``scoring`` (``_open_scorers``)
 
     def key(self, decisions: Sequence[Decision]) -> tuple:
         """The plan's key: per slot (in the space's order), its groups in decision order; then,
@@ -132,20 +144,61 @@ class Evaluator:
                 self.history.append((simulation, seconds, step))
         return e
 
-    def prefetch(self, plans: Sequence[tuple[Decision, ...]], scorers: Scorers) -> None:
-        """Score those of ``plans`` not scored yet on ``scorers`` (several processes), to be
-        taken by ``evaluate`` when asked for; ``drop_ahead`` forgets those never asked for."""
+    @contextlib.contextmanager
+    def scoring(self) -> Iterator[None]:
+        """Work inside may score its plans on several processes (``prefetch``; one set for
+        nested calls). On exit they end, and the plans they scored ahead that nobody asked
+        for are forgotten."""
+        if self._scoring is not None:
+            yield
+            return
+        self._scoring = (default_processes(), time.perf_counter())
+        try:
+            yield
+        finally:
+            if self._scorers is not None:
+                self._scorers.close()
+                self._scorers = None
+            self._scoring = None
+            self.ahead.clear()
+
+    def _open_scorers(self) -> Scorers | None:
+        """The scoring processes of the work in hand (``scoring``): forked once it has taken
+        ``FORK_AFTER`` seconds on this process alone (a fork and its end take tens of
+        milliseconds, more than a small model's whole polish), with the cost model's memo
+        tables as they are then. None while plans are scored here, one by one."""
+        if self._scorers is None and self._scoring is not None:
+            n, since = self._scoring
+            if n >= 2 and time.perf_counter() - since >= FORK_AFTER:
+                self._scorers = Scorers(self.cm, n)
+        sc = self._scorers
+        return sc if sc is not None and sc.processes > 1 else None
+
+    def batch(self) -> int:
+        """How many plans ``prefetch`` scores side by side now (0: none, plans are scored
+        one by one): ``RUN`` per scoring process."""
+        sc = self._open_scorers()
+        return 0 if sc is None else RUN * sc.processes
+
+    def unscored(self, decisions: Sequence[Decision]) -> bool:
+        """Neither scored nor scored ahead."""
+        k = self.key(decisions)
+        return k not in self.evals and k not in self.ahead
+
+    def prefetch(self, plans: Sequence[tuple[Decision, ...]]) -> None:
+        """Score those of ``plans`` not scored yet side by side, in runs of plans next to each
+        other, one run per process (``Scorers``), to be taken by ``evaluate`` when asked for;
+        nothing where plans are scored one by one (``batch``)."""
+        sc = self._open_scorers()
+        if sc is None:
+            return
         todo: dict = {}
         for p in plans:
             k = self.key(p)
             if k not in self.evals and k not in self.ahead:
                 todo.setdefault(k, p)
-        if todo:
-            self.ahead.update(zip(todo, scorers.score(list(todo.values()))))
-
-    def drop_ahead(self) -> None:
-        """Forget the plans scored ahead that nobody asked for (``prefetch``)."""
-        self.ahead.clear()
+        if len(todo) > 1:
+            self.ahead.update(zip(todo, sc.score(list(todo.values()))))
 
     def score(self, decisions: tuple[Decision, ...]) -> float:
         """The reward in [0, 1]: a plan that fits in [0.2, 1) by its step time against the

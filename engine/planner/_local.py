@@ -9,15 +9,14 @@ that grows: first the plan drifts over the limit to faster plans, then the penal
 back to fit elsewhere. Every fitting plan met on the way is a candidate (the evaluator keeps
 the best).
 
-Where several processes score (``scoring``, ``_scorers``), the descent asks for the next few
-plans it will try at once (``Evaluator.prefetch``) and tries them in its own order: the same
-descent, the plans of a batch scored side by side.
+Where several processes score (``Evaluator.scoring``), the descent asks for the next few plans
+it will try at once (``Evaluator.prefetch``) and tries them in its own order: the same descent,
+the plans of a batch scored side by side.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import time
 from typing import Callable, Collection, Iterable, Iterator, Sequence
@@ -26,20 +25,17 @@ import numpy as np
 
 from .._decisions import Decision, Resolve, Shard
 from ._evaluator import Best, Evaluator
-from ._scorers import Scorers, default_processes
 
 PENALTIES = (0.3, 1.0, 3.0, 10.0, 100.0)  # oscillate: memory penalty weights, in turn
 KICK_EVALS = 200  # a kick's descent gives up after scoring this many plans
-# The moves the descent looks ahead for plans not scored yet, per scoring process: a batch
-# is one plan per process, found within this many moves of each (most are scored already)
+# A batch the descent asks to score ahead (``Evaluator.batch``): the first plans not scored yet
+# within this many batches' worth of moves (most moves after a step are scored already)
 LOOKAHEAD = 4
-FORK_AFTER = 0.25  # seconds a polish, kick or descent scores on its own before it forks scorers
 
 
 class LocalSearch:
     """Descent and oscillation over ``actions`` (``legal(decisions, forbidden)`` the indices
-    a plan may add; ``prior`` orders them) on the mesh axes ``axes``. Its plans are scored on
-    ``PARTEX_PROCESSES`` processes, else the cores (``scoring``, ``_scorers``)."""
+    a plan may add; ``prior`` orders them) on the mesh axes ``axes``."""
 
     def __init__(self, evaluator: Evaluator, actions: Sequence[Decision], prior: np.ndarray, axes: Sequence[str],
                  legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]]):
@@ -48,48 +44,12 @@ class LocalSearch:
         self.prior = prior
         self.axes = tuple(axes)
         self.legal = legal
-        self._scoring: tuple[int, float] | None = None  # in ``scoring``: (processes, since when)
-        self._scorers: Scorers | None = None  # forked in ``scoring`` (``_open_scorers``)
-
-    @contextlib.contextmanager
-    def scoring(self) -> Iterator[None]:
-        """The local search's work inside may score on several processes (``_open_scorers``;
-        one set for nested calls); on exit they end and the plans they scored ahead that
-        nobody asked for are forgotten."""
-        if self._scoring is not None:
-            yield
-            return
-        self._scoring = (default_processes(), time.perf_counter())
-        try:
-            yield
-        finally:
-            if self._scorers is not None:
-                self._scorers.close()
-                self._scorers = None
-            self._scoring = None
-            self.evaluator.drop_ahead()
-
-    def _open_scorers(self) -> Scorers | None:
-        """The scoring processes of the work in hand (``scoring``): forked once it has taken
-        ``FORK_AFTER`` seconds on this process alone (a fork and its end take tens of
-        milliseconds, more than a small model's whole descent), with the cost model's memo
-        tables as they are then."""
-        if self._scorers is None and self._scoring is not None:
-            n, since = self._scoring
-            if n >= 2 and time.perf_counter() - since >= FORK_AFTER:
-                self._scorers = Scorers(self.evaluator.cm, n)
-        return self._scorers
 
     def _ahead(self, moves: Iterable) -> Iterator:
         """``moves`` in order, the plans of the next few scored side by side before they are
-        tried (``Evaluator.prefetch``): one per scoring process, within ``LOOKAHEAD`` moves of
-        each."""
+        tried (``Evaluator.prefetch``): a batch of the first not scored yet within
+        ``LOOKAHEAD`` batches' worth of moves."""
         ev = self.evaluator
-
-        def unscored(plan) -> bool:
-            k = ev.key(plan)
-            return k not in ev.evals and k not in ev.ahead
-
         buf: collections.deque = collections.deque()
         it = iter(moves)
         while True:
@@ -98,10 +58,10 @@ class LocalSearch:
                 if nxt is None:
                     return
                 buf.append(nxt)
-            sc = self._open_scorers()
-            if sc is not None and sc.processes > 1 and unscored(buf[0][1]):
-                buf.extend(itertools.islice(it, LOOKAHEAD * sc.processes - len(buf)))
-                ev.prefetch([c for _, c in buf if unscored(c)][:sc.processes], sc)
+            size = ev.batch()
+            if size and ev.unscored(buf[0][1]):
+                buf.extend(itertools.islice(it, LOOKAHEAD * size - len(buf)))
+                ev.prefetch([c for _, c in buf if ev.unscored(c)][:size])
             yield buf.popleft()
 
     def polish(self, pins: Sequence[Decision], forbidden: Collection[Decision], deadline: float | None) -> None:
@@ -111,7 +71,7 @@ class LocalSearch:
         if ev.best is None:
             return
         first = len(pins)
-        with self.scoring():
+        with self.evaluator.scoring():
             self.descend(tuple(ev.best.decisions), lambda d: -ev.score(d), first, forbidden, deadline)
             start = ev.best
             self.oscillate(start, first, forbidden, deadline)
@@ -137,9 +97,7 @@ class LocalSearch:
                         or y in current:
                     continue
                 out.append(current[:i] + (x,) + current[i + 1:j] + (y,) + current[j + 1:])
-        sc = self._open_scorers()
-        if sc is not None and sc.processes > 1:
-            ev.prefetch(out, sc)
+        ev.prefetch(out)
         scores = [ev.score(c) for c in out]
         return [out[k] for k in sorted(range(len(out)), key=lambda k: -scores[k])]
 
@@ -148,7 +106,7 @@ class LocalSearch:
         """Iterated local search where the descent is stuck: from the ``k``-th of ``kicks``
         of ``current`` (a best plan), the descent again, for ``KICK_EVALS`` plans at most;
         every fitting plan on the way is a candidate. False where there is no ``k``-th."""
-        with self.scoring():
+        with self.evaluator.scoring():
             kicks = self.kicks(current, first, forbidden)
             if k >= len(kicks):
                 return False
@@ -181,7 +139,7 @@ class LocalSearch:
         descent goes on (a change elsewhere seldom makes it pay: "don't look bits", as in
         2-opt); a pass that finds nothing so is repeated with every move, so that the
         descent still ends at a local optimum of all of them."""
-        with self.scoring():
+        with self.evaluator.scoring():
             value = objective(current)
             scored = 0
             failed: set = set()

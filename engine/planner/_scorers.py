@@ -129,24 +129,27 @@ class Scorers:
         return len(self._conns) + 1
 
     def score(self, plans: Sequence[tuple[Decision, ...]]) -> list[Raw]:
-        """Each plan's ``Raw``, in order: the i-th plan scored by process ``i % processes``
-        (this process the 0th)."""
+        """Each plan's ``Raw``, in order: the plans cut in runs, one per process (this
+        process the first). Plans next to each other in a local search's order change the
+        same decision: a run shares its cost model's memo tables, where plans dealt out one
+        by one would make every process price the same new pieces."""
         n = self.processes
         if n == 1 or len(plans) < 2:
             return [raw(self.cm, p) for p in plans]
-        used = self._conns[:len(plans) - 1]
-        for k, conn in enumerate(used, start=1):
-            conn.send(list(plans[k::n]))
-        out: list = [None] * len(plans)
-        out[0::n] = [raw(self.cm, p) for p in plans[0::n]]
-        for k, conn in enumerate(used, start=1):
+        size = -(-len(plans) // n)
+        runs = [list(plans[i:i + size]) for i in range(0, len(plans), size)]
+        used = self._conns[:len(runs) - 1]
+        for conn, run in zip(used, runs[1:]):
+            conn.send(run)
+        out = [raw(self.cm, p) for p in runs[0]]
+        for k, conn in enumerate(used):
             try:
                 status, got = conn.recv()
             except EOFError:
-                raise ScorerError(f"a scoring process (pid {self._procs[k - 1].pid}) ended without an answer") from None
+                raise ScorerError(f"a scoring process (pid {self._procs[k].pid}) ended without an answer") from None
             if status != "ok":
                 raise ScorerError(f"a scoring process failed:\n{got}")
-            out[k::n] = got
+            out += got
         return out
 
     def close(self) -> None:

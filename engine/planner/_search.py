@@ -125,7 +125,7 @@ class Search:
         # most promising actions first and rollouts sample in proportion to exp(prior / tau).
         prior = np.array([ev.score((d,)) - base_score for d in self.actions], dtype=np.float64)
         self.tree = TreeSearch(self.actions, prior, self.rng, score=ev.score, key=ev.key, legal=space.legal,
-                               exploration=exploration, rollout_width=rollout_width)
+                               exploration=exploration, rollout_width=rollout_width, prefetch=ev.prefetch)
         self.local = LocalSearch(ev, self.actions, prior, self.mesh.axes, space.legal)
         self.warm_start = warm_start
         # PartIR composes hand tactics with the search: the expert strategies are the first
@@ -142,6 +142,10 @@ class Search:
         return self.simulations, self.seconds + (time.perf_counter() - self._t0 if self._t0 else 0.0)
 
     def _simulate(self, pins: Pins) -> None:
+        with self.evaluator.scoring():  # a long simulation or polish scores on several processes
+            self._simulate_here(pins)
+
+    def _simulate_here(self, pins: Pins) -> None:
         self.tree.simulate(pins.pinned, pins.forbidden)
         self.simulations += 1
         ev = self.evaluator

@@ -37,11 +37,13 @@ class TreeSearch:
 
     def __init__(self, actions: Sequence[Decision], prior: np.ndarray, rng: np.random.Generator, *,
                  score: Callable[[tuple[Decision, ...]], float], key: Callable[[Sequence[Decision]], tuple],
-                 legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]], exploration: float, rollout_width: int):
+                 legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]], exploration: float, rollout_width: int,
+                 prefetch: Callable[[Sequence[tuple[Decision, ...]]], None] = lambda plans: None):
         self.actions = list(actions)
         self.prior = prior
         self.rng = rng
         self.score, self.key, self.legal = score, key, legal
+        self.prefetch = prefetch  # the plans about to be scored: scored side by side where it can
         self.exploration = exploration
         self.rollout_width = rollout_width
         self.nodes: dict[Any, Node] = {}
@@ -88,7 +90,9 @@ class TreeSearch:
             k = min(max(self.rollout_width, int(math.ceil(math.sqrt(len(legal))))), len(legal))
             w = self.weights[legal]
             picks = self.rng.choice(len(legal), size=k, replace=False, p=w / w.sum())
-            cand = max(((self.score(decisions + (self.actions[legal[i]],)), legal[i]) for i in picks))
+            plans = [decisions + (self.actions[legal[i]],) for i in picks]
+            self.prefetch(plans)
+            cand = max((self.score(plan), legal[i]) for plan, i in zip(plans, picks))
             if cand[0] <= best:
                 return best
             best = cand[0]
