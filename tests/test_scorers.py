@@ -128,3 +128,18 @@ def test_the_cli_refuses_a_bad_process_count_in_one_line(monkeypatch, capsys, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"partex: error: {PROCESSES_ENV}='0': give a whole number of processes >= 1 "
                    "(1 scores every plan in the search's own process)"]
+
+
+def test_children_end_when_the_parent_goes_without_a_word(tiny):
+    """A parent killed mid-search sends no goodbye: its ends of the pipes close, and each
+    child (holding none of them) sees that and ends."""
+    s = _session(tiny)
+    sc = Scorers(s.cost_model, 3)
+    procs = list(sc._procs)
+    for conn in sc._conns:
+        conn.close()
+    for p in procs:
+        p.join(timeout=30)
+    assert all(p.exitcode == 0 for p in procs)
+    sc._conns = []
+    sc.close()

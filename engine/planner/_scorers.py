@@ -70,9 +70,14 @@ def can_fork() -> bool:
             and not multiprocessing.current_process().daemon)
 
 
-def _serve(conn, cm: CostModel) -> None:
-    """A scoring child: batches of plans in, their ``Raw`` out, until the parent closes."""
+def _serve(conn, cm: CostModel, parent_ends: list) -> None:
+    """A scoring child: batches of plans in, their ``Raw`` out, until the parent closes its
+    end or ends (``parent_ends``: the parent's ends of the pipes open at the fork, this
+    child's own among them, which the child closes so that their closing reaches it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    for end in parent_ends:
+        end.close()
+    _die_with_parent()
     gc.enable()
     while True:
         try:
@@ -86,6 +91,16 @@ def _serve(conn, cm: CostModel) -> None:
         except BaseException:  # a bug in partex: the parent raises it with this traceback
             out = ("error", traceback.format_exc())
         conn.send(out)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel ends this process when its parent ends, however it ends."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class ScorerError(RuntimeError):
@@ -115,10 +130,11 @@ class Scorers:
                                         category=DeprecationWarning)
                 for _ in range(processes - 1):
                     parent, child = ctx.Pipe()
-                    proc = ctx.Process(target=_serve, args=(child, cm), daemon=True, name="partex-scorer")
+                    self._conns.append(parent)
+                    proc = ctx.Process(target=_serve, args=(child, cm, list(self._conns)), daemon=True,
+                                       name="partex-scorer")
                     proc.start()
                     child.close()
-                    self._conns.append(parent)
                     self._procs.append(proc)
         finally:
             gc.unfreeze()
