@@ -285,6 +285,7 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
     # ------------------------------------------------------------------ the search
     def step(self, n: int = 1) -> "Session":
         """Run ``n`` simulations of the search; returns the session."""
+        self._state.search.stop_requested = False  # a stop asked of an earlier run is done with
         self._state.search.step(int(n), self._state.pins)
         return self
 
@@ -302,12 +303,14 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
     def probe(self, evaluations: int) -> "Session":
         """A short descent from the best plan so far, of at most ``evaluations`` plans scored
         (the mesh search's screen of a candidate: reproducible, unlike a slice of time)."""
+        self._state.search.stop_requested = False
         self._state.search.probe(evaluations, self._state.pins)
         return self
 
     def settle(self, seconds: float) -> bool:
         """The local search's last word on the best plan so far (``Search.settle``): its
         polish and kicks, until none improves it or ``seconds`` pass; True where it moved."""
+        self._state.search.stop_requested = False
         return self._state.search.settle(seconds, self._state.pins)
 
     def request_stop(self) -> None:
@@ -316,7 +319,9 @@ class Session(SessionChecks, SessionBench, SessionPrograms, SessionFiles):
 
     @property
     def stop_requested(self) -> bool:
-        """True when ``request_stop`` asked the running ``run`` to return."""
+        """True when ``request_stop`` asked the running ``run`` to return (its simulation in
+        hand and any polish in it end at the next plan); ``run``, ``step``, ``probe`` and
+        ``settle`` start with it false."""
         return self._state.search.stop_requested
 
     def stats(self) -> SearchStats:

@@ -506,3 +506,20 @@ def test_settle_ends_where_no_polish_or_kick_improves_the_best():
         end = local.descend(kick, lambda d: -ev.score(d), len(pins.pinned), pins.forbidden, None, budget=KICK_EVALS)
         e = ev.evaluate(end)
         assert not e.fits or e.step_time >= after.report.step_time * (1 - 1e-9)
+
+
+def test_a_stop_ends_the_polish_in_hand_at_the_next_plan(tiny):
+    """Ctrl-C during a long polish (``request_stop``, a signal handler's flag): the descent
+    ends before its next plan rather than at its end or the run's deadline."""
+    def polished(stop: bool) -> int:
+        s = _session(tiny, memory="2MiB")
+        s.step(3)
+        search = s._state.search
+        if stop:
+            search.request_stop()
+        before = len(search.evaluator.evals)
+        search.local.polish(s._state.pins.pinned, s._state.pins.forbidden, None)
+        return len(search.evaluator.evals) - before
+
+    assert polished(False) > 20  # a polish of this plan scores many plans
+    assert polished(True) == 0

@@ -38,8 +38,10 @@ class LocalSearch:
     a plan may add; ``prior`` orders them) on the mesh axes ``axes``."""
 
     def __init__(self, evaluator: Evaluator, actions: Sequence[Decision], prior: np.ndarray, axes: Sequence[str],
-                 legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]]):
+                 legal: Callable[[Sequence[Decision], Collection[Decision]], list[int]],
+                 stopped: Callable[[], bool] = lambda: False):
         self.evaluator = evaluator
+        self.stopped = stopped  # true once the search is asked to stop (Ctrl-C): every descent ends
         self.actions = list(actions)
         self.prior = prior
         self.axes = tuple(axes)
@@ -132,8 +134,8 @@ class LocalSearch:
     def descend(self, current: tuple[Decision, ...], objective, first: int, forbidden: Collection[Decision],
                 deadline: float | None, budget: int | None = None) -> tuple[Decision, ...]:
         """First-improvement descent on ``objective`` (lower is better) over ``moves``
-        until no move improves, the step limit, the deadline, or ``budget`` plans scored;
-        returns where it stopped.
+        until no move improves, the step limit, the deadline, ``budget`` plans scored, or
+        the search is asked to stop (``stopped``); returns where it stopped.
 
         A move that did not improve the plan it was tried on is not tried again while the
         descent goes on (a change elsewhere seldom makes it pay: "don't look bits", as in
@@ -148,7 +150,7 @@ class LocalSearch:
                 for key, cand in self._ahead(m for m in self.moves(current, first, forbidden) if m[0] not in failed):
                     scored += 1
                     if deadline is not None and time.perf_counter() > deadline \
-                            or budget is not None and scored > budget:
+                            or budget is not None and scored > budget or self.stopped():
                         return current
                     v = objective(cand)
                     if v < value - 1e-9 * abs(value):

@@ -126,7 +126,8 @@ class Search:
         prior = np.array([ev.score((d,)) - base_score for d in self.actions], dtype=np.float64)
         self.tree = TreeSearch(self.actions, prior, self.rng, score=ev.score, key=ev.key, legal=space.legal,
                                exploration=exploration, rollout_width=rollout_width, prefetch=ev.prefetch)
-        self.local = LocalSearch(ev, self.actions, prior, self.mesh.axes, space.legal)
+        self.local = LocalSearch(ev, self.actions, prior, self.mesh.axes, space.legal,
+                                 stopped=lambda: self.stop_requested)
         self.warm_start = warm_start
         # PartIR composes hand tactics with the search: the expert strategies are the first
         # candidates, and the first polish starts from the best of them (and after a pin,
