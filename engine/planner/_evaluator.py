@@ -192,11 +192,7 @@ class Evaluator:
         sc = self._open_scorers()
         if sc is None:
             return
-        todo: dict = {}
-        for p in plans:
-            k = self.key(p)
-            if k not in self.evals and k not in self.ahead:
-                todo.setdefault(k, p)
+        todo = {self.key(p): p for p in plans if self.unscored(p)}  # one of each plan
         if len(todo) > 1:
             self.ahead.update(zip(todo, sc.score(list(todo.values()))))
 
