@@ -991,7 +991,8 @@ def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_pat
     from partex.explorer._charts import KpiView
     from partex.explorer._pool import SearchPool
 
-    pool = SearchPool(1, slice_seconds=3.0)
+    turn_clock = [0.0]  # the pool's clock, moved by the test alone: a turn ends when the test says
+    pool = SearchPool(1, slice_seconds=3.0, clock=lambda: turn_clock[0])
     first = ExplorerState(sessions_dir=tmp_path, pool=pool)
     second = ExplorerState(sessions_dir=tmp_path, pool=pool)
     both = (first, second)
@@ -1020,10 +1021,10 @@ def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_pat
                "the queued page's pin")
         assert second.stats.simulations == 0
         # the first's turn (3 s) over: the second searches, the first waits with its search kept
+        turn_clock[0] += pool.slice_seconds
         settle(lambda: second.stats.simulations > 0 and first.search_queue.startswith("queued: 1st of 1"),
                "the turns to rotate")
         assert first.message.startswith("its turn is over, queued: 1st of 1"), first.message
-        pool.slice_seconds = 600.0  # the second's turn lasts
         settle(lambda: second.stats.simulations > 10, "the second page's search to go on")
         held = first.runner.receive().stats.simulations
         now = second.stats.simulations
