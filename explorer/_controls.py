@@ -237,6 +237,7 @@ class FileControls(pn.viewable.Viewer):
         self.errors = FieldErrors(s, "session", {"session": self.session}, {"session": "session name"})
         on_change(s, s.clock, "the saved sessions' list", self._sessions, ["sessions"])
         on_change(s, s.clock, "the Download plan button", self._plan_ready, ["best", "workspace"])
+        self._plan_ready()
         self._panel = pn.Column(
             _section("Plan file", self.download,
                      html(f"<div class='hint'>Upload a plan JSON (at most {fmt_bytes(s.upload_limit)}) to inspect and "
