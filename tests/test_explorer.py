@@ -805,12 +805,17 @@ def test_teach_walks_through_the_model_pointing_at_each_card(tab):
     wait_until(lambda: "Step 1 of" in head(), what="the first step")
     total = int(head().split("Step 1 of ")[1].split("<")[0])
     assert total >= 7
-    seen = []
+    pointer = lambda: tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-teach-target').text")  # noqa: E731
+    seen, pointed = [], ""
     for i in range(total):
         wait_until(lambda: f"Step {i + 1} of {total}" in head(), what=f"step {i + 1}")
+        # the pointer's text is new on every step shown ("card|n"); the step's head and its
+        # pointer reach the browser in separate messages, so wait for the pointer's own
+        pointed = wait_until(lambda: (lambda t: t if t and t != pointed else None)(pointer()),
+                             what=f"step {i + 1}'s pointer")
         wait_until(lambda: tab.evaluate("window._pxTeach ? window._pxTeach.style.outlineWidth : ''") == "3px",
                    what=f"step {i + 1}'s card outlined")
-        target = tab.evaluate("Bokeh.documents[0].get_model_by_name('partex-teach-target').text").split("|")[0]
+        target = pointed.split("|")[0]
         card = tab.locator(".card-title", has_text=target).first
         wait_until(lambda: (lambda b: b and -5 <= b["y"] < VIEWPORT["height"] - 60)(card.bounding_box()),
                    what=f"{target} scrolled into view (at {card.bounding_box()})")
