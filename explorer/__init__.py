@@ -29,7 +29,7 @@ from ._access import (MAX_PAGES_ENV, MAX_UPLOAD, MAX_UPLOAD_ENV, MODELS_DIR_ENV,
 from ._pool import SLICE_SECONDS, default_max_pages, default_workers, parse_workers
 
 HERE = pathlib.Path(__file__).resolve().parent
-APP = HERE / "app.py"
+APP = HERE / "app.py"  # the page as a script: ``panel serve`` serves it too (each page built on its event loop)
 # The stylesheet and logo: ``partex/static`` in an installed wheel, ``static/`` beside
 # ``explorer/`` in the repository (an editable install maps the packages onto its folders).
 STATIC = next((d for d in (HERE.parent / "static", HERE.parents[1] / "static") if (d / "explorer.css").is_file()),
@@ -67,7 +67,8 @@ WEBSOCKET_MESSAGE = 20 * 2**20
 def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = False,
                   session_lifetime_ms: int = 5000, *, auth_file: str | None = None, origins=(),
                   max_upload: int | None = None) -> list[str]:
-    """The ``panel serve`` command line. The static folder is served at /assets (Bokeh
+    """The server's command line (``_server``: Panel's server, each page built off its event
+    loop). The static folder is served at /assets (Bokeh
     reserves /static for its own files); a closed tab's session, and its search thread,
     ends ``session_lifetime_ms`` after its connection closes. ``auth_file``: the path of a
     credentials file (``_access.write_credentials``) that Panel's basic auth asks for (the
@@ -78,15 +79,13 @@ def serve_command(port: int = 5006, address: str = "127.0.0.1", show: bool = Fal
     allowed = [f"{address}:{port}", f"localhost:{port}",
                *(o if ":" in o.rsplit("]", 1)[-1] else f"{o}:{port}" for o in origins)]
     cmd = [
-        sys.executable, "-m", "panel", "serve", str(APP),
+        sys.executable, "-m", "partex.explorer._server",
         "--address", address, "--port", str(port),
-        "--static-dirs", f"assets={STATIC}",
         *(f"--allow-websocket-origin={o}" for o in dict.fromkeys(allowed)),
         # a closed tab's session ends within a second of its lifetime: its search process, and
         # its memory, with it
         "--unused-session-lifetime", str(session_lifetime_ms),
         "--check-unused-sessions", str(max(250, min(1000, session_lifetime_ms // 2))),
-        "--warm",  # run the app once at start: imports done and the demo model traced before the first tab
     ]
     if max_upload is not None:
         cmd += ["--websocket-max-message-size", str(max(WEBSOCKET_MESSAGE, 2 * max_upload))]

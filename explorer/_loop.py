@@ -143,21 +143,29 @@ class LoopLag:
 
 
 _SERVER_LAG: tuple[object, LoopLag] | None = None
+_SERVER_LAG_LOCK = threading.Lock()
 
 
-def server_loop_lag(period_ms: int) -> LoopLag:
-    """The lag monitor of the event loop running now (the server's), started on it on first
-    use: one periodic callback for the whole server, not one per page (twenty pages ticking
-    ten times a second are two hundred callbacks a second on the loop they measure)."""
+def server_loop_lag(period_ms: int, loop=None) -> LoopLag:
+    """The lag monitor of the server's event loop, started on it on first use: one periodic
+    callback for the whole server, not one per page (twenty pages ticking ten times a second
+    are two hundred callbacks a second on the loop they measure). ``loop``: the server's
+    (a Tornado IOLoop); None: the one running in this thread, or, in a thread that runs none
+    (a page built in a worker thread: ``_server``), the one started last."""
     global _SERVER_LAG
     from tornado.ioloop import IOLoop, PeriodicCallback
 
-    loop = IOLoop.current()
-    if _SERVER_LAG is None or _SERVER_LAG[0] is not loop:
-        lag = LoopLag()
-        PeriodicCallback(lambda: lag.tick(period_ms / 1e3), period_ms).start()
-        _SERVER_LAG = (loop, lag)
-    return _SERVER_LAG[1]
+    with _SERVER_LAG_LOCK:
+        loop = loop if loop is not None else IOLoop.current(instance=False)
+        if loop is None and _SERVER_LAG is not None:
+            return _SERVER_LAG[1]
+        loop = loop if loop is not None else IOLoop.current()
+        if _SERVER_LAG is None or _SERVER_LAG[0] is not loop:
+            lag = LoopLag()
+            # started on the loop itself (a PeriodicCallback runs on the loop current where it starts)
+            loop.add_callback(lambda: PeriodicCallback(lambda: lag.tick(period_ms / 1e3), period_ms).start())
+            _SERVER_LAG = (loop, lag)
+        return _SERVER_LAG[1]
 
 
 class PageClock:

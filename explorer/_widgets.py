@@ -13,7 +13,7 @@ from bokeh.core.enums import SizingModeType
 from bokeh.models import Div, Tooltip
 from panel.io import unlocked
 
-CSS = "assets/explorer.css"  # served by `panel serve --static-dirs assets=static`
+CSS = "assets/explorer.css"  # the static folder, served at /assets (``_server``)
 
 
 def bokeh_update(fn):

@@ -1,22 +1,15 @@
-"""The partex explorer's Panel script (``partex serve`` or ``make serve`` runs it with ``panel serve``).
+"""The partex explorer's page as a Panel script, for ``panel serve explorer/app.py`` (each page built on
+the server's event loop). ``partex serve`` (``make serve``) serves the same page built off the loop (``_server``).
 
 Every browser session runs this script and gets its own state and search.
 """
 
-import logging
-
 import panel as pn
 
 from partex.explorer._app import create_app, on_exception, page_title
+from partex.explorer._server import show_log
 
-_log = logging.getLogger("partex.explorer")
-if not _log.handlers:  # the server's log shows the explorer's own lines (threads ending, slow callbacks)
-    _handler = logging.StreamHandler()
-    _handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    _log.addHandler(_handler)
-    _log.setLevel(logging.INFO)
-    _log.propagate = False
-
+show_log()
 pn.extension(notifications=False, exception_handler=on_exception)
 # The page's models join the document at once: Bokeh recomputes the document's model graph
 # once, not once per root the template adds (about half of a page's build on the server's

@@ -141,10 +141,11 @@ def test_wheel_installs_partex_alone_and_serves_its_static_files(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["groups"] > 0
-    code = ("import partex, partex.explorer as e; "
+    code = ("import importlib, partex, partex.explorer as e; "
             "assert partex.__file__.startswith(%r), partex.__file__; "
             "assert (e.STATIC / 'explorer.css').is_file() and e.APP.is_file(); "
-            "print(partex.Plan.__name__, e.serve_command()[4])" % str(site))
+            "cmd = e.serve_command(); server = importlib.import_module(cmd[cmd.index('-m') + 1]); "
+            "print(partex.Plan.__name__, server.__file__)" % str(site))
     r = subprocess.run([str(py), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[0] == "Plan" and r.stdout.split()[1].startswith(str(site))

@@ -332,3 +332,41 @@ def test_browsers_reach_the_page_by_the_names_allowed():
     allowed = [c.split("=", 1)[1] for c in cmd if c.startswith("--allow-websocket-origin=")]
     assert allowed == ["0.0.0.0:5006", "localhost:5006", "partex.example.edu:5006", "10.0.0.7:80", "[::1]:8080"]
     assert cmd[cmd.index("--websocket-max-message-size") + 1] == str(2**26)  # twice a limit over Bokeh's 20 MiB
+
+
+def test_a_page_is_built_off_the_servers_event_loop(monkeypatch):
+    """``partex serve``'s application: Bokeh builds each page (its views and Panel's
+    document, seconds of Python) in a worker thread, not on the event loop that every open
+    page's callbacks wait on; the page it builds is the explorer's, with its session."""
+    import asyncio
+    import threading
+    import types
+
+    from bokeh.server.contexts import ApplicationContext
+    from tornado.ioloop import IOLoop
+
+    from partex.explorer import _app, _server
+
+    built_in = []
+    create_app = _app.create_app
+
+    def recorded(*args, **kwargs):
+        built_in.append(threading.get_ident())
+        return create_app(*args, **kwargs)
+
+    monkeypatch.setattr(_app, "create_app", recorded)
+
+    async def open_page():
+        context = ApplicationContext(_server.application(), io_loop=IOLoop.current(), url="/app")
+        request = types.SimpleNamespace(arguments={}, cookies={}, headers={}, path="/app", uri="/app",
+                                        protocol="http", host="127.0.0.1")
+        session = await context.create_session_if_needed("partex-test-page", request)
+        try:
+            names = {m.name for m in session.document.models if m.name}
+            return threading.get_ident(), names
+        finally:
+            await context._shutdown_sessions()
+
+    loop_thread, names = asyncio.run(open_page())
+    assert built_in and built_in[0] != loop_thread
+    assert {"partex-state", "partex-teach-target"} <= names, sorted(names)[:20]
