@@ -1040,3 +1040,43 @@ def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_pat
     finally:
         for st in both:
             st.close()
+
+
+def test_pages_python_jobs_take_turns_and_a_verify_does_not_wait_for_them():
+    """Two pages' load jobs (Python the whole way) run one after the other, never at once;
+    a verify (waiting on XLA) runs while a load holds the turn; each result reaches its page."""
+    import threading
+
+    from partex.explorer._loop import Jobs
+
+    a, b = Jobs("page-a"), Jobs("page-b")
+    loading, release, verified = threading.Event(), threading.Event(), threading.Event()
+    running: list[str] = []
+    seen: dict[str, list[str]] = {}
+
+    def a_load():
+        running.append("a")
+        loading.set()
+        release.wait(60)
+        running.remove("a")
+        return "a loaded"
+
+    def b_load():
+        seen["b"] = list(running)  # what ran beside it
+        return "b loaded"
+
+    a.submit("load", a_load, lambda v: None)
+    assert loading.wait(60)
+    b.submit("load", b_load, lambda v: None)
+    b.submit("verify", lambda: verified.set() or "verified", lambda v: None)
+    assert verified.wait(60)  # not held by a's load
+    assert "b" not in seen  # b's load waits its turn
+    release.set()
+    deadline = time.monotonic() + 60
+    results = {}
+    while len(results) < 3 and time.monotonic() < deadline:
+        results.update({(j.name, f.kind): f.value for j in (a, b) for f in j.finished()})
+        time.sleep(0.01)
+    assert results == {("page-a", "load"): "a loaded", ("page-b", "load"): "b loaded",
+                       ("page-b", "verify"): "verified"}
+    assert seen["b"] == []  # a's load had ended before b's began
