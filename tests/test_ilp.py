@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from partex import Recompute, analyze_model
+from partex import Shard, analyze_model
 from partex.cost import CostModel
 from partex.planner._ilp import ILPResult, group_strategies, solve_ilp
 from partex._mesh import GiB, MeshSpec, get_hardware
@@ -44,15 +44,16 @@ def _check_result(out: ILPResult, cm, an):
     again = cm.evaluate(list(out.decisions))
     assert again.step_time == pytest.approx(out.report.step_time)
     assert again.memory.peak == pytest.approx(out.report.memory.peak)
-    # decisions: decidable groups, biggest groups first, each group's axes together
+    # shardings (not recompute or host memory): decidable groups, biggest groups first, each
+    # group's axes together
     decidable = {g.id: g for g in an.decision_groups}
-    order = [d.group for d in out.decisions if not isinstance(d, Recompute)]
+    order = [d.group for d in out.decisions if isinstance(d, Shard)]
     assert all(g in decidable for g in order)
     firsts = list(dict.fromkeys(order))
     assert order == [g for g in firsts for _ in range(order.count(g))]
     assert [decidable[g].bytes for g in firsts] == sorted((decidable[g].bytes for g in firsts), reverse=True)
     for g in firsts:
-        axes = [d.axis for d in out.decisions if not isinstance(d, Recompute) and d.group == g]
+        axes = [d.axis for d in out.decisions if isinstance(d, Shard) and d.group == g]
         assert len(axes) == len(set(axes)) <= 2
 
 
