@@ -155,7 +155,7 @@ CONSERVATIVE = frozenset({
     "preduced", "psum_done", "psum_invariant_start", "psum_start",
     "ragged_all_to_all", "reduce_scatter_done", "reduce_scatter_start",
     "unreduced_psum", "unreduced_psum_start", "unreduced_reduce_scatter",
-    "unreduced_reduce_scatter_start", "vary_unreduced_cast_p", "vary_unreduced_cast",
+    "unreduced_reduce_scatter_start", "vary_unreduced_cast_p", "vary_unreduced_cast", "reduced_vary_cast",
     "pbroadcast_dynamic", "unreduced_pmax", "unreduced_pmin",
     # tokens, effects, platform queries: scalars or no data
     "after_all", "create_token", "platform_index", "unreachable", "dce_sink",
@@ -203,7 +203,7 @@ defpointwise(
     "eq", "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "nextafter", "add_any",
     "shift_left", "shift_right_arithmetic", "shift_right_logical", "complex", "mulhi",
     "igamma", "igammac", "igamma_grad_a", "random_gamma_grad", "polygamma", "zeta",
-    "regularized_incomplete_beta", "eq_to", "le_to", "lt_to", "polynomial",
+    "regularized_incomplete_beta", "eq_to", "le_to", "lt_to", "polynomial", "fma", "fmuladd",
     # unary
     "neg", "exp", "exp2", "log", "log1p", "log2", "one_minus_square", "expm1", "tanh", "logistic", "sin", "cos", "tan",
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
@@ -849,7 +849,7 @@ def _leading_tie(params, ins, outs):
 # tensor dims it does not cut or grow are each device's own, shardable over the axes the
 # region leaves to the partitioner (a partially manual region) as an elementwise op's are.
 
-@register("psum", "psum_invariant", "pmax", "pmin", "pvary", "pbroadcast", "ppermute")
+@register("psum", "psum_invariant", "pmax", "pmin", "pxor", "pvary", "pbroadcast", "ppermute")
 def _per_device(params, ins, outs):
     """Operand i's dim d is result i's."""
     return _keep(_f(s, P, [(i, d)], [(i, d)]) for i, sh in enumerate(ins) for d, s in enumerate(sh))
@@ -879,7 +879,7 @@ def _all_gather(params, ins, outs):
     return _cut(ins, outs, {d: d + (d >= gd) for d in range(len(ins[0]))}, {gd})
 
 
-@register("reduce_scatter", "psum_scatter")
+@register("reduce_scatter", "psum_scatter", "pmax_scatter", "pmin_scatter")
 def _reduce_scatter(params, ins, outs):
     """The scattered dim shrinks (tiled) or goes (untiled); the others pass."""
     sd = params["scatter_dimension"]

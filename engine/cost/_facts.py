@@ -251,9 +251,9 @@ def _summed(params, in_bytes: Sequence[float], out_bytes: Sequence[float]) -> tu
 
 
 for _kind, _names, _bytes in (
-        ("all-reduce", ("psum", "psum_invariant", "pmax", "pmin"), _summed),
+        ("all-reduce", ("psum", "psum_invariant", "pmax", "pmin", "pxor"), _summed),
         ("all-gather", ("all_gather", "all_gather_invariant"), _larger),
-        ("reduce-scatter", ("reduce_scatter", "psum_scatter"), _larger),
+        ("reduce-scatter", ("reduce_scatter", "psum_scatter", "pmax_scatter", "pmin_scatter"), _larger),
         ("all-to-all", ("all_to_all", "ragged_all_to_all"), _larger),
         ("collective-permute", ("ppermute",), _larger)):
     define(_names, manual=(_kind, _bytes), flops=no_flops)
