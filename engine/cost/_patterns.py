@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from jaxlib import version as _jaxlib_version
+
 from .._decisions import NO_DIM
 from ..analysis._rules import FactorKind
 from ._kinds import CollectiveKind
@@ -24,6 +26,10 @@ from ._reshard import AG, AR, PERMUTE, RS, coll_time, halo, reshard, shifted_vie
 from ._shardings import assign, prod, shards, view
 
 REDUCTION = FactorKind.REDUCTION
+# XLA's SPMD partitioner before jaxlib 0.12.1 sums a sharded conv's partial filter gradient
+# over the whole mesh (``whole_mesh_partials``); 0.12.1 sums it over the axes it is partial
+# over, as any other reduction (``tests/test_halo.py`` runs both and checks which holds)
+XLA_SUMS_CONV_PARTIALS_OVER_WHOLE_MESH = _jaxlib_version.__version_info__ < (0, 12, 1)
 SpecFn = Callable[[int, tuple], list]  # (signature, decisions) -> its sharding (memoised)
 
 
@@ -307,7 +313,11 @@ def whole_mesh_partials(t: Tables, pat: Pattern, fax) -> None:
     gradient) whose batch is: with a mesh axis left out of the reduction the gradient
     comes out that many times too large. Such a conv takes the rest of the mesh on its
     batch (the other reduction; each device then holds a distinct partial sum), or, where
-    the batch cannot take it, leaves those reductions unsharded (operands gathered)."""
+    the batch cannot take it, leaves those reductions unsharded (operands gathered). XLA
+    from jaxlib 0.12.1 sums them right: nothing forced
+    (``XLA_SUMS_CONV_PARTIALS_OVER_WHOLE_MESH``)."""
+    if not XLA_SUMS_CONV_PARTIALS_OVER_WHOLE_MESH:
+        return
     affected = [k for k, ((kind, _, _), h) in enumerate(zip(pat.factors, pat.halos))
                 if fax[k] and kind == REDUCTION and (h is not None or pat.grouped)]
     if not affected:
