@@ -26,14 +26,6 @@ SLOW_CALLBACK_MS = 100
 # default; a callback that applies a model then took several times its CPU time in wall time).
 SWITCH_INTERVAL = 0.0005
 
-# The kinds of job whose work is Python the whole way (tracing a model, pricing its plans):
-# they run one at a time across the server's pages. They share one interpreter lock with
-# each other and with the loop, so running twenty at once (twenty pages opening) finishes
-# none sooner, and the loop, asking for the lock among twenty threads, waited up to a second
-# for it in a callback of 20 ms. Verify and measure wait on XLA and on other processes.
-PYTHON_KINDS = ("load", "upload")
-_PYTHON_TURN = threading.Lock()
-
 # How a part of the page runs slow work: submit(kind, work, done) runs work() in a worker
 # thread; done(its result) runs later on the page's loop (``Jobs``).
 Submit = Callable[[str, Callable[[], Any], Callable[[Any], None]], None]
@@ -68,8 +60,7 @@ class Jobs:
 
         def run():
             try:
-                with _PYTHON_TURN if kind in PYTHON_KINDS else contextlib.nullcontext():
-                    out = Finished(kind, gen, done, "ok", work())
+                out = Finished(kind, gen, done, "ok", work())
             except PartexError as e:
                 out = Finished(kind, gen, done, "error", e)
             except Exception as e:  # a thread's boundary: show one line, log the traceback
