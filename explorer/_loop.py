@@ -26,6 +26,44 @@ SLOW_CALLBACK_MS = 100
 # default; a callback that applies a model then took several times its CPU time in wall time).
 SWITCH_INTERVAL = 0.0005
 
+class Turns:
+    """Turns at running Python-bound work, one at a time across the server's pages, each
+    turn at most ``slice_s``: a job that holds it longer (a slow trace, or a load its page
+    has already superseded) passes it on and goes on beside the next. Twenty pages opening
+    at once then run their loads one after the other, not twenty threads at once asking for
+    the one interpreter lock, among which the loop waited up to a second in a callback of
+    20 ms; and no job waits on another for more than ``slice_s``."""
+
+    def __init__(self, slice_s: float):
+        self.slice_s = slice_s
+        self._cond = threading.Condition()
+        self._holder: object | None = None
+        self._since = 0.0
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        token = object()
+        with self._cond:
+            while self._holder is not None:
+                left = self._since + self.slice_s - time.monotonic()
+                if left <= 0:
+                    break  # the holder's turn is over: it goes on beside this one
+                self._cond.wait(left)
+            self._holder, self._since = token, time.monotonic()
+        try:
+            yield
+        finally:
+            with self._cond:
+                if self._holder is token:
+                    self._holder = None
+                    self._cond.notify()
+
+
+# The kinds of job whose work is Python the whole way (tracing a model, pricing its plans)
+# take ``PYTHON_TURNS``; verify and measure wait on XLA and on other processes.
+PYTHON_KINDS = ("load", "upload")
+PYTHON_TURNS = Turns(slice_s=2.0)
+
 # How a part of the page runs slow work: submit(kind, work, done) runs work() in a worker
 # thread; done(its result) runs later on the page's loop (``Jobs``).
 Submit = Callable[[str, Callable[[], Any], Callable[[Any], None]], None]
@@ -60,7 +98,8 @@ class Jobs:
 
         def run():
             try:
-                out = Finished(kind, gen, done, "ok", work())
+                with PYTHON_TURNS.turn() if kind in PYTHON_KINDS else contextlib.nullcontext():
+                    out = Finished(kind, gen, done, "ok", work())
             except PartexError as e:
                 out = Finished(kind, gen, done, "error", e)
             except Exception as e:  # a thread's boundary: show one line, log the traceback

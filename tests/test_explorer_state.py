@@ -1040,3 +1040,65 @@ def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_pat
     finally:
         for st in both:
             st.close()
+
+
+def _two_pages_loading(turn_s: float, monkeypatch):
+    """Page a's load holds its turn until released; page b then submits a load and a verify.
+    Returns (a's release, b's verify done, what ran beside b's load, the results)."""
+    import threading
+
+    from partex.explorer import _loop
+
+    monkeypatch.setattr(_loop, "PYTHON_TURNS", _loop.Turns(turn_s))
+    a, b = _loop.Jobs("page-a"), _loop.Jobs("page-b")
+    loading, release, verified, b_ran = (threading.Event() for _ in range(4))
+    running: list[str] = []
+    seen: dict[str, list[str]] = {}
+
+    def a_load():
+        running.append("a")
+        loading.set()
+        release.wait(60)
+        running.remove("a")
+        return "a loaded"
+
+    def b_load():
+        seen["b"] = list(running)  # what ran beside it
+        b_ran.set()
+        return "b loaded"
+
+    a.submit("load", a_load, lambda v: None)
+    assert loading.wait(60)
+    b.submit("load", b_load, lambda v: None)
+    b.submit("verify", lambda: verified.set() or "verified", lambda v: None)
+
+    def results():
+        deadline, out = time.monotonic() + 60, {}
+        while len(out) < 3 and time.monotonic() < deadline:
+            out.update({(j.name, f.kind): f.value for j in (a, b) for f in j.finished()})
+            time.sleep(0.01)
+        return out
+
+    return release, verified, b_ran, seen, results
+
+
+def test_pages_python_jobs_take_turns_and_a_verify_does_not_wait_for_them(monkeypatch):
+    """Two pages' load jobs (Python the whole way) run one after the other within a turn;
+    a verify (waiting on XLA) runs while a load holds the turn; each result reaches its page."""
+    release, verified, b_ran, seen, results = _two_pages_loading(60.0, monkeypatch)
+    assert verified.wait(60)  # not held by a's load
+    assert "b" not in seen  # b's load waits its turn
+    release.set()
+    assert results() == {("page-a", "load"): "a loaded", ("page-b", "load"): "b loaded",
+                         ("page-b", "verify"): "verified"}
+    assert seen["b"] == []  # a's load had ended before b's began
+
+
+def test_a_load_longer_than_its_turn_lets_the_next_one_run_beside_it(monkeypatch):
+    """A load that holds the turn past its slice (a slow trace, or one its page no longer
+    wants) keeps no other page's load waiting: the next runs beside it."""
+    release, verified, b_ran, seen, results = _two_pages_loading(0.2, monkeypatch)
+    assert b_ran.wait(60)  # while a's load still runs
+    assert seen["b"] == ["a"]
+    release.set()
+    assert results()[("page-a", "load")] == "a loaded"
