@@ -7,18 +7,12 @@ Every browser session runs this script and gets its own state and search.
 import panel as pn
 
 from partex.explorer._app import create_app, on_exception, page_title
-from partex.explorer._server import show_log
+from partex.explorer._server import build_page, show_log
 
 show_log()
 pn.extension(notifications=False, exception_handler=on_exception)
-# The page's models join the document at once: Bokeh recomputes the document's model graph
-# once, not once per root the template adds (about half of a page's build on the server's
-# event loop, which every other page waits on)
-_doc = pn.state.curdoc
-if _doc is not None:
-    with _doc.models.freeze():
-        _page = create_app()
-        _page.servable(title=page_title(_page))
+if pn.state.curdoc is not None:  # served: the page ``partex serve`` builds, here on the event loop
+    build_page(pn.state.curdoc)
 else:
     _page = create_app()
     _page.servable(title=page_title(_page))

@@ -1,4 +1,4 @@
-"""Browser tests of the explorer: a real ``panel serve explorer/app.py`` in a subprocess,
+"""Browser tests of the explorer: a real ``partex serve`` server (``serve_command``) in a subprocess,
 driven by Playwright with Debian's chromium (Playwright's own browser download does not
 work here). Page state is read from the hidden Bokeh model ``partex-state`` (the session's
 state as JSON). Nothing here is skipped: without chromium the tests fail.
@@ -60,7 +60,7 @@ class Server:
     def __init__(self, proc: subprocess.Popen, url: str, log: pathlib.Path, started: float):
         self.proc, self.url, self.log, self.started = proc, url, log, started
         self.first_view_s: float | None = None
-        self.up_s: float | None = None  # until panel serve answered
+        self.up_s: float | None = None  # until the server answered
         self.sessions: pathlib.Path | None = None  # where its sessions are saved
 
     def log_text(self) -> str:
@@ -69,7 +69,7 @@ class Server:
 
 @contextlib.contextmanager
 def start_server(tmp: pathlib.Path, sessions: pathlib.Path, **env_extra: str):
-    """``panel serve`` in a subprocess on a free port, saving sessions under ``sessions``
+    """The explorer's server in a subprocess on a free port, saving sessions under ``sessions``
     (``env_extra``: more of its environment)."""
     port = _free_port()
     log = tmp / f"server-{port}.log"
