@@ -248,15 +248,15 @@ def calibrate(model, planned, *, runs: int = NUMERICS_NOISE_RUNS,
         jitted = planned.float32(model.args)
         computed_in = (f"float32 (the step's {', '.join(low)} promoted)" if low
                        else "float32 at full matmul precision (not the backend's default TF32)")
-    else:
-        reference, jitted = jax.jit(split), planned.build(model.args)
+    else:  # the step as the user runs it (an explicit-mode step: on its arguments' own shardings)
+        reference, jitted = split.placed(jax.jit(split)), planned.build(model.args)
     with split.run_context():
         calibration = reference_run(list(program.output_paths), reference, host, runs=runs, seed=seed,
                                     widen=bool(low), computed_in=computed_in)
 
-    def run_planned() -> list:  # a donated key: a copy, not the caller's
+    def run_planned() -> list:  # a donated key: a copy, not the caller's; host arrays, which jit places as the plan has them
         return jax.tree_util.tree_leaves(jitted(*jax.tree_util.tree_map(
-            lambda x: x.copy() if _is_key(x) else jax.numpy.asarray(x), host)))
+            lambda x: x.copy() if _is_key(x) else x, host)))
 
     return calibration, run_planned
 

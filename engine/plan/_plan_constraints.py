@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._errors import PartexError
 from ..tracing._jax import with_sharding_constraint
@@ -22,6 +22,14 @@ __all__ = ["USER_SHARDING", "Constraints"]
 
 # The step's own sharding ops: rebound on the plan's mesh, or dropped (``user_specs``).
 USER_SHARDING = {"sharding_constraint", "reshard"}
+
+
+def _explicit_context() -> bool:
+    """Whether the ops bound now run under a mesh whose axes are all ``Explicit`` (an
+    ``explicit_axes`` region of an Auto-mode step), where ``with_sharding_constraint`` is an
+    assert (JAX >= 0.12.1) and a sharding is given with ``reshard``."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and all(t == AxisType.Explicit for t in mesh.axis_types)
 
 
 class Constraints:
@@ -59,6 +67,8 @@ class Constraints:
     def user(self, x, spec: PartitionSpec, op_id: int | None):
         """``x`` constrained to ``spec``, the step's own sharding of op ``op_id``, on the plan's mesh."""
         try:
+            if _explicit_context():  # an explicit_axes region's: a typed sharding, which with_sharding_constraint only asserts
+                return jax.sharding.reshard(x, spec)
             return with_sharding_constraint(x, NamedSharding(self.mesh, spec))
         except Exception as e:
             where = self.program.ops[op_id].source if op_id is not None else "the step"

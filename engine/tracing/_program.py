@@ -290,6 +290,25 @@ class StaticSplit:
             return jax.set_mesh(self.mesh)
         return contextlib.nullcontext()
 
+    def placed(self, fn: Callable) -> Callable:
+        """``fn`` (a function of these array leaves, ``jax.jit(self)``) called with each leaf
+        placed at its example's typed sharding first: an explicit-mode step runs on its
+        arguments as the user placed them (their shardings are part of its types: JAX 0.12.1
+        refuses, e.g., an embedding lookup's gradient scatter whose operands are all unsharded
+        but its updates typed). A step without typed arguments: ``fn`` itself."""
+        if self.mesh is None:
+            return fn
+        leaves, tree = jax.tree_util.tree_flatten(self.args)
+        own = [x.sharding if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+               and x.sharding.mesh == self.mesh else None for x in leaves]
+
+        def run(*args):
+            flat = jax.tree_util.tree_leaves(args)
+            return fn(*jax.tree_util.tree_unflatten(
+                tree, [x if sh is None else jax.device_put(x, sh) for x, sh in zip(flat, own)]))
+
+        return run
+
     def __call__(self, *args):
         with mesh_context(self.mesh):
             out = self.fn(*_with_static(self.in_tree, self.inputs, args))
@@ -361,8 +380,8 @@ def _explicitly_typed(sharding) -> bool:
 
 def explicit_mesh(args: Sequence[Any]):
     """The mesh of the first example leaf whose sharding is explicitly typed, or None: a step
-    in explicit sharding mode is traced (and run unsharded) with that mesh as its context, as
-    the user runs it under ``jax.set_mesh``."""
+    in explicit sharding mode is traced and run with that mesh as its context, as the user
+    runs it under ``jax.set_mesh``."""
     for x in jax.tree_util.tree_leaves(tuple(args)):
         sharding = getattr(x, "sharding", None)
         if isinstance(sharding, jax.sharding.NamedSharding) and has_explicit_axes(sharding.mesh):
