@@ -355,7 +355,7 @@ def _page(ctx, doc, sessions_dir: str | None) -> pn.template.FastListTemplate:
         LinkControls(state=state),
     ]
     busy = _busy_spinner(state)
-    teach_btn = button("partex-teach", "Teach", button_type="light", button_style="outline", width=110,
+    teach_btn = button("partex-teach", "Teach", color="light", variant="outline", width=110,
                        margin=(12, 8), description="A guided walkthrough of the model on the page, step by step")
     on_click(teach_btn, state.clock, "the Teach button", teach.start)
     template = pn.template.FastListTemplate(

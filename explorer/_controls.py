@@ -75,17 +75,17 @@ class SearchControls(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         s = self.state
-        self.run = button("partex-run", "▶ Run", button_type="success", sizing_mode="stretch_width")
-        self.pause = button("partex-pause", "❚❚ Pause", button_type="default", sizing_mode="stretch_width")
-        self.step = button("partex-step", "Step", button_type="default", sizing_mode="stretch_width",
+        self.run = button("partex-run", "▶ Run", color="success", sizing_mode="stretch_width")
+        self.pause = button("partex-pause", "❚❚ Pause", color="default", sizing_mode="stretch_width")
+        self.step = button("partex-step", "Step", color="default", sizing_mode="stretch_width",
                            description="Run a fixed number of simulations, then stop")
-        self.reset = button("partex-reset", "Reset", button_type="default", sizing_mode="stretch_width",
+        self.reset = button("partex-reset", "Reset", color="default", sizing_mode="stretch_width",
                             description="Start a fresh search (pins and forbids are kept)")
         for b, fn in ((self.run, s.run), (self.pause, s.pause), (self.step, s.step), (self.reset, s.reset)):
-            on_click(b, s.clock, f"the {b.name} button", fn)
-        self.step_size = keyed(pn.widgets.IntInput)("partex-step-size", name="Simulations per step", start=1,
+            on_click(b, s.clock, f"the {b.label} button", fn)
+        self.step_size = keyed(pn.widgets.IntInput)("partex-step-size", label="Simulations per step", start=1,
                                                      end=100_000, sizing_mode="stretch_width")
-        self.seed = keyed(pn.widgets.IntInput)("partex-seed", name="Seed", start=0, sizing_mode="stretch_width")
+        self.seed = keyed(pn.widgets.IntInput)("partex-seed", label="Seed", start=0, sizing_mode="stretch_width")
         bind(self.step_size, s, "step_size", clock=s.clock)
         bind(self.seed, s, "seed", clock=s.clock)
         on_change(s, s.clock, "the search buttons", self._sync, ["running", "phase"])
@@ -124,7 +124,7 @@ class ModelControls(pn.viewable.Viewer):
                                     sizing_mode="stretch_width")
         self.custom = text_input("partex-custom", "Your model", placeholder="my_model.py:make_step",
                                  sizing_mode="stretch_width", description=s.models.about())
-        self.analyze = button("partex-analyze", "Analyze", button_type="primary", sizing_mode="stretch_width")
+        self.analyze = button("partex-analyze", "Analyze", color="primary", sizing_mode="stretch_width")
         on_click(self.analyze, s.clock, "the Analyze button", s.load)
         # Enter in the overrides applies them to the model on the page (the text typed so far:
         # the value itself may come after the key press); another model loads only on Analyze
@@ -223,7 +223,7 @@ class FileControls(pn.viewable.Viewer):
         s = self.state
         self.download = keyed(pn.widgets.FileDownload)(
             "partex-download", callback=self._plan_file, filename=s.plan_filename(), label="Download plan JSON",
-            button_type="primary", sizing_mode="stretch_width", disabled=True)
+            color="primary", sizing_mode="stretch_width", disabled=True)
         self.upload = keyed(pn.widgets.FileInput)("partex-upload", accept=".json", multiple=False,
                                                   sizing_mode="stretch_width")
         on_change(self.upload, s.clock, "a plan uploaded", self._on_upload, ["value"])

@@ -107,7 +107,7 @@ class GraphView(pn.viewable.Viewer):
         self.fig = self._figure()
         self.legend = html(sizing_mode="stretch_width", margin=(0, 10))
         self.search = keyed(pn.widgets.AutocompleteInput)(
-            "partex-graph-search", name="", placeholder="find a group: its label or a pytree path", options=[],
+            "partex-graph-search", label="", placeholder="find a group: its label or a pytree path", options=[],
             case_sensitive=False, search_strategy="includes", min_characters=1, restrict=False,
             sizing_mode="stretch_width", margin=(0, 6))
         on_change(self.search, self.state.clock, "the graph's search box", self._on_search, ["value"])
@@ -406,9 +406,9 @@ class DecisionView(pn.viewable.Viewer):
         s = self.state
         self.group = select("partex-pin-group", "Group", options={}, sizing_mode="stretch_width")
         self.axis = select("partex-pin-axis", "Mesh axis", options=[], sizing_mode="stretch_width")
-        self.pin_btn = button("partex-pin", "Pin", button_type="primary", sizing_mode="stretch_width")
-        self.forbid_btn = button("partex-forbid", "Forbid", button_type="warning", sizing_mode="stretch_width")
-        self.unpin_btn = button("partex-unpin", "Release", button_type="default", sizing_mode="stretch_width",
+        self.pin_btn = button("partex-pin", "Pin", color="primary", sizing_mode="stretch_width")
+        self.forbid_btn = button("partex-forbid", "Forbid", color="warning", sizing_mode="stretch_width")
+        self.unpin_btn = button("partex-unpin", "Release", color="default", sizing_mode="stretch_width",
                                 description=tip_left("Unpin, or allow again, the group on the axis"))
         on_click(self.pin_btn, s.clock, "the Pin button", lambda: self._decide(s.pin))
         on_click(self.forbid_btn, s.clock, "the Forbid button", lambda: self._decide(s.forbid))

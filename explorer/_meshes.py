@@ -268,14 +268,14 @@ class MeshesView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         s = self.state
-        self.devices = keyed(pn.widgets.IntInput)("partex-mesh-devices", name="Devices", start=1, value=8, width=110)
+        self.devices = keyed(pn.widgets.IntInput)("partex-mesh-devices", label="Devices", start=1, value=8, width=110)
         self.topology = text_input("partex-mesh-topology", "Topology", placeholder="one slice; or 4x64@6.25",
                                    width=190, description="SLICESxDEVICES[@GB/s]: slices (or hosts) joined by a "
                                    "slower network, its bandwidth per device; one axis (data) crosses it")
         self.axes = select("partex-mesh-axes", "Axes at most", options=list(AXES), value="4", width=100)
-        self.seconds = keyed(pn.widgets.IntInput)("partex-mesh-seconds", name="Seconds", start=1,
+        self.seconds = keyed(pn.widgets.IntInput)("partex-mesh-seconds", label="Seconds", start=1,
                                                    value=DEFAULT_SECONDS, width=100)
-        self.go = button("partex-mesh-search", "Search meshes", button_type="primary", margin=(27, 10, 5, 10),
+        self.go = button("partex-mesh-search", "Search meshes", color="primary", margin=(27, 10, 5, 10),
                          description=tip_left("Every factorisation of the devices into named axes, each searched "
                                               "with the plan by successive halving, in its own process"))
         self.pipelines = select("partex-mesh-pipelines", "Pipelines", options=list(PIPELINES),
@@ -294,7 +294,7 @@ class MeshesView(pn.viewable.Viewer):
                            height=320, html_fields=("mesh", "step", "state"),
                            empty="press Search meshes: the meshes tried appear here, best first")
         self.pick = select("partex-mesh-pick", "Continue on", options=[], width=320, disabled=True)
-        self.use = button("partex-mesh-use", "Use this mesh", button_type="success", margin=(27, 10, 5, 10),
+        self.use = button("partex-mesh-use", "Use this mesh", color="success", margin=(27, 10, 5, 10),
                           disabled=True, description="The page's search restarts on that mesh from the plan found "
                                                      "there, pins kept")
         on_click(self.use, s.clock, "the Use this mesh button", lambda: s.use_mesh(self.pick.value))

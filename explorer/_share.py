@@ -68,11 +68,11 @@ class LinkControls(pn.viewable.Viewer):
         s = self.state
         self.location = pn.state.location
         self.field = keyed(pn.widgets.TextAreaInput)(
-            "partex-link", name="Link to this page", rows=2, max_rows=MAX_ROWS, resizable=False,
+            "partex-link", label="Link to this page", rows=2, max_rows=MAX_ROWS, resizable=False,
             sizing_mode="stretch_width", stylesheets=[MONOSPACE],
             description="Opens the page on this model, preset, overrides, mesh, hardware, budget, pins and "
                         "forbids (and the saved session loaded): for a class, or a colleague on this server")
-        self.copy = button("partex-copy-link", "Copy link", button_type="primary", button_style="outline",
+        self.copy = button("partex-copy-link", "Copy link", color="primary", variant="outline",
                            sizing_mode="stretch_width", disabled=True)
         self.note = html(name="partex-link-note", margin=(0, 10))
         self.copy.js_on_click(args={"field": self.field, "note": self.note.div}, code=COPY_LINK)

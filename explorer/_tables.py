@@ -69,7 +69,7 @@ class PlanView(pn.viewable.Viewer):
         super().__init__(**params)
         s = self.state
         self.which = keyed(pn.widgets.RadioButtonGroup)("partex-plan-choice", options=["search"], value="search",
-                                                          button_type="primary", button_style="outline")
+                                                          color="primary", variant="outline")
         on_change(self.which, s.clock, "the Plan card's choice", self._on_which, ["value"])
         self.header = html(sizing_mode="stretch_width", margin=(4, 10))
         self.specs = Table("partex-plan-specs", [("path", "pytree path"), ("shape", "shape"), ("dtype", "dtype"),
@@ -302,7 +302,7 @@ class VerifyView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         s = self.state
-        self.btn = button("partex-verify", "Verify with XLA", button_type="primary", min_width=170,
+        self.btn = button("partex-verify", "Verify with XLA", color="primary", min_width=170,
                           description="Compile the plan shown above on simulated CPU devices in a subprocess")
         on_click(self.btn, s.clock, "the Verify button", s.verify)
         self.status = html(sizing_mode="stretch_width", name="verify-status")

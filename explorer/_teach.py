@@ -391,7 +391,7 @@ class TeachView(pn.viewable.Viewer):
         self.head = html(name="partex-teach-head", margin=(4, 10, 0, 10))
         self.body = html(name="partex-teach-step", margin=(0, 10))
         self.back_btn = button("partex-teach-back", "◀ Back", width=82)
-        self.next_btn = button("partex-teach-next", "Next ▶", button_type="primary", width=92)
+        self.next_btn = button("partex-teach-next", "Next ▶", color="primary", width=92)
         self.close_btn = button("partex-teach-close", "Close", width=70)
         clock = self.state.clock
         on_click(self.back_btn, clock, "the walkthrough's Back button", self.back)

@@ -57,7 +57,7 @@ def keyed(base: type) -> type:
 
 
 def button(key: str, label: str, **params) -> pn.widgets.Button:
-    return keyed(pn.widgets.Button)(key, name=label, **params)
+    return keyed(pn.widgets.Button)(key, label=label, **params)
 
 
 def tip_left(text: str) -> Tooltip:
@@ -67,11 +67,11 @@ def tip_left(text: str) -> Tooltip:
 
 
 def text_input(key: str, label: str, **params) -> pn.widgets.TextInput:
-    return keyed(pn.widgets.TextInput)(key, name=label, **params)
+    return keyed(pn.widgets.TextInput)(key, label=label, **params)
 
 
 def select(key: str, label: str, **params) -> pn.widgets.Select:
-    return keyed(pn.widgets.Select)(key, name=label, **params)
+    return keyed(pn.widgets.Select)(key, label=label, **params)
 
 
 def on_click(button, clock, what: str, fn: Callable[[], Any]) -> None:
