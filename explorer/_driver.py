@@ -108,11 +108,13 @@ class SearchDriver:
         before = self.turn.standing
         now = self.turn.sync(self.runner)
         words = queue_words(now)
+        if now.state == "waiting" and self.turn.lent:
+            words = f"{words}: the page's mesh search has its slot until it ends"
         if words != self.page.search_queue:
             self.page.search_queue = words
         if now[:2] != before[:2] and self._turn_line is not None and self._turn_line == self.banner.line:
             if now.state == "waiting":
-                again = "its turn is over, " if before.state == "running" else ""
+                again = "its turn is over, " if before.state == "running" and not self.turn.lent else ""
                 self.banner.say(f"{again}{words}; the search goes on when its turn comes (Pause leaves the "
                                 "queue); pin, forbid, compare and verify meanwhile")
                 self._turn_line = self.banner.line

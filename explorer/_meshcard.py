@@ -11,6 +11,7 @@ from ._banner import MESH_SEARCH_FIELDS, Banner
 from ._engine import Workspace
 from ._format import fmt_bytes, fmt_time
 from ._meshes import MeshProgress, MeshRequest, MeshSearchJob
+from ._pool import SearchTurn, queue_words
 from ._slice import ParamSlice
 
 
@@ -18,14 +19,20 @@ class MeshCard:
     """Owns the mesh search in flight or last run (``job``) and the model, hardware and budget
     its rows were found for. ``page``: the state's ``mesh_rows`` and ``mesh_status`` (set),
     ``busy`` and ``config`` (read); ``mark(kind, on)`` puts ``meshes`` in ``busy`` while the search runs.
-    ``name``: the session's id (the child's name ends with it)."""
+    ``name``: the session's id (the child's name ends with it). The search starts when it has
+    one of the server's search slots (``turn``: the page's, ``SearchTurn.sync_meshes``): at
+    once where one is free or the page's own search holds one, else when its turn comes,
+    its place in the queue shown meanwhile; it keeps the slot to its end."""
 
-    def __init__(self, page: ParamSlice, banner: Banner, mark: Callable[[str, bool], None], name: str):
+    def __init__(self, page: ParamSlice, banner: Banner, mark: Callable[[str, bool], None], name: str,
+                 turn: SearchTurn):
         self.page = page
         self.banner = banner
         self.mark = mark
         self.name = name
+        self.turn = turn
         self.job: MeshSearchJob | None = None
+        self._pending: tuple | None = None  # (session, request, lock, candidates) waiting for a slot
         self._for: tuple | None = None  # (analysis, hardware) the rows were found for
 
     @property
@@ -49,18 +56,45 @@ class MeshCard:
         self.banner.clear(*MESH_SEARCH_FIELDS)
         if self.job is not None:
             self.job.close()
-        self.job = MeshSearchJob(ws.session, request, name=self.name, lock=ws.lock)
+            self.job = None
+        self._pending = (ws.session, request, ws.lock, len(meshes))
         self._for = (ws.base, ws.config.hw)
-        self.page.set(mesh_rows=[], mesh_status=(
-            f"searching the {len(meshes)} meshes of {request.text()} (and their pipelines, where asked) for at most "
-            f"{request.seconds:g} s: narrowest first, each from its hand plans and the best plan so far, "
-            "rounds of successive halving"))
+        self.page.set(mesh_rows=[], mesh_status="")
         self.mark("meshes", True)
+        self._start_in_turn()
+
+    def _start_in_turn(self) -> None:
+        """Start the pending search if it has a slot now; else say its place in the queue."""
+        assert self._pending is not None
+        standing = self.turn.sync_meshes(True)
+        if standing.state != "running":
+            words = (f"{queue_words(standing)}: the mesh search starts when its turn comes (Stop leaves the "
+                     "queue)")
+            if words != self.page.mesh_status:
+                self.page.mesh_status = words
+            return
+        session, request, lock, n = self._pending
+        self._pending = None
+        self.job = MeshSearchJob(session, request, name=self.name, lock=lock)
+        self.page.mesh_status = (
+            f"searching the {n} meshes of {request.text()} (and their pipelines, where asked) for at most "
+            f"{request.seconds:g} s: narrowest first, each from its hand plans and the best plan so far, "
+            "rounds of successive halving")
+
+    def _release(self) -> None:
+        """The search ended, stopped or was dropped: its slot, or its place, goes to the next."""
+        self._pending = None
+        self.turn.sync_meshes(False)
 
     def stop(self) -> None:
         """Stop the mesh search: the meshes tried so far stay in the card."""
-        if self.job is not None and self.running:
+        if self.running and self._pending is not None:
+            self._release()
+            self.page.mesh_status = "stopped before it started: it was waiting for a search slot"
+            self.mark("meshes", False)
+        elif self.job is not None and self.running:
             self.job.close()
+            self._release()
             rows = self.page.mesh_rows
             best = next((r for r in rows if r.step is not None), None)
             self.page.mesh_status = (f"stopped: best so far {best.name} at {fmt_time(best.step)} per step, "
@@ -74,6 +108,7 @@ class MeshCard:
             return
         if self.job is not None:
             self.job.close()
+        self._release()
         self._for = None
         with self.page.batch():
             self.page.set(mesh_rows=[], mesh_status="")
@@ -81,8 +116,15 @@ class MeshCard:
 
     def poll(self) -> None:
         """Show the search's latest rounds; its outcome in words once it is done."""
+        if not self.running:
+            if self.turn.meshes.state != "idle":  # a slot or a place no search of the card wants
+                self._release()
+            return
+        if self._pending is not None:
+            self._start_in_turn()
+            return
         job = self.job
-        if job is None or not self.running:
+        if job is None:
             return
         p = job.receive()
         if list(p.rows) != self.page.mesh_rows:
@@ -92,6 +134,7 @@ class MeshCard:
                 self.page.mesh_status = progress_text(p)
             return
         self.mark("meshes", False)
+        self._release()
         if p.error:
             self._end(f"the mesh search failed: {p.error}", "danger")
             return
@@ -116,6 +159,7 @@ class MeshCard:
     def close(self) -> None:
         if self.job is not None:
             self.job.close()
+        self._release()
 
 
 

@@ -11,6 +11,12 @@ process. A page that does not poll (its tab closed, its session not yet destroye
 keeps a slot until its session ends (``SearchTurn.leave``); the server ends unused sessions
 within seconds (``partex serve``: ``serve_command``'s ``session_lifetime_ms``).
 
+A page's mesh search (the Meshes card's, ``SearchTurn.sync_meshes``) takes a slot of the same
+pool with a ticket of its own: it waits its turn as any page's search does, but once started it
+keeps its slot until it ends (its budget is seconds of wall clock; a search held mid-way would
+end with less than was asked), and a page never waits behind itself: its mesh search takes the
+slot of the page's own search at once, that search then first in the queue.
+
 Imports no Panel.
 """
 
@@ -103,7 +109,7 @@ class Ticket:
     ``since``: when it last got a slot (running) or joined the queue (waiting); ``turns``: the
     slots it has had."""
 
-    __slots__ = ("name", "state", "since", "turns", "closed")
+    __slots__ = ("name", "state", "since", "turns", "closed", "whole")
 
     def __init__(self, name: str):
         self.name = name
@@ -111,6 +117,7 @@ class Ticket:
         self.since = 0.0
         self.turns = 0
         self.closed = False
+        self.whole = False  # running to its end: its turn does not rotate
 
     def __repr__(self) -> str:
         return f"Ticket({self.name!r}, {self.state}, turns={self.turns})"
@@ -136,16 +143,25 @@ class SearchPool:
         """A new ticket, idle, named for the log (the page's session id)."""
         return Ticket(name)
 
-    def sync(self, t: Ticket, wants: bool) -> Standing:
+    def sync(self, t: Ticket, wants: bool, *, whole: bool = False, take_from: Ticket | None = None) -> Standing:
         """``t`` asks for a slot (``wants``: its search has work) or gives up what it holds or
         waits for; turns that are over rotate; returns ``t``'s standing. A closed ticket asks
-        for nothing."""
+        for nothing. ``whole``: ``t``, once running, keeps its slot until it gives it up (a
+        mesh search). ``take_from``: a ticket of the same page whose slot ``t``, waiting, takes
+        at once (that ticket then heads the queue)."""
         with self._lock:
             now = self.clock()
+            t.whole = whole
             if wants and not t.closed:
                 if t.state == "idle":
                     t.state, t.since = "waiting", now
                     self._queue.append(t)
+                if t.state == "waiting" and take_from is not None and take_from.state == "running":
+                    self._running.remove(take_from)
+                    self._queue.remove(t)
+                    take_from.state, take_from.since = "waiting", now
+                    self._queue.appendleft(take_from)
+                    self._start(t, now)
             else:
                 self._drop(t)
             self._rotate(now)
@@ -194,7 +210,7 @@ class SearchPool:
     def _rotate(self, now: float) -> None:
         """The running whose turn is over go to the back of the queue, oldest turn first, as
         many as waited before them (one that no one waits for keeps its slot)."""
-        over = [t for t in self._running if now - t.since >= self.slice_seconds]
+        over = [t for t in self._running if not t.whole and now - t.since >= self.slice_seconds]
         for t in sorted(over, key=lambda t: t.since)[:len(self._queue)]:
             self._running.remove(t)
             t.state, t.since = "waiting", now
@@ -204,10 +220,12 @@ class SearchPool:
 
     def _fill(self, now: float) -> None:
         while self._queue and len(self._running) < self.slots:
-            t = self._queue.popleft()
-            t.state, t.since = "running", now
-            t.turns += 1
-            self._running.append(t)
+            self._start(self._queue.popleft(), now)
+
+    def _start(self, t: Ticket, now: float) -> None:
+        t.state, t.since = "running", now
+        t.turns += 1
+        self._running.append(t)
 
     def _standing(self, t: Ticket) -> Standing:
         place = self._queue.index(t) + 1 if t.state == "waiting" else 0
@@ -316,12 +334,25 @@ def queue_words(s: Standing) -> str:
 class SearchTurn:
     """One page's turn at ``pool``: ``sync(runner)`` asks for a slot while the page's search
     has work, gives it up when it has none, and opens the runner's gate only while the page
-    holds a slot. ``name``: the page's session id."""
+    holds a slot; ``sync_meshes`` does the same for the page's mesh search, with a ticket of
+    its own. ``name``: the page's session id."""
 
     def __init__(self, pool: SearchPool, name: str):
         self.pool = pool
         self.ticket = pool.ticket(name)
+        self.meshes = pool.ticket(f"{name} (meshes)")
         self.standing = Standing("idle", 0, 0, pool.slots)
+
+    def sync_meshes(self, wants: bool) -> Standing:
+        """The page's mesh search asks for a slot (``wants``: it waits to start or runs) or
+        gives it up; once it has one it keeps it to its end, and it takes the slot of the
+        page's own search rather than wait behind it."""
+        return self.pool.sync(self.meshes, wants, whole=True, take_from=self.ticket)
+
+    @property
+    def lent(self) -> bool:
+        """Whether the page's mesh search holds the slot its search waits for."""
+        return self.meshes.state == "running" and self.ticket.state == "waiting"
 
     def sync(self, runner: Gated | None) -> Standing:
         wants = runner is not None and runner.alive and runner.busy
@@ -331,6 +362,7 @@ class SearchTurn:
         return self.standing
 
     def leave(self) -> None:
-        """The page is gone: its slot, or its place in the queue, goes to the next."""
+        """The page is gone: its slots, or its places in the queue, go to the next."""
+        self.pool.leave(self.meshes)
         self.pool.leave(self.ticket)
         self.standing = Standing("idle", 0, 0, self.pool.slots)

@@ -151,7 +151,7 @@ class ExplorerState(param.Parameterized):
                                              reads=("best", "baselines", "workspace", "config", "busy")),
                                   self.banner, self._submit, lambda: self.driver.runner, probe, self.upload_limit)
         self.mesh_card = MeshCard(ParamSlice(self, "mesh_rows", "mesh_status", reads=("busy", "config")),
-                                  self.banner, self._mark, self.session_id)
+                                  self.banner, self._mark, self.session_id, self.driver.turn)
         self.loading = Loading(ParamSlice(self, "workspace", "config", "infos", "graph", "baselines",
                                           "selected_group", "phase", "opened_session",
                                           reads=("pins", "forbidden", "running")),

@@ -130,6 +130,43 @@ def test_a_turn_holds_its_runner_until_it_has_a_slot_and_again_when_its_turn_is_
     assert pool.running == []
 
 
+def test_a_mesh_search_waits_its_turn_then_keeps_its_slot_to_its_end():
+    """A page's mesh search queues behind other pages' searches as a search does; once it runs
+    its turn never rotates (its budget is seconds of wall clock), and it frees its slot when it
+    ends."""
+    pool, clock = _pool(1, slice_seconds=10.0)
+    other, page = SearchTurn(pool, "a"), SearchTurn(pool, "b")
+    ra = FakeRunner()
+    ra.busy = True
+    other.sync(ra)
+    assert page.sync_meshes(True) == Standing("waiting", 1, 1, 1)  # behind a's search
+    clock.now = 10.0
+    assert page.sync_meshes(True).state == "running" and other.sync(ra).state == "waiting" and ra.held
+    clock.now = 100.0  # long past a turn, a waiting: the mesh search keeps its slot
+    assert page.sync_meshes(True).state == "running" and other.sync(ra).state == "waiting"
+    assert page.sync_meshes(False).state == "idle"  # it ended
+    assert other.sync(ra).state == "running" and not ra.held
+
+
+def test_a_pages_mesh_search_takes_its_own_searchs_slot_rather_than_wait_behind_it():
+    """One slot, held by the page's own search: the page's mesh search starts at once, the
+    page's search is held first in the queue (before pages that queued earlier) and gets the
+    slot back when the mesh search ends."""
+    pool, _ = _pool(1)
+    page, other = SearchTurn(pool, "a"), SearchTurn(pool, "b")
+    ra, rb = FakeRunner(), FakeRunner()
+    ra.busy = rb.busy = True
+    page.sync(ra)
+    other.sync(rb)
+    assert page.sync_meshes(True).state == "running" and page.lent
+    assert page.sync(ra) == Standing("waiting", 1, 2, 1) and ra.held
+    assert pool.running == ["a (meshes)"] and pool.waiting == ["a", "b"]
+    page.sync_meshes(False)
+    assert page.sync(ra).state == "running" and not ra.held and not page.lent
+    page.leave()  # both of the page's tickets go
+    assert pool.running == ["b"] and pool.waiting == []
+
+
 def test_the_pool_keeps_its_bound_under_threads():
     pool, _ = _pool(3)
     tickets = [pool.ticket(f"p{i}") for i in range(40)]

@@ -1042,6 +1042,58 @@ def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_pat
             st.close()
 
 
+def test_a_mesh_search_takes_a_search_slot_queued_as_a_search_is(tmp_path):
+    """Two pages on a server with one search slot. The second page's mesh search waits while
+    the first page searches, its place in the card; it starts when the slot is free and keeps
+    it to its end, the first page's search queued meanwhile. A page's own mesh search takes its
+    own search's slot at once, that search held until the mesh search ends."""
+    from partex.explorer._pool import SearchPool
+
+    turn_clock = [0.0]
+    pool = SearchPool(1, slice_seconds=3.0, clock=lambda: turn_clock[0])
+    first = ExplorerState(sessions_dir=tmp_path, pool=pool)
+    second = ExplorerState(sessions_dir=tmp_path, pool=pool)
+    both = (first, second)
+
+    def settle(until, what):
+        def check():
+            for st in both:
+                st.poll()
+            return until()
+        return wait_for(check, timeout=120, what=what)
+
+    try:
+        settle(lambda: all(st.phase == "ready" and st.runner is not None and not st.busy for st in both),
+               "both models to load")
+        first.run()
+        settle(lambda: first.stats.simulations > 0, "the first page's search")
+        second.search_meshes(8, "2x4@6.25", 3, "4")
+        place = "queued: 1st of 1 waiting for a search slot (one runs at a time on this server)"
+        assert "meshes" in second.busy and second.mesh_card.job is None
+        assert second.mesh_status.startswith(place), second.mesh_status
+        turn_clock[0] += pool.slice_seconds  # the first's turn over: the mesh search starts
+        settle(lambda: second.mesh_card.job is not None, "the queued mesh search to start")
+        assert second.mesh_status.startswith("searching the "), second.mesh_status
+        settle(lambda: first.search_queue.startswith("queued: 1st of 1") and second.mesh_rows,
+               "the first page's search to wait, the mesh search's first round")
+        held = first.runner.receive().stats.simulations
+        turn_clock[0] += 10 * pool.slice_seconds  # the mesh search keeps its slot past any turn
+        settle(lambda: "meshes" not in second.busy, "the mesh search")
+        assert second.mesh_rows and second.message_level == "success", second.mesh_status
+        assert first.runner.receive().stats.simulations == held  # held while the mesh search ran
+        settle(lambda: first.search_queue == "" and first.stats.simulations > held, "the first page's search back")
+
+        first.search_meshes(8, "2x4@6.25", 3, "4")  # its own search holds the slot: taken at once
+        assert first.mesh_card.job is not None and first.mesh_status.startswith("searching the ")
+        settle(lambda: first.search_queue.endswith("the page's mesh search has its slot until it ends"),
+               "the page's search to lend its slot")
+        settle(lambda: "meshes" not in first.busy, "the page's own mesh search")
+        settle(lambda: first.search_queue == "" and pool.running == [first.session_id], "the page's search back")
+    finally:
+        for st in both:
+            st.close()
+
+
 def _two_pages_loading(turn_s: float, monkeypatch):
     """Page a's load holds its turn until released; page b then submits a load and a verify.
     Returns (a's release, b's verify done, what ran beside b's load, the results)."""
