@@ -983,32 +983,46 @@ def test_the_probe_is_written_once_when_a_callback_ends():
     assert ran == ["second", "now"]
 
 
+def _two_pages_on_one_slot(tmp_path):
+    """Two pages on a server with one search slot (3 s turns on a clock the test moves: a turn
+    ends when the test says), both loaded, the first searching. Returns (pool, its clock, first,
+    second, settle(until, what): both pages polled until ``until()``); the caller closes the pages."""
+    from partex.explorer._pool import SearchPool
+
+    turn_clock = [0.0]
+    pool = SearchPool(1, slice_seconds=3.0, clock=lambda: turn_clock[0])
+    first = ExplorerState(sessions_dir=tmp_path, pool=pool)
+    second = ExplorerState(sessions_dir=tmp_path, pool=pool)
+
+    def settle(until, what):
+        def check():
+            for st in (first, second):
+                st.poll()
+            return until()
+        return wait_for(check, timeout=120, what=what)
+
+    try:
+        settle(lambda: all(st.phase == "ready" and st.runner is not None and not st.busy for st in (first, second)),
+               "both models to load")
+        first.run()
+        settle(lambda: first.stats.simulations > 0, "the first page's search")
+    except BaseException:
+        first.close()
+        second.close()
+        raise
+    return pool, turn_clock, first, second, settle
+
+
 def test_a_page_waiting_for_a_search_slot_shows_its_place_and_still_pins(tmp_path):
     """Two pages on a server with one search slot: the second's Run waits in the queue, and the
     page says its place (banner, the KPI's badge, the probe); it pins meanwhile. The first's
     turn over, the second searches while the first waits, its search held, not lost; a page
     that pauses leaves the queue, and one that closes gives its slot to the next."""
     from partex.explorer._charts import KpiView
-    from partex.explorer._pool import SearchPool
 
-    turn_clock = [0.0]  # the pool's clock, moved by the test alone: a turn ends when the test says
-    pool = SearchPool(1, slice_seconds=3.0, clock=lambda: turn_clock[0])
-    first = ExplorerState(sessions_dir=tmp_path, pool=pool)
-    second = ExplorerState(sessions_dir=tmp_path, pool=pool)
+    pool, turn_clock, first, second, settle = _two_pages_on_one_slot(tmp_path)
     both = (first, second)
-
-    def settle(until, what):
-        def check():
-            for st in both:
-                st.poll()
-            return until()
-        return wait_for(check, timeout=120, what=what)
-
     try:
-        settle(lambda: all(st.phase == "ready" and st.runner is not None and not st.busy for st in both),
-               "both models to load")
-        first.run()
-        settle(lambda: first.stats.simulations > 0, "the first page's search")
         second.run()
         place = "queued: 1st of 1 waiting for a search slot (one runs at a time on this server)"
         assert second.running and second.search_queue == place and second.message.startswith(place), second.message
@@ -1047,26 +1061,9 @@ def test_a_mesh_search_takes_a_search_slot_queued_as_a_search_is(tmp_path):
     the first page searches, its place in the card; it starts when the slot is free and keeps
     it to its end, the first page's search queued meanwhile. A page's own mesh search takes its
     own search's slot at once, that search held until the mesh search ends."""
-    from partex.explorer._pool import SearchPool
-
-    turn_clock = [0.0]
-    pool = SearchPool(1, slice_seconds=3.0, clock=lambda: turn_clock[0])
-    first = ExplorerState(sessions_dir=tmp_path, pool=pool)
-    second = ExplorerState(sessions_dir=tmp_path, pool=pool)
+    pool, turn_clock, first, second, settle = _two_pages_on_one_slot(tmp_path)
     both = (first, second)
-
-    def settle(until, what):
-        def check():
-            for st in both:
-                st.poll()
-            return until()
-        return wait_for(check, timeout=120, what=what)
-
     try:
-        settle(lambda: all(st.phase == "ready" and st.runner is not None and not st.busy for st in both),
-               "both models to load")
-        first.run()
-        settle(lambda: first.stats.simulations > 0, "the first page's search")
         second.search_meshes(8, "2x4@6.25", 3, "4")
         place = "queued: 1st of 1 waiting for a search slot (one runs at a time on this server)"
         assert "meshes" in second.busy and second.mesh_card.job is None
