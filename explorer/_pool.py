@@ -156,16 +156,16 @@ class SearchPool:
                 if t.state == "idle":
                     t.state, t.since = "waiting", now
                     self._queue.append(t)
-                if t.state == "waiting" and take_from is not None and take_from.state == "running":
-                    self._running.remove(take_from)
-                    self._queue.remove(t)
-                    take_from.state, take_from.since = "waiting", now
-                    self._queue.appendleft(take_from)
-                    self._start(t, now)
             else:
                 self._drop(t)
             self._rotate(now)
             self._fill(now)
+            if t.state == "waiting" and take_from is not None and take_from.state == "running":
+                self._running.remove(take_from)  # no slot free: t takes its page's own
+                self._queue.remove(t)
+                take_from.state, take_from.since = "waiting", now
+                self._queue.appendleft(take_from)
+                self._start(t, now)
             return self._standing(t)
 
     def leave(self, t: Ticket) -> None:

@@ -167,6 +167,17 @@ def test_a_pages_mesh_search_takes_its_own_searchs_slot_rather_than_wait_behind_
     assert pool.running == ["b"] and pool.waiting == []
 
 
+def test_a_pages_mesh_search_takes_a_free_slot_beside_its_own_search():
+    pool, _ = _pool(2)
+    page = SearchTurn(pool, "a")
+    ra = FakeRunner()
+    ra.busy = True
+    page.sync(ra)
+    assert page.sync_meshes(True).state == "running" and not page.lent
+    assert page.sync(ra).state == "running" and not ra.held
+    assert pool.running == ["a", "a (meshes)"]
+
+
 def test_the_pool_keeps_its_bound_under_threads():
     pool, _ = _pool(3)
     tickets = [pool.ticket(f"p{i}") for i in range(40)]
