@@ -14,8 +14,8 @@ within seconds (``partex serve``: ``serve_command``'s ``session_lifetime_ms``).
 A page's mesh search (the Meshes card's, ``SearchTurn.sync_meshes``) takes a slot of the same
 pool with a ticket of its own: it waits its turn as any page's search does, but once started it
 keeps its slot until it ends (its budget is seconds of wall clock; a search held mid-way would
-end with less than was asked), and a page never waits behind itself: its mesh search takes the
-slot of the page's own search at once, that search then first in the queue.
+end with less than was asked), and a page never waits behind itself: where no slot is free its
+mesh search takes the slot of the page's own search at once, that search then first in the queue.
 
 Imports no Panel.
 """
@@ -111,13 +111,13 @@ class Ticket:
 
     __slots__ = ("name", "state", "since", "turns", "closed", "whole")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, whole: bool = False):
         self.name = name
         self.state: TurnState = "idle"
         self.since = 0.0
         self.turns = 0
         self.closed = False
-        self.whole = False  # running to its end: its turn does not rotate
+        self.whole = whole  # running to its end: its turn does not rotate (a mesh search)
 
     def __repr__(self) -> str:
         return f"Ticket({self.name!r}, {self.state}, turns={self.turns})"
@@ -139,19 +139,18 @@ class SearchPool:
         self._queue: collections.deque[Ticket] = collections.deque()
         self._running: list[Ticket] = []
 
-    def ticket(self, name: str) -> Ticket:
-        """A new ticket, idle, named for the log (the page's session id)."""
-        return Ticket(name)
+    def ticket(self, name: str, whole: bool = False) -> Ticket:
+        """A new ticket, idle, named for the log (the page's session id); ``whole``: once
+        running, it keeps its slot until it gives it up (a mesh search)."""
+        return Ticket(name, whole)
 
-    def sync(self, t: Ticket, wants: bool, *, whole: bool = False, take_from: Ticket | None = None) -> Standing:
+    def sync(self, t: Ticket, wants: bool, *, take_from: Ticket | None = None) -> Standing:
         """``t`` asks for a slot (``wants``: its search has work) or gives up what it holds or
         waits for; turns that are over rotate; returns ``t``'s standing. A closed ticket asks
-        for nothing. ``whole``: ``t``, once running, keeps its slot until it gives it up (a
-        mesh search). ``take_from``: a ticket of the same page whose slot ``t``, waiting, takes
-        at once (that ticket then heads the queue)."""
+        for nothing. ``take_from``: a ticket of the same page whose slot ``t``, waiting with no
+        slot free, takes at once (that ticket then heads the queue)."""
         with self._lock:
             now = self.clock()
-            t.whole = whole
             if wants and not t.closed:
                 if t.state == "idle":
                     t.state, t.since = "waiting", now
@@ -340,14 +339,14 @@ class SearchTurn:
     def __init__(self, pool: SearchPool, name: str):
         self.pool = pool
         self.ticket = pool.ticket(name)
-        self.meshes = pool.ticket(f"{name} (meshes)")
+        self.meshes = pool.ticket(f"{name} (meshes)", whole=True)
         self.standing = Standing("idle", 0, 0, pool.slots)
 
     def sync_meshes(self, wants: bool) -> Standing:
         """The page's mesh search asks for a slot (``wants``: it waits to start or runs) or
-        gives it up; once it has one it keeps it to its end, and it takes the slot of the
-        page's own search rather than wait behind it."""
-        return self.pool.sync(self.meshes, wants, whole=True, take_from=self.ticket)
+        gives it up; once it has one it keeps it to its end, and where none is free it takes
+        the slot of the page's own search rather than wait behind it."""
+        return self.pool.sync(self.meshes, wants, take_from=self.ticket)
 
     @property
     def lent(self) -> bool:
